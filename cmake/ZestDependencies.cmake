@@ -1,0 +1,17 @@
+# Third-party packages, all from the distribution (scripts/setup.sh installs them).
+include(GNUInstallDirs)
+set(THREADS_PREFER_PTHREAD_FLAG ON)
+find_package(Threads REQUIRED)
+find_package(fmt REQUIRED)
+
+if(ZEST_CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  include(ZestFindNccl)
+endif()
+if(ZEST_MPI)
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+endif()
+if(ZEST_BUILD_TESTS)
+  find_package(doctest REQUIRED)
+endif()

@@ -1,0 +1,24 @@
+# Install rules and the exported package: find_package(zest) then link zest::zest.
+include(CMakePackageConfigHelpers)
+
+install(TARGETS zest EXPORT zestTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+foreach(layer core memory comm optim engine)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest/${layer}
+    FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
+endforeach()
+install(FILES ${ZEST_INCLUDE_ROOT}/zest_generated/build_config.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest_generated)
+
+install(EXPORT zestTargets NAMESPACE zest:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zest)
+configure_package_config_file(cmake/zestConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/zestConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zest)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/zestConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/zestConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/zestConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/ZestFindNccl.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zest)

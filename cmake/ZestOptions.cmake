@@ -1,0 +1,75 @@
+# Build switches. ZEST_CUDA and ZEST_MPI default to AUTO: on when the toolchain
+# is found, off (with a status line saying so) when it is not. Asking for ON
+# where the toolchain is missing is a configure error, never a silent downgrade.
+include(CheckLanguage)
+
+set(ZEST_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO, ON or OFF")
+set_property(CACHE ZEST_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(ZEST_MPI AUTO CACHE STRING "Build the MPI backend: AUTO, ON or OFF")
+set_property(CACHE ZEST_MPI PROPERTY STRINGS AUTO ON OFF)
+option(ZEST_BUILD_TESTS "Build the tests" ${PROJECT_IS_TOP_LEVEL})
+option(ZEST_BUILD_EXTRAS "Build examples, benchmarks and tools" ${PROJECT_IS_TOP_LEVEL})
+option(ZEST_WERROR "Treat compiler warnings as errors" OFF)
+set(ZEST_SANITIZE "" CACHE STRING "Sanitizers for host code, e.g. address,undefined")
+
+function(_zest_resolve_switch name found)
+  string(TOUPPER "${${name}}" value)
+  if(value STREQUAL "AUTO")
+    set(${name} ${found} PARENT_SCOPE)
+  elseif(value)
+    if(NOT found)
+      message(FATAL_ERROR "${name}=ON but the toolchain was not found; install it or configure with -D${name}=OFF")
+    endif()
+    set(${name} ON PARENT_SCOPE)
+  else()
+    set(${name} OFF PARENT_SCOPE)
+  endif()
+endfunction()
+
+# CUDA: look at /usr/local/cuda when nvcc is not already on the PATH.
+string(TOUPPER "${ZEST_CUDA}" _zest_cuda_request)
+set(_zest_cuda_found OFF)
+if(NOT _zest_cuda_request STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc CACHE FILEPATH "CUDA compiler")
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(_zest_cuda_found ON)
+  endif()
+endif()
+_zest_resolve_switch(ZEST_CUDA ${_zest_cuda_found})
+if(ZEST_CUDA)
+  # Hopper by default: the GPUs ZEST is measured on. Override with
+  # -DCMAKE_CUDA_ARCHITECTURES=80;90 (or "native" on a GPU machine).
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90)
+  endif()
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+endif()
+
+string(TOUPPER "${ZEST_MPI}" _zest_mpi_request)
+set(_zest_mpi_found OFF)
+if(NOT _zest_mpi_request STREQUAL "OFF")
+  # The C API only: MPI_CXX_SKIP_MPICXX keeps the deprecated C++ bindings
+  # (and libmpi_cxx) out.
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI COMPONENTS CXX QUIET)
+  if(MPI_CXX_FOUND)
+    set(_zest_mpi_found ON)
+  endif()
+endif()
+_zest_resolve_switch(ZEST_MPI ${_zest_mpi_found})
+
+set(ZEST_WITH_CUDA ${ZEST_CUDA})
+set(ZEST_WITH_NCCL ${ZEST_CUDA})
+set(ZEST_WITH_MPI ${ZEST_MPI})
+message(STATUS "ZEST: CUDA backend ${ZEST_CUDA}, MPI backend ${ZEST_MPI}, sanitizers '${ZEST_SANITIZE}'")
+
+find_program(ZEST_CCACHE ccache)
+if(ZEST_CCACHE)
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${ZEST_CCACHE})
+  set(CMAKE_CUDA_COMPILER_LAUNCHER ${ZEST_CCACHE})
+endif()

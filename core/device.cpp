@@ -1,0 +1,64 @@
+#include "zest/core/device.h"
+
+#include <charconv>
+
+#include "zest/core/check.h"
+#include "zest/core/cuda_runtime.h"
+#include "zest/core/logging.h"
+
+namespace zest {
+
+std::string Device::str() const {
+  return is_host() ? std::string("host") : fmt::format("cuda:{}", index_);
+}
+
+Device parse_device(std::string_view text) {
+  if (text == "host" || text == "cpu") return Device::host();
+  int index = -1;
+  if (text == "cuda") {
+    index = 0;
+  } else if (text.starts_with("cuda:")) {
+    const std::string_view digits = text.substr(5);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (ec != std::errc() || end != digits.data() + digits.size() || index < 0) index = -1;
+  }
+  ZEST_CHECK(index >= 0, "unknown device '{}'; expected host, cpu, cuda or cuda:N", text);
+  const Device d = Device::cuda(index);
+  check_device_available(d);
+  return d;
+}
+
+int cuda_device_count() {
+  static const int count = cuda_rt::device_count();
+  return count;
+}
+
+void check_device_available(Device device) {
+  if (device.is_host()) return;
+  ZEST_CHECK(ZEST_WITH_CUDA, "device {} requested but this build of ZEST has no CUDA backend; "
+                             "reconfigure with -DZEST_CUDA=ON", device.str());
+  const int n = cuda_device_count();
+  ZEST_CHECK(device.index() >= 0 && device.index() < n,
+             "device {} requested but {} CUDA device(s) are visible{}", device.str(), n,
+             n == 0 ? " (is CUDA_VISIBLE_DEVICES set, or the driver missing?)" : "");
+}
+
+DeviceGuard::DeviceGuard(Device device) {
+  if (!device.is_cuda()) return;
+  const int current = cuda_rt::current_device();
+  if (current != device.index()) {
+    cuda_rt::set_device(device.index());
+    previous_ = current;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ < 0) return;
+  try {
+    cuda_rt::set_device(previous_);
+  } catch (const Error& e) {
+    ZEST_LOG_WARN("could not restore the current CUDA device: {}", e.what());
+  }
+}
+
+}  // namespace zest

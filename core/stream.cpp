@@ -1,0 +1,123 @@
+#include "zest/core/stream.h"
+
+#include <atomic>
+#include <utility>
+
+#include "zest/core/check.h"
+#include "zest/core/cuda_runtime.h"
+
+namespace zest {
+namespace {
+
+uint64_t next_host_stream_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+Stream Stream::default_for(Device device) {
+  check_device_available(device);
+  return Stream(device, 0, nullptr);
+}
+
+void Stream::synchronize() const {
+  if (device_.is_cuda()) cuda_rt::stream_synchronize(native_);
+}
+
+bool Stream::query() const { return device_.is_host() || cuda_rt::stream_query(native_); }
+
+void Stream::wait(const Event& event) const {
+  ZEST_CHECK(event.device() == device_, "a stream on {} cannot wait for an event on {}",
+             device_.str(), event.device().str());
+  if (device_.is_cuda()) cuda_rt::stream_wait_event(native_, event.native());
+}
+
+OwnedStream::OwnedStream(Device device) : stream_(Stream::default_for(device)), owned_(true) {
+  if (device.is_cuda()) {
+    void* s = cuda_rt::stream_create(device.index());
+    stream_ = Stream(device, reinterpret_cast<uintptr_t>(s), s);
+  } else {
+    stream_ = Stream(device, next_host_stream_id(), nullptr);
+  }
+}
+
+OwnedStream::~OwnedStream() { reset(); }
+
+OwnedStream::OwnedStream(OwnedStream&& other) noexcept
+    : stream_(other.stream_), owned_(std::exchange(other.owned_, false)) {}
+
+OwnedStream& OwnedStream::operator=(OwnedStream&& other) noexcept {
+  if (this != &other) {
+    reset();
+    stream_ = other.stream_;
+    owned_ = std::exchange(other.owned_, false);
+  }
+  return *this;
+}
+
+void OwnedStream::reset() noexcept {
+  if (owned_ && stream_.device().is_cuda()) {
+    cuda_rt::stream_destroy(stream_.device().index(), stream_.native());
+  }
+  owned_ = false;
+}
+
+Event::Event(Device device, bool timing) : device_(device), timing_(timing) {
+  check_device_available(device);
+  if (device.is_cuda()) native_ = cuda_rt::event_create(device.index(), timing);
+}
+
+Event::~Event() { reset(); }
+
+Event::Event(Event&& other) noexcept
+    : device_(other.device_),
+      native_(std::exchange(other.native_, nullptr)),
+      timing_(other.timing_),
+      recorded_(other.recorded_),
+      host_time_(other.host_time_) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    reset();
+    device_ = other.device_;
+    native_ = std::exchange(other.native_, nullptr);
+    timing_ = other.timing_;
+    recorded_ = other.recorded_;
+    host_time_ = other.host_time_;
+  }
+  return *this;
+}
+
+void Event::reset() noexcept {
+  if (native_ != nullptr) cuda_rt::event_destroy(device_.index(), native_);
+  native_ = nullptr;
+}
+
+void Event::record(const Stream& stream) {
+  ZEST_CHECK(stream.device() == device_, "an event of {} cannot be recorded on a stream of {}",
+             device_.str(), stream.device().str());
+  if (device_.is_cuda()) {
+    cuda_rt::event_record(native_, stream.native());
+  } else if (timing_) {
+    host_time_ = std::chrono::steady_clock::now();
+  }
+  recorded_ = true;
+}
+
+bool Event::query() const { return device_.is_host() || cuda_rt::event_query(native_); }
+
+void Event::synchronize() const {
+  if (device_.is_cuda()) cuda_rt::event_synchronize(native_);
+}
+
+float Event::elapsed_ms(const Event& end) const {
+  ZEST_CHECK(timing_ && end.timing_, "elapsed_ms needs two events created with timing=true");
+  ZEST_CHECK(recorded_ && end.recorded_, "elapsed_ms needs both events recorded first");
+  ZEST_CHECK(device_ == end.device_, "elapsed_ms between events of {} and {}", device_.str(),
+             end.device_.str());
+  if (device_.is_cuda()) return cuda_rt::event_elapsed_ms(native_, end.native_);
+  return std::chrono::duration<float, std::milli>(end.host_time_ - host_time_).count();
+}
+
+}  // namespace zest

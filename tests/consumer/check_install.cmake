@@ -1,0 +1,22 @@
+# Installs the built ZEST into a scratch prefix, then configures, builds and
+# runs tests/consumer against that prefix alone.
+# Inputs: ZEST_BINARY_DIR, CONSUMER_SOURCE_DIR, WORK_DIR, GENERATOR.
+function(run_step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+run_step("install" ${CMAKE_COMMAND} --install ${ZEST_BINARY_DIR} --prefix ${prefix})
+run_step("configure consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
+         -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+run_step("build consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run_step("run consumer" ${WORK_DIR}/build/zest_consumer)
+message(STATUS "${step_output}")
+if(NOT step_output MATCHES "zest consumer ok: 1.5, 2000 parameter bytes")
+  message(FATAL_ERROR "unexpected consumer output: ${step_output}")
+endif()
