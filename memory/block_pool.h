@@ -57,8 +57,32 @@ struct BlockOrder {
 };
 
 struct BlockPool {
+  using Set = std::set<Block*, BlockOrder>;
+
   explicit BlockPool(bool small) : is_small(small) {}
-  std::set<Block*, BlockOrder> blocks;  // free blocks only
+
+  // Insertion and removal reuse the set's nodes, so that a cache hit does no
+  // heap allocation of its own (the spare list only grows to the peak number
+  // of free blocks).
+  void insert(Block* block) {
+    if (spare_nodes.empty()) {
+      blocks.insert(block);
+      return;
+    }
+    Set::node_type node = std::move(spare_nodes.back());
+    spare_nodes.pop_back();
+    node.value() = block;
+    blocks.insert(std::move(node));
+  }
+  bool erase(Block* block) {
+    Set::node_type node = blocks.extract(block);
+    if (node.empty()) return false;
+    spare_nodes.push_back(std::move(node));
+    return true;
+  }
+
+  Set blocks;  // free blocks only
+  std::vector<Set::node_type> spare_nodes;
   const bool is_small;
 };
 

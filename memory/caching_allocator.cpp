@@ -60,6 +60,7 @@ CachingAllocator::~CachingAllocator() {
                   device_.str(), allocated_.size(),
                   format_bytes(at(stats_.allocated_bytes, StatPool::kAggregate).current));
   }
+  for (Block* b : spare_blocks_) delete b;
 }
 
 size_t CachingAllocator::round_size(size_t size) {
@@ -89,8 +90,7 @@ void CachingAllocator::update_stat(StatArray& array, const BlockPool& pool, int6
 }
 
 void CachingAllocator::pool_insert(Block* block) {
-  const bool inserted = block->pool->blocks.insert(block).second;
-  ZEST_INTERNAL_ASSERT(inserted, "block inserted twice into its pool");
+  block->pool->insert(block);
   if (block->is_split()) {
     update_stat(stats_.inactive_split, *block->pool, 1);
     update_stat(stats_.inactive_split_bytes, *block->pool, static_cast<int64_t>(block->size));
@@ -98,12 +98,48 @@ void CachingAllocator::pool_insert(Block* block) {
 }
 
 void CachingAllocator::pool_erase(Block* block) {
-  const size_t erased = block->pool->blocks.erase(block);
-  ZEST_INTERNAL_ASSERT(erased == 1, "block missing from its pool");
+  const bool erased = block->pool->erase(block);
+  ZEST_INTERNAL_ASSERT(erased, "block missing from its pool");
   if (block->is_split()) {
     update_stat(stats_.inactive_split, *block->pool, -1);
     update_stat(stats_.inactive_split_bytes, *block->pool, -static_cast<int64_t>(block->size));
   }
+}
+
+// Block objects and map nodes are recycled rather than freed, for the same
+// reason as the pools' set nodes: no heap traffic on a cache hit.
+Block* CachingAllocator::new_block(const Stream& stream, BlockPool* pool, void* ptr, size_t size) {
+  if (spare_blocks_.empty()) return new Block(stream, pool, ptr, size);
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  b->stream = stream;
+  b->pool = pool;
+  b->ptr = ptr;
+  b->size = size;
+  return b;
+}
+
+void CachingAllocator::recycle_block(Block* block) {
+  block->requested_size = 0;
+  block->category = MemoryCategory::kOther;
+  block->allocated = false;
+  block->pending_events = 0;
+  block->stream_uses.clear();
+  block->prev = nullptr;
+  block->next = nullptr;
+  spare_blocks_.push_back(block);
+}
+
+void CachingAllocator::track_allocated(Block* block) {
+  if (spare_map_nodes_.empty()) {
+    allocated_.emplace(block->ptr, block);
+    return;
+  }
+  auto node = std::move(spare_map_nodes_.back());
+  spare_map_nodes_.pop_back();
+  node.key() = block->ptr;
+  node.mapped() = block;
+  allocated_.insert(std::move(node));
 }
 
 void* CachingAllocator::allocate(size_t size_bytes, const Stream& stream, MemoryCategory category) {
@@ -146,7 +182,7 @@ void* CachingAllocator::allocate(size_t size_bytes, const Stream& stream, Memory
   block->allocated = true;
   block->requested_size = size_bytes;
   block->category = category;
-  allocated_.emplace(block->ptr, block);
+  track_allocated(block);
 
   const auto size = static_cast<int64_t>(block->size);
   update_stat(stats_.allocation, pool, 1);
@@ -178,7 +214,7 @@ Block* CachingAllocator::alloc_segment(BlockPool& pool, const Stream& stream, si
   ++stats_.num_raw_allocs;
   update_stat(stats_.segment, pool, 1);
   update_stat(stats_.reserved_bytes, pool, static_cast<int64_t>(segment_size));
-  return new Block(stream, &pool, ptr, segment_size);
+  return new_block(stream, &pool, ptr, segment_size);
 }
 
 bool CachingAllocator::should_split(const Block* block, size_t size) const {
@@ -190,8 +226,8 @@ bool CachingAllocator::should_split(const Block* block, size_t size) const {
 // Cuts `block` (out of the pool) into `size` bytes, returned, and the rest,
 // which goes back to the pool.
 Block* CachingAllocator::split_block(Block* block, size_t size) {
-  auto* rest = new Block(block->stream, block->pool, static_cast<char*>(block->ptr) + size,
-                         block->size - size);
+  Block* rest = new_block(block->stream, block->pool, static_cast<char*>(block->ptr) + size,
+                          block->size - size);
   rest->prev = block;
   rest->next = block->next;
   if (rest->next != nullptr) rest->next->prev = rest;
@@ -209,7 +245,7 @@ void CachingAllocator::free(void* ptr) {
              "free of {} on {}, which this allocator did not hand out or which was already "
              "freed", ptr, device_.str());
   Block* block = it->second;
-  allocated_.erase(it);
+  spare_map_nodes_.push_back(allocated_.extract(it));
 
   const BlockPool& pool = *block->pool;
   const auto size = static_cast<int64_t>(block->size);
@@ -272,7 +308,7 @@ void CachingAllocator::try_merge(Block* block, Block* neighbour) {
     if (block->next != nullptr) block->next->prev = block;
   }
   block->size += neighbour->size;
-  delete neighbour;
+  recycle_block(neighbour);
 }
 
 void CachingAllocator::process_events() {
@@ -315,7 +351,7 @@ void CachingAllocator::release_segment(Block* block) {
   ++stats_.num_raw_frees;
   update_stat(stats_.segment, *block->pool, -1);
   update_stat(stats_.reserved_bytes, *block->pool, -static_cast<int64_t>(block->size));
-  delete block;
+  recycle_block(block);
 }
 
 void CachingAllocator::empty_cache() {

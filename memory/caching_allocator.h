@@ -96,6 +96,9 @@ class CachingAllocator {
   void process_events();
   void synchronize_and_process_events();
   bool should_split(const Block* block, size_t size) const;
+  Block* new_block(const Stream& stream, BlockPool* pool, void* ptr, size_t size);
+  void recycle_block(Block* block);
+  void track_allocated(Block* block);
   void pool_insert(Block* block);
   void pool_erase(Block* block);
   [[noreturn]] void throw_oom(size_t size, size_t segment_size, MemoryCategory category,
@@ -115,6 +118,8 @@ class CachingAllocator {
   BlockPool small_pool_{true};
   BlockPool large_pool_{false};
   std::unordered_map<void*, Block*> allocated_;
+  std::vector<std::unordered_map<void*, Block*>::node_type> spare_map_nodes_;
+  std::vector<Block*> spare_blocks_;
   struct PendingEvent {
     StreamEvents::Token token;
     Block* block;
