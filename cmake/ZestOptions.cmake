@@ -48,6 +48,13 @@ if(ZEST_CUDA)
   enable_language(CUDA)
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  # CMake knows nvcc's -std=c++20 (the CUDA20 dialect) only from 3.25.2
+  # (Debian 12 has 3.25.1); without it any .cu target that asks for C++20
+  # fails at generate time. This is what 3.25.2's NVIDIA-CUDA.cmake sets.
+  if(CMAKE_VERSION VERSION_LESS 3.25.2 AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION -std=c++20)
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION -std=c++20)
+  endif()
 endif()
 
 string(TOUPPER "${ZEST_MPI}" _zest_mpi_request)

@@ -1,5 +1,8 @@
 // Formatting of CUDA, NCCL and MPI failures, compiled for the libraries this
 // build has. One file so all three read alike.
+#include <string>
+#include <utility>
+
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 
@@ -57,11 +60,18 @@ std::string mpi_text(int code, const char* expr) {
 }  // namespace
 
 #if ZEST_WITH_CUDA
+// Both clear CUDA's last-error state once the error is reported, so a failure
+// that was caught and handled is not reported again by the next
+// ZEST_CUDA_KERNEL_CHECK as a failed launch. (Sticky errors, which leave the
+// context unusable, stay; every later call reports them.)
 void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
-  throw_error(file, line, cuda_text(err, expr));
+  std::string text = cuda_text(err, expr);
+  (void)cudaGetLastError();
+  throw_error(file, line, std::move(text));
 }
 void warn_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
   ZEST_LOG_WARN("{} ({}:{})", cuda_text(err, expr), file, line);
+  (void)cudaGetLastError();
 }
 #endif
 
