@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# On a GPU machine: build for Hopper (sm_90) and run every test with the CUDA
+# backend, then the GPU benchmarks. GPU tests fail rather than skip here
+# (ZEST_REQUIRE_GPU=1), so a run that did not reach the GPU cannot pass.
+# Logs go to $OUT when set (the device tool's output folder), else build-gpu/.
+#
+# Where no package registry is reachable, run scripts/gpu_deps.sh beforehand
+# on a machine that has one; the .deb files it leaves in .deps/debs are
+# unpacked into .deps/root here.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${ZEST_BUILD_DIR:-$root/build-gpu}"
+out="${OUT:-$build}"
+mkdir -p "$out"
+cd "$root"
+
+nvidia-smi -L || { echo "gpu_check.sh: nvidia-smi found no GPU" >&2; exit 1; }
+
+prefix_args=()
+if [ -d .deps/debs ] && ls .deps/debs/*.deb >/dev/null 2>&1; then
+  mkdir -p .deps/root
+  for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/root; done
+  prefix_args=(-DCMAKE_PREFIX_PATH="$root/.deps/root/usr")
+  export LD_LIBRARY_PATH="$root/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+elif command -v apt-get >/dev/null; then
+  scripts/setup.sh
+fi
+
+cmake -S . -B "$build" -G Ninja -DZEST_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_BUILD_TYPE=Release "${prefix_args[@]}" 2>&1 | tee "$out/configure.log"
+cmake --build "$build" -j "$(nproc)" 2>&1 | tail -n 50 | tee "$out/build.log"
+
+status=0
+ZEST_REQUIRE_GPU=1 ZEST_TEST_DEVICE=cuda \
+  ctest --test-dir "$build" --output-on-failure -j 4 2>&1 | tee "$out/ctest.log" || status=1
+
+"$build/bench/allocator_bench" --device cuda:0 2>&1 | tee "$out/allocator_bench_cuda.log" || status=1
+"$build/bench/allocator_bench" --device host 2>&1 | tee "$out/allocator_bench_host.log" || status=1
+exit $status

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that ZEST's build needs, when they are missing.
+# Safe to run again: it does nothing when everything is there. The CUDA
+# toolkit is not installed here; the build finds it at /usr/local/cuda and
+# builds host-only without it.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ ccache
+  libfmt-dev doctest-dev nlohmann-json3-dev
+  libopenmpi-dev openmpi-bin
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "setup.sh: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "setup.sh: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
