@@ -121,12 +121,10 @@ TEST_CASE("max_split_size prevents the fragmentation that makes a refill fail") 
   // 40 MiB one again.
   auto run = [](AllocatorConfig cfg) {
     TestAllocator a(size_t(MiB(64)), cfg);
-    void* big = a->allocate(size_t(MiB(40)), a.stream);
-    a->free(big);
-    void* small = a->allocate(size_t(MiB(4)), a.stream);
-    void* big2 = a->allocate(size_t(MiB(40)), a.stream);
-    a->free(big2);
-    a->free(small);
+    a->allocate_buffer(size_t(MiB(40)), a.stream).reset();
+    // A Buffer, so that the failure below still returns it before `a` goes.
+    Buffer small = a->allocate_buffer(size_t(MiB(4)), a.stream);
+    a->allocate_buffer(size_t(MiB(40)), a.stream).reset();
   };
   // Unlimited: the 4 MiB request splits the cached 40 MiB block, which can then
   // never be released or hold 40 MiB again.
