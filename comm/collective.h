@@ -1,0 +1,48 @@
+// What a collective call is, as data: its kind, element type, element count,
+// reduction and root, and its sequence number on the communicator. Ranks
+// compare these to catch programs that diverged (different operations or sizes
+// on different ranks) and errors name them, so a hang or a mismatch says which
+// operation, which call and which ranks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "zest/core/dtype.h"
+
+namespace zest {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+
+enum class CollectiveKind : uint8_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kBarrier,
+  kSplit,  // creating a sub-communicator is collective too
+};
+
+inline constexpr int kNumCollectiveKinds = 6;
+
+std::string_view reduce_op_name(ReduceOp op);
+std::string_view collective_name(CollectiveKind kind);
+
+struct CollectiveDesc {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  DType dtype = DType::kUInt8;
+  ReduceOp op = ReduceOp::kSum;  // meaningful for all_reduce and reduce_scatter
+  int32_t root = -1;             // meaningful for broadcast
+  // Elements per rank's part: all_reduce and broadcast the whole buffer,
+  // reduce_scatter the received part, all_gather the sent part.
+  uint64_t count = 0;
+  uint64_t seq = 0;  // 1 for the communicator's first collective, then 2, 3, ...
+
+  // "all_reduce #12 (4099 x fp32, sum)"
+  std::string str() const;
+
+  friend bool operator==(const CollectiveDesc&, const CollectiveDesc&) = default;
+};
+
+}  // namespace zest

@@ -1,0 +1,152 @@
+// Argument checks, numbering, counting and abort handling shared by every
+// backend; the backends only move and reduce data.
+#include "zest/comm/communicator.h"
+
+#include <cstdint>
+
+namespace zest {
+namespace {
+
+struct Range {
+  uintptr_t begin;
+  uintptr_t end;
+  bool overlaps(const Range& o) const { return begin < o.end && o.begin < end; }
+};
+
+Range range(const void* p, size_t bytes) {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  return {b, b + bytes};
+}
+
+}  // namespace
+
+Communicator::Communicator(int rank, int size, Device device, CommOptions options)
+    : rank_(rank), size_(size), device_(device), options_(options) {
+  ZEST_CHECK(size >= 1 && rank >= 0 && rank < size,
+             "a communicator needs 0 <= rank < size, got rank {} of {}", rank, size);
+  ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",
+             options.timeout.count());
+}
+
+void Communicator::mark_aborted(const std::string& reason) {
+  if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "unknown failure" : reason;
+}
+
+CollectiveDesc Communicator::begin(CollectiveKind kind, DType dtype, ReduceOp op, int root,
+                                   size_t count, const Stream& stream) {
+  if (aborted()) {
+    throw CommError(CommError::Reason::kAborted,
+                    fmt::format("{} on the {} communicator (rank {} of {}) refused: it was "
+                                "aborted by an earlier failure: {}. Create a new communicator.",
+                                collective_name(kind), backend_name(), rank_, size_, abort_reason_),
+                    __FILE__, __LINE__);
+  }
+  ZEST_CHECK(stream.device() == device_,
+             "{}: the stream is on {} but the communicator is on {}; pass a stream of {}",
+             collective_name(kind), stream.device().str(), device_.str(), device_.str());
+  ZEST_CHECK(op != ReduceOp::kAvg || is_floating(dtype),
+             "{}: avg is defined for floating types only, not {}; sum and divide yourself",
+             collective_name(kind), dtype_name(dtype));
+  ZEST_CHECK(count < (uint64_t{1} << 48), "{}: count {} is not a plausible element count",
+             collective_name(kind), count);
+  CollectiveDesc desc;
+  desc.kind = kind;
+  desc.dtype = dtype;
+  desc.op = op;
+  desc.root = root;
+  desc.count = count;
+  // Numbered, not yet counted: run() commits the number once the arguments
+  // passed their checks, so a refused call does not shift this rank's
+  // numbering against the others'.
+  desc.seq = seq_ + 1;
+  return desc;
+}
+
+template <typename Fn>
+void Communicator::run(const CollectiveDesc& desc, Fn&& fn) {
+  seq_ = desc.seq;
+  try {
+    fn();
+  } catch (const CommError& e) {
+    mark_aborted(e.message());
+    throw;
+  }
+  counters_.record(desc, rank_, size_);
+}
+
+void Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                              const Stream& stream) {
+  const CollectiveDesc desc = begin(CollectiveKind::kAllReduce, dtype, op, -1, count, stream);
+  const size_t bytes = count * elem_size(dtype);
+  ZEST_CHECK(count == 0 || (send != nullptr && recv != nullptr),
+             "{}: send and recv must not be null", desc.str());
+  ZEST_CHECK(send == recv || !range(send, bytes).overlaps(range(recv, bytes)),
+             "{}: send and recv overlap without being the same buffer; use one buffer for an "
+             "in-place all_reduce or two that do not overlap", desc.str());
+  run(desc, [&] { do_all_reduce(desc, send, recv, stream); });
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
+                                  ReduceOp op, const Stream& stream) {
+  const CollectiveDesc desc = begin(CollectiveKind::kReduceScatter, dtype, op, -1, recv_count, stream);
+  const size_t part = recv_count * elem_size(dtype);
+  ZEST_CHECK(recv_count == 0 || (send != nullptr && recv != nullptr),
+             "{}: send and recv must not be null", desc.str());
+  const bool in_place = static_cast<const char*>(send) + static_cast<size_t>(rank_) * part == recv;
+  ZEST_CHECK(in_place || !range(send, part * static_cast<size_t>(size_)).overlaps(range(recv, part)),
+             "{}: recv overlaps send without being this rank's part of it (send + rank x "
+             "recv_count); use that for in-place, or buffers that do not overlap", desc.str());
+  run(desc, [&] { do_reduce_scatter(desc, send, recv, stream); });
+}
+
+void Communicator::all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                              const Stream& stream) {
+  const CollectiveDesc desc = begin(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, -1, send_count, stream);
+  const size_t part = send_count * elem_size(dtype);
+  ZEST_CHECK(send_count == 0 || (send != nullptr && recv != nullptr),
+             "{}: send and recv must not be null", desc.str());
+  const bool in_place = static_cast<const char*>(recv) + static_cast<size_t>(rank_) * part == send;
+  ZEST_CHECK(in_place || !range(send, part).overlaps(range(recv, part * static_cast<size_t>(size_))),
+             "{}: send overlaps recv without being this rank's part of it (recv + rank x "
+             "send_count); use that for in-place, or buffers that do not overlap", desc.str());
+  run(desc, [&] { do_all_gather(desc, send, recv, stream); });
+}
+
+void Communicator::broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
+                             const Stream& stream) {
+  ZEST_CHECK(root >= 0 && root < size_, "broadcast: root {} is not a rank of this communicator "
+                                        "(0..{})", root, size_ - 1);
+  const CollectiveDesc desc = begin(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, count, stream);
+  const size_t bytes = count * elem_size(dtype);
+  // Only the root reads send; the others may pass nullptr.
+  ZEST_CHECK(count == 0 || (recv != nullptr && (rank_ != root || send != nullptr)),
+             "{}: recv (and send on the root) must not be null", desc.str());
+  ZEST_CHECK(rank_ != root || send == recv || !range(send, bytes).overlaps(range(recv, bytes)),
+             "{}: send and recv overlap without being the same buffer", desc.str());
+  run(desc, [&] { do_broadcast(desc, send, recv, stream); });
+}
+
+void Communicator::barrier(const Stream& stream) {
+  const CollectiveDesc desc = begin(CollectiveKind::kBarrier, DType::kUInt8, ReduceOp::kSum, -1, 0, stream);
+  run(desc, [&] { do_barrier(desc, stream); });
+}
+
+void Communicator::group_start() {
+  if (group_depth_++ == 0) do_group_start();
+}
+
+void Communicator::group_end() {
+  ZEST_CHECK(group_depth_ > 0, "group_end without a matching group_start");
+  if (--group_depth_ == 0) do_group_end();
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  ZEST_CHECK(group_depth_ == 0, "split inside a group_start/group_end block; split outside it");
+  const CollectiveDesc desc =
+      begin(CollectiveKind::kSplit, DType::kUInt8, ReduceOp::kSum, -1, 0, Stream::default_for(device_));
+  std::unique_ptr<Communicator> child;
+  run(desc, [&] { child = do_split(desc, color, key); });
+  return child;
+}
+
+}  // namespace zest

@@ -1,0 +1,161 @@
+// The one interface every backend implements: NCCL (CUDA device buffers),
+// MPI (host buffers across processes) and in-process ranks (threads of one
+// process, host buffers or device buffers on one GPU).
+//
+//   comm.reduce_scatter(grads, grad_shard, shard_numel, DType::kFloat32, ReduceOp::kAvg, stream);
+//   comm.all_gather(param_shard, params, shard_numel, DType::kBFloat16, stream);
+//
+// Buffers are untyped pointers with a DType and an element count, on the
+// communicator's device, ordered on `stream` (device backends queue the work
+// there; host backends finish it before returning). In-place use follows
+// NCCL's convention:
+//   all_reduce      send == recv
+//   reduce_scatter  send == recv - rank * recv_count   (recv is this rank's part of send)
+//   all_gather      send == recv + rank * send_count   (send is this rank's part of recv)
+//   broadcast       send == recv
+//
+// Every collective has a sequence number. A rank that never arrives, or ranks
+// that call different operations or sizes, end in a CommError on the others
+// within CommOptions::timeout naming the operation, its number, its count and
+// the ranks involved; the communicator is then aborted and every later call
+// fails at once with the same reason. No collective waits forever.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "zest/comm/collective.h"
+#include "zest/comm/comm_counters.h"
+#include "zest/core/check.h"
+#include "zest/core/device.h"
+#include "zest/core/stream.h"
+
+namespace zest {
+
+struct CommOptions {
+  // How long a collective may wait for the other ranks before the
+  // communicator is aborted. Long enough for a slow rank's forward pass;
+  // tests use seconds.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
+
+class CommError : public Error {
+ public:
+  enum class Reason { kTimeout, kMismatch, kAborted, kBackend };
+  CommError(Reason reason, std::string message, const char* file, int line)
+      : Error(std::move(message), file, line), reason_(reason) {}
+  Reason reason() const { return reason_; }
+
+ private:
+  Reason reason_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Device device() const { return device_; }
+  const CommOptions& options() const { return options_; }
+  virtual std::string_view backend_name() const = 0;
+
+  void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                  const Stream& stream);
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op,
+                      const Stream& stream);
+  void all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                  const Stream& stream);
+  void broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
+                 const Stream& stream);
+  void barrier(const Stream& stream);
+
+  // Typed forms: the dtype and counts come from the spans.
+  template <typename T>
+  void all_reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, const Stream& stream) {
+    ZEST_CHECK(send.size() == recv.size(), "all_reduce: send has {} elements but recv has {}",
+               send.size(), recv.size());
+    all_reduce(send.data(), recv.data(), send.size(), dtype_of_v<T>, op, stream);
+  }
+  template <typename T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op, const Stream& stream) {
+    ZEST_CHECK(send.size() == recv.size() * static_cast<size_t>(size_),
+               "reduce_scatter: send has {} elements, which is not {} ranks x recv's {}",
+               send.size(), size_, recv.size());
+    reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of_v<T>, op, stream);
+  }
+  template <typename T>
+  void all_gather(std::span<const T> send, std::span<T> recv, const Stream& stream) {
+    ZEST_CHECK(recv.size() == send.size() * static_cast<size_t>(size_),
+               "all_gather: recv has {} elements, which is not {} ranks x send's {}",
+               recv.size(), size_, send.size());
+    all_gather(send.data(), recv.data(), send.size(), dtype_of_v<T>, stream);
+  }
+
+  // Operations between group_start() and group_end() may be launched together
+  // (one NCCL group). Host backends run each when it is issued; for
+  // collectives issued in the same order on every rank the result is the same.
+  void group_start();
+  void group_end();
+
+  // A communicator over the ranks that pass the same `color` (>= 0), ordered
+  // by `key` then by rank; collective over this communicator (every rank must
+  // call it). Ranks passing a negative color get nullptr. For a data-parallel
+  // group inside a job that also does tensor or pipeline parallelism.
+  std::unique_ptr<Communicator> split(int color, int key);
+
+  // Communication volume so far (see comm_counters.h).
+  const CommCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = CommCounters{}; }
+
+  // Number of collectives issued so far; the next one gets sequence() + 1.
+  uint64_t sequence() const { return seq_; }
+
+  // True once a failure (here or on another rank) aborted the communicator.
+  bool aborted() const { return !abort_reason_.empty(); }
+  const std::string& abort_reason() const { return abort_reason_; }
+
+ protected:
+  Communicator(int rank, int size, Device device, CommOptions options);
+
+  // Backends implement these; the public functions have already checked the
+  // arguments, counted the call and numbered it (desc.seq). A backend that
+  // fails throws CommError after calling mark_aborted().
+  virtual void do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
+                             const Stream& stream) = 0;
+  virtual void do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
+                                 const Stream& stream) = 0;
+  virtual void do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
+                             const Stream& stream) = 0;
+  virtual void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
+                            const Stream& stream) = 0;
+  virtual void do_barrier(const CollectiveDesc& desc, const Stream& stream) = 0;
+  virtual void do_group_start() {}
+  virtual void do_group_end() {}
+  // `color` < 0: return nullptr after taking part in the exchange.
+  virtual std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) = 0;
+
+  void mark_aborted(const std::string& reason);
+
+ private:
+  CollectiveDesc begin(CollectiveKind kind, DType dtype, ReduceOp op, int root, size_t count,
+                       const Stream& stream);
+  template <typename Fn>
+  void run(const CollectiveDesc& desc, Fn&& fn);
+
+  const int rank_;
+  const int size_;
+  const Device device_;
+  const CommOptions options_;
+  uint64_t seq_ = 0;
+  int group_depth_ = 0;
+  CommCounters counters_;
+  std::string abort_reason_;
+};
+
+}  // namespace zest

@@ -1,0 +1,313 @@
+#include "zest/comm/inprocess_comm.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "zest/comm/inprocess_data.h"
+#include "zest/core/rank_context.h"
+#include "zest/core/units.h"
+
+namespace zest {
+namespace {
+
+// What a rank posts when it enters a collective.
+struct Post {
+  CollectiveDesc desc;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int color = 0;  // split only
+  int key = 0;
+};
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return (ranks.size() == 1 ? "rank " : "ranks ") + s;
+}
+
+// State shared by the ranks of one group.
+class Group {
+ public:
+  Group(int world_size, Device device, CommOptions options)
+      : size_(world_size), device_(device), options_(options), posts_(world_size),
+        arrived_gen_(world_size, ~uint64_t{0}) {}
+
+  int size() const { return size_; }
+  Device device() const { return device_; }
+  const CommOptions& options() const { return options_; }
+
+  // Posts this rank's call and waits for every rank's. Returns everyone's
+  // posts (valid until depart()).
+  const std::vector<Post>& arrive(int rank, const Post& post) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    throw_if_aborted();
+    posts_[rank] = post;
+    // Compare with the ranks already here: a divergence is reported now,
+    // not at the timeout.
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank && arrived_gen_[r] == generation_ && !(posts_[r].desc == post.desc)) {
+        abort_locked(CommError::Reason::kMismatch, mismatch_message(rank));
+        throw_if_aborted();
+      }
+    }
+    wait_for_all(lock, rank, post.desc);
+    return posts_;
+  }
+
+  // Waits until every rank is done with the others' buffers.
+  void depart(int rank, const CollectiveDesc& desc) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    throw_if_aborted();
+    wait_for_all(lock, rank, desc);
+  }
+
+  // Split: the first rank to ask creates a color's child group and the others
+  // of that color find it. Rank 0 clears the table once every rank has
+  // departed the split; no rank can post the next split before rank 0 has.
+  std::shared_ptr<Group> child_for(int color, int child_size) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::shared_ptr<Group>& slot = children_[color];
+    if (!slot) slot = std::make_shared<Group>(child_size, device_, options_);
+    return slot;
+  }
+  void clear_children() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    children_.clear();
+  }
+
+ private:
+  // A cyclic barrier whose wait ends in an error when the group is aborted or
+  // the timeout passes. Ranks count as arrived for generation_ when
+  // arrived_gen_[r] equals it.
+  void wait_for_all(std::unique_lock<std::mutex>& lock, int rank, const CollectiveDesc& desc) {
+    const uint64_t gen = generation_;
+    arrived_gen_[rank] = gen;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    while (generation_ == gen && abort_reason_.empty()) {
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == gen &&
+          abort_reason_.empty()) {
+        abort_locked(CommError::Reason::kTimeout, timeout_message(rank, desc, gen));
+      }
+    }
+    throw_if_aborted();
+  }
+
+  void abort_locked(CommError::Reason reason, std::string message) {
+    if (!abort_reason_.empty()) return;
+    abort_kind_ = reason;
+    abort_reason_ = std::move(message);
+    cv_.notify_all();
+  }
+
+  void throw_if_aborted() const {
+    if (abort_reason_.empty()) return;
+    throw CommError(abort_kind_, abort_reason_, __FILE__, __LINE__);
+  }
+
+  std::string timeout_message(int rank, const CollectiveDesc& desc, uint64_t gen) const {
+    std::vector<int> here;
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r) (arrived_gen_[r] == gen ? here : missing).push_back(r);
+    std::string last;
+    for (int r : missing) {
+      last += fmt::format("; rank {}'s last call was {}", r,
+                          posts_[r].desc.seq == 0 ? std::string("none") : posts_[r].desc.str());
+    }
+    return fmt::format("in-process {} timed out after {} ms on rank {}: {} arrived, {} did not{}",
+                       desc.str(), options_.timeout.count(), rank, rank_list(here),
+                       rank_list(missing), last);
+  }
+
+  std::string mismatch_message(int detecting_rank) const {
+    // Group the ranks here by what they called.
+    std::vector<std::pair<CollectiveDesc, std::vector<int>>> calls;
+    for (int r = 0; r < size_; ++r) {
+      if (r != detecting_rank && arrived_gen_[r] != generation_) continue;
+      auto it = std::find_if(calls.begin(), calls.end(),
+                             [&](const auto& c) { return c.first == posts_[r].desc; });
+      if (it == calls.end()) {
+        calls.push_back({posts_[r].desc, {r}});
+      } else {
+        it->second.push_back(r);
+      }
+    }
+    std::string text = "in-process ranks called different collectives:";
+    for (size_t i = 0; i < calls.size(); ++i) {
+      text += fmt::format("{} {} called {}", i ? ";" : "", rank_list(calls[i].second),
+                          calls[i].first.str());
+    }
+    return text + ". Every rank must issue the same collectives in the same order with the same "
+                  "sizes.";
+  }
+
+  const int size_;
+  const Device device_;
+  const CommOptions options_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Post> posts_;
+  std::vector<uint64_t> arrived_gen_;
+  uint64_t generation_ = 0;
+  int arrived_ = 0;
+  CommError::Reason abort_kind_ = CommError::Reason::kAborted;
+  std::string abort_reason_;
+  std::map<int, std::shared_ptr<Group>> children_;
+};
+
+class InProcessCommunicator final : public Communicator {
+ public:
+  InProcessCommunicator(std::shared_ptr<Group> group, int rank)
+      : Communicator(rank, group->size(), group->device(), group->options()),
+        group_(std::move(group)) {}
+
+  std::string_view backend_name() const override { return "in-process"; }
+
+ protected:
+  void do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
+                     const Stream& stream) override {
+    // Rank r reduces chunk r of every send buffer and writes it to chunk r of
+    // every recv buffer: each element is reduced once, and chunks never
+    // overlap, so in-place use is safe.
+    const auto& posts = collect(desc, send, recv, stream);
+    const size_t es = elem_size(desc.dtype);
+    const size_t w = static_cast<size_t>(size());
+    const size_t chunk = (desc.count + w - 1) / w;
+    const size_t begin = std::min(desc.count, chunk * static_cast<size_t>(rank()));
+    const size_t n = std::min(desc.count, begin + chunk) - begin;
+    if (n > 0) {
+      std::vector<const void*> in(w);
+      std::vector<void*> out(w);
+      for (size_t r = 0; r < w; ++r) {
+        in[r] = static_cast<const char*>(posts[r].send) + begin * es;
+        out[r] = static_cast<char*>(posts[r].recv) + begin * es;
+      }
+      inprocess::reduce_into(stream, in.data(), size(), out.data(), size(), n, desc.dtype, desc.op);
+    }
+    finish(desc, stream);
+  }
+
+  void do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
+                         const Stream& stream) override {
+    const auto& posts = collect(desc, send, recv, stream);
+    const size_t part = desc.count * elem_size(desc.dtype);
+    std::vector<const void*> in(static_cast<size_t>(size()));
+    for (int r = 0; r < size(); ++r) {
+      in[r] = static_cast<const char*>(posts[r].send) + static_cast<size_t>(rank()) * part;
+    }
+    void* out[] = {recv};
+    if (desc.count > 0) {
+      inprocess::reduce_into(stream, in.data(), size(), out, 1, desc.count, desc.dtype, desc.op);
+    }
+    finish(desc, stream);
+  }
+
+  void do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
+                     const Stream& stream) override {
+    const auto& posts = collect(desc, send, recv, stream);
+    const size_t part = desc.count * elem_size(desc.dtype);
+    for (int r = 0; r < size() && part > 0; ++r) {
+      inprocess::copy(stream, static_cast<char*>(recv) + static_cast<size_t>(r) * part, posts[r].send, part);
+    }
+    finish(desc, stream);
+  }
+
+  void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
+                    const Stream& stream) override {
+    const auto& posts = collect(desc, send, recv, stream);
+    const size_t bytes = desc.count * elem_size(desc.dtype);
+    if (bytes > 0) inprocess::copy(stream, recv, posts[desc.root].send, bytes);
+    finish(desc, stream);
+  }
+
+  void do_barrier(const CollectiveDesc& desc, const Stream& stream) override {
+    collect(desc, nullptr, nullptr, stream);
+    finish(desc, stream);
+  }
+
+  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override {
+    Post post;
+    post.desc = desc;
+    post.color = color;
+    post.key = key;
+    const std::vector<Post>& posts = group_->arrive(rank(), post);
+    std::unique_ptr<Communicator> child;
+    if (color >= 0) {
+      std::vector<std::pair<int, int>> members;  // (key, parent rank)
+      for (int r = 0; r < size(); ++r) {
+        if (posts[r].color == color) members.emplace_back(posts[r].key, r);
+      }
+      std::sort(members.begin(), members.end());
+      const int child_rank = static_cast<int>(
+          std::find(members.begin(), members.end(), std::make_pair(key, rank())) - members.begin());
+      child = std::make_unique<InProcessCommunicator>(
+          group_->child_for(color, static_cast<int>(members.size())), child_rank);
+    }
+    group_->depart(rank(), desc);
+    // Everyone holds its child now; the next split starts a new set.
+    if (rank() == 0) group_->clear_children();
+    return child;
+  }
+
+ private:
+  const std::vector<Post>& collect(const CollectiveDesc& desc, const void* send, void* recv,
+                                   const Stream& stream) {
+    // The others read our send buffer and write our recv buffer from their
+    // threads: work queued on our stream must be done first.
+    inprocess::synchronize(stream);
+    return group_->arrive(rank(), Post{desc, send, recv, 0, 0});
+  }
+
+  void finish(const CollectiveDesc& desc, const Stream& stream) {
+    inprocess::synchronize(stream);
+    group_->depart(rank(), desc);
+  }
+
+  std::shared_ptr<Group> group_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_inprocess_group(int world_size, Device device,
+                                                                CommOptions options) {
+  ZEST_CHECK(world_size >= 1 && world_size <= 4096,
+             "an in-process group needs 1 to 4096 ranks, got {}", world_size);
+  check_device_available(device);
+  auto group = std::make_shared<Group>(world_size, device, options);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < world_size; ++r) comms.push_back(std::make_unique<InProcessCommunicator>(group, r));
+  return comms;
+}
+
+void run_inprocess(int world_size, const std::function<void(Communicator&)>& fn, Device device,
+                   CommOptions options) {
+  std::vector<std::unique_ptr<Communicator>> comms = make_inprocess_group(world_size, device, options);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world_size));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      ScopedRank scoped(r, world_size);
+      try {
+        fn(*comms[static_cast<size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace zest

@@ -1,0 +1,162 @@
+// Checks every collective of a Communicator, bit for bit, for every dtype, in
+// place and out of place, over element counts that do not divide evenly.
+// Inputs are crafted so that every result is exact in its dtype (small
+// integers in the floating types, values whose sums do not overflow or whose
+// wrap-around is defined for the integers), so any correct reduction order
+// gives the same bits and the expected values can be written down here.
+//
+// Used by the in-process tests (one thread per rank) and by the MPI test
+// program (one process per rank); both fold their results into a digest so
+// that runs of different backends can be compared for identical output.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "zest/comm/communicator.h"
+#include "zest/core/dtype.h"
+
+namespace zest::test {
+
+inline constexpr size_t kConformanceCounts[] = {0, 1, 7, 1000, 4099};
+
+// FNV-1a over bytes, for comparing runs.
+struct Digest {
+  uint64_t value = 1469598103934665603ull;
+  void add(const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) value = (value ^ p[i]) * 1099511628211ull;
+  }
+};
+
+// The value rank r contributes at element i, as a double (exact in every
+// dtype it is stored in). `scale` multiplies floating values so that an
+// average over `scale` ranks stays exact.
+inline double input_value(DType t, int r, size_t i, int scale) {
+  switch (t) {
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return scale * static_cast<double>(static_cast<int>((i * 7 + static_cast<size_t>(r) * 3) % 11) - 5);
+    case DType::kInt32:
+      return static_cast<double>(static_cast<int64_t>((i % 5) * 100003) * (r + 1) - 250000);
+    case DType::kInt64:
+      return static_cast<double>(i % 13) * 1099511627776.0 + r;  // 2^40 multiples: beyond int32
+    case DType::kUInt8:
+      return static_cast<double>((i * 37 + static_cast<size_t>(r) * 101) % 256);
+  }
+  return 0;
+}
+
+inline void store_value(DType t, void* base, size_t i, double v) {
+  switch (t) {
+    case DType::kFloat32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
+    case DType::kFloat16: static_cast<fp16*>(base)[i] = fp16(static_cast<float>(v)); break;
+    case DType::kBFloat16: static_cast<bf16*>(base)[i] = bf16(static_cast<float>(v)); break;
+    case DType::kInt32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
+    case DType::kInt64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
+    case DType::kUInt8:
+      // Sums wrap modulo 256, as the backends' integer sums do.
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff);
+      break;
+  }
+}
+
+// The expected result of reducing element i over all ranks.
+inline double expected_reduction(DType t, ReduceOp op, int world, size_t i, int scale) {
+  double acc = input_value(t, 0, i, scale);
+  for (int r = 1; r < world; ++r) {
+    const double x = input_value(t, r, i, scale);
+    acc = op == ReduceOp::kMax ? (x > acc ? x : acc) : acc + x;
+  }
+  return op == ReduceOp::kAvg ? acc / world : acc;
+}
+
+// Buffers of `count` elements filled with this rank's inputs.
+inline std::vector<unsigned char> make_input(DType t, int rank, size_t offset, size_t count, int scale) {
+  std::vector<unsigned char> buf(count * elem_size(t) + 1);  // +1: never a null data()
+  for (size_t i = 0; i < count; ++i) store_value(t, buf.data(), i, input_value(t, rank, offset + i, scale));
+  return buf;
+}
+
+inline std::vector<unsigned char> make_expected_reduction(DType t, ReduceOp op, int world, size_t offset,
+                                                          size_t count, int scale) {
+  std::vector<unsigned char> buf(count * elem_size(t) + 1);
+  for (size_t i = 0; i < count; ++i) store_value(t, buf.data(), i, expected_reduction(t, op, world, offset + i, scale));
+  return buf;
+}
+
+inline bool same_bytes(const std::vector<unsigned char>& a, const void* b, size_t bytes) {
+  return std::memcmp(a.data(), b, bytes) == 0;
+}
+
+// Runs every collective over host buffers; returns the digest of all results.
+inline uint64_t check_all_collectives(Communicator& comm, const Stream& stream) {
+  const int w = comm.size();
+  const int me = comm.rank();
+  Digest digest;
+  for (DType t : kAllDTypes) {
+    const size_t es = elem_size(t);
+    for (size_t n : kConformanceCounts) {
+      for (bool in_place : {false, true}) {
+        CAPTURE(dtype_name(t));
+        CAPTURE(n);
+        CAPTURE(in_place);
+        // all_reduce
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+          if (op == ReduceOp::kAvg && !is_floating(t)) continue;
+          CAPTURE(reduce_op_name(op));
+          const int scale = op == ReduceOp::kAvg ? w : 1;
+          std::vector<unsigned char> send = make_input(t, me, 0, n, scale);
+          std::vector<unsigned char> recv(n * es + 1, 0xAB);
+          void* out = in_place ? send.data() : recv.data();
+          comm.all_reduce(send.data(), out, n, t, op, stream);
+          REQUIRE(same_bytes(make_expected_reduction(t, op, w, 0, n, scale), out, n * es));
+          digest.add(out, n * es);
+
+          // reduce_scatter: this rank's part of the reduction of w x n elements
+          std::vector<unsigned char> big = make_input(t, me, 0, n * static_cast<size_t>(w), scale);
+          std::vector<unsigned char> part(n * es + 1, 0xAB);
+          void* rs_out = in_place ? big.data() + static_cast<size_t>(me) * n * es : part.data();
+          comm.reduce_scatter(big.data(), rs_out, n, t, op, stream);
+          REQUIRE(same_bytes(make_expected_reduction(t, op, w, static_cast<size_t>(me) * n, n, scale), rs_out, n * es));
+          digest.add(rs_out, n * es);
+        }
+        // all_gather: part r of the result is rank r's input at offset r*n
+        {
+          std::vector<unsigned char> gathered(static_cast<size_t>(w) * n * es + 1, 0xAB);
+          std::vector<unsigned char> mine = make_input(t, me, static_cast<size_t>(me) * n, n, 1);
+          const void* send = mine.data();
+          if (in_place) {
+            std::memcpy(gathered.data() + static_cast<size_t>(me) * n * es, mine.data(), n * es);
+            send = gathered.data() + static_cast<size_t>(me) * n * es;
+          }
+          comm.all_gather(send, gathered.data(), n, t, stream);
+          for (int r = 0; r < w; ++r) {
+            CAPTURE(r);
+            const std::vector<unsigned char> expect = make_input(t, r, static_cast<size_t>(r) * n, n, 1);
+            REQUIRE(same_bytes(expect, gathered.data() + static_cast<size_t>(r) * n * es, n * es));
+          }
+          digest.add(gathered.data(), static_cast<size_t>(w) * n * es);
+        }
+        // broadcast from every root in turn
+        for (int root = 0; root < w; ++root) {
+          CAPTURE(root);
+          std::vector<unsigned char> buf = make_input(t, me, 0, n, 1);
+          std::vector<unsigned char> recv(n * es + 1, 0xAB);
+          void* out = in_place ? buf.data() : recv.data();
+          comm.broadcast(buf.data(), out, n, t, root, stream);
+          REQUIRE(same_bytes(make_input(t, root, 0, n, 1), out, n * es));
+          digest.add(out, n * es);
+        }
+      }
+    }
+  }
+  comm.barrier(stream);
+  return digest.value;
+}
+
+}  // namespace zest::test
