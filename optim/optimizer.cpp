@@ -1,0 +1,61 @@
+#include "zest/optim/optimizer.h"
+
+#include <cmath>
+
+#include "zest/core/check.h"
+#include "zest/optim/optimizer_impl.h"
+
+namespace zest {
+
+std::string_view optimizer_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW: return "AdamW";
+    case OptimizerKind::kAdam: return "Adam";
+    case OptimizerKind::kSgd: return "SGD";
+  }
+  return "unknown";
+}
+
+void OptimizerConfig::validate() const {
+  const std::string_view name = optimizer_name(kind);
+  ZEST_CHECK(std::isfinite(lr) && lr >= 0, "{}: lr must be a finite number >= 0, got {}", name, lr);
+  ZEST_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+             "{}: weight_decay must be a finite number >= 0, got {}", name, weight_decay);
+  if (kind == OptimizerKind::kSgd) {
+    ZEST_CHECK(momentum >= 0 && momentum < 1, "SGD: momentum must be in [0, 1), got {}", momentum);
+    ZEST_CHECK(dampening >= 0 && dampening <= 1, "SGD: dampening must be in [0, 1], got {}", dampening);
+    ZEST_CHECK(!nesterov || (momentum > 0 && dampening == 0),
+               "SGD: nesterov needs momentum > 0 and dampening 0 (got momentum {}, dampening {})",
+               momentum, dampening);
+    return;
+  }
+  ZEST_CHECK(beta1 >= 0 && beta1 < 1, "{}: betas[0] must be in [0, 1), got {}", name, beta1);
+  ZEST_CHECK(beta2 >= 0 && beta2 < 1, "{}: betas[1] must be in [0, 1), got {}", name, beta2);
+  ZEST_CHECK(std::isfinite(eps) && eps > 0, "{}: eps must be a positive number, got {}", name, eps);
+}
+
+int OptimizerConfig::state_buffers() const {
+  if (kind == OptimizerKind::kSgd) return momentum != 0.0f ? 1 : 0;
+  return 2;
+}
+
+void optimizer_step(const Stream& stream, const OptimizerConfig& config, const ShardBuffers& shard,
+                    const StepScalars& scalars) {
+  ZEST_CHECK(scalars.step >= 1, "{}: step must count from 1, got {}", optimizer_name(config.kind),
+             scalars.step);
+  if (shard.numel == 0) return;
+  ZEST_CHECK(shard.master != nullptr && shard.grad != nullptr,
+             "{}: master weights and gradient must not be null", optimizer_name(config.kind));
+  for (int i = 0; i < config.state_buffers(); ++i) {
+    ZEST_CHECK(shard.state[i] != nullptr, "{}: state buffer {} must not be null",
+               optimizer_name(config.kind), i);
+  }
+  if (stream.device().is_host()) {
+    detail::optimizer_step_host(config, shard, scalars);
+    return;
+  }
+  ZEST_FAIL("{} on {}: the CUDA optimizer kernels are not part of this build yet; step on the "
+            "host", optimizer_name(config.kind), stream.device().str());
+}
+
+}  // namespace zest

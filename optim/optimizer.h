@@ -1,0 +1,75 @@
+// Optimizer updates of one flat shard: the fp32 master weights and optimizer
+// state the rank owns, stepped from that shard's reduced gradient, with the
+// updated weights written out in the compute dtype in the same pass.
+//
+// Semantics follow torch.optim (and DeepSpeed's FusedAdam / CPU Adam):
+//   AdamW  w -= lr * wd * w;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//          w -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+//   Adam   the same with L2 decay: g += wd * w first, no decoupled decay
+//   SGD    g += wd * w; with momentum: buf = g at the first step, else
+//          buf = mu buf + (1 - dampening) g; nesterov: g += mu buf, else g = buf;
+//          w -= lr g
+// where g is the stored gradient times StepScalars::grad_scale (the product
+// of loss-scale removal, accumulation averaging and clipping, applied here so
+// the gradient is read once). Elementwise and in a fixed order of operations,
+// so a shard's result does not depend on how the model was sharded.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "zest/core/dtype.h"
+#include "zest/core/stream.h"
+
+namespace zest {
+
+enum class OptimizerKind : uint8_t { kAdamW, kAdam, kSgd };
+
+std::string_view optimizer_name(OptimizerKind kind);
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  float lr = 1e-3f;
+  float weight_decay = 0.01f;
+  // Adam / AdamW
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  bool bias_correction = true;
+  // SGD
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  bool nesterov = false;
+
+  // Checks the values, naming the bad one and its range.
+  void validate() const;
+  // fp32 state buffers per parameter: 2 for Adam(W), 1 for SGD with
+  // momentum, 0 for plain SGD.
+  int state_buffers() const;
+};
+
+// One shard's buffers, all of `numel` elements on the stream's device.
+struct ShardBuffers {
+  float* master = nullptr;         // fp32 master weights, updated in place
+  float* state[2] = {nullptr, nullptr};  // Adam m, v; SGD momentum in state[0]
+  const void* grad = nullptr;      // reduced gradient shard
+  DType grad_dtype = DType::kFloat32;
+  void* param_out = nullptr;       // compute-dtype copy of the updated weights, or null
+  DType param_dtype = DType::kFloat32;
+  size_t numel = 0;
+};
+
+struct StepScalars {
+  float lr = 0.0f;            // this step's learning rate (after the schedule)
+  float weight_decay = 0.0f;  // this parameter group's decay
+  int64_t step = 1;           // 1-based count of applied steps, for bias correction
+  float grad_scale = 1.0f;    // multiplies every gradient element
+};
+
+// Updates the shard. Host streams run it now; CUDA streams queue a fused
+// kernel. Unsupported dtype pairs are a zest::Error naming the pair.
+void optimizer_step(const Stream& stream, const OptimizerConfig& config, const ShardBuffers& shard,
+                    const StepScalars& scalars);
+
+}  // namespace zest
