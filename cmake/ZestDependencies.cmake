@@ -3,6 +3,7 @@ include(GNUInstallDirs)
 set(THREADS_PREFER_PTHREAD_FLAG ON)
 find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
 
 if(ZEST_CUDA)
   find_package(CUDAToolkit REQUIRED)

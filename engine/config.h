@@ -1,0 +1,68 @@
+// The engine's configuration, with DeepSpeed's key names and defaults, so
+// that a DeepSpeed JSON file that uses only what ZEST supports runs unchanged.
+//
+//   EngineConfig cfg = load_config_file("ds_config.json");
+//   EngineConfig cfg = parse_config_json(R"({"zero_optimization": {"stage": 2}})");
+//
+// A key ZEST does not know, a value of the wrong type, or one out of range is
+// a zest::Error naming the key (as a path, "zero_optimization.stage") and the
+// values allowed.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "zest/optim/loss_scaler.h"
+#include "zest/optim/lr_schedule.h"
+#include "zest/optim/optimizer.h"
+
+namespace zest {
+
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  int64_t reduce_bucket_size = 500'000'000;     // elements
+  int64_t allgather_bucket_size = 500'000'000;  // elements
+  std::optional<bool> overlap_comm;             // unset: on for stage 3, as in DeepSpeed
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_param_persistence_threshold = 100'000;
+  int64_t stage3_max_live_parameters = 1'000'000'000;
+
+  bool overlap() const { return overlap_comm.value_or(stage == 3); }
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0: dynamic
+  int initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+
+  LossScalerConfig scaler() const;
+};
+
+struct EngineConfig {
+  std::optional<int64_t> train_batch_size;
+  std::optional<int64_t> train_micro_batch_size_per_gpu;
+  int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;  // 0: off
+  ZeroConfig zero;
+  Fp16Config fp16;
+  bool bf16 = false;
+  OptimizerConfig optimizer;
+  LrScheduleConfig scheduler;
+
+  // Fills in whichever of train_batch_size, train_micro_batch_size_per_gpu
+  // and gradient_accumulation_steps is missing, as DeepSpeed does, and checks
+  // that train_batch_size = micro x accumulation x world_size.
+  void resolve_batch(int world_size);
+};
+
+EngineConfig parse_config_json(std::string_view json_text);
+EngineConfig load_config_file(const std::string& path);
+
+}  // namespace zest
