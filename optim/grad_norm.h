@@ -1,0 +1,33 @@
+// Sums of squares of gradient shards, in fixed chunks, for a global gradient
+// norm that does not depend on how the gradients are sharded.
+//
+// Floating-point addition is not associative, so a norm summed over shards
+// would change in its last bits with the number of ranks, and with it the
+// clipping factor and every parameter after it. Instead each chunk of
+// `chunk_numel` consecutive elements (counted in the unsharded buffer) is
+// summed on its own, in index order, in double; the engine then gathers all
+// chunk sums and adds them in chunk order on every rank. Shard boundaries are
+// kept at multiples of the chunk size, so each chunk lies in one shard and is
+// summed the same way whatever the world size.
+//
+// Squares of fp32, fp16 and bf16 values are exact in double, and an Inf or
+// NaN gradient makes its chunk's sum non-finite, so the same pass detects
+// overflow.
+#pragma once
+
+#include <cstddef>
+
+#include "zest/core/dtype.h"
+#include "zest/core/stream.h"
+
+namespace zest {
+
+// out[c] = sum over i in chunk c of (scale * grad[i])^2, for the
+// ceil(numel / chunk_numel) chunks of `grad`. `out` is on the stream's device.
+void chunk_sums_of_squares(const Stream& stream, const void* grad, DType dtype, size_t numel,
+                           size_t chunk_numel, float scale, double* out);
+
+// Adds the chunk sums in order (on the host): the square of the global norm.
+double sum_in_order(const double* sums, size_t count);
+
+}  // namespace zest
