@@ -13,6 +13,8 @@
 //   reduce_scatter  send == recv - rank * recv_count   (recv is this rank's part of send)
 //   all_gather      send == recv + rank * send_count   (send is this rank's part of recv)
 //   broadcast       send == recv
+// An in-place reduce_scatter writes this rank's part only; the other parts of
+// the send buffer are left as they were.
 //
 // Every collective has a sequence number. A rank that never arrives, or ranks
 // that call different operations or sizes, end in a CommError on the others

@@ -1,0 +1,153 @@
+// The MPI backend: one process per rank, buffers in host memory.
+//
+//   int main(int argc, char** argv) {
+//     zest::MpiEnvironment mpi(&argc, &argv);
+//     std::unique_ptr<zest::Communicator> world = zest::make_mpi_world();
+//     ... the per-rank program ...
+//   }
+//
+//   mpirun -np 4 ./trainer
+//
+// Collectives are MPI's non-blocking ones, polled until CommOptions::timeout,
+// so that a rank that never arrives ends in a CommError instead of a hang.
+// Before each one the ranks exchange its CollectiveDesc, so ranks that
+// diverged (different operations, sizes or numbering) get a CommError naming
+// every rank's call before any data moves. Reductions give the same bits as
+// the in-process backend wherever the sum does not depend on the order of
+// additions (always for integers and max; for floats when the sums are exact):
+// fp16 and bf16 accumulate in float and round once, integer sums wrap, max
+// propagates NaN.
+//
+// ZEST calls MPI only from the thread that is using a communicator, so
+// MPI_THREAD_SERIALIZED is enough as long as no two threads use MPI
+// communicators at the same time; using different communicators from
+// different threads concurrently needs MPI_THREAD_MULTIPLE, which
+// MpiEnvironment asks for.
+//
+// In builds without MPI (ZEST_WITH_MPI == 0) MpiEnvironment and make_mpi_world
+// exist and fail with an error saying how to get the backend.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "zest/comm/communicator.h"
+
+#if ZEST_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace zest {
+
+// Initializes MPI for the process unless it already is, and ends it at scope
+// exit if it was the one to start it. Create one at the top of main and keep
+// it until the end, after every communicator is gone.
+//
+// When a communicator was aborted (a timeout or a divergence), MPI still
+// holds that communicator's unfinished operation (MPI cannot cancel a
+// collective) and MPI_Finalize would wait for it forever, so the destructor
+// logs the reason and ends the whole job with MPI_Abort (exit code 1 on every
+// rank) instead. Until then MPI may still write into the buffers of the call
+// that timed out: a program that catches the CommError should end, not reuse
+// them.
+class MpiEnvironment {
+ public:
+  MpiEnvironment() : MpiEnvironment(nullptr, nullptr) {}
+  MpiEnvironment(int* argc, char*** argv);
+  ~MpiEnvironment();
+  MpiEnvironment(const MpiEnvironment&) = delete;
+  MpiEnvironment& operator=(const MpiEnvironment&) = delete;
+
+  // False when MPI was already initialized by someone else, who then also
+  // finalizes it.
+  bool initialized_here() const { return initialized_here_; }
+  // This process's rank in MPI_COMM_WORLD, and the world's size.
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Why the first MPI communicator of this process was aborted; empty when
+  // none was.
+  static std::string abort_reason();
+
+ private:
+  friend class MpiCommunicator;
+  // Throws unless MPI is initialized, not finalized, and at a thread level
+  // ZEST can use.
+  static void check_usable();
+  static void record_abort(const std::string& reason);
+  // Keeps buffers that an abandoned MPI operation may still write into alive
+  // until the process ends.
+  static void keep_until_exit(std::shared_ptr<void> buffers);
+
+  bool initialized_here_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// A communicator over every process of the job (a duplicate of
+// MPI_COMM_WORLD, so ZEST's traffic never matches the application's own).
+// Collective: every process calls it.
+std::unique_ptr<Communicator> make_mpi_world(CommOptions options = {});
+
+#if ZEST_WITH_MPI
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Duplicates `comm` (collective over it, and like a collective it ends in
+  // a CommError if a rank does not take part within options.timeout) and
+  // owns the duplicate; `comm` stays the caller's. Failures of MPI calls on
+  // the duplicate are returned to ZEST (MPI_ERRORS_RETURN) and reported as
+  // CommError.
+  explicit MpiCommunicator(MPI_Comm comm, CommOptions options = {});
+  ~MpiCommunicator() override;
+
+  std::string_view backend_name() const override { return "mpi"; }
+  // The owned MPI communicator, for the application's own MPI calls.
+  MPI_Comm native() const { return owned_.comm; }
+
+ protected:
+  void do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
+                     const Stream& stream) override;
+  void do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
+                         const Stream& stream) override;
+  void do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
+                     const Stream& stream) override;
+  void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
+                    const Stream& stream) override;
+  void do_barrier(const CollectiveDesc& desc, const Stream& stream) override;
+  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override;
+
+ private:
+  // The MPI objects a communicator owns, freed with it; held apart from the
+  // communicator so that a constructor that fails half-way still frees them.
+  struct Owned {
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Op nan_max = MPI_OP_NULL;
+    MPI_Op wrapping_sum = MPI_OP_NULL;
+    bool keep = false;  // set once aborted: MPI may still use them
+    Owned() = default;
+    explicit Owned(MPI_Comm adopted);
+    Owned(Owned&& other) noexcept;
+    Owned& operator=(Owned&&) = delete;
+    ~Owned();
+  };
+  struct DescExchange;
+
+  MpiCommunicator(Owned owned, CommOptions options);
+  static Owned duplicate(MPI_Comm comm, const CommOptions& options);
+
+  void agree(const CollectiveDesc& desc);
+  void wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
+            std::shared_ptr<void> buffers);
+  template <typename Fn>
+  void guard(const CollectiveDesc& desc, Fn&& fn);
+  [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
+
+  Owned owned_;
+  std::shared_ptr<DescExchange> exchange_;
+  CollectiveDesc last_agreed_;
+};
+
+#endif  // ZEST_WITH_MPI
+
+}  // namespace zest

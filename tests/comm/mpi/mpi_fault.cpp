@@ -1,0 +1,149 @@
+// Faults across processes, run by ctest under mpiexec -n 3:
+//
+//   mpi_fault timeout   rank 1 skips an all_reduce the others call
+//   mpi_fault mismatch  rank 1 calls all_gather where the others call all_reduce
+//   mpi_fault count     rank 1 calls the all_reduce with a different count
+//   mpi_fault create    rank 1 does not create a communicator the others create
+//
+// Every rank prints the CommError it got as "FAULT-REPORT: ..." (ctest looks
+// for the expected text there), or "FAULT-UNEXPECTED: ..." for anything
+// else, then ends through MpiEnvironment's abort path, so the job exits
+// non-zero whatever happened: the report is the verdict.
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "zest/comm/mpi_comm.h"
+#include "zest/core/mpi_check.h"
+
+using namespace zest;
+
+namespace {
+
+const char* reason_name(CommError::Reason r) {
+  switch (r) {
+    case CommError::Reason::kTimeout: return "timeout";
+    case CommError::Reason::kMismatch: return "mismatch";
+    case CommError::Reason::kAborted: return "aborted";
+    case CommError::Reason::kBackend: return "backend";
+  }
+  return "unknown";
+}
+
+// Over MPI_COMM_WORLD, without a deadline: orders the steps of the ranks
+// whatever the machine's load, where a sleep would only make that likely.
+void line_up() { ZEST_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+
+// Runs the call that must fail, prints what happened; true when it failed
+// as `expected` says.
+bool report(int rank, const std::function<void()>& call,
+            const std::function<bool(const CommError&)>& expected) {
+  try {
+    call();
+    std::fprintf(stderr, "FAULT-UNEXPECTED: rank %d: the call did not fail\n", rank);
+    return false;
+  } catch (const CommError& e) {
+    const bool ok = expected(e);
+    std::fprintf(stderr, "%s: rank %d (%s): %s\n", ok ? "FAULT-REPORT" : "FAULT-UNEXPECTED", rank,
+                 reason_name(e.reason()), e.message().c_str());
+    return ok;
+  }
+}
+
+bool is_mismatch(const CommError& e) { return e.reason() == CommError::Reason::kMismatch; }
+
+bool run(Communicator& comm, const std::string& mode) {
+  const Stream stream = Stream::default_for(Device::host());
+  const int rank = comm.rank();
+  const bool odd_one = rank == 1;
+  float x[24] = {};
+  if (mode == "timeout") {
+    if (!odd_one) {
+      const bool ok = report(rank, [&] {
+        comm.all_reduce(x, x, 10, DType::kFloat32, ReduceOp::kSum, stream);
+      }, [](const CommError& e) {
+        return e.reason() == CommError::Reason::kTimeout &&
+               e.message().find("all_reduce #2 (10 x fp32, sum) timed out after 2000 ms") !=
+                   std::string::npos;
+      });
+      line_up();
+      return ok;
+    }
+    // Skips the all_reduce, comes back once the others gave up on it, and
+    // calls the next collective, which meets what they left pending: a
+    // mismatch, or a timeout if MPI does not complete their abandoned call.
+    line_up();
+    return report(rank, [&] { comm.barrier(stream); }, [](const CommError& e) {
+      return e.reason() == CommError::Reason::kMismatch ||
+             e.reason() == CommError::Reason::kTimeout;
+    });
+  }
+  if (mode == "mismatch") {
+    return report(rank, [&] {
+      if (odd_one) {
+        comm.all_gather(x, x + 8, 8, DType::kFloat32, stream);
+      } else {
+        comm.all_reduce(x, x, 8, DType::kFloat32, ReduceOp::kSum, stream);
+      }
+    }, is_mismatch);
+  }
+  if (mode == "count") {
+    return report(rank, [&] {
+      comm.all_reduce(x, x, odd_one ? 7 : 8, DType::kFloat32, ReduceOp::kSum, stream);
+    }, is_mismatch);
+  }
+  std::fprintf(stderr, "FAULT-UNEXPECTED: unknown mode '%s'; use timeout, mismatch or count\n",
+               mode.c_str());
+  return false;
+}
+
+// Over a duplicate of the world, so that the creation the others leave
+// pending does not meet the world's later collectives.
+bool create(int rank, const CommOptions& options) {
+  MPI_Comm parent = MPI_COMM_NULL;
+  ZEST_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &parent));
+  if (rank == 1) {
+    ZEST_MPI_CHECK(MPI_Comm_free(&parent));
+    return true;
+  }
+  // `parent` stays: MPI still holds the pending duplication on it.
+  return report(rank, [&] { MpiCommunicator comm(parent, options); }, [](const CommError& e) {
+    return e.reason() == CommError::Reason::kTimeout &&
+           e.message().find("creating an MPI communicator (MPI_Comm_idup) timed out after "
+                            "2000 ms") != std::string::npos;
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiEnvironment mpi(&argc, &argv);
+  const std::string mode = argc > 1 ? argv[1] : "";
+  CommOptions options;
+  options.timeout = std::chrono::milliseconds(2000);
+  int ok = 0;
+  if (mode == "create") {
+    ok = create(mpi.rank(), options) ? 1 : 0;
+  } else {
+    std::unique_ptr<Communicator> comm = make_mpi_world(options);
+    line_up();
+    comm->barrier(Stream::default_for(Device::host()));  // #1, so the fault is in #2
+    ok = run(*comm, mode) ? 1 : 0;
+  }
+  // Also lines up: every report is out before any rank ends the job.
+  int all_ok = 0;
+  ZEST_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (mpi.rank() == 0) {
+    std::fprintf(stderr, "%s\n",
+                 all_ok ? "FAULT-VERDICT: every rank got the expected error"
+                        : "FAULT-UNEXPECTED: some rank did not get the expected error");
+  }
+  // A rank whose own communicator did not fail (rank 1 of "create") ends
+  // the same way: MPI_Finalize would wait for the ranks that aborted, and
+  // Open MPI 4.1's mpiexec sometimes crashes while ending an aborted job,
+  // which would leave this rank waiting with ctest's output pipe open.
+  if (MpiEnvironment::abort_reason().empty()) ZEST_MPI_CHECK(MPI_Abort(MPI_COMM_WORLD, 1));
+  return all_ok ? 0 : 1;
+}
