@@ -1,0 +1,616 @@
+// The NCCL backend and its watchdog. Failures inside a collective are
+// reported as CommError (so that Communicator refuses every later call) and
+// abort the NCCL communicator; elsewhere the ZEST_CUDA_/ZEST_NCCL_ checks
+// apply, and destructors only warn.
+#include "zest/comm/nccl_comm.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "zest/core/cuda_check.h"
+#include "zest/core/logging.h"
+#include "zest/core/nccl_check.h"
+#include "zest/core/rank_context.h"
+
+namespace zest {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+static_assert(sizeof(ncclUniqueId) == sizeof(NcclUniqueId),
+              "NCCL's unique id is no longer 128 bytes; update NcclUniqueId");
+
+// How often the watchdog looks at pending collectives: the resolution of
+// the timeout, and a cost of one cudaEventQuery per pending collective.
+constexpr milliseconds kWatchdogPeriod(10);
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kUInt8: return ncclUint8;
+  }
+  ZEST_INTERNAL_ASSERT(false, "unhandled dtype {}", static_cast<int>(t));
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  ZEST_INTERNAL_ASSERT(false, "unhandled reduce op {}", static_cast<int>(op));
+  return ncclSum;
+}
+
+cudaStream_t cuda_stream(const Stream& s) { return static_cast<cudaStream_t>(s.native()); }
+
+std::string nccl_text(ncclResult_t r) {
+  const char* last = ncclGetLastError(nullptr);
+  return fmt::format("NCCL error {} ({}){}{}", static_cast<int>(r), ncclGetErrorString(r),
+                     (last != nullptr && *last != '\0') ? ": " : "", last != nullptr ? last : "");
+}
+
+std::string cuda_text(cudaError_t e) {
+  std::string text = fmt::format("CUDA error {} ({}: {})", static_cast<int>(e), cudaGetErrorName(e),
+                                 cudaGetErrorString(e));
+  (void)cudaGetLastError();  // reported here; not again by the next check
+  return text;
+}
+
+// Waits for a poll that usually succeeds within microseconds without
+// burning a core when it does not: yields first, then sleeps longer each time
+// up to a millisecond.
+class Backoff {
+ public:
+  void wait() {
+    if (n_ < 64) {
+      ++n_;
+      std::this_thread::yield();
+      return;
+    }
+    const int shift = std::min(n_++ - 64, 7);
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 8 << shift)));
+  }
+
+ private:
+  int n_ = 0;
+};
+
+// Polls a non-blocking communicator until it leaves ncclInProgress or the
+// deadline passes (ncclInProgress then). Returns the state, or the error of
+// the query itself. Never throws: destructors use it.
+ncclResult_t poll_ready(ncclComm_t comm, Clock::time_point deadline) {
+  Backoff backoff;
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return r;
+    if (state != ncclInProgress || Clock::now() >= deadline) return state;
+    backoff.wait();
+  }
+}
+
+}  // namespace
+
+// What the user's thread and the watchdog share.
+struct NcclCommunicator::State {
+  State(ncclComm_t c, int r, int n, Device d, milliseconds t)
+      : rank(r), size(n), device(d), timeout(t), comm(c) {}
+  ~State() {
+    for (const Watched& w : watched) ZEST_CUDA_WARN(cudaEventDestroy(w.event));
+    for (cudaEvent_t e : spare) ZEST_CUDA_WARN(cudaEventDestroy(e));
+    if (barrier_event != nullptr) ZEST_CUDA_WARN(cudaEventDestroy(barrier_event));
+    if (barrier_buf != nullptr) ZEST_CUDA_WARN(cudaFree(barrier_buf));
+  }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  const int rank;
+  const int size;
+  const Device device;
+  const milliseconds timeout;
+
+  // Every NCCL call on `comm` holds nccl_mutex, so that the watchdog never
+  // aborts (and frees) the communicator in the middle of one. Non-blocking
+  // calls return at once, so it is never held for long. Taken before
+  // `mutex` where both are needed.
+  std::mutex nccl_mutex;
+  ncclComm_t comm;             // nullptr once aborted
+  bool group_open = false;     // ncclGroupStart called, ncclGroupEnd not yet
+  bool group_has_ops = false;  // our ops wait in the open group: no abort until it ends
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  struct Watched {
+    cudaEvent_t event;
+    CollectiveDesc desc;
+    Clock::time_point deadline;
+  };
+  std::deque<Watched> watched;      // recorded after their collective, oldest first
+  std::vector<cudaEvent_t> spare;   // completed, ready to record again
+  CollectiveDesc last_watched;
+  CommError::Reason failure_reason = CommError::Reason::kBackend;
+  std::string failure;              // the first failure; empty while healthy
+  bool stop = false;
+  std::thread thread;
+
+  // Only the user's thread touches these.
+  std::vector<std::pair<CollectiveDesc, Stream>> group_ops;
+  void* barrier_buf = nullptr;
+  cudaEvent_t barrier_event = nullptr;
+
+  std::string where() const { return fmt::format("rank {} of {} ({})", rank, size, device.str()); }
+
+  std::string timeout_text(const CollectiveDesc& desc) const {
+    return fmt::format("NCCL {} on {} did not complete within {} ms, so the communicator was "
+                       "aborted. Another rank may have stopped issuing collectives, issued a "
+                       "different one, or died; its log names its last collective",
+                       desc.str(), where(), timeout.count());
+  }
+
+  // Under `mutex`. The first failure is the one reported.
+  void set_failure_locked(CommError::Reason reason, std::string message) {
+    if (!failure.empty()) return;
+    failure_reason = reason;
+    failure = std::move(message);
+    ZEST_LOG_ERROR("{}", failure);
+  }
+
+  void abort_if_failed() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (failure.empty()) return;
+    }
+    std::lock_guard<std::mutex> lock(nccl_mutex);
+    if (comm == nullptr || group_has_ops) return;
+    // Also stops NCCL's kernels that wait for ranks that will not come.
+    ZEST_NCCL_WARN(ncclCommAbort(comm));
+    comm = nullptr;
+  }
+
+  void run_watchdog() {
+    ScopedRank scoped(rank, size);
+    ZEST_CUDA_WARN(cudaSetDevice(device.index()));
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!stop) {
+      cv.wait_for(lock, kWatchdogPeriod, [&] { return stop; });
+      if (stop) break;
+      const Clock::time_point now = Clock::now();
+      for (auto it = watched.begin(); it != watched.end();) {
+        const cudaError_t q = cudaEventQuery(it->event);
+        if (q == cudaSuccess) {
+          spare.push_back(it->event);
+          it = watched.erase(it);
+          continue;
+        }
+        if (q != cudaErrorNotReady) {
+          set_failure_locked(CommError::Reason::kBackend,
+                             fmt::format("NCCL {} on {} failed on the GPU: {}; the communicator "
+                                         "was aborted",
+                                         it->desc.str(), where(), cuda_text(q)));
+        } else if (now >= it->deadline) {
+          set_failure_locked(CommError::Reason::kTimeout, timeout_text(it->desc));
+        }
+        ++it;
+      }
+      const bool healthy = failure.empty();
+      const CollectiveDesc last = last_watched;
+      lock.unlock();
+      if (healthy) {
+        std::lock_guard<std::mutex> nccl_lock(nccl_mutex);
+        if (comm != nullptr) {
+          ncclResult_t state = ncclSuccess;
+          const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+          if (r != ncclSuccess) state = r;
+          if (state != ncclSuccess && state != ncclInProgress) {
+            std::lock_guard<std::mutex> relock(mutex);
+            set_failure_locked(CommError::Reason::kBackend,
+                               fmt::format("NCCL reported an error on {} (last collective: {}): {}; "
+                                           "the communicator was aborted",
+                                           where(), last.seq == 0 ? "none" : last.str(),
+                                           nccl_text(state)));
+          }
+        }
+      }
+      abort_if_failed();
+      lock.lock();
+    }
+  }
+};
+
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, int rank, int size, Device device,
+                                   CommOptions options)
+    : Communicator(rank, size, device, options) {
+  ZEST_CHECK(comm != nullptr, "NcclCommunicator needs an initialized ncclComm_t, got nullptr");
+  ZEST_CHECK(device.is_cuda(), "an NCCL communicator works on a CUDA device, not {}", device.str());
+  try {
+    state_ = std::make_unique<State>(comm, rank, size, device, options.timeout);
+    DeviceGuard guard(device);
+    ZEST_CUDA_CHECK(cudaMalloc(&state_->barrier_buf, sizeof(int32_t)));
+    ZEST_CUDA_CHECK(cudaMemset(state_->barrier_buf, 0, sizeof(int32_t)));
+    ZEST_CUDA_CHECK(cudaEventCreateWithFlags(&state_->barrier_event, cudaEventDisableTiming));
+    state_->thread = std::thread([s = state_.get()] { s->run_watchdog(); });
+  } catch (...) {
+    state_.reset();
+    ZEST_NCCL_WARN(ncclCommAbort(comm));
+    throw;
+  }
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  if (state_->thread.joinable()) state_->thread.join();
+
+  std::lock_guard<std::mutex> nccl_lock(state_->nccl_mutex);
+  ncclComm_t comm = std::exchange(state_->comm, nullptr);
+  if (comm == nullptr) return;
+  bool done = false;
+  if (state_->failure.empty()) {
+    // Finalize flushes the collectives still queued, then destroy frees the
+    // rest; if that does not finish in time, abort.
+    const ncclResult_t r = ncclCommFinalize(comm);
+    ZEST_NCCL_WARN(r);
+    if (r == ncclSuccess || r == ncclInProgress) {
+      const ncclResult_t state = poll_ready(comm, Clock::now() + state_->timeout);
+      if (state == ncclSuccess) {
+        ZEST_NCCL_WARN(ncclCommDestroy(comm));
+        done = true;
+      } else {
+        ZEST_LOG_WARN("finalizing the NCCL communicator on {} did not finish within {} ms ({}); "
+                      "aborting it", state_->where(), state_->timeout.count(), nccl_text(state));
+      }
+    }
+  }
+  if (!done) ZEST_NCCL_WARN(ncclCommAbort(comm));
+}
+
+ncclComm_t NcclCommunicator::native() const {
+  std::lock_guard<std::mutex> lock(state_->nccl_mutex);
+  return state_->comm;
+}
+
+void NcclCommunicator::check() {
+  CommError::Reason reason{};
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->failure.empty()) return;
+    reason = state_->failure_reason;
+    message = state_->failure;
+  }
+  mark_aborted(message);
+  throw CommError(reason, message, __FILE__, __LINE__);
+}
+
+void NcclCommunicator::fail(CommError::Reason reason, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->set_failure_locked(reason, message);
+  }
+  state_->abort_if_failed();
+  check();  // throws the first failure, which may be the watchdog's
+  throw CommError(reason, message, __FILE__, __LINE__);
+}
+
+template <typename Call>
+void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, Call&& call) {
+  check();
+  ncclResult_t r = ncclSuccess;
+  std::string error;
+  bool in_group = false;
+  {
+    std::lock_guard<std::mutex> lock(state_->nccl_mutex);
+    if (state_->comm == nullptr) {
+      error = "the communicator was aborted";
+    } else {
+      r = call(state_->comm);
+      if (r != ncclSuccess && r != ncclInProgress) error = nccl_text(r);
+      in_group = state_->group_open;
+      if (in_group && error.empty()) state_->group_has_ops = true;
+    }
+  }
+  if (!error.empty()) {
+    fail(CommError::Reason::kBackend,
+         fmt::format("NCCL {} failed on {}: {}", desc.str(), state_->where(), error));
+  }
+  if (in_group) {  // queued when the group ends
+    state_->group_ops.emplace_back(desc, stream);
+    return;
+  }
+  wait_enqueued(desc);
+  watch(desc, stream);
+}
+
+void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc) {
+  const Clock::time_point deadline = Clock::now() + state_->timeout;
+  Backoff backoff;
+  for (;;) {
+    check();
+    ncclResult_t state = ncclInternalError;
+    {
+      std::lock_guard<std::mutex> lock(state_->nccl_mutex);
+      if (state_->comm != nullptr) {
+        const ncclResult_t r = ncclCommGetAsyncError(state_->comm, &state);
+        if (r != ncclSuccess) state = r;
+      }
+    }
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      fail(CommError::Reason::kBackend, fmt::format("NCCL reported an error queueing {} on {}: {}",
+                                                    desc.str(), state_->where(), nccl_text(state)));
+    }
+    if (Clock::now() >= deadline) {
+      fail(CommError::Reason::kTimeout,
+           fmt::format("NCCL {} on {} was not even queued within {} ms, so the communicator was "
+                       "aborted: NCCL was still connecting to the other ranks, and one of them "
+                       "may not have issued it, or died",
+                       desc.str(), state_->where(), state_->timeout.count()));
+    }
+    backoff.wait();
+  }
+}
+
+void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream) {
+  cudaEvent_t event = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->spare.empty()) {
+      event = state_->spare.back();
+      state_->spare.pop_back();
+    }
+  }
+  if (event == nullptr) {
+    DeviceGuard guard(device());
+    const cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      fail(CommError::Reason::kBackend,
+           fmt::format("NCCL {} on {}: cudaEventCreateWithFlags failed: {}", desc.str(),
+                       state_->where(), cuda_text(e)));
+    }
+  }
+  const cudaError_t e = cudaEventRecord(event, cuda_stream(stream));
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (e != cudaSuccess) {
+    state_->spare.push_back(event);
+    state_->set_failure_locked(CommError::Reason::kBackend,
+                               fmt::format("NCCL {} on {}: cudaEventRecord failed: {}", desc.str(),
+                                           state_->where(), cuda_text(e)));
+    return;  // the next call (or check()) reports it
+  }
+  state_->watched.push_back({event, desc, Clock::now() + state_->timeout});
+  state_->last_watched = desc;
+}
+
+void NcclCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
+                                     const Stream& stream) {
+  check();
+  if (desc.count == 0) return;  // nothing to move; every rank skips it alike
+  issue(desc, stream, [&](ncclComm_t c) {
+    return ncclAllReduce(send, recv, desc.count, nccl_type(desc.dtype), nccl_op(desc.op), c,
+                         cuda_stream(stream));
+  });
+}
+
+void NcclCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
+                                         const Stream& stream) {
+  check();
+  if (desc.count == 0) return;
+  issue(desc, stream, [&](ncclComm_t c) {
+    return ncclReduceScatter(send, recv, desc.count, nccl_type(desc.dtype), nccl_op(desc.op), c,
+                             cuda_stream(stream));
+  });
+}
+
+void NcclCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
+                                     const Stream& stream) {
+  check();
+  if (desc.count == 0) return;
+  issue(desc, stream, [&](ncclComm_t c) {
+    return ncclAllGather(send, recv, desc.count, nccl_type(desc.dtype), c, cuda_stream(stream));
+  });
+}
+
+void NcclCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
+                                    const Stream& stream) {
+  check();
+  if (desc.count == 0) return;
+  issue(desc, stream, [&](ncclComm_t c) {
+    return ncclBroadcast(send, recv, desc.count, nccl_type(desc.dtype), desc.root, c,
+                         cuda_stream(stream));
+  });
+}
+
+void NcclCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& stream) {
+  check();
+  ZEST_CHECK(!state_->group_open,
+             "{}: a barrier waits for its own completion, which cannot happen inside "
+             "group_start/group_end; call it outside the group",
+             desc.str());
+  void* buf = state_->barrier_buf;
+  issue(desc, stream, [&](ncclComm_t c) {
+    return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, cuda_stream(stream));
+  });
+  const cudaError_t e = cudaEventRecord(state_->barrier_event, cuda_stream(stream));
+  if (e != cudaSuccess) {
+    fail(CommError::Reason::kBackend, fmt::format("NCCL {} on {}: cudaEventRecord failed: {}",
+                                                  desc.str(), state_->where(), cuda_text(e)));
+  }
+  // The host waits, by the same deadline as the watchdog, and never longer.
+  const Clock::time_point deadline = Clock::now() + state_->timeout;
+  Backoff backoff;
+  for (;;) {
+    check();
+    const cudaError_t q = cudaEventQuery(state_->barrier_event);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) {
+      fail(CommError::Reason::kBackend,
+           fmt::format("NCCL {} on {} failed on the GPU: {}", desc.str(), state_->where(), cuda_text(q)));
+    }
+    if (Clock::now() >= deadline) fail(CommError::Reason::kTimeout, state_->timeout_text(desc));
+    backoff.wait();
+  }
+}
+
+void NcclCommunicator::do_group_start() {
+  std::lock_guard<std::mutex> lock(state_->nccl_mutex);
+  ZEST_NCCL_CHECK(ncclGroupStart());
+  state_->group_open = true;
+}
+
+void NcclCommunicator::do_group_end() {
+  std::vector<std::pair<CollectiveDesc, Stream>> ops = std::move(state_->group_ops);
+  state_->group_ops.clear();
+  ncclResult_t r = ncclSuccess;
+  {
+    // Always ended, even after a failure: the group is NCCL's per-thread
+    // state, and left open it would swallow this thread's later NCCL calls.
+    std::lock_guard<std::mutex> lock(state_->nccl_mutex);
+    r = ncclGroupEnd();
+    state_->group_open = false;
+    state_->group_has_ops = false;
+  }
+  if (r != ncclSuccess && r != ncclInProgress) {
+    fail(CommError::Reason::kBackend,
+         fmt::format("NCCL group of {} collectives{} failed on {}: {}", ops.size(),
+                     ops.empty() ? "" : " ending with " + ops.back().first.str(), state_->where(),
+                     nccl_text(r)));
+  }
+  state_->abort_if_failed();  // an abort the open group held back
+  check();
+  if (ops.empty()) return;
+  wait_enqueued(ops.back().first);
+  for (const auto& [desc, stream] : ops) watch(desc, stream);
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& desc, int color,
+                                                         int key) {
+  check();
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  int version = 0;
+  ZEST_NCCL_CHECK(ncclGetVersion(&version));
+  ZEST_CHECK(version >= NCCL_VERSION(2, 18, 0),
+             "split needs NCCL 2.18 or later (ncclCommSplit), but this process loaded NCCL {}",
+             version);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t child = nullptr;
+  const int nccl_color = color >= 0 ? color : NCCL_SPLIT_NOCOLOR;
+  // Not issue(): there is no stream and no event, only the parent's state.
+  ncclResult_t r = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(state_->nccl_mutex);
+    r = state_->comm == nullptr ? ncclInvalidUsage
+                                : ncclCommSplit(state_->comm, nccl_color, key, &child, &config);
+  }
+  if (r != ncclSuccess && r != ncclInProgress) {
+    fail(CommError::Reason::kBackend,
+         fmt::format("NCCL {} (color {}, key {}) failed on {}: {}", desc.str(), color, key,
+                     state_->where(), nccl_text(r)));
+  }
+  wait_enqueued(desc);
+  if (color < 0) {
+    if (child != nullptr) ZEST_NCCL_WARN(ncclCommAbort(child));  // NCCL promises NULL
+    return nullptr;
+  }
+  ZEST_INTERNAL_ASSERT(child != nullptr, "ncclCommSplit with color {} returned no communicator", color);
+  const ncclResult_t state = poll_ready(child, Clock::now() + state_->timeout);
+  int child_rank = -1;
+  int child_size = 0;
+  ncclResult_t info = ncclSuccess;
+  if (state == ncclSuccess) {
+    info = ncclCommUserRank(child, &child_rank);
+    if (info == ncclSuccess) info = ncclCommCount(child, &child_size);
+  }
+  if (state != ncclSuccess || info != ncclSuccess) {
+    const std::string text = nccl_text(state != ncclSuccess ? state : info);
+    ZEST_NCCL_WARN(ncclCommAbort(child));
+    fail(state == ncclInProgress ? CommError::Reason::kTimeout : CommError::Reason::kBackend,
+         fmt::format("NCCL {} (color {}, key {}) on {}: the new communicator {}: {}", desc.str(),
+                     color, key, state_->where(),
+                     state == ncclInProgress
+                         ? fmt::format("was not ready within {} ms", state_->timeout.count())
+                         : std::string("failed"),
+                     text));
+  }
+  return std::make_unique<NcclCommunicator>(child, child_rank, child_size, device(), options());
+#else
+  (void)color;
+  (void)key;
+  ZEST_FAIL("{}: split needs NCCL 2.18 or later (ncclCommSplit); this build has NCCL {}.{}",
+            desc.str(), NCCL_MAJOR, NCCL_MINOR);
+#endif
+}
+
+NcclUniqueId nccl_unique_id() {
+  ncclUniqueId id;
+  ZEST_NCCL_CHECK(ncclGetUniqueId(&id));
+  NcclUniqueId bytes{};
+  std::memcpy(bytes.data(), id.internal, bytes.size());
+  return bytes;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
+                                                     const NcclUniqueId& unique_id_bytes,
+                                                     int device, CommOptions options) {
+  ZEST_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
+             "make_nccl_communicator: rank {} is not a rank of a world of {}", rank, world_size);
+  ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",
+             options.timeout.count());
+  const Device dev = Device::cuda(device);
+  check_device_available(dev);
+  DeviceGuard guard(dev);  // NCCL binds the communicator to the current device
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id_bytes.data(), sizeof(id.internal));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a rank that never comes is a timeout, not a hang
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    const std::string text = nccl_text(r);
+    if (comm != nullptr) ZEST_NCCL_WARN(ncclCommAbort(comm));
+    ZEST_FAIL("creating the NCCL communicator failed on rank {} of {} ({}): {}", rank, world_size,
+              dev.str(), text);
+  }
+  const ncclResult_t state = poll_ready(comm, Clock::now() + options.timeout);
+  if (state != ncclSuccess) {
+    const std::string text = nccl_text(state);
+    ZEST_NCCL_WARN(ncclCommAbort(comm));
+    if (state == ncclInProgress) {
+      throw CommError(CommError::Reason::kTimeout,
+                      fmt::format("creating the NCCL communicator timed out on rank {} of {} ({}) "
+                                  "after {} ms: not every rank joined. Check that all {} ranks "
+                                  "started and got the same unique id, and that NCCL can reach "
+                                  "the other hosts (NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO says more)",
+                                  rank, world_size, dev.str(), options.timeout.count(), world_size),
+                      __FILE__, __LINE__);
+    }
+    throw CommError(CommError::Reason::kBackend,
+                    fmt::format("creating the NCCL communicator failed on rank {} of {} ({}): {}",
+                                rank, world_size, dev.str(), text),
+                    __FILE__, __LINE__);
+  }
+  return std::make_unique<NcclCommunicator>(comm, rank, world_size, dev, options);
+}
+
+}  // namespace zest

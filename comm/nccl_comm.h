@@ -1,0 +1,104 @@
+// The NCCL backend: one process per GPU, buffers in that GPU's memory, work
+// queued on the caller's stream.
+//
+//   std::array<char, 128> id = ...;  // nccl_unique_id() on rank 0, shared (bootstrap.h)
+//   auto comm = zest::make_nccl_communicator(rank, world, id, local_rank);
+//   comm->all_reduce(grads, grads, n, DType::kBFloat16, ReduceOp::kAvg, stream);
+//
+// Most programs get one from init_distributed (bootstrap.h) instead.
+//
+// Hang protection. The communicator is created non-blocking (NCCL's
+// config.blocking = 0), so no NCCL call can block the caller: creation,
+// each collective's enqueueing and split are polled until NCCL reports them
+// done or CommOptions::timeout passes. Once queued, a collective is followed
+// by a CUDA event that a watchdog thread (one per communicator) polls along
+// with ncclCommGetAsyncError. An event still pending after the timeout, or
+// an error NCCL reports, makes the watchdog log it and abort the NCCL
+// communicator (ncclCommAbort, which also stops its kernels), and the next
+// call on this communicator, or check(), throws a CommError naming the
+// collective (operation, sequence number, count), the rank and the timeout.
+//
+// Results follow NCCL's own arithmetic: fp16 and bf16 sums are rounded at
+// each step of NCCL's algorithm, so they can differ in the last bits from the
+// host and in-process backends (which round once), and max need not
+// propagate NaN. Integer results and exact sums match bit for bit.
+//
+// In builds without CUDA (ZEST_WITH_NCCL == 0) the factories exist and throw
+// a zest::Error saying how to get the backend.
+#pragma once
+
+#include <array>
+#include <memory>
+
+#include "zest/comm/communicator.h"
+
+#if ZEST_WITH_NCCL
+#include <nccl.h>
+#endif
+
+namespace zest {
+
+// NCCL's ncclUniqueId, as bytes that any rendezvous can carry.
+using NcclUniqueId = std::array<char, 128>;
+
+// A new unique id (ncclGetUniqueId): made once, on rank 0, per communicator.
+// It names a socket NCCL opens on this host for the ranks to meet at.
+NcclUniqueId nccl_unique_id();
+
+// Joins the communicator named by `unique_id_bytes` as `rank` of
+// `world_size`, on CUDA device `device`. Collective: every rank calls it with
+// the same id. Throws CommError (kTimeout) when not every rank joins within
+// options.timeout.
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
+                                                     const NcclUniqueId& unique_id_bytes,
+                                                     int device, CommOptions options = {});
+
+#if ZEST_WITH_NCCL
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Adopts `comm`, a non-blocking NCCL communicator that finished
+  // initializing, of `size` ranks on `device`.
+  NcclCommunicator(ncclComm_t comm, int rank, int size, Device device, CommOptions options);
+  ~NcclCommunicator() override;
+
+  std::string_view backend_name() const override { return "nccl"; }
+
+  // Throws the CommError that aborted this communicator (a collective that
+  // did not complete in time, or an error NCCL reported), if one did. Every
+  // collective checks this first; call it to learn of a failure without
+  // issuing one. Call from the thread that issues the collectives.
+  void check();
+
+  // The NCCL communicator, for the application's own NCCL calls on it;
+  // nullptr once aborted.
+  ncclComm_t native() const;
+
+ protected:
+  void do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
+                     const Stream& stream) override;
+  void do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
+                         const Stream& stream) override;
+  void do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
+                     const Stream& stream) override;
+  void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
+                    const Stream& stream) override;
+  void do_barrier(const CollectiveDesc& desc, const Stream& stream) override;
+  void do_group_start() override;
+  void do_group_end() override;
+  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override;
+
+ private:
+  struct State;  // shared with the watchdog thread
+  template <typename Call>
+  void issue(const CollectiveDesc& desc, const Stream& stream, Call&& call);
+  void wait_enqueued(const CollectiveDesc& desc);
+  void watch(const CollectiveDesc& desc, const Stream& stream);
+  [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
+
+  std::unique_ptr<State> state_;
+};
+
+#endif  // ZEST_WITH_NCCL
+
+}  // namespace zest

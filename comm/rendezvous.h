@@ -1,0 +1,61 @@
+// What the rendezvous share: rank 0 hands a small blob (NCCL's 128-byte
+// unique id) to every other rank before any communicator exists. Two ways:
+//
+//   tcp_rendezvous.h   over TCP at MASTER_ADDR:port: rank 0 listens, the
+//                      others connect (retrying until rank 0 is up)
+//   file_rendezvous.h  through a file on a filesystem every rank sees
+//                      (ZEST_RENDEZVOUS_FILE)
+//
+// Both check that every rank was started for the same job (world size, and
+// the job id where the launcher gives one), and every wait ends by a
+// deadline: a rank that never shows up is a CommError (kTimeout) naming the
+// kind of rendezvous, its address or path, this rank and how long it waited;
+// ranks started for different jobs are a CommError (kMismatch). Bad input
+// (an unresolvable host, a port outside 1..65535, a path that cannot be
+// written) is a zest::Error at once, never a wait.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace zest {
+
+// Who this rank is in a rendezvous, and how long it waits in all.
+struct RendezvousMember {
+  int rank = 0;
+  int world_size = 1;
+  // Names the run (LaunchEnv::job_id); empty when the launcher gives none.
+  // Ranks with different non-empty ids never take each other's data.
+  std::string job_id;
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
+
+// The largest blob a rendezvous carries: ids, not data.
+inline constexpr size_t kMaxRendezvousBlob = 64 * 1024;
+
+// A point in time that every wait of one rendezvous counts down to.
+class Deadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit Deadline(std::chrono::milliseconds timeout)
+      : start_(Clock::now()), end_(start_ + timeout), timeout_(timeout) {}
+
+  bool passed() const { return Clock::now() >= end_; }
+  // Time left, never negative.
+  std::chrono::milliseconds remaining() const;
+  std::chrono::milliseconds elapsed() const;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  Clock::time_point start_;
+  Clock::time_point end_;
+  std::chrono::milliseconds timeout_;
+};
+
+// strerror(err), thread-safe.
+std::string errno_text(int err);
+
+// Sleeps for `wait`, or until the deadline if that comes first.
+void sleep_within(const Deadline& deadline, std::chrono::milliseconds wait);
+
+}  // namespace zest
