@@ -1,0 +1,323 @@
+// Bandwidth of all_reduce, reduce_scatter and all_gather, in nccl-tests'
+// terms, for any ZEST backend, against a plain copy of the same bytes on the
+// same device measured in the same run.
+//
+//   comm_bench --backend inprocess --ranks 4 --device host|cuda:N   (threads of this process)
+//   torchrun --nproc_per_node 8 --no-python comm_bench --backend nccl (or mpirun / srun)
+//   mpirun -np 4 comm_bench --backend mpi
+//
+// Columns, as nccl-tests prints them: size is the whole buffer in bytes (the
+// all_reduce buffer, reduce_scatter's input, all_gather's output), count its
+// fp32 elements; time is the mean of many back-to-back calls; algbw =
+// size / time; busbw = algbw x 2(n-1)/n for all_reduce and x (n-1)/n for
+// reduce_scatter and all_gather, the rate each rank's link would need, so
+// comparable across world sizes. "memcpy us" copies `size` bytes on the same
+// device (memcpy, or cudaMemcpyAsync device to device); "x memcpy" is the
+// collective's time over that.
+//
+// The host in-process backend moves data with one thread per rank, so on a
+// machine with fewer cores than ranks the threads take turns and the numbers
+// say more about scheduling than about the backend. On the GPU it runs
+// kernels that read every rank's buffer directly.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zest/comm/bootstrap.h"
+#include "zest/comm/inprocess_comm.h"
+#include "zest/comm/mpi_comm.h"
+#include "zest/core/check.h"
+#include "zest/core/device.h"
+#include "zest/core/stream.h"
+#include "zest/core/units.h"
+#include "zest/memory/raw_allocator.h"
+
+#if ZEST_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "zest/core/cuda_check.h"
+#endif
+
+namespace {
+
+using zest::Communicator;
+using zest::Device;
+using zest::DType;
+using zest::kKiB;
+using zest::kMiB;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMinSize = kKiB;
+constexpr size_t kMaxSize = 64 * kMiB;
+constexpr size_t kQuickMaxSize = 4 * kMiB;
+constexpr int64_t kMaxIters = 1'000'000;
+
+struct Options {
+  std::string backend = "inprocess";
+  int ranks = 4;
+  Device device = Device::host();
+  bool quick = false;
+  std::optional<int64_t> iters;
+};
+
+void print_usage(std::FILE* out) {
+  fmt::print(out,
+             "usage: comm_bench [--backend inprocess|nccl|mpi] [--ranks N] [--device host|cuda:N]\n"
+             "                  [--quick] [--iters N]\n"
+             "  --backend  inprocess (default): N ranks as threads of this process;\n"
+             "             nccl: one GPU per process, under mpirun, torchrun or srun;\n"
+             "             mpi: host buffers, one process per rank, under mpirun\n"
+             "  --ranks    in-process ranks (default 4)\n"
+             "  --device   where the in-process ranks' buffers live (default host)\n"
+             "  --quick    sizes up to 4 MiB and fewer iterations\n"
+             "  --iters    timed calls per size (default: more for small sizes)\n");
+}
+
+std::optional<int64_t> whole_number(std::string_view text) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || stop != end || text.empty()) return std::nullopt;
+  return v;
+}
+
+// An exit code when the program should stop here (2: bad arguments).
+std::optional<int> parse_args(int argc, char** argv, Options& opt) {
+  bool ranks_given = false;
+  bool device_given = false;
+  auto bad = [](const std::string& why) {
+    fmt::print(stderr, "comm_bench: {}\n", why);
+    print_usage(stderr);
+    return std::optional<int>(2);
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    const bool takes_value = arg == "--backend" || arg == "--ranks" || arg == "--device" || arg == "--iters";
+    if (arg == "--help" || arg == "-h") {
+      print_usage(stdout);
+      return 0;
+    }
+    if (arg == "--quick") {
+      opt.quick = true;
+      continue;
+    }
+    if (!takes_value) return bad(fmt::format("unknown argument '{}'", arg));
+    if (i + 1 >= argc) return bad(fmt::format("missing value for {}", arg));
+    const std::string_view value = argv[++i];
+    if (arg == "--backend") {
+      if (value != "inprocess" && value != "nccl" && value != "mpi") {
+        return bad(fmt::format("--backend wants inprocess, nccl or mpi, got '{}'", value));
+      }
+      opt.backend = value;
+    } else if (arg == "--ranks") {
+      const std::optional<int64_t> n = whole_number(value);
+      if (!n || *n < 1 || *n > 1024) return bad(fmt::format("--ranks wants 1 to 1024, got '{}'", value));
+      opt.ranks = static_cast<int>(*n);
+      ranks_given = true;
+    } else if (arg == "--device") {
+      try {
+        opt.device = zest::parse_device(value);
+      } catch (const zest::Error& e) {
+        return bad(e.message());
+      }
+      device_given = true;
+    } else {
+      const std::optional<int64_t> n = whole_number(value);
+      if (!n || *n < 1 || *n > kMaxIters) {
+        return bad(fmt::format("--iters wants 1 to {}, got '{}'", kMaxIters, value));
+      }
+      opt.iters = *n;
+    }
+  }
+  if (opt.backend != "inprocess" && (ranks_given || device_given)) {
+    return bad(fmt::format("--ranks and --device are for --backend inprocess; {} takes its ranks "
+                           "from the launcher{}",
+                           opt.backend, opt.backend == "nccl" ? " and each rank's GPU from its local rank" : ""));
+  }
+  if (opt.backend == "nccl" && !ZEST_WITH_NCCL) {
+    return bad("--backend nccl needs a build with CUDA and NCCL (-DZEST_CUDA=ON)");
+  }
+  if (opt.backend == "mpi" && !ZEST_WITH_MPI) {
+    return bad("--backend mpi needs a build with MPI (-DZEST_MPI=ON)");
+  }
+  return std::nullopt;
+}
+
+enum class Kind { kAllReduce, kReduceScatter, kAllGather };
+constexpr Kind kKinds[] = {Kind::kAllReduce, Kind::kReduceScatter, Kind::kAllGather};
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kAllReduce: return "all_reduce";
+    case Kind::kReduceScatter: return "reduce_scatter";
+    case Kind::kAllGather: return "all_gather";
+  }
+  return "?";
+}
+
+// nccl-tests' bus bandwidth factor.
+double bus_factor(Kind k, int n) {
+  const double ranks = n;
+  return k == Kind::kAllReduce ? 2.0 * (ranks - 1) / ranks : (ranks - 1) / ranks;
+}
+
+// Calls per size: about the same bytes for every size, within bounds.
+int64_t iters_for(size_t size, const Options& opt) {
+  if (opt.iters) return *opt.iters;
+  const size_t budget = opt.quick ? 64 * kMiB : 512 * kMiB;
+  return std::clamp<int64_t>(static_cast<int64_t>(budget / size), opt.quick ? 3 : 5, opt.quick ? 200 : 1000);
+}
+
+// A buffer of the raw allocator's memory, freed at scope end.
+struct Buffer {
+  zest::RawAllocator& raw;
+  size_t bytes;
+  void* ptr;
+  Buffer(zest::RawAllocator& r, size_t n) : raw(r), bytes(n), ptr(r.allocate(n)) {
+    ZEST_CHECK(ptr != nullptr, "comm_bench: no memory for {} on {}", zest::format_bytes(static_cast<int64_t>(n)),
+               raw.name());
+  }
+  ~Buffer() { raw.deallocate(ptr, bytes); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  char* get() const { return static_cast<char*>(ptr); }
+};
+
+// Ones, so that sums stay ordinary floats (no denormal slow paths on the host).
+void fill_ones(const Buffer& b, Device device) {
+  const size_t n = b.bytes / sizeof(float);
+  std::vector<float> ones(n, 1.0f);
+  if (device.is_host()) {
+    std::memcpy(b.get(), ones.data(), n * sizeof(float));
+    return;
+  }
+#if ZEST_WITH_CUDA
+  zest::DeviceGuard guard(device);
+  ZEST_CUDA_CHECK(cudaMemcpy(b.get(), ones.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+#endif
+}
+
+// Mean microseconds per call of fn over `iters` calls on `stream`.
+template <typename Fn>
+double time_us(const zest::Stream& stream, int64_t iters, Fn&& fn) {
+  const Device device = stream.device();
+  if (device.is_host()) {
+    const auto t0 = Clock::now();
+    for (int64_t i = 0; i < iters; ++i) fn();
+    const auto t1 = Clock::now();
+    return std::chrono::duration<double, std::micro>(t1 - t0).count() / static_cast<double>(iters);
+  }
+  zest::Event start(device, true);
+  zest::Event stop(device, true);
+  start.record(stream);
+  for (int64_t i = 0; i < iters; ++i) fn();
+  stop.record(stream);
+  stop.synchronize();
+  return 1000.0 * start.elapsed_ms(stop) / static_cast<double>(iters);
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes, const zest::Stream& stream) {
+  if (stream.device().is_host()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if ZEST_WITH_CUDA
+  ZEST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                  static_cast<cudaStream_t>(stream.native())));
+#endif
+}
+
+// Every size of every collective on this rank; rank 0 prints.
+void sweep(Communicator& comm, const Options& opt) {
+  const Device device = comm.device();
+  const int n = comm.size();
+  const bool printer = comm.rank() == 0;
+  std::unique_ptr<zest::RawAllocator> raw =
+      device.is_host() ? zest::make_host_allocator() : zest::make_cuda_allocator(device.index());
+  zest::OwnedStream stream(device);
+  const size_t max_size = opt.quick ? kQuickMaxSize : kMaxSize;
+  Buffer send(*raw, max_size);
+  Buffer recv(*raw, max_size);
+  fill_ones(send, device);
+  fill_ones(recv, device);
+
+  if (printer) {
+    fmt::print("# comm_bench: backend {}, {} ranks, {}, fp32, {} build\n", comm.backend_name(), n,
+               device.str(), ZEST_BENCH_BUILD_TYPE);
+  }
+  for (Kind kind : kKinds) {
+    if (printer) {
+      fmt::print("\n# {}\n# {:>10} {:>10} {:>5} {:>11} {:>11} {:>11} {:>11} {:>9}\n", kind_name(kind),
+                 "size", "count", "type", "time us", "algbw GB/s", "busbw GB/s", "memcpy us", "x memcpy");
+    }
+    for (size_t size = kMinSize; size <= max_size; size *= 2) {
+      // Whole elements, and for the scattered and gathered kinds whole parts.
+      const size_t unit = kind == Kind::kAllReduce ? sizeof(float) : sizeof(float) * static_cast<size_t>(n);
+      const size_t bytes = size / unit * unit;
+      const size_t count = bytes / sizeof(float);
+      const size_t part = count / static_cast<size_t>(n);
+      if (bytes == 0) continue;
+      auto call = [&] {
+        switch (kind) {
+          case Kind::kAllReduce:
+            comm.all_reduce(send.get(), recv.get(), count, DType::kFloat32, zest::ReduceOp::kSum, stream);
+            break;
+          case Kind::kReduceScatter:
+            comm.reduce_scatter(send.get(), recv.get(), part, DType::kFloat32, zest::ReduceOp::kSum, stream);
+            break;
+          case Kind::kAllGather:
+            comm.all_gather(send.get(), recv.get(), part, DType::kFloat32, stream);
+            break;
+        }
+      };
+      const int64_t iters = iters_for(bytes, opt);
+      for (int64_t i = 0; i < std::min<int64_t>(iters, 3); ++i) call();  // warm-up
+      comm.barrier(stream);
+      const double us = time_us(stream, iters, call);
+      comm.barrier(stream);
+      if (!printer) {
+        comm.barrier(stream);  // while rank 0 times the copy alone
+        continue;
+      }
+      copy_bytes(recv.get(), send.get(), bytes, stream);  // warm-up
+      const double copy_us = time_us(stream, iters, [&] { copy_bytes(recv.get(), send.get(), bytes, stream); });
+      comm.barrier(stream);
+      const double algbw = static_cast<double>(bytes) / us / 1e3;
+      fmt::print("  {:>10} {:>10} {:>5} {:>11.2f} {:>11.2f} {:>11.2f} {:>11.2f} {:>9.2f}\n", bytes, count,
+                 "float", us, algbw, algbw * bus_factor(kind, n), copy_us, us / copy_us);
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  if (const std::optional<int> rc = parse_args(argc, argv, opt)) return *rc;
+  try {
+    if (opt.backend == "inprocess") {
+      zest::run_inprocess(opt.ranks, [&](Communicator& comm) { sweep(comm, opt); }, opt.device);
+    } else if (opt.backend == "nccl") {
+      std::unique_ptr<Communicator> comm = zest::init_distributed(Device::cuda(0));
+      sweep(*comm, opt);
+    } else {
+      zest::MpiEnvironment mpi(&argc, &argv);
+      std::unique_ptr<Communicator> comm = zest::make_mpi_world();
+      sweep(*comm, opt);
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "comm_bench: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
