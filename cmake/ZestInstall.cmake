@@ -5,9 +5,16 @@ install(TARGETS zest EXPORT zestTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# Internal headers (used only inside the library; some include <mpi.h>) stay out.
 foreach(layer core memory comm optim engine)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest/${layer}
-    FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
+    FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
+    PATTERN "mpi_reduction.h" EXCLUDE
+    PATTERN "optimizer_impl.h" EXCLUDE
+    PATTERN "engine_state.h" EXCLUDE
+    PATTERN "optim_cuda.h" EXCLUDE
+    PATTERN "dtype_dispatch.h" EXCLUDE
+    PATTERN "cuda_elementwise.cuh" EXCLUDE)
 endforeach()
 install(FILES ${ZEST_INCLUDE_ROOT}/zest_generated/build_config.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest_generated)

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "zest/core/check.h"
+#include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/optim_cuda.h"
 
 namespace zest {
 namespace {
@@ -30,17 +32,14 @@ void chunk_sums_of_squares(const Stream& stream, const void* grad, DType dtype, 
   ZEST_CHECK(chunk_numel > 0, "chunk_sums_of_squares: chunk_numel must be positive");
   if (numel == 0) return;
   ZEST_CHECK(grad != nullptr && out != nullptr, "chunk_sums_of_squares: null buffer");
-  ZEST_CHECK(stream.device().is_host(),
-             "chunk_sums_of_squares on {}: the CUDA kernel is not part of this build yet",
-             stream.device().str());
-  switch (dtype) {
-    case DType::kFloat32: return chunk_sums(static_cast<const float*>(grad), numel, chunk_numel, scale, out);
-    case DType::kFloat16: return chunk_sums(static_cast<const fp16*>(grad), numel, chunk_numel, scale, out);
-    case DType::kBFloat16: return chunk_sums(static_cast<const bf16*>(grad), numel, chunk_numel, scale, out);
-    default: break;
+  if (stream.device().is_cuda()) {
+    detail::chunk_sums_of_squares_cuda(stream, grad, dtype, numel, chunk_numel, scale, out);
+    return;
   }
-  ZEST_FAIL("chunk_sums_of_squares: gradients of dtype {} are not supported (fp32, fp16 or bf16)",
-            dtype_name(dtype));
+  detail::visit_float_dtype(dtype, "chunk_sums_of_squares", "gradients", [&](auto type) {
+    using T = typename decltype(type)::type;
+    chunk_sums(static_cast<const T*>(grad), numel, chunk_numel, scale, out);
+  });
 }
 
 double sum_in_order(const double* sums, size_t count) {

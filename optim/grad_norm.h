@@ -13,6 +13,12 @@
 // Squares of fp32, fp16 and bf16 values are exact in double, and an Inf or
 // NaN gradient makes its chunk's sum non-finite, so the same pass detects
 // overflow.
+//
+// On a CUDA stream one thread block sums each chunk, in an order fixed by the
+// chunk alone (grad_norm.cu), so the sums are just as independent of
+// sharding, but they are not the host's bits: they agree with the host's to
+// about 1e-15 relative. All ranks of a job must therefore sum on the same kind
+// of device for the norm to agree bit for bit.
 #pragma once
 
 #include <cstddef>

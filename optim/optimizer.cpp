@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "zest/core/check.h"
+#include "zest/optim/optim_cuda.h"
 #include "zest/optim/optimizer_impl.h"
 
 namespace zest {
@@ -52,10 +53,44 @@ void optimizer_step(const Stream& stream, const OptimizerConfig& config, const S
   }
   if (stream.device().is_host()) {
     detail::optimizer_step_host(config, shard, scalars);
-    return;
+  } else {
+    detail::optimizer_step_cuda(stream, config, shard, scalars);
   }
-  ZEST_FAIL("{} on {}: the CUDA optimizer kernels are not part of this build yet; step on the "
-            "host", optimizer_name(config.kind), stream.device().str());
 }
+
+namespace detail {
+
+// Both backends take their per-step constants from here, computed on the
+// host (Note [same bits on host and GPU] in optimizer_impl.h).
+AdamStep adam_step(const OptimizerConfig& c, const StepScalars& k) {
+  const auto t = static_cast<float>(k.step);
+  const float bc1 = c.bias_correction ? 1.0f - std::pow(c.beta1, t) : 1.0f;
+  const float bc2 = c.bias_correction ? 1.0f - std::pow(c.beta2, t) : 1.0f;
+  AdamStep a;
+  a.decoupled = c.kind == OptimizerKind::kAdamW;
+  a.beta1 = c.beta1;
+  a.beta2 = c.beta2;
+  a.eps = c.eps;
+  a.weight_decay = k.weight_decay;
+  a.grad_scale = k.grad_scale;
+  a.step_size = k.lr / bc1;
+  a.bc2_sqrt = std::sqrt(bc2);
+  a.decay = 1.0f - k.lr * k.weight_decay;
+  return a;
+}
+
+SgdStep sgd_step(const OptimizerConfig& c, const StepScalars& k) {
+  SgdStep s;
+  s.lr = k.lr;
+  s.weight_decay = k.weight_decay;
+  s.grad_scale = k.grad_scale;
+  s.momentum = c.momentum;
+  s.dampening = c.dampening;
+  s.nesterov = c.nesterov;
+  s.first = k.step == 1;
+  return s;
+}
+
+}  // namespace detail
 
 }  // namespace zest

@@ -68,7 +68,9 @@ struct StepScalars {
 };
 
 // Updates the shard. Host streams run it now; CUDA streams queue a fused
-// kernel. Unsupported dtype pairs are a zest::Error naming the pair.
+// kernel with the host's bits (NaN payloads aside), the buffers then being
+// memory of the stream's device. Unsupported dtype pairs are a zest::Error
+// naming the pair.
 void optimizer_step(const Stream& stream, const OptimizerConfig& config, const ShardBuffers& shard,
                     const StepScalars& scalars);
 

@@ -1,0 +1,71 @@
+// Host loops of accumulate and convert, and the checks and dispatch both
+// backends share. The loops widen with core/float16.h's exact conversions,
+// add in float and narrow once, round to nearest even; grad_ops.cu does the
+// same with CUDA's conversions, which round alike.
+#include "zest/optim/grad_ops.h"
+
+#include "zest/core/check.h"
+#include "zest/memory/copy.h"
+#include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/optim_cuda.h"
+
+namespace zest {
+namespace {
+
+template <typename T>
+void accumulate_loop(T* dst, const T* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    dst[i] = T(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
+  }
+}
+
+template <typename TS, typename TD>
+void convert_loop(const TS* src, TD* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = TD(static_cast<float>(src[i]));
+}
+
+// Refuses a dtype other than fp32, fp16 or bf16 with the usual message.
+void check_float_dtype(DType dtype, std::string_view op, std::string_view role) {
+  detail::visit_float_dtype(dtype, op, role, [](auto) {});
+}
+
+}  // namespace
+
+void accumulate(const Stream& stream, void* dst, const void* src, DType dtype, size_t n) {
+  check_float_dtype(dtype, "accumulate", "values");
+  if (n == 0) return;
+  ZEST_CHECK(dst != nullptr && src != nullptr,
+             "accumulate: {} pointer is null for {} elements of {} on {}",
+             dst == nullptr ? "the destination" : "the source", n, dtype_name(dtype),
+             stream.device().str());
+  if (stream.device().is_cuda()) return detail::accumulate_cuda(stream, dst, src, dtype, n);
+  detail::visit_float_dtype(dtype, "accumulate", "values", [&](auto type) {
+    using T = typename decltype(type)::type;
+    accumulate_loop(static_cast<T*>(dst), static_cast<const T*>(src), n);
+  });
+}
+
+void convert(const Stream& stream, const void* src, DType src_dtype, void* dst, DType dst_dtype,
+             size_t n) {
+  check_float_dtype(src_dtype, "convert", "sources");
+  check_float_dtype(dst_dtype, "convert", "destinations");
+  if (n == 0) return;
+  ZEST_CHECK(dst != nullptr && src != nullptr,
+             "convert: {} pointer is null for {} elements ({} to {}) on {}",
+             dst == nullptr ? "the destination" : "the source", n, dtype_name(src_dtype),
+             dtype_name(dst_dtype), stream.device().str());
+  // Nothing to round: the bytes are the values (NaN payloads included).
+  if (src_dtype == dst_dtype) return copy_bytes(stream, dst, src, n * elem_size(src_dtype));
+  if (stream.device().is_cuda()) {
+    return detail::convert_cuda(stream, src, src_dtype, dst, dst_dtype, n);
+  }
+  detail::visit_float_dtype(src_dtype, "convert", "sources", [&](auto from) {
+    detail::visit_float_dtype(dst_dtype, "convert", "destinations", [&](auto to) {
+      using TS = typename decltype(from)::type;
+      using TD = typename decltype(to)::type;
+      convert_loop(static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+    });
+  });
+}
+
+}  // namespace zest

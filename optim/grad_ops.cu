@@ -1,0 +1,55 @@
+// CUDA kernels of accumulate and convert: grid-stride loops over the
+// elements, widening to float and narrowing once with CUDA's conversions
+// (cuda_elementwise.cuh), which round to nearest even like the host's loops
+// in grad_ops.cpp. A single float add cannot be contracted, so the sums are
+// the host's bits (NaN payloads aside).
+#include "zest/core/cuda_check.h"
+#include "zest/core/device.h"
+#include "zest/optim/cuda_elementwise.cuh"
+#include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/optim_cuda.h"
+
+namespace zest::detail {
+namespace {
+
+template <typename T>
+__global__ void accumulate_kernel(T* dst, const T* src, size_t n) {
+  for (size_t i = first_index(); i < n; i += grid_stride()) {
+    store_float(dst, i, load_float(dst, i) + load_float(src, i));
+  }
+}
+
+template <typename TS, typename TD>
+__global__ void convert_kernel(const TS* src, TD* dst, size_t n) {
+  for (size_t i = first_index(); i < n; i += grid_stride()) store_float(dst, i, load_float(src, i));
+}
+
+}  // namespace
+
+void accumulate_cuda(const Stream& stream, void* dst, const void* src, DType dtype, size_t n) {
+  DeviceGuard guard(stream.device());  // a kernel runs on the current device
+  const auto native = static_cast<cudaStream_t>(stream.native());
+  visit_float_dtype(dtype, "accumulate", "values", [&](auto type) {
+    using T = typename decltype(type)::type;
+    accumulate_kernel<T><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
+        static_cast<T*>(dst), static_cast<const T*>(src), n);
+    ZEST_CUDA_KERNEL_CHECK();
+  });
+}
+
+void convert_cuda(const Stream& stream, const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                  size_t n) {
+  DeviceGuard guard(stream.device());
+  const auto native = static_cast<cudaStream_t>(stream.native());
+  visit_float_dtype(src_dtype, "convert", "sources", [&](auto from) {
+    visit_float_dtype(dst_dtype, "convert", "destinations", [&](auto to) {
+      using TS = typename decltype(from)::type;
+      using TD = typename decltype(to)::type;
+      convert_kernel<TS, TD><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
+          static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+      ZEST_CUDA_KERNEL_CHECK();
+    });
+  });
+}
+
+}  // namespace zest::detail

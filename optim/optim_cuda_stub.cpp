@@ -1,0 +1,34 @@
+// Builds without CUDA: a CUDA stream cannot be created (the device check
+// refuses it first), so these are never reached; they say what would help.
+#include "zest/core/check.h"
+#include "zest/optim/optim_cuda.h"
+
+namespace zest::detail {
+namespace {
+
+[[noreturn]] void no_cuda(const char* what, const Stream& stream) {
+  ZEST_FAIL("{} on {}: this build of ZEST has no CUDA backend; reconfigure with -DZEST_CUDA=ON",
+            what, stream.device().str());
+}
+
+}  // namespace
+
+void optimizer_step_cuda(const Stream& stream, const OptimizerConfig&, const ShardBuffers&,
+                         const StepScalars&) {
+  no_cuda("optimizer_step", stream);
+}
+
+void chunk_sums_of_squares_cuda(const Stream& stream, const void*, DType, size_t, size_t, float,
+                                double*) {
+  no_cuda("chunk_sums_of_squares", stream);
+}
+
+void accumulate_cuda(const Stream& stream, void*, const void*, DType, size_t) {
+  no_cuda("accumulate", stream);
+}
+
+void convert_cuda(const Stream& stream, const void*, DType, void*, DType, size_t) {
+  no_cuda("convert", stream);
+}
+
+}  // namespace zest::detail
