@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
-# Set-up, build, and the main job on an embedded default. Until the ZeRO
-# engine lands this is the memory layer's tour: a training loop's allocations
-# by category through the caching allocator, then the allocator benchmark
-# (cached path against the raw allocator) on the host.
+# Set-up, build, and the main job on an embedded default: the MLP example
+# trained by 4 in-process ranks under ZeRO stages 0, 1, 2 and 3 on the host
+# (bf16 parameters and gradients, fp32 master weights, AdamW), then a table of
+# final loss and per-rank memory by category against the ZeRO formula.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${ZEST_BUILD_DIR:-$root/build}"
 
 "$root/scripts/setup.sh"
 cmake -S "$root" -B "$build" -G Ninja ${ZEST_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build" -j "$(nproc)" --target zest-info allocator_tour allocator_bench
+cmake --build "$build" -j "$(nproc)" --target zest-info mlp
 
 "$build/tools/zest-info"
 echo
-"$build/examples/allocator_tour" host 25000000
-echo
-"$build/bench/allocator_bench" --device host --quick
+"$build/examples/mlp/mlp" --ranks 4 --stages 0,1,2,3 --dtype bf16 --steps 100 --print-every 25

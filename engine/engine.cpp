@@ -1,0 +1,273 @@
+// Construction, registration, finalize (layout, cross-rank check,
+// allocation, initial values) and inspection.
+#include "zest/engine/engine.h"
+
+#include <cstring>
+
+#include "zest/core/check.h"
+#include "zest/core/logging.h"
+#include "zest/engine/engine_state.h"
+#include "zest/memory/copy.h"
+#include "zest/optim/grad_ops.h"
+
+namespace zest {
+namespace {
+
+DType compute_dtype_of(const EngineConfig& c) {
+  ZEST_CHECK(!(c.fp16.enabled && c.bf16),
+             "fp16.enabled and bf16.enabled are both true: choose one compute dtype");
+  if (c.fp16.enabled) return DType::kFloat16;
+  if (c.bf16) return DType::kBFloat16;
+  return DType::kFloat32;
+}
+
+EngineConfig checked(EngineConfig c) {
+  ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
+             "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
+  ZEST_CHECK(c.gradient_accumulation_steps >= 1,
+             "gradient_accumulation_steps is {}: it must be at least 1",
+             c.gradient_accumulation_steps);
+  ZEST_CHECK(c.gradient_clipping >= 0.0, "gradient_clipping is {}: it must be >= 0 (0: off)",
+             c.gradient_clipping);
+  c.optimizer.validate();
+  c.scheduler.validate();
+  return c;
+}
+
+}  // namespace
+
+int64_t MemoryReport::model_states() const {
+  return (*this)[MemoryCategory::kParameters].current +
+         (*this)[MemoryCategory::kGradients].current +
+         (*this)[MemoryCategory::kMasterWeights].current +
+         (*this)[MemoryCategory::kOptimizerState].current;
+}
+
+Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, Stream stream)
+    : config_(checked(std::move(config))),
+      comm_(comm),
+      allocator_(allocator),
+      stream_(stream),
+      compute_dtype_(compute_dtype_of(config_)),
+      impl_(std::make_unique<Impl>(config_.fp16.scaler())) {
+  ZEST_CHECK(allocator.device() == comm.device() && stream.device() == comm.device(),
+             "engine: the communicator is on {}, the allocator on {} and the stream on {}; they "
+             "must be on one device",
+             comm.device().str(), allocator.device().str(), stream.device().str());
+  impl_->groups.push_back({"default", config_.optimizer.weight_decay});
+  impl_->part = config_.zero.stage == 0 ? 0 : comm.rank();
+}
+
+Engine::~Engine() {
+  // Reductions and gathers still queued read buffers about to be freed.
+  if (impl_ && impl_->comm_stream) {
+    try {
+      impl_->comm().synchronize();
+      stream_.synchronize();
+    } catch (const std::exception& e) {
+      ZEST_LOG_WARN("engine teardown: {}", e.what());
+    }
+  }
+}
+
+void Engine::check_finalized(const char* what) const {
+  ZEST_CHECK(impl_->layout != nullptr, "{}: call finalize() first", what);
+}
+
+const ModelLayout& Engine::layout() const {
+  check_finalized("layout()");
+  return *impl_->layout;
+}
+
+Engine::UnitState& Engine::state(int unit) {
+  check_finalized("engine");
+  ZEST_CHECK(unit >= 0 && unit < impl_->layout->num_units(),
+             "unit index {} is out of range: {} units are registered", unit,
+             impl_->layout->num_units());
+  return impl_->units[static_cast<size_t>(unit)];
+}
+
+void Engine::add_param_group(const std::string& name, float weight_decay) {
+  ZEST_CHECK(impl_->layout == nullptr,
+             "add_param_group('{}') after finalize(): register everything first", name);
+  ZEST_CHECK(weight_decay >= 0.0f, "parameter group '{}': weight_decay {} must be >= 0", name,
+             weight_decay);
+  for (const ParamGroupSpec& g : impl_->groups)
+    ZEST_CHECK(g.name != name, "parameter group '{}' declared twice", name);
+  impl_->groups.push_back({name, weight_decay});
+}
+
+int Engine::add_unit(const std::string& name, std::vector<ParamSpec> params) {
+  ZEST_CHECK(impl_->layout == nullptr, "add_unit('{}') after finalize(): register every unit first",
+             name);
+  impl_->specs.push_back({name, std::move(params)});
+  return static_cast<int>(impl_->specs.size()) - 1;
+}
+
+namespace {
+
+// Every rank must lay out the same model: compare digests, and on a
+// difference the full descriptions, so the error names what differs.
+void check_same_model(Communicator& control, const ModelLayout& layout, CachingAllocator& alloc,
+                      const Stream& stream) {
+  const int world = control.size();
+  if (world == 1) return;
+  const size_t w = static_cast<size_t>(world);
+  Buffer digests = alloc.allocate_buffer(8 * (w + 1), stream, MemoryCategory::kCommBuffers);
+  const uint64_t mine = layout.digest();
+  copy_bytes(stream, digests.as<uint64_t>() + w, &mine, 8);
+  control.all_gather(digests.as<uint64_t>() + w, digests.data(), 1, DType::kInt64, stream);
+  std::vector<uint64_t> all(w);
+  copy_bytes(stream, all.data(), digests.data(), 8 * w);
+  stream.synchronize();
+  bool same = true;
+  for (uint64_t d : all) same = same && d == all[0];
+  if (same) return;
+
+  // Pad every description to the longest (lengths agreed by a max-reduce).
+  const std::string text = layout.describe();
+  Buffer len = alloc.allocate_buffer(16, stream, MemoryCategory::kCommBuffers);
+  const int64_t my_len = static_cast<int64_t>(text.size());
+  copy_bytes(stream, len.data(), &my_len, 8);
+  control.all_reduce(len.data(), len.as<int64_t>() + 1, 1, DType::kInt64, ReduceOp::kMax, stream);
+  int64_t max_len = 0;
+  copy_bytes(stream, &max_len, len.as<int64_t>() + 1, 8);
+  stream.synchronize();
+  const size_t n = static_cast<size_t>(max_len);
+  std::vector<char> padded(n, '\0');
+  std::memcpy(padded.data(), text.data(), text.size());
+  Buffer texts = alloc.allocate_buffer(n * (w + 1), stream, MemoryCategory::kCommBuffers);
+  copy_bytes(stream, texts.as<char>() + n * w, padded.data(), n);
+  control.all_gather(texts.as<char>() + n * w, texts.data(), n, DType::kUInt8, stream);
+  std::vector<char> everything(n * w);
+  copy_bytes(stream, everything.data(), texts.data(), n * w);
+  stream.synchronize();
+  const auto text_of = [&](size_t r) { return std::string(everything.data() + r * n, strnlen(everything.data() + r * n, n)); };
+  for (size_t r = 1; r < w; ++r) {
+    if (all[r] == all[0]) continue;
+    ZEST_FAIL(
+        "ranks registered different models: rank 0 and rank {} differ at {} (rank 0's first). "
+        "Every rank must add the same groups, units and parameters in the same order",
+        r, first_difference(text_of(0), text_of(r)));
+  }
+}
+
+}  // namespace
+
+void Engine::finalize(const Initializer& init, InitFrom from) {
+  ZEST_CHECK(impl_->layout == nullptr, "finalize() called twice");
+  ZEST_CHECK(static_cast<bool>(init), "finalize(): the initializer is empty");
+  Impl& im = *impl_;
+  const int stage = config_.zero.stage;
+  const int partitions = stage == 0 ? 1 : comm_.size();
+  auto layout = std::make_unique<ModelLayout>(im.groups, im.specs, partitions);
+
+  im.control = comm_.split(0, comm_.rank());
+  im.comm_stream.emplace(comm_.device());
+  im.handoff.emplace(comm_.device());
+  check_same_model(*im.control, *layout, allocator_, stream_);
+  im.layout = std::move(layout);
+  const ModelLayout& L = *im.layout;
+
+  const size_t bc = elem_size(compute_dtype_);
+  const bool fp32 = compute_dtype_ == DType::kFloat32;
+  const bool accumulating = config_.gradient_accumulation_steps > 1;
+  if (!fp32) {
+    im.master = allocator_.allocate_buffer(L.owned() * 4, stream_, MemoryCategory::kMasterWeights);
+  }
+  for (int s = 0; s < config_.optimizer.state_buffers(); ++s) {
+    im.state[s] = allocator_.allocate_buffer(L.owned() * 4, stream_, MemoryCategory::kOptimizerState);
+    fill_zero(stream_, im.state[s].data(), L.owned() * 4);
+  }
+
+  im.units.resize(static_cast<size_t>(L.num_units()));
+  Buffer staging;
+  std::vector<float> host;
+  for (int u = 0; u < L.num_units(); ++u) {
+    const UnitLayout& unit = L.unit(u);
+    UnitState& st = im.units[static_cast<size_t>(u)];
+    st.ready.emplace(comm_.device());
+    st.resident = stage < 3 ||
+                  static_cast<int64_t>(unit.numel) <= config_.zero.stage3_param_persistence_threshold;
+    if (st.resident) {
+      st.params_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kParameters);
+    } else {
+      st.params_shard = allocator_.allocate_buffer(unit.shard * bc, stream_, MemoryCategory::kParameters);
+    }
+    if (stage < 2) {
+      st.grads_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kGradients);
+    }
+    if (stage >= 2 || accumulating) {
+      st.grad_acc = allocator_.allocate_buffer(unit.shard * bc, stream_, MemoryCategory::kGradients);
+    }
+    const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
+    void* param_shard = st.resident ? st.params_full.as<std::byte>() + shard_begin * bc
+                                    : st.params_shard.data();
+    st.master = fp32 ? static_cast<float*>(param_shard) : im.master.as<float>() + L.owned_offset(u);
+
+    // Initial values: the initializer fills fp32 values on the host, the
+    // device gets them through a staging buffer, rank 0's are broadcast.
+    host.assign(unit.padded, 0.0f);
+    if (from == InitFrom::kEveryRank || comm_.rank() == 0) {
+      for (const ParamLayout& p : unit.params) init(p, std::span<float>(host.data() + p.offset, p.numel));
+    }
+    staging = allocator_.allocate_buffer(unit.padded * 4, stream_, MemoryCategory::kCommBuffers);
+    copy_bytes(stream_, staging.data(), host.data(), unit.padded * 4);
+    if (from == InitFrom::kRank0 && comm_.size() > 1) {
+      im.control->broadcast(staging.data(), staging.data(), unit.padded, DType::kFloat32, 0, stream_);
+    }
+    const float* owned = staging.as<float>() + shard_begin;
+    if (st.resident) {
+      convert(stream_, staging.data(), DType::kFloat32, st.params_full.data(), compute_dtype_, unit.padded);
+    } else {
+      convert(stream_, owned, DType::kFloat32, st.params_shard.data(), compute_dtype_, unit.shard);
+    }
+    if (!fp32) copy_bytes(stream_, st.master, owned, unit.shard * 4);
+    stream_.synchronize();  // `host` is reused for the next unit
+    staging = Buffer();
+  }
+  ZEST_LOG_DEBUG("engine: stage {}, {} units, {} parameters ({} with padding), {} owned per rank",
+                 stage, L.num_units(), L.numel(), L.padded(), L.owned());
+}
+
+double Engine::loss_scale() const {
+  return config_.fp16.enabled ? impl_->scaler.scale() : 1.0;
+}
+
+std::vector<float> Engine::unit_master(int unit) {
+  UnitState& st = state(unit);
+  const UnitLayout& U = impl_->layout->unit(unit);
+  const int partitions = impl_->layout->partitions();
+  Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
+  if (partitions == 1) {
+    copy_bytes(stream_, full.data(), st.master, U.padded * 4);
+  } else {
+    impl_->control->all_gather(st.master, full.data(), U.shard, DType::kFloat32, stream_);
+  }
+  std::vector<float> out(U.padded);
+  copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
+  stream_.synchronize();
+  return out;
+}
+
+std::vector<float> Engine::param_master(const std::string& name) {
+  check_finalized("param_master()");
+  const ParamRef ref = impl_->layout->find(name);
+  const ParamLayout& p = impl_->layout->param(ref);
+  const std::vector<float> unit = unit_master(ref.unit);
+  return {unit.begin() + static_cast<ptrdiff_t>(p.offset),
+          unit.begin() + static_cast<ptrdiff_t>(p.offset + p.numel)};
+}
+
+MemoryReport Engine::memory_report() const {
+  const AllocatorStats s = allocator_.stats();
+  MemoryReport r;
+  for (MemoryCategory c : kAllMemoryCategories) {
+    r.by_category[category_index(c)] = {s.category_requested(c).current, s.category_requested(c).peak};
+  }
+  r.reserved = at(s.reserved_bytes, StatPool::kAggregate).current;
+  r.allocated = at(s.allocated_bytes, StatPool::kAggregate).current;
+  return r;
+}
+
+}  // namespace zest

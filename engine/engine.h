@@ -1,0 +1,162 @@
+// The ZeRO engine: holds a model's parameters, gradients, fp32 master
+// weights and optimizer state, sharded across the data-parallel ranks of a
+// communicator, around a training loop whose forward and backward are the
+// user's own.
+//
+//   zest::Engine engine(config, comm, allocator, stream);
+//   engine.add_param_group("no_decay", 0.0f);
+//   int fc1 = engine.add_unit("fc1", {{"fc1.w", {256, 128}}, {"fc1.b", {256}, "no_decay"}});
+//   engine.finalize(my_initializer);                 // or values broadcast from rank 0
+//   for (;;) {
+//     ...forward with engine.gather(unit) views, loss x engine.loss_scale()...
+//     ...backward into engine.grads(unit) views, done() per unit...
+//     zest::StepResult r = engine.step();
+//   }
+//
+// Stages (DeepSpeed's zero_optimization.stage):
+//   0  every rank holds everything; gradients are all-reduced
+//   1  optimizer state and fp32 master weights are sharded; gradients are
+//      reduce-scattered, the updated parameters all-gathered
+//   2  as 1, and only the owned shard of the gradients is kept between
+//      micro-steps
+//   3  as 2, and parameters too are sharded: gather() all-gathers a unit
+//      (prefetching the next one in the order recorded on the first
+//      iteration) and the handle's end releases it
+//
+// Gradients are averaged over ranks each micro-step and accumulated in the
+// compute dtype; step() divides by the accumulation steps and the loss scale,
+// clips by the global norm, and steps the owned shards. Every operation on
+// the gradients is elementwise, and the norm is summed in a fixed order
+// (layout_constants.h), so all stages give bit-identical parameters on the
+// in-process backend.
+//
+// Memory is allocated from the given allocator under the categories of
+// memory_category.h, so allocator.stats() reports it in the ZeRO paper's
+// terms: see memory_report().
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zest/comm/communicator.h"
+#include "zest/core/stream.h"
+#include "zest/engine/config.h"
+#include "zest/engine/layout.h"
+#include "zest/engine/step_result.h"
+#include "zest/engine/unit_handle.h"
+#include "zest/memory/caching_allocator.h"
+#include "zest/optim/loss_scaler.h"
+
+namespace zest {
+
+// Fills a parameter's initial values (fp32, host memory, numel elements).
+using Initializer = std::function<void(const ParamLayout& param, std::span<float> values)>;
+
+enum class InitFrom {
+  kRank0,     // rank 0's initializer values are broadcast to every rank
+  kEveryRank  // every rank runs the initializer (it must be deterministic)
+};
+
+// Bytes by category, now and at their peak, from the allocator's tags.
+struct MemoryReport {
+  struct Entry {
+    int64_t current = 0;
+    int64_t peak = 0;
+  };
+  std::array<Entry, kNumMemoryCategories> by_category{};
+  int64_t reserved = 0;   // segments the allocator holds
+  int64_t allocated = 0;  // blocks in use (rounded sizes)
+
+  const Entry& operator[](MemoryCategory c) const { return by_category[category_index(c)]; }
+  // current bytes of parameters, gradients, master weights and optimizer state
+  int64_t model_states() const;
+};
+
+class Engine {
+ public:
+  // `comm` is the data-parallel group; the engine keeps a reference (and
+  // splits off a communicator of its own for scalars, so comm's counters
+  // count only parameters and gradients). `stream` is the stream of the
+  // user's compute; it and the allocator must be on comm's device.
+  Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, Stream stream);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // --- registration (identical on every rank), then finalize ---
+
+  // A parameter group with its own weight decay. "default" exists and takes
+  // the optimizer's weight_decay.
+  void add_param_group(const std::string& name, float weight_decay);
+  // Returns the unit's index (0, 1, ... in registration order).
+  int add_unit(const std::string& name, std::vector<ParamSpec> params);
+  // Lays the model out, checks across ranks that every rank registered the
+  // same model, allocates, and sets the initial values. Collective.
+  void finalize(const Initializer& init, InitFrom from = InitFrom::kRank0);
+
+  // --- forward and backward ---
+
+  UnitHandle gather(int unit);
+  // The unit must be gathered (a UnitHandle alive), at every stage, so a
+  // loop that runs at stage 0 also runs at stage 3.
+  GradHandle grads(int unit);
+  // Multiply the loss by this before backward (the fp16 loss scale; 1
+  // otherwise).
+  double loss_scale() const;
+
+  // Call once per micro-step, after every unit's gradients are done.
+  StepResult step();
+
+  // --- inspection ---
+
+  const EngineConfig& config() const { return config_; }
+  int stage() const { return config_.zero.stage; }
+  DType compute_dtype() const { return compute_dtype_; }
+  // The compute stream given at construction.
+  Stream stream() const { return stream_; }
+  const ModelLayout& layout() const;
+  Communicator& comm() const { return comm_; }
+  // The fp32 master values of a whole unit (padded flat layout), gathered
+  // from the shards. Collective.
+  std::vector<float> unit_master(int unit);
+  // One parameter's fp32 master values. Collective.
+  std::vector<float> param_master(const std::string& name);
+  MemoryReport memory_report() const;
+
+ private:
+  friend class UnitHandle;
+  friend class GradHandle;
+  struct UnitState;
+  struct Impl;
+
+  void check_finalized(const char* what) const;
+  UnitState& state(int unit);
+  const void* param_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const;
+  void* grad_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const;
+  void release(int unit);
+  void grads_done(int unit);
+  // engine_gather.cpp
+  void materialize(int unit);
+  void drop(int unit);
+  void prefetch_after(size_t trace_pos);
+  void follow_trace(int unit);
+  // engine_grads.cpp
+  void flush_reductions();
+  // engine_step.cpp
+  void end_micro_step();
+  const void* reduced_grad(int unit) const;
+  double global_sum_of_squares(float scale);
+  void gather_updated_params();
+
+  EngineConfig config_;
+  Communicator& comm_;
+  CachingAllocator& allocator_;
+  Stream stream_;
+  DType compute_dtype_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zest

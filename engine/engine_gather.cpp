@@ -1,0 +1,149 @@
+// gather() and release: parameters for forward and backward. At stages 0-2
+// (and for persistent units at stage 3) the full parameters are always
+// there and a handle only counts its use; at stage 3 a unit is all-gathered
+// from the shards on the communication stream, and the units that followed
+// it on the first iteration are prefetched while the caller computes.
+#include <algorithm>
+#include <utility>
+
+#include "zest/core/check.h"
+#include "zest/core/logging.h"
+#include "zest/engine/engine.h"
+#include "zest/engine/engine_state.h"
+
+namespace zest {
+
+// Queues the all-gather of a non-resident unit into a new full buffer.
+void Engine::materialize(int unit) {
+  Impl& im = *impl_;
+  UnitState& st = im.units[static_cast<size_t>(unit)];
+  const UnitLayout& U = im.layout->unit(unit);
+  const size_t bytes = U.padded * elem_size(compute_dtype_);
+  // Allocated on the compute stream, which frees it; the comm stream writes
+  // it only after everything queued on the compute stream so far.
+  st.params_full = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kParameters);
+  allocator_.record_stream(st.params_full.data(), im.comm());
+  im.handoff->record(stream_);
+  im.comm().wait(*im.handoff);
+  comm_.all_gather(st.params_shard.data(), st.params_full.data(), U.shard, compute_dtype_, im.comm());
+  st.ready->record(im.comm());
+  im.live_numel += U.padded;
+}
+
+void Engine::drop(int unit) {
+  Impl& im = *impl_;
+  UnitState& st = im.units[static_cast<size_t>(unit)];
+  if (st.resident || !st.params_full) return;
+  st.params_full = Buffer();
+  im.live_numel -= im.layout->unit(unit).padded;
+}
+
+// Gathers the units that come next in the recorded order, up to
+// stage3_prefetch_bucket_size elements ahead, while the gathered units stay
+// under stage3_max_live_parameters, and not past a unit that is already
+// gathered.
+void Engine::prefetch_after(size_t trace_pos) {
+  Impl& im = *impl_;
+  size_t ahead = 0;
+  for (size_t i = trace_pos; i < im.trace.size(); ++i) {
+    const int v = im.trace[i];
+    UnitState& st = im.units[static_cast<size_t>(v)];
+    if (st.resident) continue;
+    // A unit already there is where an earlier prefetch stopped, or the one
+    // in use: what lies beyond it is not needed before it is released.
+    if (st.params_full) break;
+    const size_t n = im.layout->unit(v).padded;
+    ahead += n;
+    if (static_cast<int64_t>(ahead) > config_.zero.stage3_prefetch_bucket_size) break;
+    if (static_cast<int64_t>(im.live_numel + n) > config_.zero.stage3_max_live_parameters) break;
+    materialize(v);
+  }
+}
+
+void Engine::follow_trace(int unit) {
+  Impl& im = *impl_;
+  if (im.recording) {
+    im.trace.push_back(unit);
+    return;
+  }
+  if (!im.trace_valid) return;
+  if (im.trace_pos < im.trace.size() && im.trace[im.trace_pos] == unit) {
+    ++im.trace_pos;
+    prefetch_after(im.trace_pos);
+    return;
+  }
+  im.trace_valid = false;
+  ZEST_LOG_WARN(
+      "stage 3: gather #{} of this iteration is unit '{}', not '{}' as on the first iteration; "
+      "prefetching is off from here on (the order of gathers must repeat every iteration)",
+      im.trace_pos + 1, im.layout->unit(unit).name,
+      im.trace_pos < im.trace.size() ? im.layout->unit(im.trace[im.trace_pos]).name : "none");
+}
+
+UnitHandle Engine::gather(int unit) {
+  UnitState& st = state(unit);
+  if (!st.resident) {
+    const bool fresh = !st.params_full;
+    if (fresh) materialize(unit);
+    follow_trace(unit);
+    stream_.wait(*st.ready);
+  }
+  ++st.gathered;
+  return UnitHandle(this, unit);
+}
+
+void Engine::release(int unit) {
+  UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  ZEST_INTERNAL_ASSERT(st.gathered > 0, "release of unit {} that is not gathered", unit);
+  if (--st.gathered == 0) drop(unit);
+}
+
+const void* Engine::param_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const {
+  const ParamRef ref = impl_->layout->find(name);
+  const UnitLayout& U = impl_->layout->unit(unit);
+  ZEST_CHECK(ref.unit == unit, "parameter '{}' belongs to unit '{}', not to unit '{}'", name,
+             impl_->layout->unit(ref.unit).name, U.name);
+  ZEST_CHECK(dtype == compute_dtype_, "parameter '{}' is {}, not {}: views use the compute dtype",
+             name, dtype_name(compute_dtype_), dtype_name(dtype));
+  const ParamLayout& p = impl_->layout->param(ref);
+  *numel = p.numel;
+  return impl_->units[static_cast<size_t>(unit)].params_full.as<std::byte>() +
+         p.offset * elem_size(compute_dtype_);
+}
+
+// --- UnitHandle ---
+
+UnitHandle::~UnitHandle() { release(); }
+
+UnitHandle::UnitHandle(UnitHandle&& other) noexcept
+    : engine_(std::exchange(other.engine_, nullptr)), unit_(other.unit_) {}
+
+UnitHandle& UnitHandle::operator=(UnitHandle&& other) noexcept {
+  if (this != &other) {
+    release();
+    engine_ = std::exchange(other.engine_, nullptr);
+    unit_ = other.unit_;
+  }
+  return *this;
+}
+
+void UnitHandle::release() {
+  if (engine_ != nullptr) std::exchange(engine_, nullptr)->release(unit_);
+}
+
+const void* UnitHandle::typed_param(const std::string& name, DType dtype) const {
+  ZEST_CHECK(engine_ != nullptr, "parameter '{}' read through a released UnitHandle", name);
+  size_t n = 0;
+  return engine_->param_ptr(unit_, name, dtype, &n);
+}
+
+const void* UnitHandle::param_data(const std::string& name) const {
+  return typed_param(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32);
+}
+
+size_t UnitHandle::numel(const std::string& name) const {
+  ZEST_CHECK(engine_ != nullptr, "parameter '{}' read through a released UnitHandle", name);
+  return engine_->layout().param(engine_->layout().find(name)).numel;
+}
+
+}  // namespace zest

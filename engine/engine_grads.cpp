@@ -1,0 +1,151 @@
+// grads() and done(): the gradient buffers backward writes, and their
+// reduction. A unit's reduction is queued on the communication stream behind
+// an event on the compute stream, so it overlaps the rest of backward; done
+// units are collected into a bucket of up to reduce_bucket_size elements and
+// launched as one group.
+//
+// Every micro-step's gradients are averaged over the ranks first and then
+// added to the previous micro-steps' (in the compute dtype): the same
+// elementwise arithmetic at every stage, which is what keeps the stages
+// bit-identical. Stage 0 all-reduces; stages 1-3 reduce-scatter, so only the
+// owned shard is reduced.
+#include <utility>
+
+#include "zest/core/check.h"
+#include "zest/engine/engine.h"
+#include "zest/engine/engine_state.h"
+#include "zest/memory/copy.h"
+#include "zest/optim/grad_ops.h"
+
+namespace zest {
+
+GradHandle Engine::grads(int unit) {
+  UnitState& st = state(unit);
+  const UnitLayout& U = impl_->layout->unit(unit);
+  ZEST_CHECK(st.gathered > 0,
+             "grads() of unit '{}', which is not gathered: hold a UnitHandle from gather() while "
+             "writing its gradients (at stage 3 the parameters exist only then)",
+             U.name);
+  ZEST_CHECK(st.grads != UnitState::Grads::kDone,
+             "grads() of unit '{}' after its done() in this micro-step: call step() before the "
+             "next micro-step's backward",
+             U.name);
+  if (st.grads == UnitState::Grads::kIdle) {
+    const size_t bytes = U.padded * elem_size(compute_dtype_);
+    if (!st.grads_full) {
+      st.grads_full = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kGradients);
+    }
+    fill_zero(stream_, st.grads_full.data(), bytes);
+    st.grads = UnitState::Grads::kOpen;
+  }
+  return GradHandle(this, unit);
+}
+
+void* Engine::grad_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const {
+  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  const UnitLayout& U = impl_->layout->unit(unit);
+  ZEST_CHECK(st.grads == UnitState::Grads::kOpen,
+             "gradient '{}' of unit '{}' used after done(): it is being reduced", name, U.name);
+  const ParamRef ref = impl_->layout->find(name);
+  ZEST_CHECK(ref.unit == unit, "parameter '{}' belongs to unit '{}', not to unit '{}'", name,
+             impl_->layout->unit(ref.unit).name, U.name);
+  ZEST_CHECK(dtype == compute_dtype_, "gradient '{}' is {}, not {}: views use the compute dtype",
+             name, dtype_name(compute_dtype_), dtype_name(dtype));
+  const ParamLayout& p = impl_->layout->param(ref);
+  *numel = p.numel;
+  return st.grads_full.as<std::byte>() + p.offset * elem_size(compute_dtype_);
+}
+
+void Engine::grads_done(int unit) {
+  UnitState& st = state(unit);
+  const UnitLayout& U = impl_->layout->unit(unit);
+  ZEST_CHECK(st.grads == UnitState::Grads::kOpen, "done() of unit '{}' twice in one micro-step",
+             U.name);
+  st.grads = UnitState::Grads::kDone;
+  Impl& im = *impl_;
+  im.pending.push_back(unit);
+  im.pending_numel += U.padded;
+  if (static_cast<int64_t>(im.pending_numel) >= config_.zero.reduce_bucket_size) flush_reductions();
+}
+
+void Engine::flush_reductions() {
+  Impl& im = *impl_;
+  if (im.pending.empty()) return;
+  const Stream comm = im.comm();
+  im.handoff->record(stream_);
+  comm.wait(*im.handoff);
+
+  const size_t bc = elem_size(compute_dtype_);
+  const bool first_micro = im.micro == 0;
+  const int stage = config_.zero.stage;
+  // The owned part of a unit's full gradient buffer.
+  const auto owned_part = [&](int u) {
+    const UnitLayout& U = im.layout->unit(u);
+    return im.units[static_cast<size_t>(u)].grads_full.as<std::byte>() +
+           U.shard * static_cast<size_t>(im.part) * bc;
+  };
+
+  comm_.group_start();
+  for (int u : im.pending) {
+    UnitState& st = im.units[static_cast<size_t>(u)];
+    const UnitLayout& U = im.layout->unit(u);
+    // The first micro-step reduces straight into the accumulator; later ones
+    // reduce in place and add.
+    void* dst = st.grad_acc && first_micro ? st.grad_acc.data() : owned_part(u);
+    if (stage == 0) {
+      comm_.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, ReduceOp::kAvg, comm);
+    } else {
+      comm_.reduce_scatter(st.grads_full.data(), dst, U.shard, compute_dtype_, ReduceOp::kAvg, comm);
+    }
+  }
+  comm_.group_end();
+
+  for (int u : im.pending) {
+    UnitState& st = im.units[static_cast<size_t>(u)];
+    const UnitLayout& U = im.layout->unit(u);
+    if (st.grad_acc && !first_micro) {
+      accumulate(comm, st.grad_acc.data(), owned_part(u), compute_dtype_, U.shard);
+    }
+    if (stage >= 2) {
+      // The compute stream may reuse the block only after the comm stream's
+      // reads of it.
+      allocator_.record_stream(st.grads_full.data(), comm);
+      st.grads_full = Buffer();
+    }
+  }
+  im.pending.clear();
+  im.pending_numel = 0;
+}
+
+// --- GradHandle ---
+
+GradHandle::GradHandle(GradHandle&& other) noexcept
+    : engine_(std::exchange(other.engine_, nullptr)), unit_(other.unit_) {}
+
+GradHandle& GradHandle::operator=(GradHandle&& other) noexcept {
+  engine_ = std::exchange(other.engine_, nullptr);
+  unit_ = other.unit_;
+  return *this;
+}
+
+void* GradHandle::typed_grad(const std::string& name, DType dtype) const {
+  ZEST_CHECK(engine_ != nullptr, "gradient '{}' through an empty GradHandle", name);
+  size_t n = 0;
+  return engine_->grad_ptr(unit_, name, dtype, &n);
+}
+
+void* GradHandle::grad_data(const std::string& name) const {
+  return typed_grad(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32);
+}
+
+size_t GradHandle::numel(const std::string& name) const {
+  ZEST_CHECK(engine_ != nullptr, "gradient '{}' through an empty GradHandle", name);
+  return engine_->layout().param(engine_->layout().find(name)).numel;
+}
+
+void GradHandle::done() {
+  ZEST_CHECK(engine_ != nullptr, "done() on an empty GradHandle");
+  engine_->grads_done(unit_);
+}
+
+}  // namespace zest

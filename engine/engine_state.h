@@ -1,0 +1,72 @@
+// Internal: the engine's per-unit buffers and bookkeeping (not installed).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "zest/core/stream.h"
+#include "zest/engine/engine.h"
+#include "zest/memory/caching_allocator.h"
+
+namespace zest {
+
+struct Engine::UnitState {
+  enum class Grads { kIdle, kOpen, kDone };
+
+  // Full parameters in the compute dtype: always at stages 0-2 and for
+  // persistent units at stage 3 ("resident"); at stage 3 otherwise only
+  // while gathered or prefetched.
+  Buffer params_full;
+  // Stage 3, non-resident units: the owned shard of the parameters.
+  Buffer params_shard;
+  // What backward writes: persistent at stages 0-1, per micro-step at 2-3.
+  Buffer grads_full;
+  // The reduced gradients of the owned shard, accumulated over micro-steps.
+  // Always at stages 2-3; at stages 0-1 only when accumulating.
+  Buffer grad_acc;
+  // fp32 master shard: into Impl::master, or (fp32 compute) into the
+  // parameters themselves.
+  float* master = nullptr;
+
+  bool resident = true;
+  int gathered = 0;     // live UnitHandles
+  Grads grads = Grads::kIdle;
+  std::optional<Event> ready;  // the unit's last gather is complete
+};
+
+struct Engine::Impl {
+  std::vector<ParamGroupSpec> groups;
+  std::vector<UnitSpec> specs;
+  std::unique_ptr<ModelLayout> layout;
+  std::unique_ptr<Communicator> control;  // scalars: digests, norms, broadcasts
+  std::optional<OwnedStream> comm_stream;
+  std::optional<Event> handoff;  // compute -> comm ordering
+  std::vector<UnitState> units;
+
+  Buffer master;    // fp32, layout->owned() elements (16-bit compute only)
+  Buffer state[2];  // optimizer state, same size
+  LossScaler scaler;
+
+  int part = 0;  // this rank's shard index (0 at stage 0)
+  int micro = 0; // micro-steps done in this accumulation
+  int64_t applied = 0;
+  int64_t skipped = 0;
+
+  // Units whose gradients are done and not yet reduced, and their size.
+  std::vector<int> pending;
+  size_t pending_numel = 0;
+
+  // Stage 3 prefetch: the gather order of the first iteration, replayed.
+  std::vector<int> trace;
+  bool recording = true;
+  bool trace_valid = true;
+  size_t trace_pos = 0;
+  size_t live_numel = 0;
+
+  explicit Impl(LossScalerConfig scaler_config) : scaler(scaler_config) {}
+
+  Stream comm() const { return comm_stream->get(); }
+};
+
+}  // namespace zest

@@ -1,0 +1,206 @@
+// step(): the end of a micro-step, and on the last of an accumulation the
+// optimizer step: global gradient norm (which also detects overflow and
+// non-finite values, agreed across ranks), loss-scale update, clipping, the
+// optimizer on the owned shards, and the all-gather of updated parameters.
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "zest/core/check.h"
+#include "zest/core/logging.h"
+#include "zest/engine/engine.h"
+#include "zest/engine/engine_state.h"
+#include "zest/engine/layout_constants.h"
+#include "zest/memory/copy.h"
+#include "zest/optim/grad_norm.h"
+#include "zest/optim/lr_schedule.h"
+#include "zest/optim/optimizer.h"
+
+namespace zest {
+
+void Engine::end_micro_step() {
+  Impl& im = *impl_;
+  const ModelLayout& L = *im.layout;
+  int done = 0;
+  for (int u = 0; u < L.num_units(); ++u) {
+    const UnitState& st = im.units[static_cast<size_t>(u)];
+    ZEST_CHECK(st.gathered == 0,
+               "step() while unit '{}' is gathered: release every UnitHandle first (at stage 3 "
+               "step() updates the shards, not a gathered copy)",
+               L.unit(u).name);
+    done += st.grads == UnitState::Grads::kDone ? 1 : 0;
+  }
+  ZEST_CHECK(done > 0,
+             "step() without gradients: no unit's GradHandle::done() was called in this "
+             "micro-step");
+  for (int u = 0; u < L.num_units(); ++u) {
+    ZEST_CHECK(im.units[static_cast<size_t>(u)].grads == UnitState::Grads::kDone,
+               "step(): the gradients of unit '{}' are not done in this micro-step ({} of {} "
+               "units are); every unit's GradHandle::done() must be called once per micro-step",
+               L.unit(u).name, done, L.num_units());
+  }
+  flush_reductions();
+  // Everything after (the next micro-step's zeroing, the optimizer) reads
+  // what the reductions wrote.
+  im.handoff->record(im.comm());
+  stream_.wait(*im.handoff);
+  for (UnitState& st : im.units) st.grads = UnitState::Grads::kIdle;
+  for (int u = 0; u < L.num_units(); ++u) drop(u);  // unused prefetches
+  ++im.micro;
+}
+
+// The reduced, accumulated gradient of unit u's owned shard.
+const void* Engine::reduced_grad(int unit) const {
+  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  if (st.grad_acc) return st.grad_acc.data();
+  const UnitLayout& U = impl_->layout->unit(unit);
+  return st.grads_full.as<std::byte>() +
+         U.shard * static_cast<size_t>(impl_->part) * elem_size(compute_dtype_);
+}
+
+// The square of the global norm of the gradients times `scale`, summed
+// chunk by chunk in the order of the unsharded model (grad_norm.h), so every
+// rank and every world size adds the same numbers in the same order.
+double Engine::global_sum_of_squares(float scale) {
+  Impl& im = *impl_;
+  const ModelLayout& L = *im.layout;
+  const size_t W = static_cast<size_t>(L.partitions());
+  const size_t chunks = L.owned() / kShardQuantum;
+  Buffer sums = allocator_.allocate_buffer((W + 1) * chunks * 8, stream_, MemoryCategory::kCommBuffers);
+  double* mine = sums.as<double>() + W * chunks;
+  for (int u = 0; u < L.num_units(); ++u) {
+    chunk_sums_of_squares(stream_, reduced_grad(u), compute_dtype_, L.unit(u).shard, kShardQuantum,
+                          scale, mine + L.owned_offset(u) / kShardQuantum);
+  }
+  std::vector<double> all(W * chunks);
+  if (W > 1) {
+    // Moved as raw 8-byte words: nothing is reduced.
+    im.control->all_gather(mine, sums.data(), chunks, DType::kInt64, stream_);
+    copy_bytes(stream_, all.data(), sums.data(), all.size() * 8);
+  } else {
+    copy_bytes(stream_, all.data(), mine, all.size() * 8);
+  }
+  stream_.synchronize();
+  double total = 0.0;
+  for (int u = 0; u < L.num_units(); ++u) {
+    const size_t first = L.owned_offset(u) / kShardQuantum;
+    const size_t n = L.unit(u).shard / kShardQuantum;
+    for (size_t r = 0; r < W; ++r) total += sum_in_order(all.data() + r * chunks + first, n);
+  }
+  return total;
+}
+
+StepResult Engine::step() {
+  check_finalized("step()");
+  Impl& im = *impl_;
+  end_micro_step();
+  StepResult result;
+  result.applied_steps = im.applied;
+  result.skipped_steps = im.skipped;
+  result.loss_scale = loss_scale();
+  if (im.micro < config_.gradient_accumulation_steps) return result;
+  im.micro = 0;
+  im.recording = false;
+  im.trace_pos = 0;
+  result.boundary = true;
+
+  const ModelLayout& L = *im.layout;
+  const double unscale = 1.0 / (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale());
+  const double sumsq = global_sum_of_squares(static_cast<float>(unscale));
+  result.grad_norm = std::sqrt(sumsq);
+  const bool finite = std::isfinite(sumsq);
+  if (config_.fp16.enabled) {
+    const double before = im.scaler.scale();
+    im.scaler.update(!finite);
+    result.loss_scale = im.scaler.scale();
+    if (!finite) {
+      result.skip_reason = fmt::format("fp16 overflow: step skipped, loss scale {} -> {}", before,
+                                       result.loss_scale);
+    }
+  } else if (!finite) {
+    result.skip_reason = fmt::format(
+        "non-finite gradients ({}): step skipped. Look for a NaN or Inf in the loss or backward",
+        dtype_name(compute_dtype_));
+    ZEST_LOG_WARN("step {}: {}", im.applied + im.skipped + 1, result.skip_reason);
+  }
+  if (!finite) {
+    result.skipped_steps = ++im.skipped;
+    return result;
+  }
+
+  double coef = 1.0;
+  if (config_.gradient_clipping > 0.0) {
+    // torch.nn.utils.clip_grad_norm_ and DeepSpeed: scale by
+    // max_norm / (norm + 1e-6) when that is below 1.
+    const double c = config_.gradient_clipping / (result.grad_norm + 1e-6);
+    if (c < 1.0) {
+      coef = c;
+      result.clipped = true;
+    }
+  }
+  result.lr = lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied);
+  StepScalars scalars;
+  scalars.lr = static_cast<float>(result.lr);
+  scalars.step = im.applied + 1;
+  scalars.grad_scale = static_cast<float>(unscale * coef);
+
+  const bool fp32 = compute_dtype_ == DType::kFloat32;
+  const size_t bc = elem_size(compute_dtype_);
+  for (int u = 0; u < L.num_units(); ++u) {
+    UnitState& st = im.units[static_cast<size_t>(u)];
+    const UnitLayout& U = L.unit(u);
+    const size_t owned = L.owned_offset(u);
+    std::byte* out = st.resident ? st.params_full.as<std::byte>() + U.shard * static_cast<size_t>(im.part) * bc
+                                 : st.params_shard.as<std::byte>();
+    for (const GroupRun& run : L.shard_runs(u, im.part)) {
+      ShardBuffers b;
+      b.master = st.master + run.begin;
+      for (int s = 0; s < 2; ++s) {
+        if (im.state[s]) b.state[s] = im.state[s].as<float>() + owned + run.begin;
+      }
+      b.grad = static_cast<const std::byte*>(reduced_grad(u)) + run.begin * bc;
+      b.grad_dtype = compute_dtype_;
+      b.param_out = fp32 ? nullptr : out + run.begin * bc;
+      b.param_dtype = compute_dtype_;
+      b.numel = run.end - run.begin;
+      scalars.weight_decay = L.groups()[static_cast<size_t>(run.group)].weight_decay;
+      optimizer_step(stream_, config_.optimizer, b, scalars);
+    }
+  }
+  gather_updated_params();
+  result.applied = true;
+  result.applied_steps = ++im.applied;
+  return result;
+}
+
+// Stages 1-2 (and persistent units at stage 3): every rank updated its part
+// of the full parameters in place; the all-gather brings the other parts,
+// in buckets of up to allgather_bucket_size elements.
+void Engine::gather_updated_params() {
+  Impl& im = *impl_;
+  const ModelLayout& L = *im.layout;
+  if (L.partitions() == 1) return;
+  size_t bucket = 0;
+  bool open = false;
+  for (int u = 0; u < L.num_units(); ++u) {
+    UnitState& st = im.units[static_cast<size_t>(u)];
+    if (!st.resident) continue;
+    const UnitLayout& U = L.unit(u);
+    if (!open) {
+      comm_.group_start();
+      open = true;
+    }
+    std::byte* full = st.params_full.as<std::byte>();
+    comm_.all_gather(full + U.shard * static_cast<size_t>(im.part) * elem_size(compute_dtype_), full,
+                     U.shard, compute_dtype_, stream_);
+    bucket += U.padded;
+    if (static_cast<int64_t>(bucket) >= config_.zero.allgather_bucket_size) {
+      comm_.group_end();
+      open = false;
+      bucket = 0;
+    }
+  }
+  if (open) comm_.group_end();
+}
+
+}  // namespace zest

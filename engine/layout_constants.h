@@ -1,0 +1,35 @@
+// The two numbers that fix ZEST's flat layout, shared by the engine and the
+// memory estimator so that what is estimated is what is allocated.
+//
+// kParamAlign: every parameter starts at a multiple of 64 elements of its
+// unit's flat buffer (128 bytes in fp16, 256 in fp32), so typed views and
+// vectorized kernels see aligned memory.
+//
+// kShardQuantum: a unit's flat buffer is padded to a multiple of
+// partitions x 256 elements, so every shard is a whole number of
+// gradient-norm chunks (optim/grad_norm.h) and the norm, summed chunk by
+// chunk in order, is the same bit for bit whatever the world size. It also
+// keeps every shard a multiple of 512 bytes in fp16, so allocator rounding never
+// adds to the model-state bytes.
+#pragma once
+
+#include <cstddef>
+
+namespace zest {
+
+inline constexpr size_t kParamAlign = 64;
+inline constexpr size_t kShardQuantum = 256;
+
+// The offset at which a parameter placed after `offset` elements starts.
+constexpr size_t aligned_param_offset(size_t offset) {
+  return (offset + kParamAlign - 1) / kParamAlign * kParamAlign;
+}
+
+// The flat size of a unit whose last parameter ends at `unaligned_end`,
+// split into `partitions` equal shards.
+constexpr size_t padded_unit_numel(size_t unaligned_end, int partitions) {
+  const size_t quantum = kShardQuantum * static_cast<size_t>(partitions);
+  return (unaligned_end + quantum - 1) / quantum * quantum;
+}
+
+}  // namespace zest

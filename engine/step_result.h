@@ -1,0 +1,31 @@
+// What one call to Engine::step() did.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace zest {
+
+struct StepResult {
+  // True on the last micro-step of an accumulation, when an optimizer step
+  // was due; false on the others (their gradients were only accumulated).
+  bool boundary = false;
+  // The optimizer updated the parameters. False on a boundary means the step
+  // was skipped: see skip_reason.
+  bool applied = false;
+  // "fp16 overflow (loss scale 65536 -> 32768)" or "non-finite gradients
+  // (bf16): step skipped"; empty when applied or not a boundary.
+  std::string skip_reason;
+  // L2 norm of the averaged, unscaled gradients before clipping (Inf or NaN
+  // when they were not finite).
+  double grad_norm = 0.0;
+  bool clipped = false;
+  // The loss scale for the next backward (1 unless fp16), and the learning
+  // rate this step used.
+  double loss_scale = 1.0;
+  double lr = 0.0;
+  int64_t applied_steps = 0;  // optimizer steps applied so far
+  int64_t skipped_steps = 0;  // boundaries skipped so far
+};
+
+}  // namespace zest

@@ -1,0 +1,100 @@
+// Scoped access to one unit's parameters and gradients during forward and
+// backward.
+//
+//   {
+//     zest::UnitHandle fc = engine.gather(unit);          // stage 3: all-gathered here
+//     const float* w = fc.param<float>("fc1.weight").data();
+//     ...forward...
+//   }                                                    // stage 3: released here
+//
+//   {
+//     zest::UnitHandle fc = engine.gather(unit);
+//     zest::GradHandle g = engine.grads(unit);           // zeroed at a micro-step's first use
+//     ...backward: accumulate into g.grad<float>("fc1.weight")...
+//     g.done();                                          // reduced from here on
+//   }
+//
+// Views point at the engine's device memory (host memory on the host
+// backend) and are valid while the handle lives. The element type must be
+// the compute dtype (float, fp16 or bf16); raw pointers are there for the
+// user's own kernels and cuBLAS calls.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "zest/core/dtype.h"
+
+namespace zest {
+
+class Engine;
+
+class UnitHandle {
+ public:
+  UnitHandle() = default;
+  ~UnitHandle();
+  UnitHandle(UnitHandle&& other) noexcept;
+  UnitHandle& operator=(UnitHandle&& other) noexcept;
+  UnitHandle(const UnitHandle&) = delete;
+  UnitHandle& operator=(const UnitHandle&) = delete;
+
+  int unit() const { return unit_; }
+  explicit operator bool() const { return engine_ != nullptr; }
+
+  // The parameter's elements in the compute dtype. Throws for an unknown
+  // name, a parameter of another unit, or a T that is not the compute dtype.
+  const void* param_data(const std::string& name) const;
+  template <typename T>
+  std::span<const T> param(const std::string& name) const {
+    return {static_cast<const T*>(typed_param(name, dtype_of_v<T>)), numel(name)};
+  }
+
+  // Gives the unit back now rather than at scope end.
+  void release();
+
+ private:
+  friend class Engine;
+  UnitHandle(Engine* engine, int unit) : engine_(engine), unit_(unit) {}
+  const void* typed_param(const std::string& name, DType dtype) const;
+  size_t numel(const std::string& name) const;
+
+  Engine* engine_ = nullptr;
+  int unit_ = -1;
+};
+
+class GradHandle {
+ public:
+  GradHandle() = default;
+  GradHandle(GradHandle&& other) noexcept;
+  GradHandle& operator=(GradHandle&& other) noexcept;
+  GradHandle(const GradHandle&) = delete;
+  GradHandle& operator=(const GradHandle&) = delete;
+  ~GradHandle() = default;
+
+  int unit() const { return unit_; }
+
+  // The parameter's gradient in the compute dtype, for this micro-step:
+  // zeroed when the micro-step first asked for the unit, so backward adds
+  // into it. Throws after done().
+  void* grad_data(const std::string& name) const;
+  template <typename T>
+  std::span<T> grad(const std::string& name) const {
+    return {static_cast<T*>(typed_grad(name, dtype_of_v<T>)), numel(name)};
+  }
+
+  // The unit's gradients for this micro-step are complete: the engine
+  // reduces them (in buckets, on its communication stream) while backward
+  // goes on. Every unit must be done once per micro-step before step().
+  void done();
+
+ private:
+  friend class Engine;
+  GradHandle(Engine* engine, int unit) : engine_(engine), unit_(unit) {}
+  void* typed_grad(const std::string& name, DType dtype) const;
+  size_t numel(const std::string& name) const;
+
+  Engine* engine_ = nullptr;
+  int unit_ = -1;
+};
+
+}  // namespace zest

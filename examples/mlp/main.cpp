@@ -1,0 +1,112 @@
+// Trains the MLP of mlp.h on the teacher task of task.h through the ZeRO
+// engine, printing loss, step time and memory per rank.
+//
+//   mlp --ranks 4 --stage 2                 4 in-process ranks (threads)
+//   mlp --ranks 4 --stages 0,1,2,3          each stage in turn, then a table of
+//                                           final loss and memory against the
+//                                           ZeRO formula
+//   mpirun -np 4 mlp --launch --stage 3     one process per rank (MPI)
+//   mlp --config ds_config.json             a DeepSpeed configuration
+//
+// The global batch of a step is the same whatever the number of ranks; each
+// rank takes its rows of it, split again into accumulation micro-batches.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "options.h"
+#include "report.h"
+#include "task.h"
+#include "zest/comm/bootstrap.h"
+#include "zest/comm/inprocess_comm.h"
+#include "zest/core/check.h"
+#include "zest/memory/raw_allocator.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One rank's training run; returns what the summary table needs.
+mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config, zest::Communicator& comm) {
+  zest::CachingAllocator allocator(zest::make_host_allocator());
+  const zest::Stream stream = zest::Stream::default_for(comm.device());
+  zest::Engine engine(config, comm, allocator, stream);
+  mlp::register_layers(engine, opt.shape);
+  engine.finalize([&](const zest::ParamLayout& p, std::span<float> v) { mlp::init_parameter(p, v, opt.seed); });
+
+  const mlp::Teacher teacher(opt.shape, opt.seed + 1);
+  const int world = comm.size();
+  const int accum = static_cast<int>(config.gradient_accumulation_steps);
+  const int rows_per_rank = opt.batch / world;
+  const int rows_per_micro = rows_per_rank / accum;
+  const mlp::Batch held_out = teacher.batch(-1, 0, 256);
+
+  mlp::RunSummary summary;
+  for (long step = 0; step < opt.steps; ++step) {
+    const auto start = Clock::now();
+    float loss = 0.0f;
+    zest::StepResult result;
+    for (int m = 0; m < accum; ++m) {
+      const mlp::Batch batch = teacher.batch(step, comm.rank() * rows_per_rank + m * rows_per_micro, rows_per_micro);
+      loss += mlp::forward_backward(engine, opt.shape, batch) / static_cast<float>(accum);
+      result = engine.step();
+    }
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    const std::vector<int64_t> memory = mlp::gather_int64(comm, engine.memory_report().model_states());
+    const float mean_loss = mlp::mean_over_ranks(comm, loss);
+    if (comm.rank() == 0 && (step % opt.print_every == 0 || step == opt.steps - 1)) {
+      mlp::print_step(step, mean_loss, result, ms, memory);
+    }
+  }
+  summary.final_loss = mlp::evaluate(engine, opt.shape, held_out);
+  summary.memory = engine.memory_report();
+  summary.padded_params = static_cast<int64_t>(engine.layout().padded());
+  return summary;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const mlp::Options opt = mlp::parse_options(argc, argv);
+    // Under a launcher (mpirun, torchrun) this process is one rank of the
+    // job; otherwise the ranks are threads of this process.
+    std::unique_ptr<zest::Communicator> launched;
+    if (opt.launch) launched = zest::init_distributed(zest::Device::host());
+    const bool printer = !launched || launched->rank() == 0;
+
+    std::vector<mlp::StageRow> rows;
+    for (int stage : opt.stages) {
+      const zest::EngineConfig config = mlp::engine_config(opt, stage);
+      const int world = launched ? launched->size() : opt.ranks;
+      if (printer) {
+        fmt::print("== stage {}: {} ranks, {} parameters, {}, {} ==\n", stage, world, opt.shape.parameters(),
+                   zest::dtype_name(mlp::compute_dtype(config)), zest::optimizer_name(config.optimizer.kind));
+        std::fflush(stdout);
+      }
+      mlp::RunSummary rank0;
+      const auto body = [&](zest::Communicator& comm) {
+        mlp::RunSummary s = train(opt, config, comm);
+        if (comm.rank() == 0) rank0 = std::move(s);
+      };
+      if (launched) {
+        body(*launched);
+      } else {
+        zest::run_inprocess(opt.ranks, body);
+      }
+      rows.push_back({stage, world, rank0});
+    }
+    if (printer && (rows.size() > 1 || opt.table)) {
+      fmt::print("\n{}", mlp::format_stage_table(rows, opt.shape.parameters(), mlp::engine_config(opt, 0)));
+    }
+    return 0;
+  } catch (const mlp::UsageError& e) {
+    std::fprintf(stderr, "mlp: %s\n%s", e.what(), mlp::usage().c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlp: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,43 @@
+// Command-line options of the mlp example, and the engine configuration
+// they make.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlp.h"
+#include "zest/engine/config.h"
+
+namespace mlp {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  Shape shape;
+  int ranks = 4;              // in-process ranks (ignored with --launch)
+  std::vector<int> stages{2};
+  std::string dtype;          // empty: fp32, or what the config file says
+  long steps = 100;
+  int batch = 64;             // global rows per step
+  int accum = 0;              // 0: 1, or what the config file says
+  float lr = 3e-3f;
+  unsigned seed = 1234;
+  std::string config_path;    // a DeepSpeed JSON file
+  bool launch = false;        // one process per rank, from the launcher
+  long print_every = 1;
+  bool table = false;         // the summary table even for one stage
+};
+
+std::string usage();
+// Throws UsageError naming the bad argument.
+Options parse_options(int argc, char** argv);
+
+// The configuration of one run: the file's (or the example's defaults),
+// with --stage, --dtype and --accum on top.
+zest::EngineConfig engine_config(const Options& opt, int stage);
+zest::DType compute_dtype(const zest::EngineConfig& config);
+
+}  // namespace mlp

@@ -1,0 +1,101 @@
+// Memory by category and communication volume per step, measured through
+// the allocator's tags and the communicator's counters, against the ZeRO
+// paper's formulas (with ZEST's documented padding).
+#include <doctest/doctest.h>
+
+#include "engine_harness.h"
+#include "zest/engine/layout_constants.h"
+
+using namespace zest;
+using namespace zest::test;
+
+namespace {
+
+// Flat sizes of the harness model's units for P partitions.
+std::vector<size_t> padded_units(int partitions) {
+  ModelLayout layout({{"default", 0.0f}, {"no_decay", 0.0f}},
+                     {{"a", {{"a.w", {7, 13}}, {"a.b", {7}, "no_decay"}}},
+                      {"b", {{"b.w", {5, 7}}, {"b.b", {5}, "no_decay"}, {"b.s", {}, "no_decay"}}},
+                      {"c", {{"c.w", {11, 3}}}}},
+                     partitions);
+  std::vector<size_t> out;
+  for (const UnitLayout& u : layout.units()) out.push_back(u.padded);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("per-rank model-state bytes follow the ZeRO formula of each stage") {
+  for (int world : {1, 3, 4}) {
+    for (int stage : {0, 1, 2, 3}) {
+      CAPTURE(world);
+      CAPTURE(stage);
+      EngineConfig config = base_config(stage);
+      config.bf16 = true;  // 2-byte parameters and gradients, fp32 master, AdamW: K = 12
+      const std::vector<RankResult> res = run_engine(config, runs(world, 1));
+      const int P = stage == 0 ? 1 : world;
+      int64_t psi = 0;  // padded parameters, the Ψ of the formula
+      for (size_t n : padded_units(P)) psi += static_cast<int64_t>(n);
+      const int64_t shard = psi / P;
+      const int64_t params = stage == 3 ? 2 * shard : 2 * psi;
+      const int64_t grads = stage >= 2 ? 2 * shard : 2 * psi;
+      for (const RankResult& r : res) {
+        CHECK(r.memory[MemoryCategory::kParameters].current == params);
+        CHECK(r.memory[MemoryCategory::kGradients].current == grads);
+        CHECK(r.memory[MemoryCategory::kMasterWeights].current == 4 * shard);
+        CHECK(r.memory[MemoryCategory::kOptimizerState].current == 8 * shard);
+        CHECK(r.memory[MemoryCategory::kCommBuffers].current == 0);
+        CHECK(r.memory.model_states() == params + grads + 12 * shard);
+      }
+    }
+  }
+}
+
+TEST_CASE("fp32 training keeps no separate master copy; accumulation adds an accumulator at stages 0-1") {
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    EngineConfig config = base_config(stage);
+    config.gradient_accumulation_steps = 2;
+    const std::vector<RankResult> res = run_engine(config, runs(2, 1));
+    const int P = stage == 0 ? 1 : 2;
+    int64_t psi = 0;
+    for (size_t n : padded_units(P)) psi += static_cast<int64_t>(n);
+    const int64_t shard = psi / P;
+    const int64_t grads = stage >= 2 ? 4 * shard : 4 * psi + 4 * shard;
+    CHECK(res[1].memory[MemoryCategory::kMasterWeights].current == 0);
+    CHECK(res[1].memory[MemoryCategory::kGradients].current == grads);
+    CHECK(res[1].memory[MemoryCategory::kParameters].current == (stage == 3 ? 4 * shard : 4 * psi));
+  }
+}
+
+TEST_CASE("communication per step: 2Ψ(W-1)/W for stages 0-2, 3Ψ(W-1)/W for stage 3") {
+  for (int world : {2, 3, 4}) {
+    for (int stage : {0, 1, 2, 3}) {
+      CAPTURE(world);
+      CAPTURE(stage);
+      EngineConfig config = base_config(stage);
+      config.fp16.enabled = true;
+      const std::vector<RankResult> res = run_engine(config, runs(world, 2));
+      int64_t psi = 0;
+      for (size_t n : padded_units(stage == 0 ? 1 : world)) psi += static_cast<int64_t>(n);
+      const double w = world;
+      const double volumes = stage == 3 ? 3.0 : 2.0;
+      for (const RankResult& r : res) {
+        const CommCounters& c = r.last_step_counters;
+        const double sent_elements = c.total_bytes_sent() / 2.0;  // fp16
+        CHECK(sent_elements == doctest::Approx(volumes * static_cast<double>(psi) * (w - 1) / w).epsilon(1e-12));
+        CHECK(c.total_bytes_received() == c.total_bytes_sent());
+        CHECK(c[CollectiveKind::kBroadcast].calls == 0);
+        if (stage == 0) {
+          CHECK(c[CollectiveKind::kAllReduce].calls == 3);  // one per unit
+          CHECK(c[CollectiveKind::kReduceScatter].calls == 0);
+        } else {
+          CHECK(c[CollectiveKind::kAllReduce].calls == 0);
+          CHECK(c[CollectiveKind::kReduceScatter].calls == 3);
+          // stage 3: each unit gathered for forward and again for backward
+          CHECK(c[CollectiveKind::kAllGather].calls == (stage == 3 ? 6u : 3u));
+        }
+      }
+    }
+  }
+}
