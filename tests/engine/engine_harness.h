@@ -108,47 +108,51 @@ inline RunOptions runs(int world, int steps) {
   return o;
 }
 
-// Runs `steps` optimizer steps (x accumulation micro-steps) on `world` ranks.
+// One rank's part of a run: `steps` optimizer steps (x accumulation
+// micro-steps) on `comm`.
+inline RankResult run_rank(const EngineConfig& config, const RunOptions& opt, Communicator& comm) {
+  CachingAllocator alloc(opt.device.is_cuda() ? make_cuda_allocator(opt.device.index())
+                                              : make_host_allocator());
+  const OwnedStream stream(opt.device);
+  Engine engine(config, comm, alloc, stream);
+  register_model(engine);
+  engine.finalize(init_values);
+  RankResult out;
+  const int units = engine.layout().num_units();
+  Backward bw = opt.backward;
+  for (int64_t s = 0; s < opt.steps; ++s) {
+    comm.reset_counters();
+    for (int m = 0; m < config.gradient_accumulation_steps; ++m) {
+      bw.scale = static_cast<float>(engine.loss_scale());
+      if (opt.forward_then_backward) {
+        for (int u = 0; u < units; ++u) UnitHandle h = engine.gather(u);  // forward
+      }
+      for (int u = units - 1; u >= 0; --u) {
+        switch (engine.compute_dtype()) {
+          case DType::kFloat32: write_grads<float>(engine, u, comm.rank(), s, m, bw); break;
+          case DType::kFloat16: write_grads<fp16>(engine, u, comm.rank(), s, m, bw); break;
+          default: write_grads<bf16>(engine, u, comm.rank(), s, m, bw); break;
+        }
+      }
+      StepResult r = engine.step();
+      if (r.boundary) out.steps.push_back(r);
+    }
+    out.last_step_counters = comm.counters();
+  }
+  for (int u = 0; u < units; ++u)
+    for (const ParamLayout& p : engine.layout().unit(u).params) out.params[p.name] = engine.param_master(p.name);
+  out.memory = engine.memory_report();
+  return out;
+}
+
+// The same run on `opt.world` in-process ranks.
 inline std::vector<RankResult> run_engine(const EngineConfig& config, const RunOptions& opt) {
   std::vector<RankResult> results(static_cast<size_t>(opt.world));
   CommOptions comm_options;
   comm_options.timeout = std::chrono::seconds(20);
   run_inprocess(
       opt.world,
-      [&](Communicator& comm) {
-        CachingAllocator alloc(opt.device.is_cuda() ? make_cuda_allocator(opt.device.index())
-                                                    : make_host_allocator());
-        const OwnedStream stream(opt.device);
-        Engine engine(config, comm, alloc, stream);
-        register_model(engine);
-        engine.finalize(init_values);
-        RankResult& out = results[static_cast<size_t>(comm.rank())];
-        const int units = engine.layout().num_units();
-        Backward bw = opt.backward;
-        for (int64_t s = 0; s < opt.steps; ++s) {
-          comm.reset_counters();
-          for (int m = 0; m < config.gradient_accumulation_steps; ++m) {
-            bw.scale = static_cast<float>(engine.loss_scale());
-            if (opt.forward_then_backward) {
-              for (int u = 0; u < units; ++u) UnitHandle h = engine.gather(u);  // forward
-            }
-            for (int u = units - 1; u >= 0; --u) {
-              switch (engine.compute_dtype()) {
-                case DType::kFloat32: write_grads<float>(engine, u, comm.rank(), s, m, bw); break;
-                case DType::kFloat16: write_grads<fp16>(engine, u, comm.rank(), s, m, bw); break;
-                default: write_grads<bf16>(engine, u, comm.rank(), s, m, bw); break;
-              }
-            }
-            StepResult r = engine.step();
-            if (r.boundary) out.steps.push_back(r);
-          }
-          out.last_step_counters = comm.counters();
-        }
-        for (int u = 0; u < units; ++u)
-          for (const ParamLayout& p : engine.layout().unit(u).params)
-            out.params[p.name] = engine.param_master(p.name);
-        out.memory = engine.memory_report();
-      },
+      [&](Communicator& comm) { results[static_cast<size_t>(comm.rank())] = run_rank(config, opt, comm); },
       opt.device, comm_options);
   return results;
 }

@@ -1,0 +1,211 @@
+// zest-estimate: per-rank memory of a model under every ZeRO stage, before
+// running it, and the largest model that fits a device. The numbers are the
+// engine's (engine/memory_estimate.h), so a run's memory_report() measures
+// what this prints.
+//
+//   zest-estimate --params 7.5e9 --world 64
+//   zest-estimate --units model.txt --world 8 --dtype bf16 --device-memory 80GiB
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "zest/core/check.h"
+#include "zest/engine/config.h"
+#include "zest/engine/memory_estimate.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: zest-estimate (--params N [--unit-numel N] | --units FILE) --world N [options]
+
+model (one of):
+  --params N               parameter count, e.g. 7.5e9 (one unit unless --unit-numel)
+  --unit-numel N           with --params: units (layers, blocks) of N parameters each
+  --units FILE             one unit per line "name numel [numel...]", or a JSON list of
+                           [numel, ...] or {"name": ..., "params": [...], "count": n}
+options:
+  --world N                data-parallel ranks (required)
+  --stage 0|1|2|3          show this stage only (default: all four side by side)
+  --dtype fp16|bf16|fp32   compute dtype (default fp16, the ZeRO paper's)
+  --optimizer adamw|adam|sgd|sgd-momentum   (default adamw)
+  --accum N                gradient accumulation steps (default 1)
+  --persistence-threshold N  stage 3: units of at most N parameters stay whole (default 100000)
+  --live-units N           stage 3: gathered units at once (default: the engine's prefetch window)
+  --grad-units N           stages 2-3: full gradient buffers at once (default: from the reduce bucket)
+  --device-memory SIZE     e.g. 80GiB, 80GB, 8.5e10: also print the largest model that fits
+  --offload-optimizer none|cpu  cpu: a model of ZeRO-Offload (ZEST does not run it)
+  --config FILE            a DeepSpeed JSON config: stage, dtype, optimizer, accumulation,
+                           thresholds and buckets from it; the flags above override it
+)";
+
+// A bad argument: printed with the usage hint, exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <typename... Args>
+[[noreturn]] void usage_error(fmt::format_string<Args...> f, Args&&... args) {
+  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
+
+// A whole number >= lo, written as 12, 7.5e9 or 1e6.
+size_t count_arg(const std::string& flag, const std::string& text, double lo) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v < lo || v > 0x1p48 ||
+      std::floor(v) != v) {
+    usage_error("{} '{}': expected a whole number from {:g} to 2^48 (e.g. 64, 7.5e9)", flag, text, lo);
+  }
+  return static_cast<size_t>(v);
+}
+
+// 80GiB, 80 GB, 8.5e10, 512MiB: decimal (kB, MB, GB, TB) and binary (KiB,
+// MiB, GiB, TiB) units, bytes when there is none.
+int64_t size_arg(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  std::string unit(end != nullptr ? end : "");
+  unit.erase(0, unit.find_first_not_of(' '));
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},      {"b", 1},        {"kb", 1e3},      {"mb", 1e6},      {"gb", 1e9},
+      {"tb", 1e12}, {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30}, {"tib", 0x1p40}};
+  const auto it = kUnits.find(unit);
+  if (end == text.c_str() || it == kUnits.end() || !std::isfinite(v) || v <= 0 ||
+      v * it->second > 0x1p62) {
+    usage_error("{} '{}': expected a size such as 80GiB, 80GB or 8.5e10 (units: B, kB, MB, GB, TB, "
+                "KiB, MiB, GiB, TiB)", flag, text);
+  }
+  return static_cast<int64_t>(v * it->second);
+}
+
+// One of `allowed` (lower case); the error lists them.
+std::string choice_arg(const std::string& flag, const std::string& text,
+                       std::initializer_list<const char*> allowed) {
+  std::string names;
+  for (const char* a : allowed) {
+    if (text == a) return text;
+    names += std::string(names.empty() ? "" : ", ") + a;
+  }
+  usage_error("{} '{}': allowed values are {}", flag, text, names);
+}
+
+std::string read_file(const std::string& flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) usage_error("{} '{}': cannot open the file", flag, path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// --flag value and --flag=value, each flag at most once.
+std::map<std::string, std::string> parse_flags(int argc, char** argv) {
+  static const char* kFlags[] = {"--params", "--unit-numel", "--units", "--world", "--stage",
+                                 "--dtype", "--optimizer", "--accum", "--persistence-threshold",
+                                 "--live-units", "--grad-units", "--device-memory",
+                                 "--offload-optimizer", "--config"};
+  std::map<std::string, std::string> flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      flags["--help"] = "";
+      continue;
+    }
+    std::string value;
+    const size_t eq = arg.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    bool known = false;
+    for (const char* f : kFlags) known = known || arg == f;
+    if (!known) usage_error("unknown argument '{}'", argv[i]);
+    if (!inline_value) {
+      if (i + 1 >= argc) usage_error("{} needs a value", arg);
+      value = argv[++i];
+    }
+    if (!flags.emplace(arg, value).second) usage_error("{} given twice", arg);
+  }
+  return flags;
+}
+
+zest::OptimizerConfig optimizer_arg(const std::string& text) {
+  const std::string name = choice_arg("--optimizer", text, {"adamw", "adam", "sgd", "sgd-momentum"});
+  zest::OptimizerConfig opt;
+  opt.kind = name == "adamw" ? zest::OptimizerKind::kAdamW
+             : name == "adam" ? zest::OptimizerKind::kAdam
+                              : zest::OptimizerKind::kSgd;
+  opt.momentum = name == "sgd-momentum" ? 0.9f : 0.0f;
+  return opt;
+}
+
+int run(int argc, char** argv) {
+  std::map<std::string, std::string> flags = parse_flags(argc, argv);
+  const auto has = [&](const char* f) { return flags.count(f) != 0; };
+  if (has("--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (has("--params") == has("--units")) usage_error("give the model as --params N or --units FILE (one of them)");
+  if (has("--unit-numel") && !has("--params")) usage_error("--unit-numel goes with --params");
+  if (!has("--world")) usage_error("--world N is required (the number of data-parallel ranks)");
+
+  const int world = static_cast<int>(count_arg("--world", flags["--world"], 1));
+  zest::EstimateOptions opt;
+  if (has("--config")) {
+    opt = zest::EstimateOptions::from_config(zest::load_config_file(flags["--config"]), world);
+  }
+  opt.world_size = world;
+  zest::TableOptions table;
+  if (has("--stage")) {
+    table.stages = {std::stoi(choice_arg("--stage", flags["--stage"], {"0", "1", "2", "3"}))};
+  }
+  if (has("--dtype")) opt.compute_dtype = zest::parse_dtype(choice_arg("--dtype", flags["--dtype"], {"fp16", "bf16", "fp32"}));
+  if (has("--optimizer")) opt.optimizer = optimizer_arg(flags["--optimizer"]);
+  if (has("--accum")) opt.gradient_accumulation_steps = static_cast<int64_t>(count_arg("--accum", flags["--accum"], 1));
+  if (has("--persistence-threshold")) {
+    opt.zero.stage3_param_persistence_threshold =
+        static_cast<int64_t>(count_arg("--persistence-threshold", flags["--persistence-threshold"], 0));
+  }
+  if (has("--live-units")) opt.live_units = static_cast<int>(count_arg("--live-units", flags["--live-units"], 1));
+  if (has("--grad-units")) opt.grad_units_in_flight = static_cast<int>(count_arg("--grad-units", flags["--grad-units"], 1));
+  if (has("--device-memory")) table.device_bytes = size_arg("--device-memory", flags["--device-memory"]);
+  if (has("--offload-optimizer")) {
+    const std::string d = choice_arg("--offload-optimizer", flags["--offload-optimizer"], {"none", "cpu"});
+    opt.offload_optimizer = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
+  }
+
+  const zest::ModelDescription model =
+      has("--params") ? zest::ModelDescription::from_total(
+                            count_arg("--params", flags["--params"], 1),
+                            has("--unit-numel") ? count_arg("--unit-numel", flags["--unit-numel"], 1) : 0)
+                      : zest::parse_model_description(read_file("--units", flags["--units"]));
+  std::fputs(zest::format_estimate_table(model, opt, table).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "zest-estimate: %s (zest-estimate --help lists the arguments)\n", e.what());
+    return 2;
+  } catch (const zest::Error& e) {
+    // Bad input found by the library: a units file, a config, an option.
+    std::fprintf(stderr, "zest-estimate: %s\n", e.message().c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zest-estimate: %s\n", e.what());
+    return 1;
+  }
+}
