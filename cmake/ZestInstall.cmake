@@ -12,6 +12,7 @@ foreach(layer core memory comm optim engine)
     PATTERN "mpi_reduction.h" EXCLUDE
     PATTERN "optimizer_impl.h" EXCLUDE
     PATTERN "engine_state.h" EXCLUDE
+    PATTERN "on_every_rank.h" EXCLUDE
     PATTERN "optim_cuda.h" EXCLUDE
     PATTERN "dtype_dispatch.h" EXCLUDE
     PATTERN "cuda_elementwise.cuh" EXCLUDE)

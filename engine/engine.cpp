@@ -259,6 +259,84 @@ std::vector<float> Engine::param_master(const std::string& name) {
           unit.begin() + static_cast<ptrdiff_t>(p.offset + p.numel)};
 }
 
+Engine::Progress Engine::progress() const {
+  return {impl_->applied, impl_->skipped, impl_->scaler.state()};
+}
+
+Communicator& Engine::control_comm() const {
+  check_finalized("control_comm()");
+  return *impl_->control;
+}
+
+std::vector<int64_t> Engine::all_gather_scalars(std::span<const int64_t> mine) {
+  check_finalized("all_gather_scalars()");
+  const size_t n = mine.size();
+  const size_t w = static_cast<size_t>(comm_.size());
+  std::vector<int64_t> out(n * w);
+  if (n == 0) return out;
+  Buffer buf = allocator_.allocate_buffer(8 * n * (w + 1), stream_, MemoryCategory::kCommBuffers);
+  copy_bytes(stream_, buf.as<int64_t>() + n * w, mine.data(), 8 * n);
+  impl_->control->all_gather(buf.as<int64_t>() + n * w, buf.data(), n, DType::kInt64, stream_);
+  copy_bytes(stream_, out.data(), buf.data(), 8 * n * w);
+  stream_.synchronize();
+  return out;
+}
+
+int Engine::partition() const {
+  check_finalized("partition()");
+  return impl_->part;
+}
+
+// Where buffer `buffer` of unit u's owned shard lives.
+float* Engine::shard_ptr(int unit, int buffer) {
+  UnitState& st = state(unit);
+  ZEST_CHECK(buffer >= 0 && buffer < shard_buffers(), "shard buffer {} is out of range: this optimizer has {}",
+             buffer, shard_buffers());
+  if (buffer == 0) return st.master;
+  return impl_->state[buffer - 1].as<float>() + impl_->layout->owned_offset(unit);
+}
+
+std::vector<float> Engine::read_shard(int unit, int buffer) {
+  const float* src = shard_ptr(unit, buffer);
+  std::vector<float> out(impl_->layout->unit(unit).shard);
+  copy_bytes(stream_, out.data(), src, out.size() * sizeof(float));
+  stream_.synchronize();
+  return out;
+}
+
+void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
+  float* dst = shard_ptr(unit, buffer);
+  const size_t shard = impl_->layout->unit(unit).shard;
+  ZEST_CHECK(values.size() == shard, "write_shard of unit '{}': {} values for a shard of {}",
+             impl_->layout->unit(unit).name, values.size(), shard);
+  copy_bytes(stream_, dst, values.data(), shard * sizeof(float));
+  stream_.synchronize();
+}
+
+void Engine::restore(const Progress& progress) {
+  check_finalized("restore()");
+  Impl& im = *impl_;
+  ZEST_CHECK(im.micro == 0 && im.pending.empty(),
+             "restore() in the middle of a gradient accumulation ({} of {} micro-steps done): "
+             "restore between optimizer steps",
+             im.micro, config_.gradient_accumulation_steps);
+  im.applied = progress.applied_steps;
+  im.skipped = progress.skipped_steps;
+  im.scaler.load_state(progress.loss_scaler);
+  const ModelLayout& L = *im.layout;
+  for (int u = 0; u < L.num_units(); ++u) {
+    UnitState& st = im.units[static_cast<size_t>(u)];
+    const UnitLayout& U = L.unit(u);
+    if (compute_dtype_ == DType::kFloat32) continue;  // the master is the parameters
+    std::byte* out = st.resident ? st.params_full.as<std::byte>() +
+                                       U.shard * static_cast<size_t>(im.part) * elem_size(compute_dtype_)
+                                 : st.params_shard.as<std::byte>();
+    convert(stream_, st.master, DType::kFloat32, out, compute_dtype_, U.shard);
+  }
+  gather_updated_params();
+  stream_.synchronize();
+}
+
 MemoryReport Engine::memory_report() const {
   const AllocatorStats s = allocator_.stats();
   MemoryReport r;

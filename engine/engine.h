@@ -126,6 +126,35 @@ class Engine {
   std::vector<float> param_master(const std::string& name);
   MemoryReport memory_report() const;
 
+  // --- checkpoints (checkpoint.h builds on these) ---
+
+  // What a resumed run needs besides the shards.
+  struct Progress {
+    int64_t applied_steps = 0;
+    int64_t skipped_steps = 0;
+    LossScalerState loss_scaler;
+  };
+  Progress progress() const;
+  // Shard buffers per unit: 0 is the fp32 master weights, 1.. the
+  // optimizer's state buffers.
+  int shard_buffers() const { return 1 + config_.optimizer.state_buffers(); }
+  // Host copies of this rank's owned shard of one buffer of unit u
+  // (layout().unit(u).shard elements). Not collective.
+  std::vector<float> read_shard(int unit, int buffer);
+  void write_shard(int unit, int buffer, std::span<const float> values);
+  // Sets the progress, and rebuilds the compute-dtype parameters from the
+  // master shards written with write_shard (all-gathering them where ranks
+  // hold full parameters). Collective; only between optimizer steps.
+  void restore(const Progress& progress);
+  // The engine's own communicator (a split of comm()) for scalars and
+  // checkpoint coordination, so comm()'s counters count only the model.
+  Communicator& control_comm() const;
+  // Every rank's `mine` (the same length on every rank), rank by rank, over
+  // the control communicator. Collective.
+  std::vector<int64_t> all_gather_scalars(std::span<const int64_t> mine);
+  // Index of the shard this rank owns (0 at stage 0, where one shard is all).
+  int partition() const;
+
  private:
   friend class UnitHandle;
   friend class GradHandle;
@@ -138,6 +167,7 @@ class Engine {
   void* grad_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const;
   void release(int unit);
   void grads_done(int unit);
+  float* shard_ptr(int unit, int buffer);
   // engine_gather.cpp
   void materialize(int unit);
   void drop(int unit);

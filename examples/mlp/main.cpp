@@ -22,6 +22,7 @@
 #include "zest/comm/bootstrap.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/core/check.h"
+#include "zest/engine/checkpoint.h"
 #include "zest/memory/raw_allocator.h"
 
 namespace {
@@ -42,9 +43,16 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
   const int rows_per_rank = opt.batch / world;
   const int rows_per_micro = rows_per_rank / accum;
   const mlp::Batch held_out = teacher.batch(-1, 0, 256);
+  // Resuming continues the step count, so the data follows on too.
+  long first = 0;
+  if (!opt.load_dir.empty()) {
+    zest::load_checkpoint(engine, opt.load_dir);
+    first = static_cast<long>(engine.progress().applied_steps + engine.progress().skipped_steps);
+    if (comm.rank() == 0) fmt::print("resumed from {} at step {}\n", opt.load_dir, first);
+  }
 
   mlp::RunSummary summary;
-  for (long step = 0; step < opt.steps; ++step) {
+  for (long step = first; step < first + opt.steps; ++step) {
     const auto start = Clock::now();
     float loss = 0.0f;
     zest::StepResult result;
@@ -56,9 +64,13 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     const std::vector<int64_t> memory = mlp::gather_int64(comm, engine.memory_report().model_states());
     const float mean_loss = mlp::mean_over_ranks(comm, loss);
-    if (comm.rank() == 0 && (step % opt.print_every == 0 || step == opt.steps - 1)) {
+    if (comm.rank() == 0 && (step % opt.print_every == 0 || step == first + opt.steps - 1)) {
       mlp::print_step(step, mean_loss, result, ms, memory);
     }
+  }
+  if (!opt.save_dir.empty()) {
+    const std::string dir = zest::save_checkpoint(engine, opt.save_dir);
+    if (comm.rank() == 0) fmt::print("saved {}\n", dir);
   }
   summary.final_loss = mlp::evaluate(engine, opt.shape, held_out);
   summary.memory = engine.memory_report();

@@ -36,7 +36,8 @@ std::vector<int> stage_list(std::string_view text) {
 std::string usage() {
   return "usage: mlp [--ranks N] [--stage S | --stages 0,1,2,3] [--dtype fp32|bf16|fp16]\n"
          "           [--steps N] [--batch ROWS] [--accum N] [--lr X] [--layers N] [--hidden N]\n"
-         "           [--seed N] [--config ds_config.json] [--launch] [--print-every N] [--table]\n";
+         "           [--seed N] [--config ds_config.json] [--launch] [--print-every N] [--table]\n"
+         "           [--save CKPT_ROOT] [--load CKPT_ROOT]\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -52,7 +53,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--stage") o.stages = {number<int>(flag, v, 0)};
     else if (flag == "--stages") o.stages = stage_list(v);
     else if (flag == "--dtype") o.dtype = v;
-    else if (flag == "--steps") o.steps = number<long>(flag, v, 1);
+    else if (flag == "--steps") o.steps = number<long>(flag, v, 0);
     else if (flag == "--batch") o.batch = number<int>(flag, v, 1);
     else if (flag == "--accum") o.accum = number<int>(flag, v, 1);
     else if (flag == "--lr") o.lr = std::stof(std::string(v));
@@ -61,6 +62,8 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--seed") o.seed = number<unsigned>(flag, v, 0);
     else if (flag == "--config") o.config_path = v;
     else if (flag == "--print-every") o.print_every = number<long>(flag, v, 1);
+    else if (flag == "--save") o.save_dir = v;
+    else if (flag == "--load") o.load_dir = v;
     else throw UsageError(fmt::format("unknown option {}", flag));
   }
   for (int s : o.stages) {

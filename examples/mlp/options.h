@@ -28,6 +28,8 @@ struct Options {
   std::string config_path;    // a DeepSpeed JSON file
   bool launch = false;        // one process per rank, from the launcher
   long print_every = 1;
+  std::string save_dir;       // a checkpoint after the last step
+  std::string load_dir;       // resume from this checkpoint root first
   bool table = false;         // the summary table even for one stage
 };
 

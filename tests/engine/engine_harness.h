@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -108,21 +109,15 @@ inline RunOptions runs(int world, int steps) {
   return o;
 }
 
-// One rank's part of a run: `steps` optimizer steps (x accumulation
-// micro-steps) on `comm`.
-inline RankResult run_rank(const EngineConfig& config, const RunOptions& opt, Communicator& comm) {
-  CachingAllocator alloc(opt.device.is_cuda() ? make_cuda_allocator(opt.device.index())
-                                              : make_host_allocator());
-  const OwnedStream stream(opt.device);
-  Engine engine(config, comm, alloc, stream);
-  register_model(engine);
-  engine.finalize(init_values);
-  RankResult out;
+// Steps [first, last) of a run: each optimizer step's micro-steps of
+// forward gathers and backward (gradients from write_grads).
+inline void run_steps(Engine& engine, Communicator& comm, const RunOptions& opt, int64_t first, int64_t last,
+                      RankResult& out) {
   const int units = engine.layout().num_units();
   Backward bw = opt.backward;
-  for (int64_t s = 0; s < opt.steps; ++s) {
+  for (int64_t s = first; s < last; ++s) {
     comm.reset_counters();
-    for (int m = 0; m < config.gradient_accumulation_steps; ++m) {
+    for (int m = 0; m < engine.config().gradient_accumulation_steps; ++m) {
       bw.scale = static_cast<float>(engine.loss_scale());
       if (opt.forward_then_backward) {
         for (int u = 0; u < units; ++u) UnitHandle h = engine.gather(u);  // forward
@@ -139,8 +134,33 @@ inline RankResult run_rank(const EngineConfig& config, const RunOptions& opt, Co
     }
     out.last_step_counters = comm.counters();
   }
-  for (int u = 0; u < units; ++u)
-    for (const ParamLayout& p : engine.layout().unit(u).params) out.params[p.name] = engine.param_master(p.name);
+}
+
+// Every parameter's fp32 master values. Collective.
+inline std::map<std::string, std::vector<float>> master_params(Engine& engine) {
+  std::map<std::string, std::vector<float>> out;
+  for (const UnitLayout& u : engine.layout().units())
+    for (const ParamLayout& p : u.params) out[p.name] = engine.param_master(p.name);
+  return out;
+}
+
+// An allocator for the device a run uses.
+inline std::unique_ptr<CachingAllocator> allocator_for(Device device) {
+  return std::make_unique<CachingAllocator>(device.is_cuda() ? make_cuda_allocator(device.index())
+                                                             : make_host_allocator());
+}
+
+// One rank's part of a run: `steps` optimizer steps (x accumulation
+// micro-steps) on `comm`.
+inline RankResult run_rank(const EngineConfig& config, const RunOptions& opt, Communicator& comm) {
+  const auto alloc = allocator_for(opt.device);
+  const OwnedStream stream(opt.device);
+  Engine engine(config, comm, *alloc, stream);
+  register_model(engine);
+  engine.finalize(init_values);
+  RankResult out;
+  run_steps(engine, comm, opt, 0, opt.steps, out);
+  out.params = master_params(engine);
   out.memory = engine.memory_report();
   return out;
 }

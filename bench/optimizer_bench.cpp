@@ -1,0 +1,110 @@
+// Throughput of the fused optimizer update on a flat shard, against a copy
+// of the same bytes measured in the same run.
+//
+// The update is memory-bound: AdamW with an fp32 master, m and v, a 16-bit
+// gradient in and a 16-bit parameter out moves 28 bytes per parameter (4+4+4
+// read and written, 2 read, 2 written). A device-to-device (or host) copy of
+// that many bytes is the floor it can approach, so the ratio says how close
+// the kernel comes to the memory system's speed.
+//
+//   optimizer_bench [--device host|cuda:N] [--numel N] [--iters N]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "zest/core/check.h"
+#include "zest/core/device.h"
+#include "zest/core/stream.h"
+#include "zest/memory/caching_allocator.h"
+#include "zest/memory/copy.h"
+#include "zest/memory/raw_allocator.h"
+#include "zest/optim/grad_ops.h"
+#include "zest/optim/optimizer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <typename Fn>
+double median_ms(const zest::Stream& stream, int iters, Fn&& fn) {
+  std::vector<double> ms;
+  fn();  // warm-up
+  stream.synchronize();
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    stream.synchronize();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    zest::Device device = zest::Device::host();
+    size_t numel = size_t{1} << 24;
+    int iters = 20;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string flag = argv[i];
+      if (flag == "--device") device = zest::parse_device(argv[i + 1]);
+      else if (flag == "--numel") numel = std::stoull(argv[i + 1]);
+      else if (flag == "--iters") iters = std::stoi(argv[i + 1]);
+      else ZEST_FAIL("unknown option {} (--device host|cuda:N, --numel N, --iters N)", flag);
+    }
+    zest::check_device_available(device);
+    zest::CachingAllocator alloc(device.is_cuda() ? zest::make_cuda_allocator(device.index())
+                                                  : zest::make_host_allocator());
+    const zest::OwnedStream stream(device);
+    const auto buffer = [&](size_t bytes) {
+      zest::Buffer b = alloc.allocate_buffer(bytes, stream);
+      zest::fill_zero(stream, b.data(), bytes);
+      return b;
+    };
+    zest::Buffer master = buffer(numel * 4), m = buffer(numel * 4), v = buffer(numel * 4);
+    zest::Buffer grad = buffer(numel * 2), param = buffer(numel * 2);
+    const size_t bytes = 28 * numel;
+    zest::Buffer src = buffer(bytes / 2), dst = buffer(bytes / 2);
+
+    zest::OptimizerConfig config;  // AdamW
+    zest::ShardBuffers shard;
+    shard.master = master.as<float>();
+    shard.state[0] = m.as<float>();
+    shard.state[1] = v.as<float>();
+    shard.grad = grad.data();
+    shard.grad_dtype = zest::DType::kBFloat16;
+    shard.param_out = param.data();
+    shard.param_dtype = zest::DType::kBFloat16;
+    shard.numel = numel;
+    zest::StepScalars scalars;
+    scalars.lr = 1e-3f;
+    int64_t step = 0;
+
+    const double adam = median_ms(stream, iters, [&] {
+      scalars.step = ++step;
+      zest::optimizer_step(stream, config, shard, scalars);
+    });
+    // The copy reads and writes bytes / 2 each: the same traffic.
+    const double copy = median_ms(stream, iters, [&] { zest::copy_bytes(stream, dst.data(), src.data(), bytes / 2); });
+
+    fmt::print("optimizer_bench ({} build) on {}: AdamW, fp32 master/m/v, bf16 grad in and param out, {} "
+               "parameters, median of {}\n",
+               ZEST_BENCH_BUILD_TYPE, device.str(), numel, iters);
+    fmt::print("{:<28} {:>10} {:>14} {:>10}\n", "", "ms", "params/s", "GB/s");
+    fmt::print("{:<28} {:>10.3f} {:>14.3e} {:>10.1f}\n", "fused AdamW update", adam,
+               static_cast<double>(numel) / (adam / 1e3), static_cast<double>(bytes) / (adam / 1e3) / 1e9);
+    fmt::print("{:<28} {:>10.3f} {:>14} {:>10.1f}\n", "copy of the same bytes", copy, "",
+               static_cast<double>(bytes) / (copy / 1e3) / 1e9);
+    fmt::print("ratio: the update takes {:.2f}x the copy's time\n", adam / copy);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "optimizer_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,60 @@
+// Sharded checkpoints of an engine: every rank writes its own shard, rank 0 a
+// manifest, and a `latest` pointer moves only once everything is on disk.
+//
+//   zest::save_checkpoint(engine, "ckpt");        // ckpt/step_000100/, ckpt/latest
+//   zest::load_checkpoint(engine, "ckpt");        // the one `latest` names
+//
+// Layout of a checkpoint directory:
+//   manifest.json     format version, world size, stage, dtypes, optimizer,
+//                     progress (steps, loss scaler), the registered model,
+//                     and each shard file's size and CRC-32
+//   rank_00003.bin    rank 3's owned fp32 shards: the master weights of every
+//                     unit in order, then each optimizer state buffer the same
+//                     way (stage 0: rank 0's file holds everything)
+//
+// A save is atomic: each file is written under a temporary name, fsynced and
+// renamed, inside a directory that is itself renamed into place by rank 0
+// after every rank finished; `latest` is replaced the same way last. A
+// process killed at any moment leaves the previous checkpoint loadable.
+//
+// Loading works on another world size or stage: a unit's flat layout does
+// not depend on the number of shards (only its padding does), so each rank
+// reads the byte ranges of the old files that hold its new shard. Files are
+// checked against the manifest (size, CRC-32) and values for finiteness
+// before anything is loaded; every problem is a zest::Error naming the file.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "zest/engine/engine.h"
+
+namespace zest {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointOptions {
+  // The checkpoint's directory name under the root; empty: step_<applied
+  // steps, 6 digits>.
+  std::string tag;
+  // Called on rank 0 with a line of progress (large models take a while).
+  std::function<void(const std::string&)> progress;
+};
+
+// Collective. Returns the checkpoint's directory.
+std::string save_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options = {});
+
+// Collective. Loads root/<tag>, or the checkpoint root/latest names.
+// Returns the checkpoint's directory.
+std::string load_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options = {});
+
+// The steps of a save, for tools that write checkpoints without an engine
+// (zest-ckpt reshard): shard files go into partial_checkpoint_dir(root, tag),
+// then write_manifest() there, then publish_checkpoint() renames the
+// directory into place and moves `latest`.
+struct CheckpointManifest;
+std::string partial_checkpoint_dir(const std::string& root, const std::string& tag);
+void write_manifest(const std::string& dir, const CheckpointManifest& manifest);
+void publish_checkpoint(const std::string& root, const std::string& tag);
+
+}  // namespace zest

@@ -1,0 +1,42 @@
+// The manifest of a checkpoint (checkpoint.h) as data, and its JSON form.
+// Parsing is strict: a missing or mistyped field, an unknown format or a
+// newer version is a zest::Error naming the file and the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zest/engine/engine.h"
+#include "zest/engine/layout.h"
+
+namespace zest {
+
+struct ShardFile {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+struct CheckpointManifest {
+  int format_version = 0;
+  int world_size = 1;
+  int stage = 0;
+  int partitions = 1;  // files that hold shards: 1 at stage 0, else world_size
+  std::string compute_dtype;
+  std::string optimizer;
+  int shard_buffers = 1;  // master + optimizer state buffers
+  Engine::Progress progress;
+  std::vector<ParamGroupSpec> groups;
+  std::vector<UnitSpec> units;
+  std::vector<ShardFile> files;
+
+  // The model's layout as it was split when saved.
+  ModelLayout layout() const { return ModelLayout(groups, units, partitions); }
+};
+
+std::string manifest_to_json(const CheckpointManifest& manifest);
+// `path` only names the file in errors.
+CheckpointManifest parse_manifest(const std::string& json_text, const std::string& path);
+
+}  // namespace zest

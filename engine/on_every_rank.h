@@ -1,0 +1,41 @@
+// Runs a step that may fail on some ranks only (a file that one rank cannot
+// read, say) and makes every rank agree on the outcome before the next
+// collective: checkpoints and weight files use it around their I/O.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <string>
+
+#include "zest/core/check.h"
+#include "zest/engine/engine.h"
+
+namespace zest {
+
+// Runs `fn` on every rank and agrees on the outcome: if it threw anywhere,
+// every rank throws the error of the lowest failing rank (its first 500
+// bytes travel with the agreement), so no rank goes on to a collective the
+// others never reach, and every rank's log says what went wrong.
+template <typename Fn>
+inline void on_every_rank(Engine& engine, const char* what, Fn&& fn) {
+  constexpr size_t kWords = 64;  // a flag, then the message's bytes
+  std::string error;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::array<int64_t, kWords> mine{};
+  mine[0] = error.empty() ? 0 : 1;
+  std::memcpy(&mine[1], error.data(), std::min(error.size(), (kWords - 1) * 8 - 1));
+  const std::vector<int64_t> all = engine.all_gather_scalars(mine);
+  for (size_t r = 0; r * kWords < all.size(); ++r) {
+    if (all[r * kWords] == 0) continue;
+    if (!error.empty()) throw Error(error, __FILE__, __LINE__);
+    const char* text = reinterpret_cast<const char*>(&all[r * kWords + 1]);
+    ZEST_FAIL("{} failed on rank {}: {}", what, r, std::string(text, strnlen(text, (kWords - 1) * 8)));
+  }
+}
+
+}  // namespace zest

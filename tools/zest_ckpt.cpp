@@ -1,0 +1,214 @@
+// zest-ckpt: sharded checkpoints offline, in bounded memory.
+//
+//   zest-ckpt inspect CKPT                     manifest summary, per-rank file sizes
+//   zest-ckpt verify CKPT                      sizes, CRC-32s and finiteness of every file
+//   zest-ckpt export CKPT OUT.safetensors [--dtype fp32|bf16|fp16]
+//   zest-ckpt reshard CKPT OUT_ROOT --world N [--stage S]
+//
+// CKPT is a checkpoint directory (root/step_000100) or a root with a
+// `latest` pointer. Memory stays bounded: values move in pieces of at most
+// kPiece elements, never a whole unit.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "zest/core/check.h"
+#include "zest/core/units.h"
+#include "zest/engine/checkpoint.h"
+#include "zest/engine/checkpoint_reader.h"
+#include "zest/engine/file_io.h"
+#include "zest/engine/safetensors.h"
+#include "zest/engine/weights_io.h"
+
+namespace fs = std::filesystem;
+using namespace zest;
+
+namespace {
+
+constexpr size_t kPiece = size_t{1} << 20;
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+const char* kUsage =
+    "usage: zest-ckpt inspect CKPT\n"
+    "       zest-ckpt verify CKPT\n"
+    "       zest-ckpt export CKPT OUT.safetensors [--dtype fp32|bf16|fp16]\n"
+    "       zest-ckpt reshard CKPT OUT_ROOT --world N [--stage 0-3]\n"
+    "CKPT: a checkpoint directory, or a root holding a `latest` pointer\n";
+
+std::string resolve(const std::string& path) {
+  if (fs::exists(fs::path(path) / "manifest.json")) return path;
+  return CheckpointReader::latest_dir(path);
+}
+
+// Calls fn(unit, begin, count) over every element of every unit, in pieces.
+template <typename Fn>
+void for_each_piece(size_t begin, size_t end, Fn&& fn) {
+  for (size_t i = begin; i < end; i += kPiece) fn(i, std::min(kPiece, end - i));
+}
+
+int inspect(const std::string& path) {
+  CheckpointReader r(resolve(path));
+  const CheckpointManifest& m = r.manifest();
+  const ModelLayout& L = r.layout();
+  fmt::print("checkpoint  {}\n", r.dir());
+  fmt::print("format      {}\n", m.format_version);
+  fmt::print("saved by    {} ranks at stage {} ({} shard files)\n", m.world_size, m.stage, m.partitions);
+  fmt::print("training    {}, {} (master weights + {} state buffers, fp32)\n", m.compute_dtype, m.optimizer,
+             m.shard_buffers - 1);
+  fmt::print("progress    {} steps applied, {} skipped, loss scale {}\n", m.progress.applied_steps,
+             m.progress.skipped_steps, m.progress.loss_scaler.scale);
+  fmt::print("model       {} parameters in {} units ({} with padding)\n", L.numel(), L.num_units(), L.padded());
+  for (const ShardFile& f : m.files) {
+    fmt::print("  {}  {:>12} bytes ({})  crc32 {:08x}\n", f.name, f.bytes, format_bytes(static_cast<int64_t>(f.bytes)),
+               f.crc32);
+  }
+  return 0;
+}
+
+int verify(const std::string& path) {
+  CheckpointReader r(resolve(path));
+  r.verify_all();
+  // Values too: every element of every buffer is finite.
+  std::vector<float> piece;
+  for (int b = 0; b < r.manifest().shard_buffers; ++b) {
+    for (int u = 0; u < r.layout().num_units(); ++u) {
+      for_each_piece(0, r.layout().unit(u).padded, [&](size_t i, size_t n) {
+        piece.resize(n);
+        r.read(b, u, i, piece);
+      });
+    }
+  }
+  fmt::print("{}: {} files, sizes, checksums and values OK\n", r.dir(), r.manifest().partitions);
+  return 0;
+}
+
+int export_safetensors(const std::string& path, const std::string& out, DType dtype) {
+  CheckpointReader r(resolve(path));
+  const ModelLayout& L = r.layout();
+  const std::vector<SafetensorsEntry> entries = weights_entries(L, dtype);
+  uint64_t last_report = 0;
+  SafetensorsWriter writer(out, entries, {{"format", "pt"}}, [&](uint64_t done, uint64_t total) {
+    if (done - last_report >= (uint64_t{256} << 20) || done == total) {
+      fmt::print("export: {} of {}\n", format_bytes(static_cast<int64_t>(done)), format_bytes(static_cast<int64_t>(total)));
+      last_report = done;
+    }
+  });
+  std::vector<float> values;
+  for (int u = 0; u < L.num_units(); ++u) {
+    for (const ParamLayout& p : L.unit(u).params) {
+      writer.begin_tensor(p.name);
+      for_each_piece(p.offset, p.offset + p.numel, [&](size_t i, size_t n) {
+        values.resize(n);
+        r.read(0, u, i, values);
+        writer.write(encode_weights(values, dtype));
+      });
+    }
+  }
+  writer.finish();
+  fmt::print("{}: {} tensors, {}\n", out, entries.size(), dtype_name(dtype));
+  return 0;
+}
+
+int reshard(const std::string& path, const std::string& out_root, int world, int stage) {
+  CheckpointReader r(resolve(path));
+  CheckpointManifest m = r.manifest();
+  m.world_size = world;
+  m.stage = stage;
+  m.partitions = stage == 0 ? 1 : world;
+  m.files.clear();
+  const ModelLayout L = m.layout();
+  const std::string tag = fs::path(r.dir()).filename().string();
+  fs::create_directories(out_root);
+  const std::string partial = partial_checkpoint_dir(out_root, tag);
+  fs::remove_all(partial);
+  fs::create_directory(partial);
+  std::vector<float> piece;
+  for (int q = 0; q < m.partitions; ++q) {
+    const std::string name = fmt::format("rank_{:05d}.bin", q);
+    AtomicFile file((fs::path(partial) / name).string());
+    for (int b = 0; b < m.shard_buffers; ++b) {
+      for (int u = 0; u < L.num_units(); ++u) {
+        const size_t begin = L.unit(u).shard * static_cast<size_t>(q);
+        for_each_piece(begin, begin + L.unit(u).shard, [&](size_t i, size_t n) {
+          piece.resize(n);
+          r.read(b, u, i, piece);
+          file.write(std::as_bytes(std::span(piece)));
+        });
+      }
+    }
+    file.commit();
+    m.files.push_back({name, file.bytes_written(), file.crc32()});
+    fmt::print("reshard: {} written\n", name);
+  }
+  write_manifest(partial, m);
+  publish_checkpoint(out_root, tag);
+  fmt::print("{}: {} ranks, stage {}\n", (fs::path(out_root) / tag).string(), world, stage);
+  return 0;
+}
+
+int number(const std::string& flag, const std::string& v, int min, int max) {
+  try {
+    size_t used = 0;
+    const int x = std::stoi(v, &used);
+    if (used == v.size() && x >= min && x <= max) return x;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(fmt::format("{} '{}': expected an integer from {} to {}", flag, v, min, max));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.empty() || args[0] == "--help" || args[0] == "-h") throw UsageError("a command is needed");
+    const std::string cmd = args[0];
+    std::vector<std::string> pos;
+    DType dtype = DType::kFloat32;
+    int world = 0, stage = -1;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a.rfind("--", 0) != 0) { pos.push_back(a); continue; }
+      if (i + 1 >= args.size()) throw UsageError(fmt::format("{} needs a value", a));
+      const std::string& v = args[++i];
+      if (a == "--dtype") {
+        if (v == "fp32") dtype = DType::kFloat32;
+        else if (v == "bf16") dtype = DType::kBFloat16;
+        else if (v == "fp16") dtype = DType::kFloat16;
+        else throw UsageError(fmt::format("--dtype '{}': allowed values are fp32, bf16, fp16", v));
+      } else if (a == "--world") {
+        world = number(a, v, 1, 1 << 20);
+      } else if (a == "--stage") {
+        stage = number(a, v, 0, 3);
+      } else {
+        throw UsageError(fmt::format("unknown option {}", a));
+      }
+    }
+    const auto need = [&](size_t n) {
+      if (pos.size() != n) throw UsageError(fmt::format("{} takes {} path(s), got {}", cmd, n, pos.size()));
+    };
+    if (cmd == "inspect") { need(1); return inspect(pos[0]); }
+    if (cmd == "verify") { need(1); return verify(pos[0]); }
+    if (cmd == "export") { need(2); return export_safetensors(pos[0], pos[1], dtype); }
+    if (cmd == "reshard") {
+      need(2);
+      if (world == 0) throw UsageError("reshard needs --world N");
+      if (stage < 0) stage = CheckpointReader(resolve(pos[0])).manifest().stage;
+      return reshard(pos[0], pos[1], world, stage);
+    }
+    throw UsageError(fmt::format("unknown command '{}': inspect, verify, export or reshard", cmd));
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "zest-ckpt: %s\n%s", e.what(), kUsage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zest-ckpt: %s\n", e.what());
+    return 1;
+  }
+}
