@@ -1,37 +1,12 @@
 #include "options.h"
 
-#include <charconv>
 #include <string_view>
 
 #include <fmt/format.h>
 
 namespace mlp {
-namespace {
-
-template <typename T>
-T number(std::string_view flag, std::string_view text, T min) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < min) {
-    throw UsageError(fmt::format("{} {}: expected a number >= {}", flag, text, min));
-  }
-  return value;
-}
-
-std::vector<int> stage_list(std::string_view text) {
-  std::vector<int> out;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    const size_t comma = std::min(text.find(',', begin), text.size());
-    const int stage = number<int>("--stages", text.substr(begin, comma - begin), 0);
-    if (stage > 3) throw UsageError(fmt::format("--stages {}: stages are 0, 1, 2 and 3", text));
-    out.push_back(stage);
-    begin = comma + 1;
-  }
-  return out;
-}
-
-}  // namespace
+using examples::number;
+using examples::number_list;
 
 std::string usage() {
   return "usage: mlp [--ranks N] [--stage S | --stages 0,1,2,3] [--dtype fp32|bf16|fp16]\n"
@@ -49,25 +24,22 @@ Options parse_options(int argc, char** argv) {
     if (flag == "--help" || flag == "-h") throw UsageError("help");
     if (i + 1 >= argc) throw UsageError(fmt::format("{} needs a value", flag));
     const std::string_view v = argv[++i];
-    if (flag == "--ranks") o.ranks = number<int>(flag, v, 1);
-    else if (flag == "--stage") o.stages = {number<int>(flag, v, 0)};
-    else if (flag == "--stages") o.stages = stage_list(v);
+    if (flag == "--ranks") o.ranks = number<int>(flag, v, 1, 1 << 20);
+    else if (flag == "--stage") o.stages = {number<int>(flag, v, 0, 3)};
+    else if (flag == "--stages") o.stages = number_list(flag, v, 0, 3);
     else if (flag == "--dtype") o.dtype = v;
-    else if (flag == "--steps") o.steps = number<long>(flag, v, 0);
-    else if (flag == "--batch") o.batch = number<int>(flag, v, 1);
-    else if (flag == "--accum") o.accum = number<int>(flag, v, 1);
+    else if (flag == "--steps") o.steps = number<long>(flag, v, 0, 1L << 40);
+    else if (flag == "--batch") o.batch = number<int>(flag, v, 1, 1 << 20);
+    else if (flag == "--accum") o.accum = number<int>(flag, v, 1, 1 << 20);
     else if (flag == "--lr") o.lr = std::stof(std::string(v));
-    else if (flag == "--layers") o.shape.layers = number<int>(flag, v, 1);
-    else if (flag == "--hidden") o.shape.hidden = number<int>(flag, v, 1);
-    else if (flag == "--seed") o.seed = number<unsigned>(flag, v, 0);
+    else if (flag == "--layers") o.shape.layers = number<int>(flag, v, 1, 1 << 20);
+    else if (flag == "--hidden") o.shape.hidden = number<int>(flag, v, 1, 1 << 20);
+    else if (flag == "--seed") o.seed = number<unsigned>(flag, v, 0, ~0u);
     else if (flag == "--config") o.config_path = v;
-    else if (flag == "--print-every") o.print_every = number<long>(flag, v, 1);
+    else if (flag == "--print-every") o.print_every = number<long>(flag, v, 1, 1L << 40);
     else if (flag == "--save") o.save_dir = v;
     else if (flag == "--load") o.load_dir = v;
     else throw UsageError(fmt::format("unknown option {}", flag));
-  }
-  for (int s : o.stages) {
-    if (s > 3) throw UsageError(fmt::format("--stage {}: stages are 0, 1, 2 and 3", s));
   }
   if (!o.dtype.empty() && o.dtype != "fp32" && o.dtype != "bf16" && o.dtype != "fp16") {
     throw UsageError(fmt::format("--dtype {}: expected fp32, bf16 or fp16", o.dtype));

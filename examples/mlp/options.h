@@ -2,18 +2,16 @@
 // they make.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/cli.h"
 #include "mlp.h"
 #include "zest/engine/config.h"
 
 namespace mlp {
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using UsageError = examples::UsageError;
 
 struct Options {
   Shape shape;

@@ -1,0 +1,61 @@
+#include "options.h"
+
+#include <string_view>
+
+#include <fmt/format.h>
+
+namespace memory_compare {
+using examples::number;
+using examples::number_list;
+
+std::string usage() {
+  return "usage: memory_compare [--stages 0,1,2,3] [--worlds 1,2,4,8] [--steps N] [--dtype fp32|bf16|fp16]\n"
+         "                      [--hidden N] [--layers N] [--rows N] [--seed N]\n"
+         "                      [--markdown FILE] [--svg FILE]\n"
+         "Trains the example MLP on in-process ranks under each ZeRO stage and world size, and\n"
+         "compares each rank's memory by category with zest::estimate_memory. Exits 1 when a\n"
+         "model-state category differs from the estimate or ranks disagree.\n";
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") throw UsageError("help");
+    if (i + 1 >= argc) throw UsageError(fmt::format("{} needs a value", flag));
+    const std::string_view v = argv[++i];
+    if (flag == "--stages") o.stages = number_list(flag, v, 0, 3);
+    else if (flag == "--worlds") o.worlds = number_list(flag, v, 1, 64);
+    else if (flag == "--steps") o.steps = number<long>(flag, v, 1, 1'000'000);
+    else if (flag == "--hidden") o.shape.hidden = number<int>(flag, v, 1, 1 << 14);
+    else if (flag == "--layers") o.shape.layers = number<int>(flag, v, 1, 1024);
+    else if (flag == "--rows") o.rows_per_rank = number<int>(flag, v, 1, 1 << 16);
+    else if (flag == "--seed") o.seed = number<unsigned>(flag, v, 0, ~0u);
+    else if (flag == "--markdown") o.markdown_path = v;
+    else if (flag == "--svg") o.svg_path = v;
+    else if (flag == "--dtype") {
+      if (v != "fp32" && v != "bf16" && v != "fp16") {
+        throw UsageError(fmt::format("--dtype '{}': expected fp32, bf16 or fp16", v));
+      }
+      o.dtype = v;
+    } else {
+      throw UsageError(fmt::format("unknown option {}", flag));
+    }
+  }
+  return o;
+}
+
+zest::EngineConfig engine_config(const Options& opt, int stage) {
+  zest::EngineConfig c;
+  c.optimizer.kind = zest::OptimizerKind::kAdamW;
+  c.optimizer.lr = 3e-3f;
+  c.optimizer.weight_decay = 0.01f;
+  c.gradient_clipping = 1.0;
+  c.zero.stage = stage;
+  c.zero.stage3_param_persistence_threshold = 0;
+  c.bf16 = opt.dtype == "bf16";
+  c.fp16.enabled = opt.dtype == "fp16";
+  return c;
+}
+
+}  // namespace memory_compare

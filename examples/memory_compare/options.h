@@ -1,0 +1,37 @@
+// Command-line options of memory_compare: which stages and world sizes to
+// run, how long, in which dtype, and where the Markdown and SVG go.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/cli.h"
+#include "mlp.h"
+#include "zest/engine/config.h"
+
+namespace memory_compare {
+
+using UsageError = examples::UsageError;
+
+struct Options {
+  mlp::Shape shape;
+  std::vector<int> stages{0, 1, 2, 3};
+  std::vector<int> worlds{1, 2, 4, 8};  // in-process ranks
+  long steps = 3;                       // >= 2 so stage 3 prefetches (it records its order on step 1)
+  int rows_per_rank = 8;                // micro-batch rows; memory does not depend on it
+  std::string dtype = "bf16";           // fp32, bf16 or fp16
+  unsigned seed = 1234;
+  std::string markdown_path = "memory_compare.md";
+  std::string svg_path = "memory_compare.svg";
+};
+
+std::string usage();
+// Throws UsageError naming the bad argument; "help" for --help.
+Options parse_options(int argc, char** argv);
+
+// The example's training configuration (AdamW, clipping, the dtype) at
+// `stage`. Stage 3's persistence threshold is 0: the example's layers are
+// all under DeepSpeed's default of 1e5 and would otherwise stay whole.
+zest::EngineConfig engine_config(const Options& opt, int stage);
+
+}  // namespace memory_compare
