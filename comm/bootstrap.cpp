@@ -1,8 +1,7 @@
 #include "zest/comm/bootstrap.h"
 
-#include <atomic>
-#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -32,32 +31,13 @@ bool is_loopback(const std::string& host) {
 
 #if ZEST_WITH_MPI
 
-// MPI started by init_distributed, kept until the process exits. An MPI
-// operation abandoned at a timeout would make MPI_Finalize wait forever, so
-// then the job ends with MPI_Abort instead (as MpiEnvironment does for its
-// own communicators).
-struct MpiStartedHere {
-  MpiEnvironment env;
-  std::atomic<bool> abandoned{false};
-  ~MpiStartedHere() {
-    if (abandoned) {
-      ZEST_LOG_ERROR("ending the MPI job with MPI_Abort: the rendezvous of init_distributed left "
-                     "an MPI operation unfinished, and MPI_Finalize would wait for it forever");
-      std::fflush(stdout);
-      std::fflush(stderr);
-      ZEST_MPI_WARN(MPI_Abort(MPI_COMM_WORLD, 1));
-    }
-  }
-};
-
-MpiStartedHere* mpi_started_here = nullptr;
-
 void ensure_mpi(const LaunchEnv& env) {
   int initialized = 0;
   ZEST_MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) {
-    static MpiStartedHere started;  // MPI_Finalize at exit, after main's communicators are gone
-    mpi_started_here = &started;
+    // Ended at exit, after main's communicators are gone: with MPI_Finalize,
+    // or MPI_Abort when an MPI operation was abandoned (MpiEnvironment).
+    static MpiEnvironment started;
   }
   int rank = -1;
   int size = 0;
@@ -70,8 +50,12 @@ void ensure_mpi(const LaunchEnv& env) {
 }
 
 // Nonblocking and polled, so that a rank that never calls init_distributed
-// is a timeout instead of a hang.
-void bcast_from_rank0(void* data, size_t bytes, const Deadline& deadline, const LaunchEnv& env) {
+// is a timeout instead of a hang. MPI cannot cancel the broadcast it then
+// abandons: `data` lies in `owner`, which is kept until the process exits,
+// and the abort is recorded so that whoever started MPI ends it with
+// MPI_Abort, not an MPI_Finalize that would wait for the broadcast forever.
+void bcast_from_rank0(std::shared_ptr<void> owner, void* data, size_t bytes,
+                      const Deadline& deadline, const LaunchEnv& env) {
   MPI_Request request = MPI_REQUEST_NULL;
   ZEST_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &request));
   int done = 0;
@@ -79,12 +63,13 @@ void bcast_from_rank0(void* data, size_t bytes, const Deadline& deadline, const 
     ZEST_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
     if (deadline.passed()) {
-      if (mpi_started_here != nullptr) mpi_started_here->abandoned = true;
-      throw CommError(CommError::Reason::kTimeout,
-                      fmt::format("MPI rendezvous (MPI_Ibcast on MPI_COMM_WORLD) timed out on {} "
-                                  "after {} ms: some rank did not reach init_distributed",
-                                  env.str(), deadline.elapsed().count()),
-                      __FILE__, __LINE__);
+      const std::string message =
+          fmt::format("MPI rendezvous (MPI_Ibcast on MPI_COMM_WORLD) timed out on {} after {} ms: "
+                      "some rank did not reach init_distributed",
+                      env.str(), deadline.elapsed().count());
+      MpiEnvironment::keep_until_exit(std::move(owner));
+      MpiEnvironment::record_abort(message);
+      throw CommError(CommError::Reason::kTimeout, message, __FILE__, __LINE__);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -93,12 +78,14 @@ void bcast_from_rank0(void* data, size_t bytes, const Deadline& deadline, const 
 std::string mpi_share(const LaunchEnv& env, std::string_view blob, milliseconds timeout) {
   ensure_mpi(env);
   const Deadline deadline(timeout);
-  uint64_t length = blob.size();  // rank 0's; the others learn it first
-  bcast_from_rank0(&length, sizeof(length), deadline, env);
-  ZEST_CHECK(length <= kMaxRendezvousBlob, "MPI rendezvous: rank 0 announced {} bytes", length);
-  std::string out = env.rank == 0 ? std::string(blob) : std::string(length, '\0');
-  if (length > 0) bcast_from_rank0(out.data(), out.size(), deadline, env);
-  return out;
+  // On the heap: see bcast_from_rank0.
+  auto length = std::make_shared<uint64_t>(blob.size());  // rank 0's; the others learn it first
+  bcast_from_rank0(length, length.get(), sizeof(uint64_t), deadline, env);
+  ZEST_CHECK(*length <= kMaxRendezvousBlob, "MPI rendezvous: rank 0 announced {} bytes", *length);
+  auto out = std::make_shared<std::string>(env.rank == 0 ? std::string(blob)
+                                                         : std::string(*length, '\0'));
+  if (*length > 0) bcast_from_rank0(out, out->data(), out->size(), deadline, env);
+  return *out;
 }
 
 #endif  // ZEST_WITH_MPI

@@ -2,7 +2,21 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
+
 namespace zest {
+namespace {
+
+// dtype_name, which throws for a value no DType names; such a value is
+// printed as a number instead.
+std::string dtype_text(DType t) {
+  const bool known =
+      std::find(std::begin(kAllDTypes), std::end(kAllDTypes), t) != std::end(kAllDTypes);
+  return known ? std::string(dtype_name(t)) : fmt::format("dtype {}", static_cast<int>(t));
+}
+
+}  // namespace
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
@@ -30,17 +44,46 @@ std::string CollectiveDesc::str() const {
     case CollectiveKind::kAllReduce:
     case CollectiveKind::kReduceScatter:
       return fmt::format("{} #{} ({} x {}, {})", collective_name(kind), seq, count,
-                         dtype_name(dtype), reduce_op_name(op));
+                         dtype_text(dtype), reduce_op_name(op));
     case CollectiveKind::kAllGather:
-      return fmt::format("{} #{} ({} x {})", collective_name(kind), seq, count, dtype_name(dtype));
+      return fmt::format("{} #{} ({} x {})", collective_name(kind), seq, count, dtype_text(dtype));
     case CollectiveKind::kBroadcast:
       return fmt::format("{} #{} ({} x {}, root {})", collective_name(kind), seq, count,
-                         dtype_name(dtype), root);
+                         dtype_text(dtype), root);
     case CollectiveKind::kBarrier:
     case CollectiveKind::kSplit:
       return fmt::format("{} #{}", collective_name(kind), seq);
   }
   return "unknown collective";
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  if (ranks.empty()) return "none";
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string divergence_message(std::string_view who,
+                               const std::vector<std::pair<int, CollectiveDesc>>& calls) {
+  std::vector<std::pair<CollectiveDesc, std::vector<int>>> groups;
+  for (const auto& call : calls) {
+    const CollectiveDesc& desc = call.second;  // not a structured binding: clang 14 cannot capture those
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == desc; });
+    if (it == groups.end()) {
+      groups.push_back({desc, {call.first}});
+    } else {
+      it->second.push_back(call.first);
+    }
+  }
+  std::string text = fmt::format("{} ranks called different collectives:", who);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    text += fmt::format("{} {} called {}", i ? ";" : "", rank_list(groups[i].second),
+                        groups[i].first.str());
+  }
+  return text + ". Every rank must issue the same collectives in the same order with the same "
+                "sizes.";
 }
 
 }  // namespace zest

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "zest/core/dtype.h"
 
@@ -39,10 +41,22 @@ struct CollectiveDesc {
   uint64_t count = 0;
   uint64_t seq = 0;  // 1 for the communicator's first collective, then 2, 3, ...
 
-  // "all_reduce #12 (4099 x fp32, sum)"
+  // "all_reduce #12 (4099 x fp32, sum)". Never throws for values outside the
+  // enums ("dtype 42"): it describes calls that are broken, too.
   std::string str() const;
 
   friend bool operator==(const CollectiveDesc&, const CollectiveDesc&) = default;
 };
+
+// "rank 3", "ranks 0,2,5", or "none", as errors name ranks.
+std::string rank_list(const std::vector<int>& ranks);
+
+// What every backend reports when ranks diverged: the ranks grouped by what
+// they called, in order of first appearance, as
+//   "<who> ranks called different collectives: ranks 0,2 called all_reduce #2
+//    (8 x fp32, sum); rank 1 called all_gather #2 (8 x fp32). Every rank must ..."
+// `calls` holds (rank, its call) in rank order, for the ranks that are known.
+std::string divergence_message(std::string_view who,
+                               const std::vector<std::pair<int, CollectiveDesc>>& calls);
 
 }  // namespace zest

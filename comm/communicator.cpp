@@ -32,15 +32,41 @@ void Communicator::mark_aborted(const std::string& reason) {
   if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "unknown failure" : reason;
 }
 
+std::string Communicator::current_exception_message() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+void Communicator::refuse_if_aborted(std::string_view what) const {
+  if (!aborted()) return;
+  throw CommError(CommError::Reason::kAborted,
+                  fmt::format("{} on the {} communicator (rank {} of {}) refused: it was aborted "
+                              "by an earlier failure: {}. Create a new communicator.",
+                              what, backend_name(), rank_, size_, abort_reason_),
+                  __FILE__, __LINE__);
+}
+
+void Communicator::close_group_after_abort() noexcept {
+  if (!aborted() || group_depth_ == 0) return;
+  group_depth_ = 0;
+  try {
+    do_group_end();
+  } catch (...) {
+    // Expected: the group held the failed call. The failure that aborted the
+    // communicator is the one reported.
+  }
+}
+
 CollectiveDesc Communicator::begin(CollectiveKind kind, DType dtype, ReduceOp op, int root,
                                    size_t count, const Stream& stream) {
-  if (aborted()) {
-    throw CommError(CommError::Reason::kAborted,
-                    fmt::format("{} on the {} communicator (rank {} of {}) refused: it was "
-                                "aborted by an earlier failure: {}. Create a new communicator.",
-                                collective_name(kind), backend_name(), rank_, size_, abort_reason_),
-                    __FILE__, __LINE__);
-  }
+  refuse_if_aborted(collective_name(kind));
   ZEST_CHECK(stream.device() == device_,
              "{}: the stream is on {} but the communicator is on {}; pass a stream of {}",
              collective_name(kind), stream.device().str(), device_.str(), device_.str());
@@ -69,6 +95,10 @@ void Communicator::run(const CollectiveDesc& desc, Fn&& fn) {
     fn();
   } catch (const CommError& e) {
     mark_aborted(e.message());
+    close_group_after_abort();
+    throw;
+  } catch (...) {
+    close_group_after_abort();  // if the backend found this failure fatal
     throw;
   }
   counters_.record(desc, rank_, size_);
@@ -132,15 +162,35 @@ void Communicator::barrier(const Stream& stream) {
 }
 
 void Communicator::group_start() {
-  if (group_depth_++ == 0) do_group_start();
+  refuse_if_aborted("group_start");
+  if (group_depth_++ > 0) return;
+  try {
+    do_group_start();
+  } catch (...) {
+    // No group was opened, and the backend's grouping state is unknown.
+    group_depth_ = 0;
+    mark_aborted(current_exception_message());
+    throw;
+  }
 }
 
 void Communicator::group_end() {
+  close_group_after_abort();  // aborted inside the group, outside run()
+  refuse_if_aborted("group_end");
   ZEST_CHECK(group_depth_ > 0, "group_end without a matching group_start");
-  if (--group_depth_ == 0) do_group_end();
+  if (--group_depth_ > 0) return;
+  try {
+    do_group_end();
+  } catch (...) {
+    // The group's collectives may have been launched on some ranks and not
+    // on others: nothing later can be matched up.
+    mark_aborted(current_exception_message());
+    throw;
+  }
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  refuse_if_aborted("split");
   ZEST_CHECK(group_depth_ == 0, "split inside a group_start/group_end block; split outside it");
   const CollectiveDesc desc =
       begin(CollectiveKind::kSplit, DType::kUInt8, ReduceOp::kSum, -1, 0, Stream::default_for(device_));

@@ -102,6 +102,11 @@ class Communicator {
   // Operations between group_start() and group_end() may be launched together
   // (one NCCL group). Host backends run each when it is issued; for
   // collectives issued in the same order on every rank the result is the same.
+  // A failure that aborts the communicator closes an open group with it (the
+  // backend's side is ended at once), so group_start and group_end then fail
+  // like any other call, with the abort reason; a group_end that fails
+  // aborts the communicator, since what it launched may have reached some
+  // ranks and not others.
   void group_start();
   void group_end();
 
@@ -127,7 +132,10 @@ class Communicator {
 
   // Backends implement these; the public functions have already checked the
   // arguments, counted the call and numbered it (desc.seq). A backend that
-  // fails throws CommError after calling mark_aborted().
+  // fails throws CommError after calling mark_aborted() (a CommError out of a
+  // collective marks it too). Any other exception leaves the communicator
+  // usable, for refusals every rank makes alike before moving data; a
+  // backend for which it is fatal calls mark_aborted() first.
   virtual void do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
                              const Stream& stream) = 0;
   virtual void do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
@@ -144,11 +152,20 @@ class Communicator {
 
   void mark_aborted(const std::string& reason);
 
+  // The message of the exception being handled (Error::message() for ZEST's
+  // own, without rank and location), for abort reasons. Call in a catch block.
+  static std::string current_exception_message();
+
  private:
   CollectiveDesc begin(CollectiveKind kind, DType dtype, ReduceOp op, int root, size_t count,
                        const Stream& stream);
   template <typename Fn>
   void run(const CollectiveDesc& desc, Fn&& fn);
+  // Throws CommError (kAborted) naming `what` and the abort reason, if aborted.
+  void refuse_if_aborted(std::string_view what) const;
+  // Once aborted: ends the backend's side of an open group, which can no
+  // longer complete, and forgets the group.
+  void close_group_after_abort() noexcept;
 
   const int rank_;
   const int size_;

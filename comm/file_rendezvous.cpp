@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "zest/comm/communicator.h"
+#include "zest/comm/rendezvous_wire.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 
@@ -29,59 +30,21 @@ constexpr std::string_view kFileMagic = "ZESTRDV1";
 constexpr std::string_view kAckMagic = "ZESTACK1";
 constexpr size_t kMaxFileBytes = kMaxRendezvousBlob + 4096;
 
-uint64_t fnv1a(std::string_view bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
-}
+void seal(std::string& out) { wire::put64(out, wire::fnv1a(out)); }
 
-void put32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (24 - 8 * i)));
-}
-void put64(std::string& out, uint64_t v) {
-  put32(out, static_cast<uint32_t>(v >> 32));
-  put32(out, static_cast<uint32_t>(v));
-}
-void seal(std::string& out) { put64(out, fnv1a(out)); }
-
-// Reads big-endian fields off the front of a byte string; any read past the
-// end makes ok() false.
-class Cursor {
- public:
-  explicit Cursor(std::string_view bytes) : rest_(bytes) {}
-  bool ok() const { return ok_; }
-  uint32_t u32() {
-    uint32_t v = 0;
-    for (char c : take(4)) v = (v << 8) | static_cast<unsigned char>(c);
-    return v;
-  }
-  uint64_t u64() {
-    const uint64_t hi = u32();
-    return (hi << 32) | u32();
-  }
-  std::string_view take(size_t n) {
-    if (!ok_ || rest_.size() < n) {
-      ok_ = false;
-      return {};
-    }
-    std::string_view v = rest_.substr(0, n);
-    rest_.remove_prefix(n);
-    return v;
-  }
-  bool at_end() const { return ok_ && rest_.empty(); }
-
- private:
-  std::string_view rest_;
-  bool ok_ = true;
-};
-
-// Checks magic and checksum; returns a cursor over the fields between them.
-std::optional<Cursor> open_sealed(std::string_view bytes, std::string_view magic) {
+// The record behind `magic` in `bytes`, its fields read by read(cursor):
+// nullopt unless the magic and the checksum match and the fields fill the
+// record exactly.
+template <typename Record, typename Read>
+std::optional<Record> unseal(std::string_view bytes, std::string_view magic, Read&& read) {
   if (bytes.size() < magic.size() + 8 || bytes.substr(0, magic.size()) != magic) return std::nullopt;
   const std::string_view body = bytes.substr(0, bytes.size() - 8);
-  Cursor tail(bytes.substr(bytes.size() - 8));
-  if (tail.u64() != fnv1a(body)) return std::nullopt;
-  return Cursor(body.substr(magic.size()));
+  wire::Cursor tail(bytes.substr(bytes.size() - 8));
+  if (tail.u64() != wire::fnv1a(body)) return std::nullopt;
+  wire::Cursor fields(body.substr(magic.size()));
+  Record record = read(fields);
+  if (!fields.at_end()) return std::nullopt;
+  return record;
 }
 
 struct Published {
@@ -93,26 +56,25 @@ struct Published {
 
 std::string encode(const Published& p) {
   std::string out(kFileMagic);
-  put32(out, static_cast<uint32_t>(p.world_size));
-  put64(out, p.nonce);
-  put32(out, static_cast<uint32_t>(p.job_id.size()));
+  wire::put32(out, static_cast<uint32_t>(p.world_size));
+  wire::put64(out, p.nonce);
+  wire::put32(out, static_cast<uint32_t>(p.job_id.size()));
   out += p.job_id;
-  put32(out, static_cast<uint32_t>(p.blob.size()));
+  wire::put32(out, static_cast<uint32_t>(p.blob.size()));
   out += p.blob;
   seal(out);
   return out;
 }
 
 std::optional<Published> decode(std::string_view bytes) {
-  std::optional<Cursor> c = open_sealed(bytes, kFileMagic);
-  if (!c) return std::nullopt;
-  Published p;
-  p.world_size = static_cast<int>(c->u32());
-  p.nonce = c->u64();
-  p.job_id = std::string(c->take(c->u32()));
-  p.blob = std::string(c->take(c->u32()));
-  if (!c->at_end()) return std::nullopt;
-  return p;
+  return unseal<Published>(bytes, kFileMagic, [](wire::Cursor& c) {
+    Published p;
+    p.world_size = static_cast<int>(c.u32());
+    p.nonce = c.u64();
+    p.job_id = std::string(c.take(c.u32()));
+    p.blob = std::string(c.take(c.u32()));
+    return p;
+  });
 }
 
 struct Ack {
@@ -123,22 +85,21 @@ struct Ack {
 
 std::string encode(const Ack& a) {
   std::string out(kAckMagic);
-  put32(out, static_cast<uint32_t>(a.rank));
-  put32(out, static_cast<uint32_t>(a.world_size));
-  put64(out, a.nonce);
+  wire::put32(out, static_cast<uint32_t>(a.rank));
+  wire::put32(out, static_cast<uint32_t>(a.world_size));
+  wire::put64(out, a.nonce);
   seal(out);
   return out;
 }
 
 std::optional<Ack> decode_ack(std::string_view bytes) {
-  std::optional<Cursor> c = open_sealed(bytes, kAckMagic);
-  if (!c) return std::nullopt;
-  Ack a;
-  a.rank = static_cast<int>(c->u32());
-  a.world_size = static_cast<int>(c->u32());
-  a.nonce = c->u64();
-  if (!c->at_end()) return std::nullopt;
-  return a;
+  return unseal<Ack>(bytes, kAckMagic, [](wire::Cursor& c) {
+    Ack a;
+    a.rank = static_cast<int>(c.u32());
+    a.world_size = static_cast<int>(c.u32());
+    a.nonce = c.u64();
+    return a;
+  });
 }
 
 std::string ack_path(const std::string& path, int rank) { return fmt::format("{}.ack{}", path, rank); }
@@ -257,21 +218,12 @@ void check_dir(const std::string& path, int rank) {
                                   "is not a directory", rank, path, dir);
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  if (ranks.empty()) return "none";
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s;
-}
-
 std::string job_text(const std::string& id) { return id.empty() ? "no job id" : "job '" + id + "'"; }
 
 [[noreturn]] void timed_out(const std::string& path, const RendezvousMember& me,
                             const Deadline& deadline, const std::string& what) {
   throw CommError(CommError::Reason::kTimeout,
-                  fmt::format("file rendezvous at {} timed out on rank {} of {} after {} ms: {}",
-                              path, me.rank, me.world_size, deadline.elapsed().count(), what),
-                  __FILE__, __LINE__);
+                  rendezvous_timeout_message("file", path, me, deadline, what), __FILE__, __LINE__);
 }
 
 // Polling interval: quick at first (ranks usually start together), then
@@ -389,16 +341,11 @@ std::string fetch(const std::string& path, const RendezvousMember& me) {
 
 std::string file_rendezvous(const std::string& path, const RendezvousMember& me,
                             std::string_view blob) {
-  ZEST_CHECK(me.world_size >= 1 && me.rank >= 0 && me.rank < me.world_size,
-             "file rendezvous: rank {} is not a rank of a world of {}", me.rank, me.world_size);
-  ZEST_CHECK(me.timeout.count() > 0, "file rendezvous: the timeout must be positive, got {} ms",
-             me.timeout.count());
+  check_rendezvous_member(me, "file");
   ZEST_CHECK(!path.empty() && path.back() != '/',
              "file rendezvous: ZEST_RENDEZVOUS_FILE='{}' does not name a file; give a file path "
              "on a filesystem every rank sees", path);
-  ZEST_CHECK(blob.size() <= kMaxRendezvousBlob, "file rendezvous: a blob of {} bytes is more than "
-                                                "the {} a rendezvous carries",
-             blob.size(), kMaxRendezvousBlob);
+  check_rendezvous_blob(blob, "file");
   check_dir(path, me.rank);
   return me.rank == 0 ? publish(path, me, blob) : fetch(path, me);
 }

@@ -23,12 +23,6 @@ struct Post {
   int key = 0;
 };
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return (ranks.size() == 1 ? "rank " : "ranks ") + s;
-}
-
 // State shared by the ranks of one group.
 class Group {
  public:
@@ -63,6 +57,13 @@ class Group {
     std::unique_lock<std::mutex> lock(mutex_);
     throw_if_aborted();
     wait_for_all(lock, rank, desc);
+  }
+
+  // Ends the group for every rank: those waiting now, and each at its next
+  // call, get a CommError with `message`. Only the first abort counts.
+  void abort(CommError::Reason reason, std::string message) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_locked(reason, std::move(message));
   }
 
   // Split: the first rank to ask creates a color's child group and the others
@@ -128,26 +129,15 @@ class Group {
                        rank_list(missing), last);
   }
 
+  // The calls of the ranks here: the detecting one and those that arrived.
   std::string mismatch_message(int detecting_rank) const {
-    // Group the ranks here by what they called.
-    std::vector<std::pair<CollectiveDesc, std::vector<int>>> calls;
+    std::vector<std::pair<int, CollectiveDesc>> calls;
     for (int r = 0; r < size_; ++r) {
-      if (r != detecting_rank && arrived_gen_[r] != generation_) continue;
-      auto it = std::find_if(calls.begin(), calls.end(),
-                             [&](const auto& c) { return c.first == posts_[r].desc; });
-      if (it == calls.end()) {
-        calls.push_back({posts_[r].desc, {r}});
-      } else {
-        it->second.push_back(r);
+      if (r == detecting_rank || arrived_gen_[r] == generation_) {
+        calls.emplace_back(r, posts_[r].desc);
       }
     }
-    std::string text = "in-process ranks called different collectives:";
-    for (size_t i = 0; i < calls.size(); ++i) {
-      text += fmt::format("{} {} called {}", i ? ";" : "", rank_list(calls[i].second),
-                          calls[i].first.str());
-    }
-    return text + ". Every rank must issue the same collectives in the same order with the same "
-                  "sizes.";
+    return divergence_message("in-process", calls);
   }
 
   const int size_;
@@ -175,9 +165,59 @@ class InProcessCommunicator final : public Communicator {
  protected:
   void do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
                      const Stream& stream) override {
-    // Rank r reduces chunk r of every send buffer and writes it to chunk r of
-    // every recv buffer: each element is reduced once, and chunks never
-    // overlap, so in-place use is safe.
+    guarded(desc, [&] { all_reduce_part(desc, send, recv, stream); });
+  }
+  void do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
+                         const Stream& stream) override {
+    guarded(desc, [&] { reduce_scatter_part(desc, send, recv, stream); });
+  }
+  void do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
+                     const Stream& stream) override {
+    guarded(desc, [&] { all_gather_part(desc, send, recv, stream); });
+  }
+  void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
+                    const Stream& stream) override {
+    guarded(desc, [&] { broadcast_part(desc, send, recv, stream); });
+  }
+  void do_barrier(const CollectiveDesc& desc, const Stream& stream) override {
+    guarded(desc, [&] {
+      collect(desc, nullptr, nullptr, stream);
+      finish(desc, stream);
+    });
+  }
+  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override {
+    std::unique_ptr<Communicator> child;
+    guarded(desc, [&] { child = split_part(desc, color, key); });
+    return child;
+  }
+
+ private:
+  // Runs this rank's part of a collective. An exception out of it that is
+  // not the group's own CommError (a failure in the data path: a CUDA
+  // error, a dtype a kernel lacks, bad_alloc) aborts the group: the others
+  // may be waiting for this rank inside the collective, and fail at once,
+  // naming it and its error, instead of at the timeout. This rank gets its
+  // own exception, and its communicator refuses every later call.
+  template <typename Fn>
+  void guarded(const CollectiveDesc& desc, Fn&& fn) {
+    try {
+      fn();
+    } catch (const CommError&) {
+      throw;  // from the group, which is aborted already
+    } catch (...) {
+      const std::string reason = fmt::format("in-process {} failed on rank {}: {}", desc.str(),
+                                             rank(), current_exception_message());
+      mark_aborted(reason);
+      group_->abort(CommError::Reason::kBackend, reason);
+      throw;
+    }
+  }
+
+  // Rank r reduces chunk r of every send buffer and writes it to chunk r of
+  // every recv buffer: each element is reduced once, and chunks never
+  // overlap, so in-place use is safe.
+  void all_reduce_part(const CollectiveDesc& desc, const void* send, void* recv,
+                       const Stream& stream) {
     const auto& posts = collect(desc, send, recv, stream);
     const size_t es = elem_size(desc.dtype);
     const size_t w = static_cast<size_t>(size());
@@ -196,8 +236,8 @@ class InProcessCommunicator final : public Communicator {
     finish(desc, stream);
   }
 
-  void do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
-                         const Stream& stream) override {
+  void reduce_scatter_part(const CollectiveDesc& desc, const void* send, void* recv,
+                           const Stream& stream) {
     const auto& posts = collect(desc, send, recv, stream);
     const size_t part = desc.count * elem_size(desc.dtype);
     std::vector<const void*> in(static_cast<size_t>(size()));
@@ -211,8 +251,8 @@ class InProcessCommunicator final : public Communicator {
     finish(desc, stream);
   }
 
-  void do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
-                     const Stream& stream) override {
+  void all_gather_part(const CollectiveDesc& desc, const void* send, void* recv,
+                       const Stream& stream) {
     const auto& posts = collect(desc, send, recv, stream);
     const size_t part = desc.count * elem_size(desc.dtype);
     for (int r = 0; r < size() && part > 0; ++r) {
@@ -221,20 +261,15 @@ class InProcessCommunicator final : public Communicator {
     finish(desc, stream);
   }
 
-  void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
-                    const Stream& stream) override {
+  void broadcast_part(const CollectiveDesc& desc, const void* send, void* recv,
+                      const Stream& stream) {
     const auto& posts = collect(desc, send, recv, stream);
     const size_t bytes = desc.count * elem_size(desc.dtype);
     if (bytes > 0) inprocess::copy(stream, recv, posts[desc.root].send, bytes);
     finish(desc, stream);
   }
 
-  void do_barrier(const CollectiveDesc& desc, const Stream& stream) override {
-    collect(desc, nullptr, nullptr, stream);
-    finish(desc, stream);
-  }
-
-  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override {
+  std::unique_ptr<Communicator> split_part(const CollectiveDesc& desc, int color, int key) {
     Post post;
     post.desc = desc;
     post.color = color;
@@ -258,7 +293,6 @@ class InProcessCommunicator final : public Communicator {
     return child;
   }
 
- private:
   const std::vector<Post>& collect(const CollectiveDesc& desc, const void* send, void* recv,
                                    const Stream& stream) {
     // The others read our send buffer and write our recv buffer from their

@@ -42,33 +42,13 @@ CollectiveDesc decode(const uint64_t* w) {
   return d;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return (ranks.size() == 1 ? "rank " : "ranks ") + s;
-}
-
-// The ranks grouped by what they called, in the in-process backend's words.
+// Every rank's call, from the words all-gathered in rank order.
 std::string mismatch_message(const std::vector<uint64_t>& all, int size) {
-  std::vector<std::pair<const uint64_t*, std::vector<int>>> calls;
+  std::vector<std::pair<int, CollectiveDesc>> calls;
   for (int r = 0; r < size; ++r) {
-    const uint64_t* words = all.data() + static_cast<size_t>(r) * kDescWords;
-    auto it = std::find_if(calls.begin(), calls.end(), [&](const auto& c) {
-      return std::equal(words, words + kDescWords, c.first);
-    });
-    if (it == calls.end()) {
-      calls.push_back({words, {r}});
-    } else {
-      it->second.push_back(r);
-    }
+    calls.emplace_back(r, decode(all.data() + static_cast<size_t>(r) * kDescWords));
   }
-  std::string text = "MPI ranks called different collectives:";
-  for (size_t i = 0; i < calls.size(); ++i) {
-    text += fmt::format("{} {} called {}", i ? ";" : "", rank_list(calls[i].second),
-                        decode(calls[i].first).str());
-  }
-  return text + ". Every rank must issue the same collectives in the same order with the same "
-                "sizes.";
+  return divergence_message("MPI", calls);
 }
 
 // Polls `request` until it completes (true) or the deadline passes (false).
@@ -261,6 +241,23 @@ void MpiCommunicator::agree(const CollectiveDesc& desc) {
   last_agreed_ = desc;
 }
 
+// fp16 and bf16, which MPI cannot add: a float copy of all `send_count`
+// elements is reduced in place (accumulating in float, rounded once at the
+// end, as the other backends do) by start(MPI_IN_PLACE, buffer, &request),
+// which leaves this rank's result at the start of the buffer (MPI_Iallreduce
+// and MPI_Ireduce_scatter_block alike).
+template <typename Start>
+void MpiCommunicator::reduce_in_float(const CollectiveDesc& desc, const void* send, void* recv,
+                                      size_t send_count, Start&& start) {
+  auto staged = std::make_shared<std::vector<float>>(send_count);
+  mpi::widen(send, desc.dtype, staged->data(), send_count);
+  MPI_Request request = MPI_REQUEST_NULL;
+  start(MPI_IN_PLACE, staged->data(), &request);
+  wait(desc, request, /*moving_data=*/true, staged);
+  if (desc.op == ReduceOp::kAvg) mpi::divide(staged->data(), desc.count, size());
+  mpi::narrow(staged->data(), desc.dtype, recv, desc.count);
+}
+
 void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& /*stream*/) {
   agree(desc);
@@ -269,19 +266,14 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
   guard(desc, [&] {
     const MPI_Datatype type = mpi::reduction_type(desc.dtype, desc.op);
     const MPI_Op op = mpi::reduction_op(desc.dtype, desc.op, owned_.nan_max, owned_.wrapping_sum);
-    MPI_Request request = MPI_REQUEST_NULL;
+    auto start = [&](const void* in, void* out, MPI_Request* request) {
+      ZEST_MPI_CHECK(MPI_Iallreduce(in, out, n, type, op, owned_.comm, request));
+    };
     if (mpi::reduces_in_float(desc.dtype)) {
-      auto staged = std::make_shared<std::vector<float>>(desc.count);
-      mpi::widen(send, desc.dtype, staged->data(), desc.count);
-      ZEST_MPI_CHECK(
-          MPI_Iallreduce(MPI_IN_PLACE, staged->data(), n, type, op, owned_.comm, &request));
-      wait(desc, request, /*moving_data=*/true, staged);
-      if (desc.op == ReduceOp::kAvg) mpi::divide(staged->data(), desc.count, size());
-      mpi::narrow(staged->data(), desc.dtype, recv, desc.count);
-      return;
+      return reduce_in_float(desc, send, recv, desc.count, start);
     }
-    const void* in = send == recv ? MPI_IN_PLACE : send;
-    ZEST_MPI_CHECK(MPI_Iallreduce(in, recv, n, type, op, owned_.comm, &request));
+    MPI_Request request = MPI_REQUEST_NULL;
+    start(send == recv ? MPI_IN_PLACE : send, recv, &request);
     wait(desc, request, /*moving_data=*/true, nullptr);
     if (desc.op == ReduceOp::kAvg) mpi::divide(static_cast<float*>(recv), desc.count, size());
   });
@@ -295,20 +287,14 @@ void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* 
   guard(desc, [&] {
     const MPI_Datatype type = mpi::reduction_type(desc.dtype, desc.op);
     const MPI_Op op = mpi::reduction_op(desc.dtype, desc.op, owned_.nan_max, owned_.wrapping_sum);
+    auto start = [&](const void* in, void* out, MPI_Request* request) {
+      ZEST_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, n, type, op, owned_.comm, request));
+    };
+    if (mpi::reduces_in_float(desc.dtype)) {
+      return reduce_in_float(desc, send, recv, desc.count * static_cast<size_t>(size()), start);
+    }
     MPI_Request request = MPI_REQUEST_NULL;
     const size_t part = desc.count * elem_size(desc.dtype);
-    if (mpi::reduces_in_float(desc.dtype)) {
-      const size_t total = desc.count * static_cast<size_t>(size());
-      auto staged = std::make_shared<std::vector<float>>(total);
-      mpi::widen(send, desc.dtype, staged->data(), total);
-      // In place, MPI leaves this rank's part at the start of the buffer.
-      ZEST_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, staged->data(), n, type, op,
-                                               owned_.comm, &request));
-      wait(desc, request, /*moving_data=*/true, staged);
-      if (desc.op == ReduceOp::kAvg) mpi::divide(staged->data(), desc.count, size());
-      mpi::narrow(staged->data(), desc.dtype, recv, desc.count);
-      return;
-    }
     char* whole = static_cast<char*>(recv) - static_cast<size_t>(rank()) * part;
     const bool in_place = whole == send;
     // MPI's in-place form reduces the whole send buffer and leaves this
@@ -317,10 +303,9 @@ void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* 
     std::vector<char> first_part;
     if (in_place) {
       if (rank() != 0) first_part.assign(whole, whole + part);
-      ZEST_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, whole, n, type, op, owned_.comm,
-                                               &request));
+      start(MPI_IN_PLACE, whole, &request);
     } else {
-      ZEST_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, type, op, owned_.comm, &request));
+      start(send, recv, &request);
     }
     wait(desc, request, /*moving_data=*/true, nullptr);
     if (!first_part.empty()) {

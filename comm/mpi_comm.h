@@ -43,13 +43,17 @@ namespace zest {
 // exit if it was the one to start it. Create one at the top of main and keep
 // it until the end, after every communicator is gone.
 //
-// When a communicator was aborted (a timeout or a divergence), MPI still
-// holds that communicator's unfinished operation (MPI cannot cancel a
-// collective) and MPI_Finalize would wait for it forever, so the destructor
-// logs the reason and ends the whole job with MPI_Abort (exit code 1 on every
-// rank) instead. Until then MPI may still write into the buffers of the call
-// that timed out: a program that catches the CommError should end, not reuse
-// them.
+// When a communicator was aborted (a timeout or a divergence), or another
+// MPI operation of ZEST's was abandoned (init_distributed's rendezvous), MPI
+// still holds that unfinished operation (MPI cannot cancel a collective) and
+// MPI_Finalize would wait for it forever, so the destructor logs the reason
+// and ends the whole job with MPI_Abort (exit code 1 on every rank) instead.
+// Until then MPI may still write into the buffers of the call that timed
+// out: a program that catches the CommError should end, not reuse them.
+//
+// The record of such aborts is the process's, not an environment's: it is
+// kept whoever started MPI, so a program that called MPI_Init itself learns
+// of them from abort_reason() and should end with MPI_Abort then.
 class MpiEnvironment {
  public:
   MpiEnvironment() : MpiEnvironment(nullptr, nullptr) {}
@@ -65,19 +69,23 @@ class MpiEnvironment {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // Why the first MPI communicator of this process was aborted; empty when
-  // none was.
+  // Why the first abandoned MPI operation of this process (an aborted
+  // communicator's, or a rendezvous') was abandoned; empty when none was.
   static std::string abort_reason();
+
+  // For code that abandons a pending MPI operation at a deadline (ZEST's
+  // communicators and rendezvous, or the application's own): records why,
+  // once per process (the first reason is kept), so that MPI is ended with
+  // MPI_Abort, not MPI_Finalize; and keeps the operation's buffers alive
+  // until the process ends, since MPI may write into them at any time.
+  static void record_abort(const std::string& reason);
+  static void keep_until_exit(std::shared_ptr<void> buffers);
 
  private:
   friend class MpiCommunicator;
   // Throws unless MPI is initialized, not finalized, and at a thread level
   // ZEST can use.
   static void check_usable();
-  static void record_abort(const std::string& reason);
-  // Keeps buffers that an abandoned MPI operation may still write into alive
-  // until the process ends.
-  static void keep_until_exit(std::shared_ptr<void> buffers);
 
   bool initialized_here_ = false;
   int rank_ = 0;
@@ -141,6 +149,9 @@ class MpiCommunicator final : public Communicator {
             std::shared_ptr<void> buffers);
   template <typename Fn>
   void guard(const CollectiveDesc& desc, Fn&& fn);
+  template <typename Start>
+  void reduce_in_float(const CollectiveDesc& desc, const void* send, void* recv,
+                       size_t send_count, Start&& start);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
   Owned owned_;

@@ -19,6 +19,11 @@ MpiEnvironment::~MpiEnvironment() = default;
 
 std::string MpiEnvironment::abort_reason() { return {}; }
 
+// Without MPI there is no MPI operation to abandon, and nothing to end.
+void MpiEnvironment::record_abort(const std::string& /*reason*/) {}
+
+void MpiEnvironment::keep_until_exit(std::shared_ptr<void> /*buffers*/) {}
+
 std::unique_ptr<Communicator> make_mpi_world(CommOptions /*options*/) {
   no_mpi("zest::make_mpi_world");
 }

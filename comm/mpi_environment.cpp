@@ -1,5 +1,5 @@
-// MPI's start and end for the process, and what aborted MPI communicators
-// leave behind.
+// MPI's start and end for the process, and what abandoned MPI operations
+// (aborted communicators, a rendezvous that timed out) leave behind.
 #include "zest/comm/mpi_comm.h"
 
 #include <cstdio>
@@ -80,15 +80,15 @@ MpiEnvironment::~MpiEnvironment() {
   const std::string reason = abort_reason();
   if (!initialized_here_) {
     if (!reason.empty()) {
-      ZEST_LOG_WARN("an MPI communicator was aborted ({}); MPI_Finalize could wait forever on "
-                    "what it left unfinished, so whoever initialized MPI should end the job with "
-                    "MPI_Abort instead", reason);
+      ZEST_LOG_WARN("an MPI operation was abandoned ({}); MPI_Finalize could wait forever on "
+                    "it, so whoever initialized MPI should end the job with MPI_Abort instead",
+                    reason);
     }
     return;
   }
   if (!reason.empty()) {
     ZEST_LOG_ERROR("ending the MPI job with MPI_Abort instead of MPI_Finalize, which could wait "
-                   "forever on what an aborted communicator left unfinished; it was aborted "
+                   "forever on an MPI operation that was abandoned unfinished; it was abandoned "
                    "because: {}", reason);
     std::fflush(stdout);
     std::fflush(stderr);

@@ -342,6 +342,16 @@ void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, C
   watch(desc, stream);
 }
 
+// A collective on the caller's buffers: refused once aborted, like every
+// call, even when there is nothing to queue (no elements: every rank skips
+// it alike).
+template <typename Call>
+void NcclCommunicator::issue_data(const CollectiveDesc& desc, const Stream& stream, Call&& call) {
+  check();
+  if (desc.count == 0) return;
+  issue(desc, stream, std::forward<Call>(call));
+}
+
 void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc) {
   const Clock::time_point deadline = Clock::now() + state_->timeout;
   Backoff backoff;
@@ -404,9 +414,7 @@ void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream) {
 
 void NcclCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
                                      const Stream& stream) {
-  check();
-  if (desc.count == 0) return;  // nothing to move; every rank skips it alike
-  issue(desc, stream, [&](ncclComm_t c) {
+  issue_data(desc, stream, [&](ncclComm_t c) {
     return ncclAllReduce(send, recv, desc.count, nccl_type(desc.dtype), nccl_op(desc.op), c,
                          cuda_stream(stream));
   });
@@ -414,9 +422,7 @@ void NcclCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* sen
 
 void NcclCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
                                          const Stream& stream) {
-  check();
-  if (desc.count == 0) return;
-  issue(desc, stream, [&](ncclComm_t c) {
+  issue_data(desc, stream, [&](ncclComm_t c) {
     return ncclReduceScatter(send, recv, desc.count, nccl_type(desc.dtype), nccl_op(desc.op), c,
                              cuda_stream(stream));
   });
@@ -424,18 +430,14 @@ void NcclCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void*
 
 void NcclCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
                                      const Stream& stream) {
-  check();
-  if (desc.count == 0) return;
-  issue(desc, stream, [&](ncclComm_t c) {
+  issue_data(desc, stream, [&](ncclComm_t c) {
     return ncclAllGather(send, recv, desc.count, nccl_type(desc.dtype), c, cuda_stream(stream));
   });
 }
 
 void NcclCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& stream) {
-  check();
-  if (desc.count == 0) return;
-  issue(desc, stream, [&](ncclComm_t c) {
+  issue_data(desc, stream, [&](ncclComm_t c) {
     return ncclBroadcast(send, recv, desc.count, nccl_type(desc.dtype), desc.root, c,
                          cuda_stream(stream));
   });

@@ -92,6 +92,8 @@ class NcclCommunicator final : public Communicator {
   struct State;  // shared with the watchdog thread
   template <typename Call>
   void issue(const CollectiveDesc& desc, const Stream& stream, Call&& call);
+  template <typename Call>
+  void issue_data(const CollectiveDesc& desc, const Stream& stream, Call&& call);
   void wait_enqueued(const CollectiveDesc& desc);
   void watch(const CollectiveDesc& desc, const Stream& stream);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
 
 namespace zest {
 
@@ -51,6 +52,18 @@ class Deadline {
   Clock::time_point end_;
   std::chrono::milliseconds timeout_;
 };
+
+// The argument checks of every rendezvous, as a zest::Error that names the
+// kind ("TCP", "file"): `me` is a rank of its world with a positive timeout,
+// and `blob` is at most kMaxRendezvousBlob bytes.
+void check_rendezvous_member(const RendezvousMember& me, std::string_view kind);
+void check_rendezvous_blob(std::string_view blob, std::string_view kind);
+
+// How every rendezvous words a timeout:
+//   "<kind> rendezvous at <where> timed out on rank R of W after N ms: <what>"
+std::string rendezvous_timeout_message(std::string_view kind, std::string_view where,
+                                       const RendezvousMember& me, const Deadline& deadline,
+                                       std::string_view what);
 
 // strerror(err), thread-safe.
 std::string errno_text(int err);

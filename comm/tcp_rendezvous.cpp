@@ -1,22 +1,22 @@
+// The TCP rendezvous protocol: rank 0 gathers every rank's hello, checks it,
+// and answers each with the blob or with why the rendezvous ended. The
+// sockets under it, with their deadlines, are tcp_socket.h's.
 #include "zest/comm/tcp_rendezvous.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "zest/comm/communicator.h"
+#include "zest/comm/rendezvous_wire.h"
+#include "zest/comm/tcp_socket.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 
@@ -24,6 +24,7 @@ namespace zest {
 namespace {
 
 using std::chrono::milliseconds;
+using tcp::Socket;
 
 // The wire format, big-endian:
 //   hello (rank -> rank 0): magic, version, rank, world size, job hash (u64)
@@ -44,134 +45,36 @@ enum Status : uint32_t {
   kAborted = 6,  // another rank's hello ended the rendezvous
 };
 
-void put32(unsigned char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (24 - 8 * i));
-}
-uint32_t get32(const unsigned char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v = (v << 8) | p[i];
-  return v;
-}
-void put64(unsigned char* p, uint64_t v) {
-  put32(p, static_cast<uint32_t>(v >> 32));
-  put32(p + 4, static_cast<uint32_t>(v));
-}
-uint64_t get64(const unsigned char* p) { return (uint64_t{get32(p)} << 32) | get32(p + 4); }
-
 // 0 for "no job id", so that only two named jobs can disagree.
 uint64_t job_hash(std::string_view id) {
   if (id.empty()) return 0;
-  uint64_t h = 1469598103934665603ull;
-  for (char c : id) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  const uint64_t h = wire::fnv1a(id);
   return h == 0 ? 1 : h;
 }
 
-class Socket {
- public:
-  Socket() = default;
-  explicit Socket(int fd) : fd_(fd) {}
-  ~Socket() { reset(); }
-  Socket(Socket&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Socket& operator=(Socket&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset() {
-    // Linux frees the descriptor even when close reports an error, so there
-    // is nothing to retry; the error is only worth a line in the log.
-    if (fd_ >= 0 && ::close(fd_) != 0 && errno != EINTR) {
-      ZEST_LOG_WARN("closing a rendezvous socket failed: {}", errno_text(errno));
-    }
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-int poll_ms(const Deadline& deadline, milliseconds cap = milliseconds(INT_MAX)) {
-  return static_cast<int>(std::clamp<int64_t>(std::min(deadline.remaining(), cap).count(), 0, INT_MAX));
-}
-
-// 0 once all `n` bytes are sent, else ETIMEDOUT or the errno that stopped it.
-int write_all(int fd, const void* data, size_t n, const Deadline& deadline) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w > 0) {
-      p += w;
-      n -= static_cast<size_t>(w);
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return errno;
-    if (deadline.passed()) return ETIMEDOUT;
-    pollfd pfd{fd, POLLOUT, 0};
-    if (::poll(&pfd, 1, poll_ms(deadline)) < 0 && errno != EINTR) return errno;
-  }
-  return 0;
-}
-
-constexpr int kClosed = -1;
-
-// 0 once `n` bytes are read; kClosed when the peer closed first; else
-// ETIMEDOUT or the errno that stopped it.
-int read_exact(int fd, void* data, size_t n, const Deadline& deadline) {
-  auto* p = static_cast<unsigned char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, p, n, 0);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<size_t>(r);
-      continue;
-    }
-    if (r == 0) return kClosed;
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
-    if (deadline.passed()) return ETIMEDOUT;
-    pollfd pfd{fd, POLLIN, 0};
-    if (::poll(&pfd, 1, poll_ms(deadline)) < 0 && errno != EINTR) return errno;
-  }
-  return 0;
+std::string hello(const RendezvousMember& me) {
+  std::string out;
+  wire::put32(out, kMagic);
+  wire::put32(out, kVersion);
+  wire::put32(out, static_cast<uint32_t>(me.rank));
+  wire::put32(out, static_cast<uint32_t>(me.world_size));
+  wire::put64(out, job_hash(me.job_id));
+  return out;
 }
 
 std::string reply(Status status, int world_size, std::string_view payload) {
-  std::string out(kReplyBytes, '\0');
-  auto* p = reinterpret_cast<unsigned char*>(out.data());
-  put32(p, kMagic);
-  put32(p + 4, status);
-  put32(p + 8, static_cast<uint32_t>(world_size));
-  put32(p + 12, static_cast<uint32_t>(payload.size()));
+  std::string out;
+  wire::put32(out, kMagic);
+  wire::put32(out, status);
+  wire::put32(out, static_cast<uint32_t>(world_size));
+  wire::put32(out, static_cast<uint32_t>(payload.size()));
   out.append(payload);
   return out;
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  if (ranks.empty()) return "none";
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s;
-}
-
-std::string unbracket(const std::string& host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    return host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
 // Names and IP literals only: a typo is reported as one, not looked up.
 void check_host(const std::string& host, std::string_view role) {
-  const std::string h = unbracket(host);
+  const std::string h = tcp::unbracket(host);
   const bool ok = !h.empty() && h.size() <= 253 && std::all_of(h.begin(), h.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
            c == '.' || c == '-' || c == '_' || c == ':' || c == '%';
@@ -188,72 +91,6 @@ void check_port(int port, int lowest) {
              port, lowest);
 }
 
-void check_member(const RendezvousMember& me, std::string_view kind) {
-  ZEST_CHECK(me.world_size >= 1 && me.rank >= 0 && me.rank < me.world_size,
-             "{} rendezvous: rank {} is not a rank of a world of {}", kind, me.rank, me.world_size);
-  ZEST_CHECK(me.timeout.count() > 0, "{} rendezvous: the timeout must be positive, got {} ms",
-             kind, me.timeout.count());
-}
-
-struct AddrList {
-  addrinfo* head = nullptr;
-  AddrList() = default;
-  AddrList(const AddrList&) = delete;
-  AddrList& operator=(const AddrList&) = delete;
-  ~AddrList() {
-    if (head != nullptr) freeaddrinfo(head);
-  }
-};
-
-// getaddrinfo's code (0 on success); `passive` for an address to bind.
-int resolve(const std::string& host, int port, bool passive, AddrList& out) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-  const std::string service = std::to_string(port);
-  const std::string h = unbracket(host);
-  return getaddrinfo(h.c_str(), service.c_str(), &hints, &out.head);
-}
-
-std::string gai_text(int rc) { return rc == EAI_SYSTEM ? errno_text(errno) : gai_strerror(rc); }
-
-// A listening socket on `addr`, or an invalid one with `err` set.
-Socket try_listen(const sockaddr* addr, socklen_t len, int family, int& err) {
-  Socket s(::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!s.valid()) {
-    err = errno;
-    return {};
-  }
-  const int one = 1;
-  if (::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
-    err = errno;
-    return {};
-  }
-  if (family == AF_INET6) {
-    // Dual stack: IPv4 peers reach "::" too.
-    const int zero = 0;
-    if (::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) != 0) {
-      err = errno;
-      return {};
-    }
-  }
-  if (::bind(s.get(), addr, len) != 0 || ::listen(s.get(), SOMAXCONN) != 0) {
-    err = errno;
-    return {};
-  }
-  return s;
-}
-
-int bound_port(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  ZEST_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0,
-             "TCP rendezvous: getsockname failed: {}", errno_text(errno));
-  if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
-  return ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
-}
-
 }  // namespace
 
 TcpRendezvousServer::TcpRendezvousServer(const std::string& bind_host, int port) {
@@ -262,26 +99,15 @@ TcpRendezvousServer::TcpRendezvousServer(const std::string& bind_host, int port)
   int err = 0;
   Socket s;
   if (bind_host.empty()) {
-    sockaddr_in6 any6{};
-    any6.sin6_family = AF_INET6;
-    any6.sin6_addr = in6addr_any;
-    any6.sin6_port = htons(static_cast<uint16_t>(port));
-    s = try_listen(reinterpret_cast<const sockaddr*>(&any6), sizeof(any6), AF_INET6, err);
-    if (!s.valid() && err != EADDRINUSE) {  // no IPv6 here: IPv4 alone
-      sockaddr_in any4{};
-      any4.sin_family = AF_INET;
-      any4.sin_addr.s_addr = htonl(INADDR_ANY);
-      any4.sin_port = htons(static_cast<uint16_t>(port));
-      s = try_listen(reinterpret_cast<const sockaddr*>(&any4), sizeof(any4), AF_INET, err);
-    }
+    s = tcp::listen_any(port, err);
   } else {
-    AddrList addrs;
-    const int rc = resolve(bind_host, port, true, addrs);
+    tcp::AddrList addrs;
+    const int rc = tcp::resolve(bind_host, port, true, addrs);
     ZEST_CHECK(rc == 0, "TCP rendezvous: cannot resolve the address '{}' for rank 0 to listen on: "
                         "{}; set MASTER_ADDR to this host's name or IP address",
-               bind_host, gai_text(rc));
+               bind_host, tcp::gai_text(rc));
     for (addrinfo* ai = addrs.head; ai != nullptr && !s.valid(); ai = ai->ai_next) {
-      s = try_listen(ai->ai_addr, ai->ai_addrlen, ai->ai_family, err);
+      s = tcp::try_listen(ai->ai_addr, ai->ai_addrlen, ai->ai_family, err);
     }
   }
   const std::string where = fmt::format("{}:{}", bind_host.empty() ? "*" : bind_host, port);
@@ -289,7 +115,7 @@ TcpRendezvousServer::TcpRendezvousServer(const std::string& bind_host, int port)
              err == EADDRINUSE ? ". Another process holds the port (an earlier run, or torchrun's "
                                  "own store): choose another MASTER_PORT, or set ZEST_MASTER_PORT"
                                : "");
-  port_ = bound_port(s.get());
+  port_ = tcp::bound_port(s.get());
   where_ = fmt::format("{}:{}", bind_host.empty() ? "*" : bind_host, port_);
   fd_ = s.release();
 }
@@ -297,18 +123,16 @@ TcpRendezvousServer::TcpRendezvousServer(const std::string& bind_host, int port)
 TcpRendezvousServer::~TcpRendezvousServer() { Socket closing(fd_); }
 
 void TcpRendezvousServer::serve(const RendezvousMember& me, std::string_view blob) {
-  check_member(me, "TCP");
+  check_rendezvous_member(me, "TCP");
   ZEST_CHECK(me.rank == 0, "TCP rendezvous: only rank 0 serves, not rank {}", me.rank);
-  ZEST_CHECK(blob.size() <= kMaxRendezvousBlob, "TCP rendezvous: a blob of {} bytes is more than "
-                                                "the {} a rendezvous carries",
-             blob.size(), kMaxRendezvousBlob);
+  check_rendezvous_blob(blob, "TCP");
   const Deadline deadline(me.timeout);
   const int world = me.world_size;
   const uint64_t my_job = job_hash(me.job_id);
 
   struct Pending {
     Socket sock;
-    unsigned char hello[kHelloBytes] = {};
+    char hello[kHelloBytes] = {};
     size_t got = 0;
   };
   std::vector<Pending> pending;  // connected, hello not complete yet
@@ -322,7 +146,7 @@ void TcpRendezvousServer::serve(const RendezvousMember& me, std::string_view blo
     const std::string note = reply(kAborted, world, why);
     const Deadline brief(milliseconds(1000));
     for (Socket& s : ranks) {
-      if (s.valid()) (void)write_all(s.get(), note.data(), note.size(), brief);
+      if (s.valid()) (void)tcp::write_all(s.get(), note.data(), note.size(), brief);
     }
   };
   auto fail = [&](CommError::Reason reason, const std::string& why) {
@@ -333,21 +157,21 @@ void TcpRendezvousServer::serve(const RendezvousMember& me, std::string_view blo
   auto answer = [&](Socket& s, Status status, const std::string& why) {
     const std::string r = reply(status, world, why);
     const Deadline brief(std::min(deadline.remaining(), milliseconds(1000)));
-    (void)write_all(s.get(), r.data(), r.size(), brief);
+    (void)tcp::write_all(s.get(), r.data(), r.size(), brief);
   };
 
   // Returns whether the connection is kept (a valid rank of this job).
   auto take_hello = [&](Pending& p) {
-    const unsigned char* h = p.hello;
-    if (get32(h) != kMagic) {
+    wire::Cursor h(std::string_view(p.hello, kHelloBytes));
+    if (h.u32() != kMagic) {
       ZEST_LOG_WARN("TCP rendezvous at {}: dropped a connection that did not greet as a ZEST rank",
                     where_);
       return;
     }
-    const uint32_t version = get32(h + 4);
-    const int rank = static_cast<int>(get32(h + 8));
-    const int their_world = static_cast<int>(get32(h + 12));
-    const uint64_t their_job = get64(h + 16);
+    const uint32_t version = h.u32();
+    const int rank = static_cast<int>(h.u32());
+    const int their_world = static_cast<int>(h.u32());
+    const uint64_t their_job = h.u64();
     if (version != kVersion) {
       const std::string why = fmt::format(
           "rank {} speaks rendezvous protocol {} but rank 0 speaks {}: every rank must run the "
@@ -395,18 +219,18 @@ void TcpRendezvousServer::serve(const RendezvousMember& me, std::string_view blo
       std::vector<int> here;
       std::vector<int> missing;
       for (int r = 1; r < world; ++r) (ranks[static_cast<size_t>(r)].valid() ? here : missing).push_back(r);
-      const std::string message = fmt::format(
-          "TCP rendezvous at {} timed out on rank 0 of {} after {} ms: {} connected, {} did "
-          "not{}. Start every rank with the same MASTER_ADDR and MASTER_PORT, and check that "
-          "they can reach this host",
-          where_, world, deadline.elapsed().count(), rank_list(here), rank_list(missing), refused);
+      const std::string message = rendezvous_timeout_message(
+          "TCP", where_, me, deadline,
+          fmt::format("{} connected, {} did not{}. Start every rank with the same MASTER_ADDR and "
+                      "MASTER_PORT, and check that they can reach this host",
+                      rank_list(here), rank_list(missing), refused));
       tell_all(message);
       throw CommError(CommError::Reason::kTimeout, message, __FILE__, __LINE__);
     }
     std::vector<pollfd> fds;
     fds.push_back({fd_, POLLIN, 0});
     for (const Pending& p : pending) fds.push_back({p.sock.get(), POLLIN, 0});
-    const int n = ::poll(fds.data(), fds.size(), poll_ms(deadline));
+    const int n = ::poll(fds.data(), fds.size(), tcp::poll_ms(deadline));
     if (n < 0) {
       if (errno == EINTR) continue;
       ZEST_FAIL("TCP rendezvous at {}: poll failed on rank 0: {}", where_, errno_text(errno));
@@ -452,7 +276,7 @@ void TcpRendezvousServer::serve(const RendezvousMember& me, std::string_view blo
 
   const std::string ok = reply(kOk, world, blob);
   for (int r = 1; r < world; ++r) {
-    const int err = write_all(ranks[static_cast<size_t>(r)].get(), ok.data(), ok.size(), deadline);
+    const int err = tcp::write_all(ranks[static_cast<size_t>(r)].get(), ok.data(), ok.size(), deadline);
     if (err != 0) {
       fail(CommError::Reason::kBackend,
            fmt::format("could not send the blob to rank {}: {}", r,
@@ -462,7 +286,7 @@ void TcpRendezvousServer::serve(const RendezvousMember& me, std::string_view blo
 }
 
 std::string tcp_rendezvous_fetch(const std::string& host, int port, const RendezvousMember& me) {
-  check_member(me, "TCP");
+  check_rendezvous_member(me, "TCP");
   ZEST_CHECK(me.rank != 0, "TCP rendezvous: rank 0 serves the blob; it does not fetch it");
   check_port(port, 1);
   check_host(host, "MASTER_ADDR");
@@ -470,9 +294,7 @@ std::string tcp_rendezvous_fetch(const std::string& host, int port, const Rendez
   const Deadline deadline(me.timeout);
   auto timeout = [&](const std::string& what) {
     throw CommError(CommError::Reason::kTimeout,
-                    fmt::format("TCP rendezvous at {} timed out on rank {} of {} after {} ms: {}",
-                                where, me.rank, me.world_size, deadline.elapsed().count(), what),
-                    __FILE__, __LINE__);
+                    rendezvous_timeout_message("TCP", where, me, deadline, what), __FILE__, __LINE__);
   };
 
   // Connect, retrying: rank 0 may not be listening yet.
@@ -485,46 +307,16 @@ std::string tcp_rendezvous_fetch(const std::string& host, int port, const Rendez
                           "running and that MASTER_ADDR and MASTER_PORT are the same on every rank",
                           last_error));
     }
-    AddrList addrs;
-    const int rc = resolve(host, port, false, addrs);
+    tcp::AddrList addrs;
+    const int rc = tcp::resolve(host, port, false, addrs);
     if (rc == EAI_AGAIN) {  // the resolver is busy or unreachable for now
-      last_error = gai_text(rc);
+      last_error = tcp::gai_text(rc);
     } else {
       ZEST_CHECK(rc == 0, "TCP rendezvous: rank {} cannot resolve MASTER_ADDR '{}': {}; set it to "
                           "rank 0's host name or IP address",
-                 me.rank, host, gai_text(rc));
+                 me.rank, host, tcp::gai_text(rc));
       for (addrinfo* ai = addrs.head; ai != nullptr && !sock.valid(); ai = ai->ai_next) {
-        Socket s(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
-        if (!s.valid()) {
-          last_error = errno_text(errno);
-          continue;
-        }
-        if (::connect(s.get(), ai->ai_addr, ai->ai_addrlen) == 0) {
-          sock = std::move(s);
-          break;
-        }
-        if (errno != EINPROGRESS) {
-          last_error = errno_text(errno);
-          continue;
-        }
-        pollfd pfd{s.get(), POLLOUT, 0};
-        const int n = ::poll(&pfd, 1, poll_ms(deadline, milliseconds(1000)));
-        if (n < 0) {
-          last_error = errno_text(errno);
-          continue;
-        }
-        if (n == 0) {
-          last_error = "connect timed out";
-          continue;
-        }
-        int err = 0;
-        socklen_t len = sizeof(err);
-        if (::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-        if (err == 0) {
-          sock = std::move(s);
-        } else {
-          last_error = errno_text(err);
-        }
+        sock = tcp::try_connect(*ai, deadline, milliseconds(1000), last_error);
       }
     }
     if (!sock.valid()) {
@@ -533,45 +325,43 @@ std::string tcp_rendezvous_fetch(const std::string& host, int port, const Rendez
     }
   }
 
-  unsigned char hello[kHelloBytes];
-  put32(hello, kMagic);
-  put32(hello + 4, kVersion);
-  put32(hello + 8, static_cast<uint32_t>(me.rank));
-  put32(hello + 12, static_cast<uint32_t>(me.world_size));
-  put64(hello + 16, job_hash(me.job_id));
-  int err = write_all(sock.get(), hello, sizeof(hello), deadline);
+  const std::string greeting = hello(me);
+  int err = tcp::write_all(sock.get(), greeting.data(), greeting.size(), deadline);
   if (err == ETIMEDOUT) timeout("could not send its hello to rank 0");
   ZEST_CHECK(err == 0, "TCP rendezvous at {}: rank {} could not send its hello to rank 0: {}",
              where, me.rank, errno_text(err));
 
-  unsigned char head[kReplyBytes];
-  err = read_exact(sock.get(), head, sizeof(head), deadline);
+  char head[kReplyBytes];
+  err = tcp::read_exact(sock.get(), head, sizeof(head), deadline);
   if (err == ETIMEDOUT) {
     timeout(fmt::format("connected to rank 0, but it had not answered: rank 0 answers once all {} "
                         "ranks have connected, and some did not (or MASTER_PORT is another "
                         "service's port, such as torchrun's store: set ZEST_MASTER_PORT)",
                         me.world_size));
   }
-  ZEST_CHECK(err != kClosed, "TCP rendezvous at {}: rank 0 closed the connection of rank {} "
-                             "without an answer; see rank 0's log for why",
+  ZEST_CHECK(err != tcp::kClosed,
+             "TCP rendezvous at {}: rank 0 closed the connection of rank {} without an answer; "
+             "see rank 0's log for why",
              where, me.rank);
   ZEST_CHECK(err == 0, "TCP rendezvous at {}: rank {} lost its connection to rank 0: {}", where,
              me.rank, errno_text(err));
-  ZEST_CHECK(get32(head) == kMagic, "TCP rendezvous: {} answered rank {}, but not as ZEST's rank "
-                                    "0: is MASTER_PORT another service's port (torchrun's store)? "
-                                    "Set ZEST_MASTER_PORT to a free port",
+  wire::Cursor answer(std::string_view(head, kReplyBytes));
+  ZEST_CHECK(answer.u32() == kMagic, "TCP rendezvous: {} answered rank {}, but not as ZEST's rank "
+                                     "0: is MASTER_PORT another service's port (torchrun's store)? "
+                                     "Set ZEST_MASTER_PORT to a free port",
              where, me.rank);
-  const uint32_t status = get32(head + 4);
-  const uint32_t length = get32(head + 12);
+  const uint32_t status = answer.u32();
+  (void)answer.u32();  // rank 0's world size: unused, a mismatch comes with rank 0's reason
+  const uint32_t length = answer.u32();
   ZEST_CHECK(length <= kMaxRendezvousBlob, "TCP rendezvous at {}: rank 0 announced {} bytes, more "
                                            "than a rendezvous carries",
              where, length);
   std::string payload(length, '\0');
-  err = read_exact(sock.get(), payload.data(), length, deadline);
+  err = tcp::read_exact(sock.get(), payload.data(), length, deadline);
   if (err == ETIMEDOUT) timeout("rank 0's answer did not arrive in full");
   ZEST_CHECK(err == 0, "TCP rendezvous at {}: rank {} lost its connection to rank 0 during its "
                        "answer: {}",
-             where, me.rank, err == kClosed ? "closed" : errno_text(err));
+             where, me.rank, err == tcp::kClosed ? "closed" : errno_text(err));
   if (status != kOk) {
     const auto reason = status == kAborted ? CommError::Reason::kAborted : CommError::Reason::kMismatch;
     throw CommError(reason,
@@ -600,7 +390,7 @@ int pick_free_loopback_port() {
   addr.sin_port = 0;
   ZEST_CHECK(::bind(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0,
              "binding 127.0.0.1:0 failed: {}", errno_text(errno));
-  return bound_port(s.get());
+  return tcp::bound_port(s.get());
 }
 
 }  // namespace zest

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: build for Hopper (sm_90) and run every test with the CUDA
-# backend, then the GPU benchmarks. GPU tests fail rather than skip here
+# backend, then the GPU benchmarks (allocator, and collectives over NCCL and
+# the in-process backend). GPU tests fail rather than skip here
 # (ZEST_REQUIRE_GPU=1), so a run that did not reach the GPU cannot pass.
 # Logs go to $OUT when set (the device tool's output folder), else build-gpu/.
 #
@@ -36,4 +37,14 @@ ZEST_REQUIRE_GPU=1 ZEST_TEST_DEVICE=cuda \
 
 "$build/bench/allocator_bench" --device cuda:0 2>&1 | tee "$out/allocator_bench_cuda.log" || status=1
 "$build/bench/allocator_bench" --device host 2>&1 | tee "$out/allocator_bench_host.log" || status=1
+
+# Collectives, --quick (1 KiB to 4 MiB, fewer calls per size): NCCL as one
+# process without a launcher (rank 0 of 1, on cuda:0, its bootstrap socket on
+# the loopback), and the in-process backend with 2 ranks sharing the GPU.
+# Each takes a minute or two; `timeout` ends a hang instead of letting it hold
+# the machine.
+NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" timeout 300 \
+  "$build/bench/comm_bench" --backend nccl --quick 2>&1 | tee "$out/comm_bench_nccl_1rank.log" || status=1
+timeout 300 "$build/bench/comm_bench" --backend inprocess --ranks 2 --device cuda:0 --quick 2>&1 \
+  | tee "$out/comm_bench_inprocess_cuda_2ranks.log" || status=1
 exit $status

@@ -7,13 +7,17 @@
 //
 // Used by the in-process tests (one thread per rank) and by the MPI test
 // program (one process per rank); both fold their results into a digest so
-// that runs of different backends can be compared for identical output.
+// that runs of different backends can be compared for identical output. The
+// GPU tests run the same checks with every buffer in device memory
+// (check_all_collectives_in with their own buffer type).
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "zest/comm/communicator.h"
@@ -89,15 +93,48 @@ inline std::vector<unsigned char> make_expected_reduction(DType t, ReduceOp op, 
   return buf;
 }
 
+// `bytes` bytes of 0xAB (and one more: never a null data()): a result buffer
+// whose every byte the collective must overwrite.
+inline std::vector<unsigned char> make_poisoned(size_t bytes) {
+  return std::vector<unsigned char>(bytes + 1, 0xAB);
+}
+
 inline bool same_bytes(const std::vector<unsigned char>& a, const void* b, size_t bytes) {
   return std::memcmp(a.data(), b, bytes) == 0;
 }
 
-// Runs every collective over host buffers; returns the digest of all results.
-inline uint64_t check_all_collectives(Communicator& comm, const Stream& stream) {
+// A buffer in host memory, for check_all_collectives_in. Another buffer
+// type (device memory) offers the same: made from its initial bytes, get()
+// for the collective, read() for the `bytes` bytes at `offset` once the work
+// queued on `stream` is done (and one more: never a null data()).
+class HostBuffer {
+ public:
+  explicit HostBuffer(std::vector<unsigned char> initial) : bytes_(std::move(initial)) {}
+  unsigned char* get() { return bytes_.data(); }
+  std::vector<unsigned char> read(const Stream& /*stream*/, size_t offset, size_t bytes) const {
+    std::vector<unsigned char> out(bytes + 1);
+    std::memcpy(out.data(), bytes_.data() + offset, bytes);
+    return out;
+  }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
+// Runs every collective over buffers of type Buffer; returns the digest of
+// all results.
+template <typename Buffer>
+uint64_t check_all_collectives_in(Communicator& comm, const Stream& stream) {
   const int w = comm.size();
   const int me = comm.rank();
   Digest digest;
+  // The bytes of `buf` at `offset`, checked against `expect`, then digested.
+  auto check = [&](const Buffer& buf, size_t offset, const std::vector<unsigned char>& expect,
+                   size_t bytes) {
+    const std::vector<unsigned char> got = buf.read(stream, offset, bytes);
+    REQUIRE(same_bytes(expect, got.data(), bytes));
+    digest.add(got.data(), bytes);
+  };
   for (DType t : kAllDTypes) {
     const size_t es = elem_size(t);
     for (size_t n : kConformanceCounts) {
@@ -105,58 +142,61 @@ inline uint64_t check_all_collectives(Communicator& comm, const Stream& stream) 
         CAPTURE(dtype_name(t));
         CAPTURE(n);
         CAPTURE(in_place);
+        const size_t my_offset = static_cast<size_t>(me) * n * es;  // of this rank's part
         // all_reduce
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
           if (op == ReduceOp::kAvg && !is_floating(t)) continue;
           CAPTURE(reduce_op_name(op));
           const int scale = op == ReduceOp::kAvg ? w : 1;
-          std::vector<unsigned char> send = make_input(t, me, 0, n, scale);
-          std::vector<unsigned char> recv(n * es + 1, 0xAB);
-          void* out = in_place ? send.data() : recv.data();
-          comm.all_reduce(send.data(), out, n, t, op, stream);
-          REQUIRE(same_bytes(make_expected_reduction(t, op, w, 0, n, scale), out, n * es));
-          digest.add(out, n * es);
+          Buffer send(make_input(t, me, 0, n, scale));
+          Buffer recv(make_poisoned(n * es));
+          Buffer& out = in_place ? send : recv;
+          comm.all_reduce(send.get(), out.get(), n, t, op, stream);
+          check(out, 0, make_expected_reduction(t, op, w, 0, n, scale), n * es);
 
           // reduce_scatter: this rank's part of the reduction of w x n elements
-          std::vector<unsigned char> big = make_input(t, me, 0, n * static_cast<size_t>(w), scale);
-          std::vector<unsigned char> part(n * es + 1, 0xAB);
-          void* rs_out = in_place ? big.data() + static_cast<size_t>(me) * n * es : part.data();
-          comm.reduce_scatter(big.data(), rs_out, n, t, op, stream);
-          REQUIRE(same_bytes(make_expected_reduction(t, op, w, static_cast<size_t>(me) * n, n, scale), rs_out, n * es));
-          digest.add(rs_out, n * es);
+          Buffer big(make_input(t, me, 0, n * static_cast<size_t>(w), scale));
+          Buffer part(make_poisoned(n * es));
+          void* rs_out = in_place ? static_cast<void*>(big.get() + my_offset) : part.get();
+          comm.reduce_scatter(big.get(), rs_out, n, t, op, stream);
+          check(in_place ? big : part, in_place ? my_offset : 0,
+                make_expected_reduction(t, op, w, static_cast<size_t>(me) * n, n, scale), n * es);
         }
         // all_gather: part r of the result is rank r's input at offset r*n
         {
-          std::vector<unsigned char> gathered(static_cast<size_t>(w) * n * es + 1, 0xAB);
-          std::vector<unsigned char> mine = make_input(t, me, static_cast<size_t>(me) * n, n, 1);
-          const void* send = mine.data();
-          if (in_place) {
-            std::memcpy(gathered.data() + static_cast<size_t>(me) * n * es, mine.data(), n * es);
-            send = gathered.data() + static_cast<size_t>(me) * n * es;
-          }
-          comm.all_gather(send, gathered.data(), n, t, stream);
+          const std::vector<unsigned char> input = make_input(t, me, static_cast<size_t>(me) * n, n, 1);
+          std::vector<unsigned char> initial = make_poisoned(static_cast<size_t>(w) * n * es);
+          if (in_place) std::memcpy(initial.data() + my_offset, input.data(), n * es);
+          Buffer gathered(std::move(initial));
+          Buffer mine(input);
+          const void* send =
+              in_place ? static_cast<const void*>(gathered.get() + my_offset) : mine.get();
+          comm.all_gather(send, gathered.get(), n, t, stream);
           for (int r = 0; r < w; ++r) {
             CAPTURE(r);
-            const std::vector<unsigned char> expect = make_input(t, r, static_cast<size_t>(r) * n, n, 1);
-            REQUIRE(same_bytes(expect, gathered.data() + static_cast<size_t>(r) * n * es, n * es));
+            check(gathered, static_cast<size_t>(r) * n * es,
+                  make_input(t, r, static_cast<size_t>(r) * n, n, 1), n * es);
           }
-          digest.add(gathered.data(), static_cast<size_t>(w) * n * es);
         }
         // broadcast from every root in turn
         for (int root = 0; root < w; ++root) {
           CAPTURE(root);
-          std::vector<unsigned char> buf = make_input(t, me, 0, n, 1);
-          std::vector<unsigned char> recv(n * es + 1, 0xAB);
-          void* out = in_place ? buf.data() : recv.data();
-          comm.broadcast(buf.data(), out, n, t, root, stream);
-          REQUIRE(same_bytes(make_input(t, root, 0, n, 1), out, n * es));
-          digest.add(out, n * es);
+          Buffer buf(make_input(t, me, 0, n, 1));
+          Buffer recv(make_poisoned(n * es));
+          Buffer& out = in_place ? buf : recv;
+          comm.broadcast(buf.get(), out.get(), n, t, root, stream);
+          check(out, 0, make_input(t, root, 0, n, 1), n * es);
         }
       }
     }
   }
   comm.barrier(stream);
   return digest.value;
+}
+
+// check_all_collectives_in over host buffers.
+inline uint64_t check_all_collectives(Communicator& comm, const Stream& stream) {
+  return check_all_collectives_in<HostBuffer>(comm, stream);
 }
 
 }  // namespace zest::test

@@ -116,6 +116,25 @@ int64_t ms_since(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
 }
 
+// Every rank ended without an error and with `blob`.
+void check_every_rank_got(const std::vector<Outcome>& out, const std::string& blob) {
+  for (const Outcome& o : out) {
+    CHECK_MESSAGE(!o.threw, o.message);
+    CHECK(o.value == blob);
+  }
+}
+
+// `me` as a rank of a TCP rendezvous on 127.0.0.1 at `server`: rank 0
+// serves `blob` there, any other rank fetches.
+std::string serve_or_fetch(TcpRendezvousServer& server, const RendezvousMember& me,
+                           const std::string& blob) {
+  if (me.rank == 0) {
+    server.serve(me, blob);
+    return blob;
+  }
+  return tcp_rendezvous_fetch("127.0.0.1", server.port(), me);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- launch env
@@ -310,17 +329,9 @@ TEST_CASE("tcp rendezvous: 4 ranks on 127.0.0.1 get rank 0's blob") {
   const std::string blob = sample_blob();
   TcpRendezvousServer server("127.0.0.1", 0);  // a free port, then tell the others
   REQUIRE(server.port() > 0);
-  const auto out = run_ranks(4, [&](int r) {
-    if (r == 0) {
-      server.serve(member(0, 4, 5000ms), blob);
-      return blob;
-    }
-    return tcp_rendezvous_fetch("127.0.0.1", server.port(), member(r, 4, 5000ms));
-  });
-  for (const Outcome& o : out) {
-    CHECK_MESSAGE(!o.threw, o.message);
-    CHECK(o.value == blob);
-  }
+  const auto out =
+      run_ranks(4, [&](int r) { return serve_or_fetch(server, member(r, 4, 5000ms), blob); });
+  check_every_rank_got(out, blob);
 }
 
 TEST_CASE("tcp rendezvous: rank 0 may start last") {
@@ -330,10 +341,7 @@ TEST_CASE("tcp rendezvous: rank 0 may start last") {
       4,
       [&](int r) { return tcp_rendezvous("127.0.0.1", port, member(r, 4, 5000ms), r == 0 ? blob : "", "127.0.0.1"); },
       [](int r) { return r == 0 ? 400ms : 0ms; });
-  for (const Outcome& o : out) {
-    CHECK_MESSAGE(!o.threw, o.message);
-    CHECK(o.value == blob);
-  }
+  check_every_rank_got(out, blob);
 }
 
 TEST_CASE("tcp rendezvous: a world of 1 needs nobody") {
@@ -357,17 +365,9 @@ TEST_CASE("tcp rendezvous: a connection that is not a rank is dropped and waited
     ::close(fd);
   });
   intruder.join();
-  const auto out = run_ranks(3, [&](int r) {
-    if (r == 0) {
-      server.serve(member(0, 3, 5000ms), blob);
-      return blob;
-    }
-    return tcp_rendezvous_fetch("127.0.0.1", server.port(), member(r, 3, 5000ms));
-  });
-  for (const Outcome& o : out) {
-    CHECK_MESSAGE(!o.threw, o.message);
-    CHECK(o.value == blob);
-  }
+  const auto out =
+      run_ranks(3, [&](int r) { return serve_or_fetch(server, member(r, 3, 5000ms), blob); });
+  check_every_rank_got(out, blob);
 }
 
 TEST_CASE("tcp rendezvous: a rank whose rank 0 never comes times out in time, saying where") {
@@ -388,11 +388,7 @@ TEST_CASE("tcp rendezvous: rank 0 times out naming the ranks that did not come, 
   TcpRendezvousServer server("127.0.0.1", 0);
   const auto t0 = Clock::now();
   const auto out = run_ranks(2, [&](int r) {
-    if (r == 0) {
-      server.serve(member(0, 3, 700ms), "id");
-      return std::string("id");
-    }
-    return tcp_rendezvous_fetch("127.0.0.1", server.port(), member(1, 3, 5000ms));
+    return serve_or_fetch(server, r == 0 ? member(0, 3, 700ms) : member(1, 3, 5000ms), "id");
   });
   CHECK(ms_since(t0) < 2000);
   REQUIRE(out[0].comm_error);
@@ -409,13 +405,7 @@ TEST_CASE("tcp rendezvous: mismatched world sizes fail on both sides") {
   TcpRendezvousServer server("127.0.0.1", 0);
   const auto out = run_ranks(
       3,
-      [&](int r) {
-        if (r == 0) {
-          server.serve(member(0, 3, 3000ms), "id");
-          return std::string("id");
-        }
-        return tcp_rendezvous_fetch("127.0.0.1", server.port(), member(r, r == 2 ? 4 : 3, 3000ms));
-      },
+      [&](int r) { return serve_or_fetch(server, member(r, r == 2 ? 4 : 3, 3000ms), "id"); },
       [](int r) { return r == 2 ? 300ms : 0ms; });
   const std::string why = "rank 2 was started for a world of 4 ranks but rank 0 for 3";
   REQUIRE(out[0].comm_error);
@@ -435,13 +425,8 @@ TEST_CASE("tcp rendezvous: two processes claiming one rank fail") {
   TcpRendezvousServer server("127.0.0.1", 0);
   const auto out = run_ranks(
       3,
-      [&](int r) {
-        if (r == 0) {
-          server.serve(member(0, 3, 3000ms), "id");
-          return std::string("id");
-        }
-        return tcp_rendezvous_fetch("127.0.0.1", server.port(), member(1, 3, 3000ms));
-      },
+      // Threads 1 and 2 both say they are rank 1.
+      [&](int r) { return serve_or_fetch(server, member(r == 0 ? 0 : 1, 3, 3000ms), "id"); },
       [](int r) { return r == 2 ? 300ms : 0ms; });
   REQUIRE(out[0].comm_error);
   CHECK(out[0].message.find("two processes connected as rank 1") != std::string::npos);
@@ -454,11 +439,8 @@ TEST_CASE("tcp rendezvous: two processes claiming one rank fail") {
 TEST_CASE("tcp rendezvous: a rank of another job is turned away") {
   TcpRendezvousServer server("127.0.0.1", 0);
   const auto out = run_ranks(2, [&](int r) {
-    if (r == 0) {
-      server.serve(member(0, 2, 800ms, "job-a"), "id");
-      return std::string("id");
-    }
-    return tcp_rendezvous_fetch("127.0.0.1", server.port(), member(1, 2, 3000ms, "job-b"));
+    return serve_or_fetch(
+        server, r == 0 ? member(0, 2, 800ms, "job-a") : member(1, 2, 3000ms, "job-b"), "id");
   });
   REQUIRE(out[1].comm_error);
   CHECK(out[1].reason == CommError::Reason::kMismatch);
@@ -508,10 +490,7 @@ TEST_CASE("file rendezvous: 4 ranks get rank 0's blob, and nothing is left behin
     const auto out = run_ranks(
         4, [&](int r) { return file_rendezvous(path, member(r, 4, 5000ms, "job-1"), r == 0 ? blob : ""); },
         [&](int r) { return rank0_last && r == 0 ? 300ms : 0ms; });
-    for (const Outcome& o : out) {
-      CHECK_MESSAGE(!o.threw, o.message);
-      CHECK(o.value == blob);
-    }
+    check_every_rank_got(out, blob);
     CHECK(dir.entries() == 0);
   }
 }
@@ -558,10 +537,7 @@ TEST_CASE("file rendezvous: a leftover file is never taken for this run's") {
     const auto out = run_ranks(
         3, [&](int r) { return file_rendezvous(path, member(r, 3, 5000ms), r == 0 ? "new" : ""); },
         [](int r) { return r == 0 ? 300ms : 0ms; });
-    for (const Outcome& o : out) {
-      CHECK_MESSAGE(!o.threw, o.message);
-      CHECK(o.value == "new");
-    }
+    check_every_rank_got(out, "new");
   }
   SUBCASE("without rank 0 the others say what they found") {
     const auto out = run_ranks(1, [&](int) { return file_rendezvous(path, member(1, 2, 300ms), ""); });
@@ -647,10 +623,7 @@ TEST_CASE("share_from_rank0 takes TCP at MASTER_ADDR, under torchrun next to its
     REQUIRE(env.rendezvous_port == port);
     return share_from_rank0(env, lookup, r == 0 ? blob : "", 5000ms);
   });
-  for (const Outcome& o : out) {
-    CHECK_MESSAGE(!o.threw, o.message);
-    CHECK(o.value == blob);
-  }
+  check_every_rank_got(out, blob);
 }
 
 TEST_CASE("share_from_rank0 takes ZEST_RENDEZVOUS_FILE without MASTER_ADDR") {
@@ -662,10 +635,7 @@ TEST_CASE("share_from_rank0 takes ZEST_RENDEZVOUS_FILE without MASTER_ADDR") {
                                            {"ZEST_RENDEZVOUS_FILE", dir.file("id")}});
     return share_from_rank0(detect_launch_env(lookup), lookup, r == 0 ? blob : "", 5000ms);
   });
-  for (const Outcome& o : out) {
-    CHECK_MESSAGE(!o.threw, o.message);
-    CHECK(o.value == blob);
-  }
+  check_every_rank_got(out, blob);
 }
 
 TEST_CASE("share_from_rank0 says what to set when the job has no way to meet") {

@@ -1,11 +1,64 @@
 // Sub-communicators, byte counters, grouping and argument checks.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <mutex>
+#include <string>
 
 #include "zest/comm/inprocess_comm.h"
 
 using namespace zest;
+
+namespace {
+
+// A 1-rank backend whose group calls and collectives fail on demand, the way
+// NCCL's do when ncclGroupEnd or an enqueue reports an error; otherwise it
+// moves nothing. It counts the groups it was asked to start and end.
+class ScriptedComm final : public Communicator {
+ public:
+  ScriptedComm() : Communicator(0, 1, Device::host(), CommOptions{}) {}
+  std::string_view backend_name() const override { return "scripted"; }
+
+  // A 1-element all_reduce on the host's stream.
+  void all_reduce_one() {
+    float x = 1.0f;
+    all_reduce(&x, &x, 1, DType::kFloat32, ReduceOp::kSum, Stream::default_for(Device::host()));
+  }
+
+  bool fail_group_start = false;
+  bool fail_group_end = false;
+  bool fail_collectives = false;
+  int groups_started = 0;
+  int groups_ended = 0;
+
+ protected:
+  using Desc = CollectiveDesc;
+  void do_all_reduce(const Desc&, const void*, void*, const Stream&) override { maybe_fail(); }
+  void do_reduce_scatter(const Desc&, const void*, void*, const Stream&) override { maybe_fail(); }
+  void do_all_gather(const Desc&, const void*, void*, const Stream&) override { maybe_fail(); }
+  void do_broadcast(const Desc&, const void*, void*, const Stream&) override { maybe_fail(); }
+  void do_barrier(const Desc&, const Stream&) override { maybe_fail(); }
+  void do_group_start() override {
+    if (fail_group_start) throw Error("the backend could not start a group", __FILE__, __LINE__);
+    ++groups_started;
+  }
+  void do_group_end() override {
+    ++groups_ended;
+    if (fail_group_end) {
+      throw CommError(CommError::Reason::kBackend, "launching the group failed", __FILE__, __LINE__);
+    }
+  }
+  std::unique_ptr<Communicator> do_split(const Desc&, int, int) override { return nullptr; }
+
+ private:
+  void maybe_fail() const {
+    if (fail_collectives) {
+      throw CommError(CommError::Reason::kBackend, "the link went down", __FILE__, __LINE__);
+    }
+  }
+};
+
+}  // namespace
 
 TEST_CASE("split makes groups by color, ordered by key") {
   run_inprocess(4, [](Communicator& comm) {
@@ -104,4 +157,51 @@ TEST_CASE("bad arguments get clear errors before any rank waits") {
   zero.timeout = std::chrono::milliseconds(0);
   CHECK_THROWS_WITH_AS(make_inprocess_group(2, Device::host(), zero),
                        doctest::Contains("timeout must be positive"), Error);
+}
+
+TEST_CASE("a failing group_end aborts the communicator, and every later call says why") {
+  ScriptedComm comm;
+  comm.fail_group_end = true;
+  comm.group_start();
+  comm.all_reduce_one();
+  CHECK_THROWS_WITH_AS(comm.group_end(), doctest::Contains("launching the group failed"), CommError);
+  CHECK(comm.aborted());
+  CHECK(comm.abort_reason() == "launching the group failed");
+  CHECK(comm.groups_ended == 1);
+  // The group is closed: nothing below is "inside a group" or unmatched.
+  const std::string why = "aborted by an earlier failure: launching the group failed";
+  CHECK_THROWS_WITH_AS(comm.all_reduce_one(), doctest::Contains(why.c_str()), CommError);
+  CHECK_THROWS_WITH_AS(comm.split(0, 0), doctest::Contains(why.c_str()), CommError);
+  CHECK_THROWS_WITH_AS(comm.group_start(), doctest::Contains(why.c_str()), CommError);
+  CHECK_THROWS_WITH_AS(comm.group_end(), doctest::Contains(why.c_str()), CommError);
+  CHECK(comm.groups_started == 1);
+  CHECK(comm.groups_ended == 1);
+}
+
+TEST_CASE("a collective failing inside a group closes the group with the abort") {
+  ScriptedComm comm;
+  comm.fail_collectives = true;
+  comm.group_start();
+  comm.group_start();
+  CHECK_THROWS_WITH_AS(comm.all_reduce_one(), doctest::Contains("the link went down"), CommError);
+  CHECK(comm.aborted());
+  // The backend's group was ended at once (NCCL's is per-thread state that
+  // would swallow this thread's later calls), and only once.
+  CHECK(comm.groups_ended == 1);
+  const std::string why = "aborted by an earlier failure: the link went down";
+  CHECK_THROWS_WITH_AS(comm.group_end(), doctest::Contains(why.c_str()), CommError);
+  CHECK_THROWS_WITH_AS(comm.group_end(), doctest::Contains(why.c_str()), CommError);
+  CHECK(comm.groups_ended == 1);
+}
+
+TEST_CASE("a group that the backend could not start is not left open") {
+  ScriptedComm comm;
+  comm.fail_group_start = true;
+  CHECK_THROWS_WITH_AS(comm.group_start(), doctest::Contains("could not start a group"), Error);
+  CHECK(comm.aborted());
+  CHECK(comm.groups_ended == 0);  // nothing was started, so nothing is ended
+  const std::string why = "aborted by an earlier failure: the backend could not start a group";
+  CHECK_THROWS_WITH_AS(comm.split(0, 0), doctest::Contains(why.c_str()), CommError);
+  CHECK_THROWS_WITH_AS(comm.group_end(), doctest::Contains(why.c_str()), CommError);
+  CHECK(comm.groups_ended == 0);
 }

@@ -1,9 +1,11 @@
-// A rank that never arrives, or ranks that call different collectives, end in
-// a CommError on every rank naming the operation, its number and the ranks,
-// within the timeout (or at once, for a divergence); never a hang.
+// A rank that never arrives, ranks that call different collectives, or a rank
+// whose collective fails part-way, end in a CommError on every rank naming the
+// operation, its number and the ranks, within the timeout (or at once, for a
+// divergence or a failure); never a hang.
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <latch>
 #include <string>
 
 #include "zest/comm/inprocess_comm.h"
@@ -140,4 +142,55 @@ TEST_CASE("a call refused for bad arguments does not shift the numbering") {
     CHECK(buf[7] == 2.0f);
     CHECK(comm.sequence() == 1);
   });
+}
+
+TEST_CASE("a rank whose collective fails part-way aborts the others at once, naming it") {
+  // An element type that no reduction knows: the enum's storage admits it and
+  // no argument check looks at its range, so it fails only inside the
+  // reduction, a stand-in for any failure there (a dtype and op pair a kernel
+  // lacks, bad_alloc, a CUDA error). One element over two ranks: rank 0
+  // reduces it, rank 1's chunk is empty, so rank 1 goes on to wait for rank 0
+  // to leave the collective.
+  const DType unknown = static_cast<DType>(42);
+  std::vector<std::string> errors(2);
+  std::vector<bool> comm_error(2);
+  std::vector<CommError::Reason> reasons(2, CommError::Reason::kTimeout);
+  std::vector<double> waited(2);
+  std::vector<bool> aborted_after(2);
+  std::latch both_done(2);
+  run_inprocess(2, [&](Communicator& comm) {
+    OwnedStream stream(Device::host());
+    const size_t r = static_cast<size_t>(comm.rank());
+    float x = 1.0f;
+    const auto start = Clock::now();
+    try {
+      comm.all_reduce(&x, &x, 1, unknown, ReduceOp::kSum, stream);
+    } catch (const CommError& e) {
+      comm_error[r] = true;
+      reasons[r] = e.reason();
+      errors[r] = e.message();
+    } catch (const Error& e) {
+      errors[r] = e.message();
+    }
+    waited[r] = seconds_since(start);
+    aborted_after[r] = comm.aborted();
+    // Only once both are out: a later call of rank 0 must not be what ends
+    // rank 1's wait.
+    both_done.arrive_and_wait();
+    CHECK_THROWS_WITH_AS(comm.barrier(stream), doctest::Contains("aborted by an earlier failure"),
+                         CommError);
+  }, Device::host(), with_timeout(20000));
+  // Rank 0 gets its own error, as thrown.
+  CHECK_FALSE(comm_error[0]);
+  CHECK_MESSAGE(errors[0].find("unknown DType value 42") != std::string::npos, errors[0]);
+  CHECK(aborted_after[0]);
+  // Rank 1 learns of it at once, not after the 20 s timeout.
+  CHECK(comm_error[1]);
+  CHECK(reasons[1] == CommError::Reason::kBackend);
+  CHECK_MESSAGE(errors[1].find("in-process all_reduce #1 (1 x dtype 42, sum) failed on rank 0: ") !=
+                    std::string::npos,
+                errors[1]);
+  CHECK(errors[1].find("unknown DType value 42") != std::string::npos);
+  CHECK(waited[1] < 5.0);
+  CHECK(aborted_after[1]);
 }

@@ -28,12 +28,15 @@ namespace {
 
 constexpr Device kCuda0 = Device::cuda(0);
 
-// cudaMalloc'd bytes, freed at scope end.
+// cudaMalloc'd bytes, freed at scope end; also conformance.h's buffer type.
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
     DeviceGuard guard(kCuda0);
     ZEST_CUDA_CHECK(cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes));
+  }
+  explicit DeviceBuffer(const std::vector<unsigned char>& initial) : DeviceBuffer(initial.size()) {
+    upload(initial.data(), initial.size());
   }
   ~DeviceBuffer() { ZEST_CUDA_WARN(cudaFree(ptr_)); }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -52,6 +55,9 @@ class DeviceBuffer {
     if (bytes > 0) ZEST_CUDA_CHECK(cudaMemcpy(out.data(), get() + offset, bytes, cudaMemcpyDeviceToHost));
     return out;
   }
+  std::vector<unsigned char> read(const Stream& stream, size_t offset, size_t bytes) const {
+    return download(stream, bytes, offset);
+  }
 
  private:
   void* ptr_ = nullptr;
@@ -60,75 +66,7 @@ class DeviceBuffer {
 
 // conformance.h's check_all_collectives, with every buffer on the device.
 void check_collectives_on_device(Communicator& comm, const Stream& stream) {
-  const int w = comm.size();
-  const int me = comm.rank();
-  for (DType t : kAllDTypes) {
-    const size_t es = elem_size(t);
-    for (size_t n : kConformanceCounts) {
-      for (bool in_place : {false, true}) {
-        CAPTURE(dtype_name(t));
-        CAPTURE(n);
-        CAPTURE(in_place);
-        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
-          if (op == ReduceOp::kAvg && !is_floating(t)) continue;
-          CAPTURE(reduce_op_name(op));
-          const int scale = op == ReduceOp::kAvg ? w : 1;
-          // all_reduce
-          DeviceBuffer send(n * es), recv(n * es);
-          send.upload(make_input(t, me, 0, n, scale).data(), n * es);
-          recv.fill(0xAB);
-          DeviceBuffer& out = in_place ? send : recv;
-          comm.all_reduce(send.get(), out.get(), n, t, op, stream);
-          REQUIRE(same_bytes(make_expected_reduction(t, op, w, 0, n, scale),
-                             out.download(stream, n * es).data(), n * es));
-          // reduce_scatter
-          const size_t total = n * static_cast<size_t>(w);
-          DeviceBuffer big(total * es), part(n * es);
-          big.upload(make_input(t, me, 0, total, scale).data(), total * es);
-          part.fill(0xAB);
-          const size_t my_offset = static_cast<size_t>(me) * n * es;
-          void* rs_out = in_place ? static_cast<void*>(big.get() + my_offset) : part.get();
-          comm.reduce_scatter(big.get(), rs_out, n, t, op, stream);
-          const auto got = in_place ? big.download(stream, n * es, my_offset) : part.download(stream, n * es);
-          REQUIRE(same_bytes(make_expected_reduction(t, op, w, static_cast<size_t>(me) * n, n, scale),
-                             got.data(), n * es));
-        }
-        // all_gather
-        {
-          const size_t total = n * static_cast<size_t>(w);
-          DeviceBuffer gathered(total * es), mine(n * es);
-          gathered.fill(0xAB);
-          const std::vector<unsigned char> input = make_input(t, me, static_cast<size_t>(me) * n, n, 1);
-          const size_t my_offset = static_cast<size_t>(me) * n * es;
-          const void* send = mine.get();
-          if (in_place) {
-            gathered.upload(input.data(), n * es, my_offset);
-            send = gathered.get() + my_offset;
-          } else {
-            mine.upload(input.data(), n * es);
-          }
-          comm.all_gather(send, gathered.get(), n, t, stream);
-          const auto got = gathered.download(stream, total * es);
-          for (int r = 0; r < w; ++r) {
-            CAPTURE(r);
-            REQUIRE(same_bytes(make_input(t, r, static_cast<size_t>(r) * n, n, 1),
-                               got.data() + static_cast<size_t>(r) * n * es, n * es));
-          }
-        }
-        // broadcast from every root
-        for (int root = 0; root < w; ++root) {
-          CAPTURE(root);
-          DeviceBuffer buf(n * es), recv(n * es);
-          buf.upload(make_input(t, me, 0, n, 1).data(), n * es);
-          recv.fill(0xAB);
-          DeviceBuffer& out = in_place ? buf : recv;
-          comm.broadcast(buf.get(), out.get(), n, t, root, stream);
-          REQUIRE(same_bytes(make_input(t, root, 0, n, 1), out.download(stream, n * es).data(), n * es));
-        }
-      }
-    }
-  }
-  comm.barrier(stream);
+  check_all_collectives_in<DeviceBuffer>(comm, stream);
 }
 
 // Random bits: every float class (NaN, Inf, subnormals, sums that round).

@@ -1,20 +1,27 @@
 // Faults across processes, run by ctest under mpiexec -n 3:
 //
-//   mpi_fault timeout   rank 1 skips an all_reduce the others call
-//   mpi_fault mismatch  rank 1 calls all_gather where the others call all_reduce
-//   mpi_fault count     rank 1 calls the all_reduce with a different count
-//   mpi_fault create    rank 1 does not create a communicator the others create
+//   mpi_fault timeout     rank 1 skips an all_reduce the others call
+//   mpi_fault mismatch    rank 1 calls all_gather where the others call all_reduce
+//   mpi_fault count       rank 1 calls the all_reduce with a different count
+//   mpi_fault create      rank 1 does not create a communicator the others create
+//   mpi_fault rendezvous  rank 0 skips share_from_rank0 (init_distributed's
+//                         rendezvous over MPI), in a program that started MPI
+//                         itself
 //
 // Every rank prints the CommError it got as "FAULT-REPORT: ..." (ctest looks
 // for the expected text there), or "FAULT-UNEXPECTED: ..." for anything
 // else, then ends through MpiEnvironment's abort path, so the job exits
-// non-zero whatever happened: the report is the verdict.
+// non-zero whatever happened: the report is the verdict. The harness's own
+// traffic (lining up, the verdict) is on a duplicate of the world made
+// first, so that what a fault leaves pending on the world cannot meet it.
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "zest/comm/bootstrap.h"
+#include "zest/comm/launch_env.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/mpi_check.h"
 
@@ -32,9 +39,12 @@ const char* reason_name(CommError::Reason r) {
   return "unknown";
 }
 
-// Over MPI_COMM_WORLD, without a deadline: orders the steps of the ranks
-// whatever the machine's load, where a sleep would only make that likely.
-void line_up() { ZEST_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+// The harness's communicator (see the top).
+MPI_Comm control = MPI_COMM_NULL;
+
+// Without a deadline: orders the steps of the ranks whatever the machine's
+// load, where a sleep would only make that likely.
+void line_up() { ZEST_MPI_CHECK(MPI_Barrier(control)); }
 
 // Runs the call that must fail, prints what happened; true when it failed
 // as `expected` says.
@@ -94,7 +104,9 @@ bool run(Communicator& comm, const std::string& mode) {
       comm.all_reduce(x, x, odd_one ? 7 : 8, DType::kFloat32, ReduceOp::kSum, stream);
     }, is_mismatch);
   }
-  std::fprintf(stderr, "FAULT-UNEXPECTED: unknown mode '%s'; use timeout, mismatch or count\n",
+  std::fprintf(stderr,
+               "FAULT-UNEXPECTED: unknown mode '%s'; use timeout, mismatch, count, create or "
+               "rendezvous\n",
                mode.c_str());
   return false;
 }
@@ -116,16 +128,41 @@ bool create(int rank, const CommOptions& options) {
   });
 }
 
+// The rendezvous that init_distributed runs under mpirun: an MPI_Ibcast from
+// rank 0 over MPI_COMM_WORLD. MPI was started by main's MpiEnvironment, not by
+// ZEST, so the abort that the timeout leaves behind (an MPI_Ibcast that MPI
+// cannot cancel) must be recorded where that MpiEnvironment looks, or its
+// MPI_Finalize would wait for the broadcast forever.
+bool rendezvous(int rank, const CommOptions& options) {
+  if (rank == 0) return true;  // the root never comes, so neither other rank can be served
+  const LaunchEnv env = detect_launch_env();
+  return report(rank, [&] { share_from_rank0(env, process_env(), "", options.timeout); },
+                [](const CommError& e) {
+                  const std::string recorded = MpiEnvironment::abort_reason();
+                  if (recorded != e.message()) {
+                    std::fprintf(stderr, "FAULT-UNEXPECTED: the abort was not recorded for "
+                                         "MpiEnvironment (it has '%s')\n", recorded.c_str());
+                    return false;
+                  }
+                  return e.reason() == CommError::Reason::kTimeout &&
+                         e.message().find("MPI rendezvous (MPI_Ibcast on MPI_COMM_WORLD) timed "
+                                          "out") != std::string::npos;
+                });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   MpiEnvironment mpi(&argc, &argv);
+  ZEST_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &control));
   const std::string mode = argc > 1 ? argv[1] : "";
   CommOptions options;
   options.timeout = std::chrono::milliseconds(2000);
   int ok = 0;
   if (mode == "create") {
     ok = create(mpi.rank(), options) ? 1 : 0;
+  } else if (mode == "rendezvous") {
+    ok = rendezvous(mpi.rank(), options) ? 1 : 0;
   } else {
     std::unique_ptr<Communicator> comm = make_mpi_world(options);
     line_up();
@@ -134,16 +171,17 @@ int main(int argc, char** argv) {
   }
   // Also lines up: every report is out before any rank ends the job.
   int all_ok = 0;
-  ZEST_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  ZEST_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, control));
   if (mpi.rank() == 0) {
     std::fprintf(stderr, "%s\n",
                  all_ok ? "FAULT-VERDICT: every rank got the expected error"
                         : "FAULT-UNEXPECTED: some rank did not get the expected error");
   }
-  // A rank whose own communicator did not fail (rank 1 of "create") ends
-  // the same way: MPI_Finalize would wait for the ranks that aborted, and
-  // Open MPI 4.1's mpiexec sometimes crashes while ending an aborted job,
-  // which would leave this rank waiting with ctest's output pipe open.
+  // A rank whose own communicator did not fail (rank 1 of "create", rank 0
+  // of "rendezvous") ends the same way: MPI_Finalize would wait for the
+  // ranks that aborted, and Open MPI 4.1's mpiexec sometimes crashes while
+  // ending an aborted job, which would leave this rank waiting with ctest's
+  // output pipe open.
   if (MpiEnvironment::abort_reason().empty()) ZEST_MPI_CHECK(MPI_Abort(MPI_COMM_WORLD, 1));
   return all_ok ? 0 : 1;
 }
