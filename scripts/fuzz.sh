@@ -13,8 +13,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${ZEST_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 seconds="${ZEST_FUZZ_SECONDS:-60}"
 
-command -v clang++ >/dev/null || { echo "fuzz.sh: needs clang with libFuzzer (apt-get install clang)" >&2; exit 1; }
 "$root/scripts/setup.sh"
+command -v clang++ >/dev/null || { echo "fuzz.sh: needs clang with libFuzzer (apt-get install clang)" >&2; exit 1; }
 # Host only, no tests or extras: the library and the fuzz targets are all
 # this build needs.
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \

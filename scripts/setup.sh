@@ -9,6 +9,7 @@ packages=(
   cmake ninja-build g++ ccache
   libfmt-dev doctest-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
+  clang python3   # the fuzz targets (libFuzzer); the safetensors interop check
 )
 
 missing=()

@@ -99,6 +99,9 @@ struct RunOptions {
   // Gathers in forward order, then in reverse for backward (stage 3's
   // pattern); false gathers each unit once for both.
   bool forward_then_backward = true;
+  // From the second step on, gathers in another order than the first step's
+  // (stage 3 then stops prefetching; results must not change).
+  bool change_order = false;
   Device device = Device::host();
 };
 
@@ -119,7 +122,7 @@ inline void run_steps(Engine& engine, Communicator& comm, const RunOptions& opt,
     comm.reset_counters();
     for (int m = 0; m < engine.config().gradient_accumulation_steps; ++m) {
       bw.scale = static_cast<float>(engine.loss_scale());
-      if (opt.forward_then_backward) {
+      if (opt.forward_then_backward && !(opt.change_order && s > first)) {
         for (int u = 0; u < units; ++u) UnitHandle h = engine.gather(u);  // forward
       }
       for (int u = units - 1; u >= 0; --u) {

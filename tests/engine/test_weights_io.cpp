@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <cstdlib>
 #include <random>
 
 #include "engine_harness.h"
@@ -131,5 +132,24 @@ TEST_CASE("import failures name the file, the tensor and the problem") {
     data[0][17] = INFINITY;
     write(f.str(), entries, data);
     CHECK_THROWS_WITH_AS(import(), doctest::Contains("a.w"), Error);
+  }
+}
+
+TEST_CASE("a file written by another implementation imports, and ours reads there") {
+  // tests/tools/safetensors_interop.py: an independent reader and writer of
+  // the published format (standard library only). It reads our export
+  // strictly and writes the tensors back in another order, with metadata and
+  // an unpadded header.
+  TempFile ours, theirs;
+  const Params exported = run(2, 2, 2, "", ours.str());
+  const std::string cmd = fmt::format("python3 {}/tests/tools/safetensors_interop.py rewrite {} {}", ZEST_SOURCE_DIR,
+                                      ours.str(), theirs.str());
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  const SafetensorsFile file = SafetensorsFile::open(theirs.str());
+  CHECK(file.metadata().at("written_by") == "safetensors_interop.py");
+  const Params imported = run(3, 3, 0, theirs.str(), "");
+  for (const auto& [name, values] : exported) {
+    CAPTURE(name);
+    CHECK(same_bits(imported.at(name), values));
   }
 }
