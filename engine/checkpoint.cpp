@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "zest/core/check.h"
+#include "zest/core/logging.h"
 #include "zest/engine/checkpoint_manifest.h"
 #include "zest/engine/checkpoint_reader.h"
 #include "zest/engine/on_every_rank.h"
@@ -85,8 +86,16 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
   const bool rank0 = rank == 0;
   const fs::path dir = fs::path(root) / tag;
   const fs::path partial = partial_checkpoint_dir(root, tag);
+  // Without a callback, large saves (the shards at 1 GiB or more) log their
+  // progress, so a long save is not mistaken for a hang.
+  const bool large = static_cast<uint64_t>(engine.shard_buffers()) * layout.owned() * sizeof(float) >= (uint64_t{1} << 30);
   const auto say = [&](const std::string& line) {
-    if (rank0 && options.progress) options.progress(line);
+    if (!rank0) return;
+    if (options.progress) {
+      options.progress(line);
+    } else if (large) {
+      ZEST_LOG_INFO("{}", line);
+    }
   };
 
   on_every_rank(engine, "preparing the checkpoint directory", [&] {

@@ -38,6 +38,7 @@ struct CheckpointOptions {
   // steps, 6 digits>.
   std::string tag;
   // Called on rank 0 with a line of progress (large models take a while).
+  // Unset: saves of 1 GiB of shards or more log the lines at info level.
   std::function<void(const std::string&)> progress;
 };
 

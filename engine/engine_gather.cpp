@@ -73,9 +73,14 @@ void Engine::follow_trace(int unit) {
     return;
   }
   im.trace_valid = false;
+  // Once per engine: an order that keeps changing would otherwise log every
+  // iteration.
+  if (im.warned_trace) return;
+  im.warned_trace = true;
   ZEST_LOG_WARN(
-      "stage 3: gather #{} of this iteration is unit '{}', not '{}' as on the first iteration; "
-      "prefetching is off from here on (the order of gathers must repeat every iteration)",
+      "stage 3: gather #{} of this iteration is unit '{}', not '{}' as in the recorded order; "
+      "prefetching is off until the order has been recorded again over the next iteration (the "
+      "order of gathers should repeat every iteration)",
       im.trace_pos + 1, im.layout->unit(unit).name,
       im.trace_pos < im.trace.size() ? im.layout->unit(im.trace[im.trace_pos]).name : "none");
 }

@@ -61,6 +61,7 @@ struct Engine::Impl {
   std::vector<int> trace;
   bool recording = true;
   bool trace_valid = true;
+  bool warned_trace = false;
   size_t trace_pos = 0;
   size_t live_numel = 0;
 

@@ -100,7 +100,16 @@ StepResult Engine::step() {
   result.loss_scale = loss_scale();
   if (im.micro < config_.gradient_accumulation_steps) return result;
   im.micro = 0;
-  im.recording = false;
+  // The gather order: recorded over the first iteration, replayed after.
+  // When an iteration departed from it (an evaluation pass before training,
+  // say), the next iteration records it afresh.
+  if (im.recording) {
+    im.recording = false;
+  } else if (!im.trace_valid) {
+    im.trace.clear();
+    im.recording = true;
+    im.trace_valid = true;
+  }
   im.trace_pos = 0;
   result.boundary = true;
 

@@ -8,11 +8,26 @@
 #include <fmt/ranges.h>
 
 #include "zest/core/check.h"
+#include "zest/core/logging.h"
 #include "zest/core/float16.h"
 #include "zest/engine/on_every_rank.h"
 #include "zest/engine/safetensors.h"
 
 namespace zest {
+namespace {
+
+// The default progress of an export: a log line at each tenth of a file of
+// 1 GiB or more, so a long export is not mistaken for a hang.
+SafetensorsProgress log_every_tenth(const std::string& path) {
+  return [path, next = uint64_t{0}](uint64_t done, uint64_t total) mutable {
+    if (total < (uint64_t{1} << 30) || done < next) return;
+    ZEST_LOG_INFO("export {}: {}%", path, done * 100 / total);
+    next = done + total / 10;
+  };
+}
+
+}  // namespace
+
 std::vector<SafetensorsEntry> weights_entries(const ModelLayout& layout, DType dtype) {
   std::vector<SafetensorsEntry> out;
   for (const UnitLayout& u : layout.units())
@@ -54,7 +69,7 @@ void export_weights(Engine& engine, const std::string& path, const WeightsExport
     if (writer_rank) {
       writer = std::make_unique<SafetensorsWriter>(
           path, weights_entries(layout, options.dtype), std::map<std::string, std::string>{{"format", "pt"}},
-          options.progress ? SafetensorsProgress(options.progress) : SafetensorsProgress());
+          options.progress ? SafetensorsProgress(options.progress) : log_every_tenth(path));
     }
   });
   for (int u = 0; u < layout.num_units(); ++u) {

@@ -22,6 +22,7 @@ namespace zest {
 struct WeightsExportOptions {
   DType dtype = DType::kFloat32;  // fp32, bf16 or fp16
   // Called on rank 0 with (bytes written, total), after each parameter.
+  // Unset: files of 1 GiB or more log every tenth at info level.
   std::function<void(uint64_t, uint64_t)> progress;
 };
 

@@ -7,6 +7,16 @@
 //                                           ZeRO formula
 //   mpirun -np 4 mlp --launch --stage 3     one process per rank (MPI)
 //   mlp --config ds_config.json             a DeepSpeed configuration
+//   mlp --device cuda --ranks 4 --dtype bf16
+//                                           4 in-process ranks sharing cuda:0,
+//                                           forward and backward with cuBLAS
+//                                           (mlp_cuda.h)
+//
+// One process per GPU, NCCL on cuda:(local rank), through
+// zest::init_distributed (comm/bootstrap.h: how the ranks find each other):
+//
+//   torchrun --nproc_per_node 8 --no-python ./mlp --launch --device cuda
+//   mpirun -np 8 ./mlp --launch --device cuda
 //
 // The global batch of a step is the same whatever the number of ranks; each
 // rank takes its rows of it, split again into accumulation micro-batches.
@@ -16,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "mlp_cuda.h"
 #include "options.h"
 #include "report.h"
 #include "task.h"
@@ -31,9 +42,15 @@ using Clock = std::chrono::steady_clock;
 
 // One rank's training run; returns what the summary table needs.
 mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config, zest::Communicator& comm) {
-  zest::CachingAllocator allocator(zest::make_host_allocator());
-  const zest::Stream stream = zest::Stream::default_for(comm.device());
+  // Everything on the communicator's device: the host, cuda:N for in-process
+  // ranks (all on one GPU, a stream each), cuda:(local rank) under a launcher.
+  const zest::Device device = comm.device();
+  zest::CachingAllocator allocator(device.is_cuda() ? zest::make_cuda_allocator(device.index())
+                                                    : zest::make_host_allocator());
+  const zest::OwnedStream stream(device);  // this rank's compute stream
   zest::Engine engine(config, comm, allocator, stream);
+  // cuBLAS and scratch memory for the device path; nothing on the host.
+  mlp::DeviceContext device_context(allocator, stream);
   mlp::register_layers(engine, opt.shape);
   engine.finalize([&](const zest::ParamLayout& p, std::span<float> v) { mlp::init_parameter(p, v, opt.seed); });
 
@@ -58,21 +75,20 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
     zest::StepResult result;
     for (int m = 0; m < accum; ++m) {
       const mlp::Batch batch = teacher.batch(step, comm.rank() * rows_per_rank + m * rows_per_micro, rows_per_micro);
-      loss += mlp::forward_backward(engine, opt.shape, batch) / static_cast<float>(accum);
+      loss += mlp::forward_backward(engine, opt.shape, batch, &device_context) / static_cast<float>(accum);
       result = engine.step();
     }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    const std::vector<int64_t> memory = mlp::gather_int64(comm, engine.memory_report().model_states());
-    const float mean_loss = mlp::mean_over_ranks(comm, loss);
+    const std::vector<mlp::RankStep> ranks = mlp::gather_step(engine, loss);
     if (comm.rank() == 0 && (step % opt.print_every == 0 || step == first + opt.steps - 1)) {
-      mlp::print_step(step, mean_loss, result, ms, memory);
+      mlp::print_step(step, ranks, result, ms);
     }
   }
   if (!opt.save_dir.empty()) {
     const std::string dir = zest::save_checkpoint(engine, opt.save_dir);
     if (comm.rank() == 0) fmt::print("saved {}\n", dir);
   }
-  summary.final_loss = mlp::evaluate(engine, opt.shape, held_out);
+  summary.final_loss = mlp::evaluate(engine, opt.shape, held_out, &device_context);
   summary.memory = engine.memory_report();
   summary.padded_params = static_cast<int64_t>(engine.layout().padded());
   return summary;
@@ -84,9 +100,10 @@ int main(int argc, char** argv) {
   try {
     const mlp::Options opt = mlp::parse_options(argc, argv);
     // Under a launcher (mpirun, torchrun) this process is one rank of the
-    // job; otherwise the ranks are threads of this process.
+    // job (NCCL on cuda:(local rank) for --device cuda, whatever its index);
+    // otherwise the ranks are threads of this process, all on opt.device.
     std::unique_ptr<zest::Communicator> launched;
-    if (opt.launch) launched = zest::init_distributed(zest::Device::host());
+    if (opt.launch) launched = zest::init_distributed(opt.device);
     const bool printer = !launched || launched->rank() == 0;
 
     std::vector<mlp::StageRow> rows;
@@ -94,7 +111,8 @@ int main(int argc, char** argv) {
       const zest::EngineConfig config = mlp::engine_config(opt, stage);
       const int world = launched ? launched->size() : opt.ranks;
       if (printer) {
-        fmt::print("== stage {}: {} ranks, {} parameters, {}, {} ==\n", stage, world, opt.shape.parameters(),
+        fmt::print("== stage {}: {} ranks on {}, {} parameters, {}, {} ==\n", stage, world,
+                   (launched ? launched->device() : opt.device).str(), opt.shape.parameters(),
                    zest::dtype_name(mlp::compute_dtype(config)), zest::optimizer_name(config.optimizer.kind));
         std::fflush(stdout);
       }
@@ -106,7 +124,7 @@ int main(int argc, char** argv) {
       if (launched) {
         body(*launched);
       } else {
-        zest::run_inprocess(opt.ranks, body);
+        zest::run_inprocess(opt.ranks, body, opt.device);
       }
       rows.push_back({stage, world, rank0});
     }

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "mlp_cuda.h"
+#include "zest/core/check.h"
 #include "zest/core/float16.h"
 
 namespace mlp {
@@ -80,6 +82,18 @@ float run(zest::Engine& engine, const Shape& shape, const Batch& batch, bool bac
   return static_cast<float>(loss / static_cast<double>(n));
 }
 
+// The host loops above, or the device path on a CUDA engine.
+template <typename T>
+float run_where(zest::Engine& engine, const Shape& shape, const Batch& batch, DeviceContext* device,
+                bool backward) {
+  if (!engine.stream().device().is_cuda()) return run<T>(engine, shape, batch, backward);
+  ZEST_CHECK(device != nullptr,
+             "mlp: the engine computes on {}; pass forward_backward and evaluate the rank's "
+             "mlp::DeviceContext (mlp_cuda.h), made with the engine's allocator and stream",
+             engine.stream().device().str());
+  return run_on_device<T>(*device, engine, shape, batch, backward);
+}
+
 template <typename Fn>
 float dispatch(zest::DType dtype, Fn&& fn) {
   switch (dtype) {
@@ -109,14 +123,14 @@ void register_layers(zest::Engine& engine, const Shape& shape) {
   }
 }
 
-float forward_backward(zest::Engine& engine, const Shape& shape, const Batch& batch) {
+float forward_backward(zest::Engine& engine, const Shape& shape, const Batch& batch, DeviceContext* device) {
   return dispatch(engine.compute_dtype(),
-                  [&]<typename T>(T) { return run<T>(engine, shape, batch, true); });
+                  [&]<typename T>(T) { return run_where<T>(engine, shape, batch, device, true); });
 }
 
-float evaluate(zest::Engine& engine, const Shape& shape, const Batch& batch) {
+float evaluate(zest::Engine& engine, const Shape& shape, const Batch& batch, DeviceContext* device) {
   return dispatch(engine.compute_dtype(),
-                  [&]<typename T>(T) { return run<T>(engine, shape, batch, false); });
+                  [&]<typename T>(T) { return run_where<T>(engine, shape, batch, device, false); });
 }
 
 }  // namespace mlp

@@ -1,5 +1,6 @@
 // The model of the example: a multi-layer perceptron with its own forward
-// and backward (host loops), trained through the engine. This is the part a
+// and backward (host loops here; cuBLAS and small kernels on a GPU, see
+// mlp_cuda.h), trained through the engine. This is the part a
 // user replaces with their own layers; what matters is how it talks to the
 // engine:
 //
@@ -17,6 +18,8 @@
 #include "zest/engine/engine.h"
 
 namespace mlp {
+
+class DeviceContext;  // mlp_cuda.h
 
 struct Shape {
   int input = 64;
@@ -44,10 +47,13 @@ struct Batch {
 
 // Forward, mean-squared-error loss, and backward of the loss times
 // engine.loss_scale(), with the gradients handed to the engine. Returns the
-// micro-batch's loss.
-float forward_backward(zest::Engine& engine, const Shape& shape, const Batch& batch);
+// micro-batch's loss. On a host engine the loops of mlp.cpp run and `device`
+// is not needed; on a CUDA engine (engine.stream() on a GPU) the device path
+// of mlp_cuda.h runs, and `device` must be the rank's DeviceContext.
+float forward_backward(zest::Engine& engine, const Shape& shape, const Batch& batch,
+                       DeviceContext* device = nullptr);
 
 // Forward only: the loss on `batch`.
-float evaluate(zest::Engine& engine, const Shape& shape, const Batch& batch);
+float evaluate(zest::Engine& engine, const Shape& shape, const Batch& batch, DeviceContext* device = nullptr);
 
 }  // namespace mlp

@@ -4,15 +4,32 @@
 
 #include <fmt/format.h>
 
+#include "zest/core/check.h"
+#include "zest/core/device.h"
+
 namespace mlp {
 using examples::number;
 using examples::number_list;
 
+namespace {
+
+// zest::parse_device, with its refusal (an unknown name, or a GPU this build
+// or machine does not have) as a usage error.
+zest::Device device(std::string_view flag, std::string_view v) {
+  try {
+    return zest::parse_device(v);
+  } catch (const zest::Error& e) {
+    throw UsageError(fmt::format("{} {}: {}", flag, v, e.message()));
+  }
+}
+
+}  // namespace
+
 std::string usage() {
   return "usage: mlp [--ranks N] [--stage S | --stages 0,1,2,3] [--dtype fp32|bf16|fp16]\n"
          "           [--steps N] [--batch ROWS] [--accum N] [--lr X] [--layers N] [--hidden N]\n"
-         "           [--seed N] [--config ds_config.json] [--launch] [--print-every N] [--table]\n"
-         "           [--save CKPT_ROOT] [--load CKPT_ROOT]\n";
+         "           [--seed N] [--config ds_config.json] [--launch] [--device host|cuda[:N]]\n"
+         "           [--print-every N] [--table] [--save CKPT_ROOT] [--load CKPT_ROOT]\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -36,6 +53,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--hidden") o.shape.hidden = number<int>(flag, v, 1, 1 << 20);
     else if (flag == "--seed") o.seed = number<unsigned>(flag, v, 0, ~0u);
     else if (flag == "--config") o.config_path = v;
+    else if (flag == "--device") o.device = device(flag, v);
     else if (flag == "--print-every") o.print_every = number<long>(flag, v, 1, 1L << 40);
     else if (flag == "--save") o.save_dir = v;
     else if (flag == "--load") o.load_dir = v;

@@ -25,6 +25,8 @@ struct Options {
   unsigned seed = 1234;
   std::string config_path;    // a DeepSpeed JSON file
   bool launch = false;        // one process per rank, from the launcher
+  zest::Device device;        // host, or cuda:N (all in-process ranks on it;
+                              // with --launch, cuda:(local rank) whatever N)
   long print_every = 1;
   std::string save_dir;       // a checkpoint after the last step
   std::string load_dir;       // resume from this checkpoint root first

@@ -1,32 +1,43 @@
 #include "report.h"
 
+#include <array>
+#include <bit>
+
 #include <fmt/format.h>
 
 #include "zest/engine/layout_constants.h"
 
 namespace mlp {
 
-std::vector<int64_t> gather_int64(zest::Communicator& comm, int64_t value) {
-  std::vector<int64_t> all(static_cast<size_t>(comm.size()));
-  const zest::Stream host = zest::Stream::default_for(zest::Device::host());
-  comm.all_gather(std::span<const int64_t>(&value, 1), std::span<int64_t>(all), host);
-  return all;
+std::vector<RankStep> gather_step(zest::Engine& engine, float loss) {
+  const zest::MemoryReport m = engine.memory_report();
+  // The loss travels as its float's bits, widened to an int64.
+  const std::array<int64_t, 3> mine = {std::bit_cast<int32_t>(loss), m.model_states(),
+                                       m[zest::MemoryCategory::kWorkspace].peak};
+  const std::vector<int64_t> all = engine.all_gather_scalars(mine);
+  std::vector<RankStep> ranks(all.size() / mine.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const int64_t* v = &all[r * mine.size()];
+    ranks[r] = {std::bit_cast<float>(static_cast<int32_t>(v[0])), v[1], v[2]};
+  }
+  return ranks;
 }
 
-float mean_over_ranks(zest::Communicator& comm, float value) {
-  float mean = 0.0f;
-  const zest::Stream host = zest::Stream::default_for(zest::Device::host());
-  comm.all_reduce(std::span<const float>(&value, 1), std::span<float>(&mean, 1), zest::ReduceOp::kAvg, host);
-  return mean;
-}
-
-void print_step(long step, float loss, const zest::StepResult& r, double ms,
-                const std::vector<int64_t>& model_state_bytes_per_rank) {
-  std::string memory;
-  for (int64_t b : model_state_bytes_per_rank) memory += fmt::format(" {:.2f}", static_cast<double>(b) / (1 << 20));
-  fmt::print("step {:4d}  loss {:.5f}  |g| {:.4f}  lr {:.2e}{}{}  {:7.1f} ms  model states MiB/rank:{}\n",
+void print_step(long step, const std::vector<RankStep>& ranks, const zest::StepResult& r, double ms) {
+  const auto mib = [](int64_t bytes) { return fmt::format(" {:.2f}", static_cast<double>(bytes) / (1 << 20)); };
+  float loss = 0.0f;
+  std::string model_states, workspace;
+  bool any_workspace = false;
+  for (const RankStep& rank : ranks) {
+    loss += rank.loss / static_cast<float>(ranks.size());
+    model_states += mib(rank.model_states);
+    workspace += mib(rank.workspace_peak);
+    any_workspace = any_workspace || rank.workspace_peak > 0;
+  }
+  fmt::print("step {:4d}  loss {:.5f}  |g| {:.4f}  lr {:.2e}{}{}  {:7.1f} ms  model states MiB/rank:{}{}\n",
              step, loss, r.grad_norm, r.lr, r.loss_scale != 1.0 ? fmt::format("  scale {:g}", r.loss_scale) : "",
-             r.applied ? "" : "  (" + r.skip_reason + ")", ms, memory);
+             r.applied ? "" : "  (" + r.skip_reason + ")", ms, model_states,
+             any_workspace ? "  workspace peak MiB/rank:" + workspace : "");
   std::fflush(stdout);
 }
 

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "zest/comm/communicator.h"
 #include "zest/engine/engine.h"
 
 namespace mlp {
@@ -23,12 +22,20 @@ struct StageRow {
   RunSummary summary;
 };
 
-// Every rank's value, on every rank.
-std::vector<int64_t> gather_int64(zest::Communicator& comm, int64_t value);
-float mean_over_ranks(zest::Communicator& comm, float value);
+// What a step line shows of one rank.
+struct RankStep {
+  float loss = 0.0f;           // mean over the rank's micro-batches
+  int64_t model_states = 0;    // bytes now: parameters, gradients, master weights, optimizer state
+  int64_t workspace_peak = 0;  // bytes at the peak: the loop's scratch (the device path's; 0 on the host)
+};
 
-void print_step(long step, float loss, const zest::StepResult& result, double ms,
-                const std::vector<int64_t>& model_state_bytes_per_rank);
+// Every rank's, rank by rank, on every rank: over the engine's control
+// communicator, which goes through the engine's memory, so it works on NCCL
+// (device buffers only) as on the host. Collective.
+std::vector<RankStep> gather_step(zest::Engine& engine, float loss);
+
+// The mean loss over ranks, and each rank's memory.
+void print_step(long step, const std::vector<RankStep>& ranks, const zest::StepResult& result, double ms);
 
 std::string format_stage_table(const std::vector<StageRow>& rows, long parameters,
                                const zest::EngineConfig& config);
