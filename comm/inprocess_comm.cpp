@@ -28,7 +28,7 @@ class Group {
  public:
   Group(int world_size, Device device, CommOptions options)
       : size_(world_size), device_(device), options_(options), posts_(world_size),
-        arrived_gen_(world_size, ~uint64_t{0}) {}
+        arrived_gen_(world_size, ~uint64_t{0}), in_data_(world_size, 0) {}
 
   int size() const { return size_; }
   Device device() const { return device_; }
@@ -48,22 +48,26 @@ class Group {
         throw_if_aborted();
       }
     }
-    wait_for_all(lock, rank, post.desc);
+    wait_for_all(lock, rank, post.desc, /*enter_data=*/true);
     return posts_;
   }
 
   // Waits until every rank is done with the others' buffers.
   void depart(int rank, const CollectiveDesc& desc) {
     std::unique_lock<std::mutex> lock(mutex_);
-    throw_if_aborted();
-    wait_for_all(lock, rank, desc);
+    leave_locked(rank);
+    if (!abort_reason_.empty()) drain_and_throw(lock);
+    wait_for_all(lock, rank, desc, /*enter_data=*/false);
   }
 
-  // Ends the group for every rank: those waiting now, and each at its next
-  // call, get a CommError with `message`. Only the first abort counts.
-  void abort(CommError::Reason reason, std::string message) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  // This rank's part failed: the group is aborted with `message`, and the
+  // rank returns (to unwind and free its buffers) only once no other rank
+  // is still reading or writing them.
+  void fail(int rank, CommError::Reason reason, std::string message) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    leave_locked(rank);
     abort_locked(reason, std::move(message));
+    drain(lock);
   }
 
   // Split: the first rank to ask creates a color's child group and the others
@@ -84,12 +88,19 @@ class Group {
   // A cyclic barrier whose wait ends in an error when the group is aborted or
   // the timeout passes. Ranks count as arrived for generation_ when
   // arrived_gen_[r] equals it.
-  void wait_for_all(std::unique_lock<std::mutex>& lock, int rank, const CollectiveDesc& desc) {
+  // `enter_data`: the barrier before the data phase, which puts every rank
+  // in it once all have arrived.
+  void wait_for_all(std::unique_lock<std::mutex>& lock, int rank, const CollectiveDesc& desc,
+                    bool enter_data) {
     const uint64_t gen = generation_;
     arrived_gen_[rank] = gen;
     if (++arrived_ == size_) {
       arrived_ = 0;
       ++generation_;
+      if (enter_data) {
+        std::fill(in_data_.begin(), in_data_.end(), 1);
+        busy_ = size_;
+      }
       cv_.notify_all();
       return;
     }
@@ -100,7 +111,30 @@ class Group {
         abort_locked(CommError::Reason::kTimeout, timeout_message(rank, desc, gen));
       }
     }
-    throw_if_aborted();
+    if (!abort_reason_.empty()) {
+      // Released into the data phase just before the abort, or not: either
+      // way this rank does no data work now, but others may be doing theirs
+      // on its buffers.
+      leave_locked(rank);
+      drain_and_throw(lock);
+    }
+  }
+
+  // Ranks between the two barriers of a collective read and write the
+  // others' buffers. A rank that throws waits for them first, so it never
+  // frees memory another rank is still copying (bounded by the timeout: data
+  // work does not wait on anyone).
+  void leave_locked(int rank) {
+    if (!in_data_[static_cast<size_t>(rank)]) return;
+    in_data_[static_cast<size_t>(rank)] = 0;
+    if (--busy_ == 0) cv_.notify_all();
+  }
+  void drain(std::unique_lock<std::mutex>& lock) {
+    cv_.wait_for(lock, options_.timeout, [&] { return busy_ == 0; });
+  }
+  [[noreturn]] void drain_and_throw(std::unique_lock<std::mutex>& lock) {
+    drain(lock);
+    throw CommError(abort_kind_, abort_reason_, __FILE__, __LINE__);
   }
 
   void abort_locked(CommError::Reason reason, std::string message) {
@@ -147,6 +181,8 @@ class Group {
   std::condition_variable cv_;
   std::vector<Post> posts_;
   std::vector<uint64_t> arrived_gen_;
+  std::vector<char> in_data_;  // per rank: inside a collective's data phase
+  int busy_ = 0;               // how many are
   uint64_t generation_ = 0;
   int arrived_ = 0;
   CommError::Reason abort_kind_ = CommError::Reason::kAborted;
@@ -208,7 +244,7 @@ class InProcessCommunicator final : public Communicator {
       const std::string reason = fmt::format("in-process {} failed on rank {}: {}", desc.str(),
                                              rank(), current_exception_message());
       mark_aborted(reason);
-      group_->abort(CommError::Reason::kBackend, reason);
+      group_->fail(rank(), CommError::Reason::kBackend, reason);
       throw;
     }
   }

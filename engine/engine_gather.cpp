@@ -77,10 +77,10 @@ void Engine::follow_trace(int unit) {
   // iteration.
   if (im.warned_trace) return;
   im.warned_trace = true;
-  ZEST_LOG_WARN(
+  // Benign (an evaluation pass before training does it), hence info.
+  ZEST_LOG_INFO(
       "stage 3: gather #{} of this iteration is unit '{}', not '{}' as in the recorded order; "
-      "prefetching is off until the order has been recorded again over the next iteration (the "
-      "order of gathers should repeat every iteration)",
+      "prefetching pauses until the order is recorded again over the next iteration",
       im.trace_pos + 1, im.layout->unit(unit).name,
       im.trace_pos < im.trace.size() ? im.layout->unit(im.trace[im.trace_pos]).name : "none");
 }
