@@ -2,11 +2,13 @@
 // allocation, initial values) and inspection.
 #include "zest/engine/engine.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/engine/engine_state.h"
+#include "zest/engine/layout_constants.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/grad_ops.h"
 
@@ -205,24 +207,36 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
                                     : st.params_shard.data();
     st.master = fp32 ? static_cast<float*>(param_shard) : im.master.as<float>() + L.owned_offset(u);
 
-    // Initial values: the initializer fills fp32 values on the host, the
-    // device gets them through a staging buffer, rank 0's are broadcast.
+    // Initial values: the initializer fills fp32 values on the host; they
+    // reach the device through a staging buffer of at most
+    // kInitStagingNumel elements (so a huge unit does not need its fp32 copy
+    // on the device), and rank 0's are broadcast.
     host.assign(unit.padded, 0.0f);
     if (from == InitFrom::kEveryRank || comm_.rank() == 0) {
       for (const ParamLayout& p : unit.params) init(p, std::span<float>(host.data() + p.offset, p.numel));
     }
-    staging = allocator_.allocate_buffer(unit.padded * 4, stream_, MemoryCategory::kCommBuffers);
-    copy_bytes(stream_, staging.data(), host.data(), unit.padded * 4);
-    if (from == InitFrom::kRank0 && comm_.size() > 1) {
-      im.control->broadcast(staging.data(), staging.data(), unit.padded, DType::kFloat32, 0, stream_);
+    const size_t piece = std::min(unit.padded, kInitStagingNumel);
+    staging = allocator_.allocate_buffer(piece * 4, stream_, MemoryCategory::kCommBuffers);
+    std::byte* full = st.resident ? st.params_full.as<std::byte>() : nullptr;
+    for (size_t begin = 0; begin < unit.padded; begin += piece) {
+      const size_t n = std::min(piece, unit.padded - begin);
+      copy_bytes(stream_, staging.data(), host.data() + begin, n * 4);
+      if (from == InitFrom::kRank0 && comm_.size() > 1) {
+        im.control->broadcast(staging.data(), staging.data(), n, DType::kFloat32, 0, stream_);
+      }
+      if (full != nullptr) convert(stream_, staging.data(), DType::kFloat32, full + begin * bc, compute_dtype_, n);
+      // The part of this piece in the owned shard.
+      const size_t lo = std::max(begin, shard_begin);
+      const size_t hi = std::min(begin + n, shard_begin + unit.shard);
+      if (lo < hi) {
+        const float* src = staging.as<float>() + (lo - begin);
+        if (full == nullptr) {
+          convert(stream_, src, DType::kFloat32, st.params_shard.as<std::byte>() + (lo - shard_begin) * bc,
+                  compute_dtype_, hi - lo);
+        }
+        if (!fp32) copy_bytes(stream_, st.master + (lo - shard_begin), src, (hi - lo) * 4);
+      }
     }
-    const float* owned = staging.as<float>() + shard_begin;
-    if (st.resident) {
-      convert(stream_, staging.data(), DType::kFloat32, st.params_full.data(), compute_dtype_, unit.padded);
-    } else {
-      convert(stream_, owned, DType::kFloat32, st.params_shard.data(), compute_dtype_, unit.shard);
-    }
-    if (!fp32) copy_bytes(stream_, st.master, owned, unit.shard * 4);
     stream_.synchronize();  // `host` is reused for the next unit
     staging = Buffer();
   }

@@ -20,6 +20,10 @@ namespace zest {
 inline constexpr size_t kParamAlign = 64;
 inline constexpr size_t kShardQuantum = 256;
 
+// finalize() moves initial values to the device through an fp32 staging
+// buffer of at most this many elements (64 MiB), piece by piece.
+inline constexpr size_t kInitStagingNumel = size_t{1} << 24;
+
 // The offset at which a parameter placed after `offset` elements starts.
 constexpr size_t aligned_param_offset(size_t offset) {
   return (offset + kParamAlign - 1) / kParamAlign * kParamAlign;

@@ -9,7 +9,7 @@
 //               stages 2-3 or when accumulating
 //   transient   engine_gather.cpp (stage 3 prefetch window),
 //               engine_grads.cpp (reduce buckets), engine_step.cpp (norm
-//               chunk sums), finalize() (one unit's fp32 staging)
+//               chunk sums), finalize() (fp32 staging of one unit, at most kInitStagingNumel elements)
 // A change to any of these is a change here; tests/engine compares a run's
 // measured bytes with this estimate.
 #include "zest/engine/memory_estimate.h"
@@ -190,7 +190,7 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
 
   size_t largest = 0;
   for (const UnitSize& u : units) largest = std::max(largest, u.padded);
-  const int64_t staging = to_bytes(largest, 4);
+  const int64_t staging = to_bytes(std::min(largest, kInitStagingNumel), 4);
   // The chunk sums of this rank, then P ranks' gathered (engine_step.cpp).
   const int64_t norm_sums = to_bytes((static_cast<size_t>(o.partitions()) + 1) *
                                          (e.owned_numel / kShardQuantum), 8);

@@ -207,7 +207,15 @@ TEST_CASE("the largest model that fits: consistent, and monotone in the stage") 
       };
       CHECK(bytes(psi) <= device);
       CHECK(bytes(psi + 1) > device);
-      CHECK(psi >= previous);
+      // A model that is one unit is the exception at its peak: stage 3
+      // gathers the whole unit and stages its whole gradient, more than
+      // stage 2 ever holds at once, so it fits less.
+      const bool one_unit_peak = fit.criterion == FitCriterion::kPeak && fit.unit_numel == 0;
+      if (one_unit_peak && stage == 3) {
+        CHECK(psi < previous);
+      } else {
+        CHECK(psi >= previous);
+      }
       previous = psi;
     }
   }

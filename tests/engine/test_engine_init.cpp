@@ -1,0 +1,40 @@
+// finalize()'s initial values: moved to the device piece by piece.
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+#include "engine_harness.h"
+
+using namespace zest;
+using namespace zest::test;
+
+TEST_CASE("a unit larger than the staging buffer is initialized piece by piece") {
+  // 2^24 + 1000 elements: two pieces, the second short, and at stage 3 on 2
+  // ranks the shard boundary falls inside the first piece.
+  const int64_t n = (int64_t{1} << 24) + 1000;
+  EngineConfig config = base_config(3);
+  config.bf16 = true;
+  config.optimizer.kind = OptimizerKind::kSgd;  // no state: keep the test's memory small
+  run_inprocess(2, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
+    engine.add_unit("big", {{"big.w", {n}}});
+    engine.finalize([](const ParamLayout&, std::span<float> v) {
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 251) - 125.0f;  // exact in bf16
+    });
+    // The staging buffer never held more than one piece of fp32.
+    CHECK(engine.memory_report()[MemoryCategory::kCommBuffers].peak == int64_t{4} << 24);
+    const std::vector<float> master = engine.param_master("big.w");
+    REQUIRE(master.size() == static_cast<size_t>(n));
+    for (size_t i : {size_t{0}, size_t{1} << 23, (size_t{1} << 24) - 1, size_t{1} << 24, static_cast<size_t>(n) - 1}) {
+      CAPTURE(i);
+      CHECK(master[i] == static_cast<float>(i % 251) - 125.0f);
+    }
+    // The bf16 parameters came through the same pieces.
+    UnitHandle h = engine.gather(0);
+    std::vector<bf16> p(static_cast<size_t>(n));
+    std::memcpy(p.data(), h.param<bf16>("big.w").data(), p.size() * sizeof(bf16));
+    CHECK(static_cast<float>(p[(size_t{1} << 24) + 5]) == static_cast<float>(((size_t{1} << 24) + 5) % 251) - 125.0f);
+    CHECK(static_cast<float>(p[12345]) == static_cast<float>(12345 % 251) - 125.0f);
+  });
+}
