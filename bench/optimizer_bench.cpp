@@ -22,7 +22,6 @@
 #include "zest/memory/caching_allocator.h"
 #include "zest/memory/copy.h"
 #include "zest/memory/raw_allocator.h"
-#include "zest/optim/grad_ops.h"
 #include "zest/optim/optimizer.h"
 
 namespace {

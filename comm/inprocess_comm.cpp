@@ -9,7 +9,6 @@
 
 #include "zest/comm/inprocess_data.h"
 #include "zest/core/rank_context.h"
-#include "zest/core/units.h"
 
 namespace zest {
 namespace {

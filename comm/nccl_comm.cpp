@@ -347,8 +347,10 @@ void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, C
 // it alike).
 template <typename Call>
 void NcclCommunicator::issue_data(const CollectiveDesc& desc, const Stream& stream, Call&& call) {
-  check();
-  if (desc.count == 0) return;
+  if (desc.count == 0) {
+    check();  // issue() checks otherwise
+    return;
+  }
   issue(desc, stream, std::forward<Call>(call));
 }
 

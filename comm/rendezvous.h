@@ -39,18 +39,16 @@ class Deadline {
  public:
   using Clock = std::chrono::steady_clock;
   explicit Deadline(std::chrono::milliseconds timeout)
-      : start_(Clock::now()), end_(start_ + timeout), timeout_(timeout) {}
+      : start_(Clock::now()), end_(start_ + timeout) {}
 
   bool passed() const { return Clock::now() >= end_; }
   // Time left, never negative.
   std::chrono::milliseconds remaining() const;
   std::chrono::milliseconds elapsed() const;
-  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   Clock::time_point start_;
   Clock::time_point end_;
-  std::chrono::milliseconds timeout_;
 };
 
 // The argument checks of every rendezvous, as a zest::Error that names the

@@ -16,12 +16,11 @@ void put32(std::string& out, uint32_t v);
 void put64(std::string& out, uint64_t v);
 
 // Reads fields off the front of `bytes` (which must outlive it). A read past
-// the end returns zeros (an empty view for take) and makes ok() false for
-// good, so a decoder reads every field and checks once at the end.
+// the end returns zeros (an empty view for take) and fails the cursor for
+// good, so a decoder reads every field and checks at_end() once.
 class Cursor {
  public:
   explicit Cursor(std::string_view bytes) : rest_(bytes) {}
-  bool ok() const { return ok_; }
   // Every byte read, none missing.
   bool at_end() const { return ok_ && rest_.empty(); }
   uint32_t u32();

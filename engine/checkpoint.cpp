@@ -20,7 +20,6 @@ namespace {
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest";
 
-std::string shard_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
 
 void check_tag(const std::string& tag) {
   ZEST_CHECK(!tag.empty() && tag != kLatest && tag[0] != '.' && tag.find('/') == std::string::npos,
@@ -44,6 +43,8 @@ std::string model_lines(const ModelLayout& layout) {
 }
 
 }  // namespace
+
+std::string shard_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
 
 std::string partial_checkpoint_dir(const std::string& root, const std::string& tag) {
   check_tag(tag);

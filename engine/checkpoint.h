@@ -55,6 +55,8 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
 // directory into place and moves `latest`.
 struct CheckpointManifest;
 std::string partial_checkpoint_dir(const std::string& root, const std::string& tag);
+// The name of partition `rank`'s shard file: rank_00003.bin.
+std::string shard_file_name(int rank);
 void write_manifest(const std::string& dir, const CheckpointManifest& manifest);
 void publish_checkpoint(const std::string& root, const std::string& tag);
 

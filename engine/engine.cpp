@@ -203,9 +203,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       st.grad_acc = allocator_.allocate_buffer(unit.shard * bc, stream_, MemoryCategory::kGradients);
     }
     const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
-    void* param_shard = st.resident ? st.params_full.as<std::byte>() + shard_begin * bc
-                                    : st.params_shard.data();
-    st.master = fp32 ? static_cast<float*>(param_shard) : im.master.as<float>() + L.owned_offset(u);
+    st.master = fp32 ? reinterpret_cast<float*>(owned_params(u)) : im.master.as<float>() + L.owned_offset(u);
 
     // Initial values: the initializer fills fp32 values on the host; they
     // reach the device through a staging buffer of at most
@@ -301,6 +299,16 @@ int Engine::partition() const {
   return impl_->part;
 }
 
+std::byte* Engine::owned_part(const Buffer& full, int unit) const {
+  const size_t shard = impl_->layout->unit(unit).shard;
+  return full.as<std::byte>() + shard * static_cast<size_t>(impl_->part) * elem_size(compute_dtype_);
+}
+
+std::byte* Engine::owned_params(int unit) const {
+  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  return st.resident ? owned_part(st.params_full, unit) : st.params_shard.as<std::byte>();
+}
+
 // Where buffer `buffer` of unit u's owned shard lives.
 float* Engine::shard_ptr(int unit, int buffer) {
   UnitState& st = state(unit);
@@ -342,10 +350,7 @@ void Engine::restore(const Progress& progress) {
     UnitState& st = im.units[static_cast<size_t>(u)];
     const UnitLayout& U = L.unit(u);
     if (compute_dtype_ == DType::kFloat32) continue;  // the master is the parameters
-    std::byte* out = st.resident ? st.params_full.as<std::byte>() +
-                                       U.shard * static_cast<size_t>(im.part) * elem_size(compute_dtype_)
-                                 : st.params_shard.as<std::byte>();
-    convert(stream_, st.master, DType::kFloat32, out, compute_dtype_, U.shard);
+    convert(stream_, st.master, DType::kFloat32, owned_params(u), compute_dtype_, U.shard);
   }
   gather_updated_params();
   stream_.synchronize();

@@ -168,6 +168,11 @@ class Engine {
   void release(int unit);
   void grads_done(int unit);
   float* shard_ptr(int unit, int buffer);
+  // This rank's part of a full unit-sized buffer (parameters or gradients).
+  std::byte* owned_part(const Buffer& full, int unit) const;
+  // Where this rank's shard of unit u's compute-dtype parameters lives: in
+  // the full parameters when they are resident, else the shard buffer.
+  std::byte* owned_params(int unit) const;
   // engine_gather.cpp
   void materialize(int unit);
   void drop(int unit);

@@ -75,15 +75,8 @@ void Engine::flush_reductions() {
   im.handoff->record(stream_);
   comm.wait(*im.handoff);
 
-  const size_t bc = elem_size(compute_dtype_);
   const bool first_micro = im.micro == 0;
   const int stage = config_.zero.stage;
-  // The owned part of a unit's full gradient buffer.
-  const auto owned_part = [&](int u) {
-    const UnitLayout& U = im.layout->unit(u);
-    return im.units[static_cast<size_t>(u)].grads_full.as<std::byte>() +
-           U.shard * static_cast<size_t>(im.part) * bc;
-  };
 
   comm_.group_start();
   for (int u : im.pending) {
@@ -91,7 +84,7 @@ void Engine::flush_reductions() {
     const UnitLayout& U = im.layout->unit(u);
     // The first micro-step reduces straight into the accumulator; later ones
     // reduce in place and add.
-    void* dst = st.grad_acc && first_micro ? st.grad_acc.data() : owned_part(u);
+    void* dst = st.grad_acc && first_micro ? st.grad_acc.data() : owned_part(st.grads_full, u);
     if (stage == 0) {
       comm_.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, ReduceOp::kAvg, comm);
     } else {
@@ -104,7 +97,7 @@ void Engine::flush_reductions() {
     UnitState& st = im.units[static_cast<size_t>(u)];
     const UnitLayout& U = im.layout->unit(u);
     if (st.grad_acc && !first_micro) {
-      accumulate(comm, st.grad_acc.data(), owned_part(u), compute_dtype_, U.shard);
+      accumulate(comm, st.grad_acc.data(), owned_part(st.grads_full, u), compute_dtype_, U.shard);
     }
     if (stage >= 2) {
       // The compute stream may reuse the block only after the comm stream's

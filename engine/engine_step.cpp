@@ -52,10 +52,7 @@ void Engine::end_micro_step() {
 // The reduced, accumulated gradient of unit u's owned shard.
 const void* Engine::reduced_grad(int unit) const {
   const UnitState& st = impl_->units[static_cast<size_t>(unit)];
-  if (st.grad_acc) return st.grad_acc.data();
-  const UnitLayout& U = impl_->layout->unit(unit);
-  return st.grads_full.as<std::byte>() +
-         U.shard * static_cast<size_t>(impl_->part) * elem_size(compute_dtype_);
+  return st.grad_acc ? st.grad_acc.data() : owned_part(st.grads_full, unit);
 }
 
 // The square of the global norm of the gradients times `scale`, summed
@@ -156,17 +153,11 @@ StepResult Engine::step() {
   const bool fp32 = compute_dtype_ == DType::kFloat32;
   const size_t bc = elem_size(compute_dtype_);
   for (int u = 0; u < L.num_units(); ++u) {
-    UnitState& st = im.units[static_cast<size_t>(u)];
-    const UnitLayout& U = L.unit(u);
-    const size_t owned = L.owned_offset(u);
-    std::byte* out = st.resident ? st.params_full.as<std::byte>() + U.shard * static_cast<size_t>(im.part) * bc
-                                 : st.params_shard.as<std::byte>();
+    std::byte* out = owned_params(u);
     for (const GroupRun& run : L.shard_runs(u, im.part)) {
       ShardBuffers b;
-      b.master = st.master + run.begin;
-      for (int s = 0; s < 2; ++s) {
-        if (im.state[s]) b.state[s] = im.state[s].as<float>() + owned + run.begin;
-      }
+      b.master = shard_ptr(u, 0) + run.begin;
+      for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = shard_ptr(u, s) + run.begin;
       b.grad = static_cast<const std::byte*>(reduced_grad(u)) + run.begin * bc;
       b.grad_dtype = compute_dtype_;
       b.param_out = fp32 ? nullptr : out + run.begin * bc;
@@ -199,9 +190,7 @@ void Engine::gather_updated_params() {
       comm_.group_start();
       open = true;
     }
-    std::byte* full = st.params_full.as<std::byte>();
-    comm_.all_gather(full + U.shard * static_cast<size_t>(im.part) * elem_size(compute_dtype_), full,
-                     U.shard, compute_dtype_, stream_);
+    comm_.all_gather(owned_part(st.params_full, u), st.params_full.data(), U.shard, compute_dtype_, stream_);
     bucket += U.padded;
     if (static_cast<int64_t>(bucket) >= config_.zero.allgather_bucket_size) {
       comm_.group_end();

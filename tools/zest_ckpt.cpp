@@ -8,15 +8,16 @@
 // CKPT is a checkpoint directory (root/step_000100) or a root with a
 // `latest` pointer. Memory stays bounded: values move in pieces of at most
 // kPiece elements, never a whole unit.
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "zest/core/check.h"
 #include "zest/core/units.h"
 #include "zest/engine/checkpoint.h"
 #include "zest/engine/checkpoint_reader.h"
@@ -47,7 +48,7 @@ std::string resolve(const std::string& path) {
   return CheckpointReader::latest_dir(path);
 }
 
-// Calls fn(unit, begin, count) over every element of every unit, in pieces.
+// Calls fn(begin, count) over [begin, end) in pieces of at most kPiece.
 template <typename Fn>
 void for_each_piece(size_t begin, size_t end, Fn&& fn) {
   for (size_t i = begin; i < end; i += kPiece) fn(i, std::min(kPiece, end - i));
@@ -120,6 +121,7 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
   CheckpointReader r(resolve(path));
   CheckpointManifest m = r.manifest();
   m.world_size = world;
+  if (stage < 0) stage = m.stage;  // keep the checkpoint's
   m.stage = stage;
   m.partitions = stage == 0 ? 1 : world;
   m.files.clear();
@@ -131,7 +133,7 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
   fs::create_directory(partial);
   std::vector<float> piece;
   for (int q = 0; q < m.partitions; ++q) {
-    const std::string name = fmt::format("rank_{:05d}.bin", q);
+    const std::string name = shard_file_name(q);
     AtomicFile file((fs::path(partial) / name).string());
     for (int b = 0; b < m.shard_buffers; ++b) {
       for (int u = 0; u < L.num_units(); ++u) {
@@ -200,7 +202,6 @@ int main(int argc, char** argv) {
     if (cmd == "reshard") {
       need(2);
       if (world == 0) throw UsageError("reshard needs --world N");
-      if (stage < 0) stage = CheckpointReader(resolve(pos[0])).manifest().stage;
       return reshard(pos[0], pos[1], world, stage);
     }
     throw UsageError(fmt::format("unknown command '{}': inspect, verify, export or reshard", cmd));

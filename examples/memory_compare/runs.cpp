@@ -46,7 +46,6 @@ int64_t RankMemory::run_peak(zest::MemoryCategory c) const {
   return std::max(after_finalize[c].peak, at_end[c].peak);
 }
 
-int64_t RankMemory::run_peak_total() const { return std::max(setup_peak_total, training_peak_total); }
 
 std::string RankMemory::difference(const RankMemory& other) const {
   std::string out;

@@ -36,7 +36,6 @@ struct RankMemory {
   // Highest bytes of the category over the whole run (what the estimate's
   // per-category peak models).
   int64_t run_peak(zest::MemoryCategory c) const;
-  int64_t run_peak_total() const;
   int64_t model_states() const { return at_end.model_states(); }
 
   // "" when equal, else the first quantities that differ.

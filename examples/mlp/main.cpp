@@ -79,9 +79,10 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
       result = engine.step();
     }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    const std::vector<mlp::RankStep> ranks = mlp::gather_step(engine, loss);
-    if (comm.rank() == 0 && (step % opt.print_every == 0 || step == first + opt.steps - 1)) {
-      mlp::print_step(step, ranks, result, ms);
+    // The same decision on every rank: gather_step is collective.
+    if (step % opt.print_every == 0 || step == first + opt.steps - 1) {
+      const std::vector<mlp::RankStep> ranks = mlp::gather_step(engine, loss);
+      if (comm.rank() == 0) mlp::print_step(step, ranks, result, ms);
     }
   }
   if (!opt.save_dir.empty()) {
@@ -90,7 +91,6 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
   }
   summary.final_loss = mlp::evaluate(engine, opt.shape, held_out, &device_context);
   summary.memory = engine.memory_report();
-  summary.padded_params = static_cast<int64_t>(engine.layout().padded());
   return summary;
 }
 

@@ -13,7 +13,6 @@ namespace mlp {
 struct RunSummary {
   float final_loss = 0.0f;      // on a held-out batch
   zest::MemoryReport memory;    // rank 0's, at the end
-  int64_t padded_params = 0;    // parameters with the layout's padding
 };
 
 struct StageRow {
