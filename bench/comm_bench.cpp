@@ -25,7 +25,6 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,16 +38,12 @@
 #include "zest/core/device.h"
 #include "zest/core/stream.h"
 #include "zest/core/units.h"
+#include "zest/memory/copy.h"
 #include "zest/memory/raw_allocator.h"
-
-#if ZEST_WITH_CUDA
-#include <cuda_runtime.h>
-
-#include "zest/core/cuda_check.h"
-#endif
 
 namespace {
 
+using zest::CollectiveKind;
 using zest::Communicator;
 using zest::Device;
 using zest::DType;
@@ -152,22 +147,13 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
   return std::nullopt;
 }
 
-enum class Kind { kAllReduce, kReduceScatter, kAllGather };
-constexpr Kind kKinds[] = {Kind::kAllReduce, Kind::kReduceScatter, Kind::kAllGather};
-
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::kAllReduce: return "all_reduce";
-    case Kind::kReduceScatter: return "reduce_scatter";
-    case Kind::kAllGather: return "all_gather";
-  }
-  return "?";
-}
+constexpr CollectiveKind kKinds[] = {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
+                                     CollectiveKind::kAllGather};
 
 // nccl-tests' bus bandwidth factor.
-double bus_factor(Kind k, int n) {
+double bus_factor(CollectiveKind k, int n) {
   const double ranks = n;
-  return k == Kind::kAllReduce ? 2.0 * (ranks - 1) / ranks : (ranks - 1) / ranks;
+  return k == CollectiveKind::kAllReduce ? 2.0 * (ranks - 1) / ranks : (ranks - 1) / ranks;
 }
 
 // Calls per size: about the same bytes for every size, within bounds.
@@ -193,17 +179,11 @@ struct Buffer {
 };
 
 // Ones, so that sums stay ordinary floats (no denormal slow paths on the host).
-void fill_ones(const Buffer& b, Device device) {
+void fill_ones(const Buffer& b, const zest::Stream& stream) {
   const size_t n = b.bytes / sizeof(float);
   std::vector<float> ones(n, 1.0f);
-  if (device.is_host()) {
-    std::memcpy(b.get(), ones.data(), n * sizeof(float));
-    return;
-  }
-#if ZEST_WITH_CUDA
-  zest::DeviceGuard guard(device);
-  ZEST_CUDA_CHECK(cudaMemcpy(b.get(), ones.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-#endif
+  zest::copy_bytes(stream, b.get(), ones.data(), n * sizeof(float));
+  stream.synchronize();  // `ones` goes at return
 }
 
 // Mean microseconds per call of fn over `iters` calls on `stream`.
@@ -225,17 +205,6 @@ double time_us(const zest::Stream& stream, int64_t iters, Fn&& fn) {
   return 1000.0 * start.elapsed_ms(stop) / static_cast<double>(iters);
 }
 
-void copy_bytes(void* dst, const void* src, size_t bytes, const zest::Stream& stream) {
-  if (stream.device().is_host()) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#if ZEST_WITH_CUDA
-  ZEST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                  static_cast<cudaStream_t>(stream.native())));
-#endif
-}
-
 // Every size of every collective on this rank; rank 0 prints.
 void sweep(Communicator& comm, const Options& opt) {
   const Device device = comm.device();
@@ -247,36 +216,38 @@ void sweep(Communicator& comm, const Options& opt) {
   const size_t max_size = opt.quick ? kQuickMaxSize : kMaxSize;
   Buffer send(*raw, max_size);
   Buffer recv(*raw, max_size);
-  fill_ones(send, device);
-  fill_ones(recv, device);
+  fill_ones(send, stream);
+  fill_ones(recv, stream);
 
   if (printer) {
     fmt::print("# comm_bench: backend {}, {} ranks, {}, fp32, {} build\n", comm.backend_name(), n,
                device.str(), ZEST_BENCH_BUILD_TYPE);
   }
-  for (Kind kind : kKinds) {
+  for (CollectiveKind kind : kKinds) {
     if (printer) {
-      fmt::print("\n# {}\n# {:>10} {:>10} {:>5} {:>11} {:>11} {:>11} {:>11} {:>9}\n", kind_name(kind),
+      fmt::print("\n# {}\n# {:>10} {:>10} {:>5} {:>11} {:>11} {:>11} {:>11} {:>9}\n", collective_name(kind),
                  "size", "count", "type", "time us", "algbw GB/s", "busbw GB/s", "memcpy us", "x memcpy");
     }
     for (size_t size = kMinSize; size <= max_size; size *= 2) {
       // Whole elements, and for the scattered and gathered kinds whole parts.
-      const size_t unit = kind == Kind::kAllReduce ? sizeof(float) : sizeof(float) * static_cast<size_t>(n);
+      const size_t unit = kind == CollectiveKind::kAllReduce ? sizeof(float) : sizeof(float) * static_cast<size_t>(n);
       const size_t bytes = size / unit * unit;
       const size_t count = bytes / sizeof(float);
       const size_t part = count / static_cast<size_t>(n);
       if (bytes == 0) continue;
       auto call = [&] {
         switch (kind) {
-          case Kind::kAllReduce:
+          case CollectiveKind::kAllReduce:
             comm.all_reduce(send.get(), recv.get(), count, DType::kFloat32, zest::ReduceOp::kSum, stream);
             break;
-          case Kind::kReduceScatter:
+          case CollectiveKind::kReduceScatter:
             comm.reduce_scatter(send.get(), recv.get(), part, DType::kFloat32, zest::ReduceOp::kSum, stream);
             break;
-          case Kind::kAllGather:
+          case CollectiveKind::kAllGather:
             comm.all_gather(send.get(), recv.get(), part, DType::kFloat32, stream);
             break;
+          default:
+            break;  // kKinds has no other kind
         }
       };
       const int64_t iters = iters_for(bytes, opt);
@@ -288,8 +259,9 @@ void sweep(Communicator& comm, const Options& opt) {
         comm.barrier(stream);  // while rank 0 times the copy alone
         continue;
       }
-      copy_bytes(recv.get(), send.get(), bytes, stream);  // warm-up
-      const double copy_us = time_us(stream, iters, [&] { copy_bytes(recv.get(), send.get(), bytes, stream); });
+      auto copy = [&] { zest::copy_bytes(stream, recv.get(), send.get(), bytes); };
+      copy();  // warm-up
+      const double copy_us = time_us(stream, iters, copy);
       comm.barrier(stream);
       const double algbw = static_cast<double>(bytes) / us / 1e3;
       fmt::print("  {:>10} {:>10} {:>5} {:>11.2f} {:>11.2f} {:>11.2f} {:>11.2f} {:>9.2f}\n", bytes, count,

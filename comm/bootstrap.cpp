@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "zest/comm/file_rendezvous.h"
@@ -15,6 +14,7 @@
 #include "zest/core/logging.h"
 
 #if ZEST_WITH_MPI
+#include "zest/comm/mpi_poll.h"
 #include "zest/core/mpi_check.h"
 #endif
 
@@ -58,21 +58,14 @@ void bcast_from_rank0(std::shared_ptr<void> owner, void* data, size_t bytes,
                       const Deadline& deadline, const LaunchEnv& env) {
   MPI_Request request = MPI_REQUEST_NULL;
   ZEST_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &request));
-  int done = 0;
-  for (;;) {
-    ZEST_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    if (deadline.passed()) {
-      const std::string message =
-          fmt::format("MPI rendezvous (MPI_Ibcast on MPI_COMM_WORLD) timed out on {} after {} ms: "
-                      "some rank did not reach init_distributed",
-                      env.str(), deadline.elapsed().count());
-      MpiEnvironment::keep_until_exit(std::move(owner));
-      MpiEnvironment::record_abort(message);
-      throw CommError(CommError::Reason::kTimeout, message, __FILE__, __LINE__);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  if (mpi::poll_until(request, deadline)) return;
+  const std::string message =
+      fmt::format("MPI rendezvous (MPI_Ibcast on MPI_COMM_WORLD) timed out on {} after {} ms: "
+                  "some rank did not reach init_distributed",
+                  env.str(), deadline.elapsed().count());
+  MpiEnvironment::keep_until_exit(std::move(owner));
+  MpiEnvironment::record_abort(message);
+  throw CommError(CommError::Reason::kTimeout, message, __FILE__, __LINE__);
 }
 
 std::string mpi_share(const LaunchEnv& env, std::string_view blob, milliseconds timeout) {
@@ -131,8 +124,7 @@ std::unique_ptr<Communicator> init_distributed(Device device, CommOptions option
 std::unique_ptr<Communicator> init_distributed(Device device, CommOptions options,
                                                const EnvLookup& lookup) {
   const LaunchEnv env = detect_launch_env(lookup);
-  ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",
-             options.timeout.count());
+  check_comm_options(options);
   if (device.is_cuda()) {
     // Every rank fails alike here, before any rank waits for another.
     ZEST_CHECK(ZEST_WITH_NCCL, "init_distributed({}): this build of ZEST has no NCCL backend; "

@@ -20,12 +20,16 @@ Range range(const void* p, size_t bytes) {
 
 }  // namespace
 
+void check_comm_options(const CommOptions& options) {
+  ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",
+             options.timeout.count());
+}
+
 Communicator::Communicator(int rank, int size, Device device, CommOptions options)
     : rank_(rank), size_(size), device_(device), options_(options) {
   ZEST_CHECK(size >= 1 && rank >= 0 && rank < size,
              "a communicator needs 0 <= rank < size, got rank {} of {}", rank, size);
-  ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",
-             options.timeout.count());
+  check_comm_options(options);
 }
 
 void Communicator::mark_aborted(const std::string& reason) {

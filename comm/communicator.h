@@ -44,6 +44,11 @@ struct CommOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 
+// Throws a zest::Error unless `options` can be used. Every communicator checks
+// this; factories that wait for other ranks before one exists check it first,
+// so that a bad option fails at once instead of after that wait.
+void check_comm_options(const CommOptions& options);
+
 class CommError : public Error {
  public:
   enum class Reason { kTimeout, kMismatch, kAborted, kBackend };

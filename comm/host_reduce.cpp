@@ -1,28 +1,13 @@
 #include "zest/comm/host_reduce.h"
 
 #include <cstdint>
+#include <type_traits>
 
+#include "zest/comm/reduce_element.h"
 #include "zest/core/check.h"
 
 namespace zest {
 namespace {
-
-// How each storage type is accumulated.
-template <typename T> struct Acc { using type = T; };
-template <> struct Acc<fp16> { using type = float; };
-template <> struct Acc<bf16> { using type = float; };
-template <> struct Acc<int32_t> { using type = int64_t; };
-template <> struct Acc<int64_t> { using type = uint64_t; };  // wraps, no UB
-template <> struct Acc<uint8_t> { using type = uint32_t; };
-
-template <typename T>
-typename Acc<T>::type load(const T& v) {
-  if constexpr (std::is_same_v<T, int64_t>) {
-    return static_cast<uint64_t>(v);
-  } else {
-    return static_cast<typename Acc<T>::type>(v);
-  }
-}
 
 template <typename T, typename A>
 T store(A v) {
@@ -31,23 +16,13 @@ T store(A v) {
 
 template <typename T>
 void reduce_typed(const void* const* inputs, int n, void* out, size_t count, ReduceOp op) {
-  using A = typename Acc<T>::type;
+  using A = typename reduction::Acc<T>::type;
   T* o = static_cast<T*>(out);
   for (size_t i = 0; i < count; ++i) {
-    A acc = load(static_cast<const T*>(inputs[0])[i]);
+    A acc = reduction::load(static_cast<const T*>(inputs[0])[i]);
     for (int k = 1; k < n; ++k) {
-      const A x = load(static_cast<const T*>(inputs[k])[i]);
-      if (op == ReduceOp::kMax) {
-        if constexpr (std::is_floating_point_v<A>) {
-          acc = (x > acc || x != x) ? x : acc;  // NaN in, NaN out
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-          acc = static_cast<int64_t>(x) > static_cast<int64_t>(acc) ? x : acc;
-        } else {
-          acc = x > acc ? x : acc;
-        }
-      } else {
-        acc = static_cast<A>(acc + x);
-      }
+      const A x = reduction::load(static_cast<const T*>(inputs[k])[i]);
+      acc = op == ReduceOp::kMax ? reduction::max<T>(acc, x) : reduction::add<T>(acc, x);
     }
     if constexpr (std::is_floating_point_v<A>) {
       if (op == ReduceOp::kAvg) acc /= static_cast<A>(n);

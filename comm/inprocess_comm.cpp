@@ -9,6 +9,7 @@
 
 #include "zest/comm/inprocess_data.h"
 #include "zest/core/rank_context.h"
+#include "zest/memory/copy.h"
 
 namespace zest {
 namespace {
@@ -193,32 +194,66 @@ class InProcessCommunicator final : public Communicator {
  public:
   InProcessCommunicator(std::shared_ptr<Group> group, int rank)
       : Communicator(rank, group->size(), group->device(), group->options()),
-        group_(std::move(group)) {}
+        group_(std::move(group)),
+        in_(static_cast<size_t>(size())),
+        out_(static_cast<size_t>(size())) {}
 
   std::string_view backend_name() const override { return "in-process"; }
 
  protected:
+  // Rank r reduces chunk r of every send buffer and writes it to chunk r of
+  // every recv buffer: each element is reduced once, and chunks never
+  // overlap, so in-place use is safe.
   void do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
                      const Stream& stream) override {
-    guarded(desc, [&] { all_reduce_part(desc, send, recv, stream); });
+    exchange(desc, send, recv, stream, [&](const std::vector<Post>& posts) {
+      const size_t es = elem_size(desc.dtype);
+      const size_t w = static_cast<size_t>(size());
+      const size_t chunk = (desc.count + w - 1) / w;
+      const size_t begin = std::min(desc.count, chunk * static_cast<size_t>(rank()));
+      const size_t n = std::min(desc.count, begin + chunk) - begin;
+      if (n > 0) {
+        for (size_t r = 0; r < w; ++r) {
+          in_[r] = static_cast<const char*>(posts[r].send) + begin * es;
+          out_[r] = static_cast<char*>(posts[r].recv) + begin * es;
+        }
+        inprocess::reduce_into(stream, in_.data(), size(), out_.data(), size(), n, desc.dtype,
+                               desc.op);
+      }
+    });
   }
   void do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
                          const Stream& stream) override {
-    guarded(desc, [&] { reduce_scatter_part(desc, send, recv, stream); });
+    exchange(desc, send, recv, stream, [&](const std::vector<Post>& posts) {
+      const size_t part = desc.count * elem_size(desc.dtype);
+      for (int r = 0; r < size(); ++r) {
+        in_[r] = static_cast<const char*>(posts[r].send) + static_cast<size_t>(rank()) * part;
+      }
+      void* out[] = {recv};
+      if (desc.count > 0) {
+        inprocess::reduce_into(stream, in_.data(), size(), out, 1, desc.count, desc.dtype, desc.op);
+      }
+    });
   }
   void do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
                      const Stream& stream) override {
-    guarded(desc, [&] { all_gather_part(desc, send, recv, stream); });
+    exchange(desc, send, recv, stream, [&](const std::vector<Post>& posts) {
+      const size_t part = desc.count * elem_size(desc.dtype);
+      for (int r = 0; r < size() && part > 0; ++r) {
+        copy_bytes(stream, static_cast<char*>(recv) + static_cast<size_t>(r) * part, posts[r].send,
+                   part);
+      }
+    });
   }
   void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                     const Stream& stream) override {
-    guarded(desc, [&] { broadcast_part(desc, send, recv, stream); });
+    exchange(desc, send, recv, stream, [&](const std::vector<Post>& posts) {
+      const size_t bytes = desc.count * elem_size(desc.dtype);
+      if (bytes > 0) copy_bytes(stream, recv, posts[desc.root].send, bytes);
+    });
   }
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override {
-    guarded(desc, [&] {
-      collect(desc, nullptr, nullptr, stream);
-      finish(desc, stream);
-    });
+    exchange(desc, nullptr, nullptr, stream, [](const std::vector<Post>&) {});
   }
   std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override {
     std::unique_ptr<Communicator> child;
@@ -248,62 +283,6 @@ class InProcessCommunicator final : public Communicator {
     }
   }
 
-  // Rank r reduces chunk r of every send buffer and writes it to chunk r of
-  // every recv buffer: each element is reduced once, and chunks never
-  // overlap, so in-place use is safe.
-  void all_reduce_part(const CollectiveDesc& desc, const void* send, void* recv,
-                       const Stream& stream) {
-    const auto& posts = collect(desc, send, recv, stream);
-    const size_t es = elem_size(desc.dtype);
-    const size_t w = static_cast<size_t>(size());
-    const size_t chunk = (desc.count + w - 1) / w;
-    const size_t begin = std::min(desc.count, chunk * static_cast<size_t>(rank()));
-    const size_t n = std::min(desc.count, begin + chunk) - begin;
-    if (n > 0) {
-      std::vector<const void*> in(w);
-      std::vector<void*> out(w);
-      for (size_t r = 0; r < w; ++r) {
-        in[r] = static_cast<const char*>(posts[r].send) + begin * es;
-        out[r] = static_cast<char*>(posts[r].recv) + begin * es;
-      }
-      inprocess::reduce_into(stream, in.data(), size(), out.data(), size(), n, desc.dtype, desc.op);
-    }
-    finish(desc, stream);
-  }
-
-  void reduce_scatter_part(const CollectiveDesc& desc, const void* send, void* recv,
-                           const Stream& stream) {
-    const auto& posts = collect(desc, send, recv, stream);
-    const size_t part = desc.count * elem_size(desc.dtype);
-    std::vector<const void*> in(static_cast<size_t>(size()));
-    for (int r = 0; r < size(); ++r) {
-      in[r] = static_cast<const char*>(posts[r].send) + static_cast<size_t>(rank()) * part;
-    }
-    void* out[] = {recv};
-    if (desc.count > 0) {
-      inprocess::reduce_into(stream, in.data(), size(), out, 1, desc.count, desc.dtype, desc.op);
-    }
-    finish(desc, stream);
-  }
-
-  void all_gather_part(const CollectiveDesc& desc, const void* send, void* recv,
-                       const Stream& stream) {
-    const auto& posts = collect(desc, send, recv, stream);
-    const size_t part = desc.count * elem_size(desc.dtype);
-    for (int r = 0; r < size() && part > 0; ++r) {
-      inprocess::copy(stream, static_cast<char*>(recv) + static_cast<size_t>(r) * part, posts[r].send, part);
-    }
-    finish(desc, stream);
-  }
-
-  void broadcast_part(const CollectiveDesc& desc, const void* send, void* recv,
-                      const Stream& stream) {
-    const auto& posts = collect(desc, send, recv, stream);
-    const size_t bytes = desc.count * elem_size(desc.dtype);
-    if (bytes > 0) inprocess::copy(stream, recv, posts[desc.root].send, bytes);
-    finish(desc, stream);
-  }
-
   std::unique_ptr<Communicator> split_part(const CollectiveDesc& desc, int color, int key) {
     Post post;
     post.desc = desc;
@@ -328,20 +307,31 @@ class InProcessCommunicator final : public Communicator {
     return child;
   }
 
-  const std::vector<Post>& collect(const CollectiveDesc& desc, const void* send, void* recv,
-                                   const Stream& stream) {
-    // The others read our send buffer and write our recv buffer from their
-    // threads: work queued on our stream must be done first.
-    inprocess::synchronize(stream);
-    return group_->arrive(rank(), Post{desc, send, recv, 0, 0});
-  }
-
-  void finish(const CollectiveDesc& desc, const Stream& stream) {
-    inprocess::synchronize(stream);
-    group_->depart(rank(), desc);
+  // This rank's part of every collective but split: posts its buffers, runs
+  // work(every rank's posts) once all have arrived, and leaves once all are
+  // done with each other's buffers.
+  template <typename Work>
+  void exchange(const CollectiveDesc& desc, const void* send, void* recv, const Stream& stream,
+                Work&& work) {
+    guarded(desc, [&] {
+      // The others read our send buffer and write our recv buffer from their
+      // threads: work queued on our stream must be done first. What `work`
+      // queues on the others' buffers must be done before this rank departs,
+      // since each may reuse its buffers once every rank has.
+      inprocess::synchronize(stream);
+      work(group_->arrive(rank(), Post{desc, send, recv, 0, 0}));
+      inprocess::synchronize(stream);
+      group_->depart(rank(), desc);
+    });
   }
 
   std::shared_ptr<Group> group_;
+  // The reductions' pointers into every rank's buffers, kept between calls
+  // so that a collective allocates nothing. Only this rank's thread touches
+  // them (a communicator is used by one thread at a time), and reduce_into
+  // is done with them when it returns (the CUDA kernel gets a copy).
+  std::vector<const void*> in_;
+  std::vector<void*> out_;
 };
 
 }  // namespace

@@ -22,15 +22,6 @@ void reduce_into(const Stream& stream, const void* const* inputs, int num_inputs
   }
 }
 
-void copy(const Stream& stream, void* dst, const void* src, size_t bytes) {
-  if (dst == src || bytes == 0) return;
-  if (stream.device().is_cuda()) {
-    cuda_copy(stream, dst, src, bytes);
-    return;
-  }
-  std::memcpy(dst, src, bytes);
-}
-
 void synchronize(const Stream& stream) { stream.synchronize(); }
 
 }  // namespace zest::inprocess

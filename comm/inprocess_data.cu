@@ -1,21 +1,23 @@
-// The CUDA side of the in-process backend: ranks sharing one GPU reduce and
-// copy straight between each other's device buffers.
+// The CUDA side of the in-process backend: ranks sharing one GPU reduce
+// straight between each other's device buffers.
 //
-// The reduction is host_reduce.cpp's, element for element: inputs in rank
-// order, fp16 and bf16 accumulated in float and rounded once (with ZEST's own
-// conversions, which the host uses too), integer sums wrapping, max
-// propagating NaN, avg dividing the float sum by the number of inputs. Float
-// adds and divides are IEEE round-to-nearest on both sides (nvcc keeps
-// denormals and exact division unless told otherwise, and nothing here can
-// be contracted into an FMA), so the bits are the host's. The one exception
-// is the payload of a NaN that an add or a divide creates or passes on: x86
-// keeps an operand's payload, the GPU returns its canonical NaN. Which
-// elements are NaN always agrees, and max passes its NaN on unchanged.
+// The reduction is host_reduce.cpp's, element for element and from the same
+// code (reduce_element.h): inputs in rank order, fp16 and bf16 accumulated in
+// float and rounded once (with ZEST's own conversions, which the host uses
+// too), integer sums wrapping, max propagating NaN, avg dividing the float
+// sum by the number of inputs. Float adds and divides are IEEE
+// round-to-nearest on both sides (nvcc keeps denormals and exact division
+// unless told otherwise, and nothing here can be contracted into an FMA), so
+// the bits are the host's. The one exception is the payload of a NaN that an
+// add or a divide creates or passes on: x86 keeps an operand's payload, the
+// GPU returns its canonical NaN. Which elements are NaN always agrees, and
+// max passes its NaN on unchanged.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "zest/comm/inprocess_data_cuda.h"
+#include "zest/comm/reduce_element.h"
 #include "zest/core/cuda_check.h"
 #include "zest/core/device.h"
 #include "zest/core/dtype.h"
@@ -33,40 +35,18 @@ struct Pointers {
   void* out[kMaxRanks];
 };
 
-template <typename T> struct Acc { using type = T; };
-template <> struct Acc<fp16> { using type = float; };
-template <> struct Acc<bf16> { using type = float; };
-template <> struct Acc<int32_t> { using type = int64_t; };
-template <> struct Acc<int64_t> { using type = uint64_t; };  // wraps, no UB
-template <> struct Acc<uint8_t> { using type = uint32_t; };
-
-template <typename T>
-__device__ typename Acc<T>::type load(const T& v) {
-  if constexpr (std::is_same_v<T, int64_t>) {
-    return static_cast<uint64_t>(v);
-  } else {
-    return static_cast<typename Acc<T>::type>(v);
-  }
-}
-
 template <typename T, ReduceOp kOp>
 __global__ void reduce_kernel(Pointers p, int num_inputs, int num_outputs, size_t count) {
-  using A = typename Acc<T>::type;
+  using A = typename reduction::Acc<T>::type;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    A acc = load(static_cast<const T*>(p.in[0])[i]);
+    A acc = reduction::load(static_cast<const T*>(p.in[0])[i]);
     for (int k = 1; k < num_inputs; ++k) {
-      const A x = load(static_cast<const T*>(p.in[k])[i]);
+      const A x = reduction::load(static_cast<const T*>(p.in[k])[i]);
       if constexpr (kOp == ReduceOp::kMax) {
-        if constexpr (std::is_floating_point_v<A>) {
-          acc = (x > acc || x != x) ? x : acc;  // NaN in, NaN out
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-          acc = static_cast<int64_t>(x) > static_cast<int64_t>(acc) ? x : acc;
-        } else {
-          acc = x > acc ? x : acc;
-        }
+        acc = reduction::max<T>(acc, x);
       } else {
-        acc = static_cast<A>(acc + x);
+        acc = reduction::add<T>(acc, x);
       }
     }
     if constexpr (kOp == ReduceOp::kAvg && std::is_floating_point_v<A>) {
@@ -125,13 +105,6 @@ void cuda_reduce_into(const Stream& stream, const void* const* inputs, int num_i
     case DType::kUInt8: return launch_op<uint8_t>(op, p, num_inputs, num_outputs, count, s);
   }
   ZEST_INTERNAL_ASSERT(false, "unhandled dtype {}", dtype_name(dtype));
-}
-
-void cuda_copy(const Stream& stream, void* dst, const void* src, size_t bytes) {
-  if (bytes == 0 || dst == src) return;
-  DeviceGuard guard(stream.device());
-  ZEST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                  static_cast<cudaStream_t>(stream.native())));
 }
 
 }  // namespace zest::inprocess

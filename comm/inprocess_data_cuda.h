@@ -12,6 +12,5 @@ namespace zest::inprocess {
 
 void cuda_reduce_into(const Stream& stream, const void* const* inputs, int num_inputs,
                       void* const* outputs, int num_outputs, size_t count, DType dtype, ReduceOp op);
-void cuda_copy(const Stream& stream, void* dst, const void* src, size_t bytes);
 
 }  // namespace zest::inprocess

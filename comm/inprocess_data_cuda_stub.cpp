@@ -9,8 +9,4 @@ void cuda_reduce_into(const Stream&, const void* const*, int, void* const*, int,
   ZEST_FAIL("in-process collectives on a GPU need a build with -DZEST_CUDA=ON");
 }
 
-void cuda_copy(const Stream&, void*, const void*, size_t) {
-  ZEST_FAIL("in-process collectives on a GPU need a build with -DZEST_CUDA=ON");
-}
-
 }  // namespace zest::inprocess

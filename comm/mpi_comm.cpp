@@ -4,21 +4,18 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <climits>
 #include <cstring>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "zest/comm/mpi_poll.h"
 #include "zest/comm/mpi_reduction.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"
 
 namespace zest {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // A CollectiveDesc as fixed-size words, so that one all-gather shows every
 // rank's call to every rank.
@@ -49,23 +46,6 @@ std::string mismatch_message(const std::vector<uint64_t>& all, int size) {
     calls.emplace_back(r, decode(all.data() + static_cast<size_t>(r) * kDescWords));
   }
   return divergence_message("MPI", calls);
-}
-
-// Polls `request` until it completes (true) or the deadline passes (false).
-// Sleeping between polls leaves the core to the ranks this one waits for
-// (often more ranks than cores on a test machine); the pause grows so that a
-// long wait costs little, and stays short so that a finished operation is
-// seen soon.
-bool poll_until(MPI_Request& request, Clock::time_point deadline) {
-  auto pause = std::chrono::microseconds(10);
-  for (;;) {
-    int done = 0;
-    ZEST_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return true;
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
 }
 
 int rank_of(MPI_Comm comm) {
@@ -135,8 +115,7 @@ MpiCommunicator::Owned MpiCommunicator::duplicate(MPI_Comm comm, const CommOptio
              "belongs to, such as MPI_COMM_WORLD");
   // The base class checks this too, but only after the duplicate exists,
   // and waiting for that takes the timeout.
-  ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",
-             options.timeout.count());
+  check_comm_options(options);
   int inter = 0;
   ZEST_MPI_CHECK(MPI_Comm_test_inter(comm, &inter));
   ZEST_CHECK(!inter, "MpiCommunicator: collectives over an inter-communicator are not "
@@ -146,7 +125,7 @@ MpiCommunicator::Owned MpiCommunicator::duplicate(MPI_Comm comm, const CommOptio
   auto dup = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
   ZEST_MPI_CHECK(MPI_Comm_idup(comm, dup.get(), &request));
-  if (!poll_until(request, Clock::now() + options.timeout)) {
+  if (!mpi::poll_until(request, Deadline(options.timeout))) {
     const std::string message = fmt::format(
         "creating an MPI communicator (MPI_Comm_idup) timed out after {} ms on rank {} of {}: "
         "not every process of the communicator it duplicates took part; every process must "
@@ -201,7 +180,7 @@ void MpiCommunicator::guard(const CollectiveDesc& desc, Fn&& fn) {
 
 void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
                            std::shared_ptr<void> buffers) {
-  if (poll_until(request, Clock::now() + options().timeout)) return;
+  if (mpi::poll_until(request, Deadline(options().timeout))) return;
   // MPI cannot cancel a collective: it stays pending and may still write
   // into its buffers whenever MPI makes progress.
   if (buffers) MpiEnvironment::keep_until_exit(std::move(buffers));
@@ -258,70 +237,79 @@ void MpiCommunicator::reduce_in_float(const CollectiveDesc& desc, const void* se
   mpi::narrow(staged->data(), desc.dtype, recv, desc.count);
 }
 
-void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
-                                    const Stream& /*stream*/) {
+// The collectives that move data: agreed on, refused alike on every rank when
+// too large for MPI, then fn(n), n being the count as MPI takes it.
+template <typename Fn>
+void MpiCommunicator::move_data(const CollectiveDesc& desc, Fn&& fn) {
   agree(desc);
   const int n = mpi_count(desc);
   if (n == 0) return;
-  guard(desc, [&] {
+  guard(desc, [&] { fn(n); });
+}
+
+// all_reduce and reduce_scatter alike: MPI's type and operation for the
+// call, fp16 and bf16 staged through float, and the average. They differ in
+// the MPI call, start(in, out, n, type, op, &request), and in how they go in
+// place: direct(reduce_now) runs the reduction of the other types, each
+// reduce_now(in, out) starting the MPI call and waiting for it.
+template <typename Start, typename Direct>
+void MpiCommunicator::reduce(const CollectiveDesc& desc, const void* send, void* recv,
+                             size_t send_count, Start&& start, Direct&& direct) {
+  move_data(desc, [&](int n) {
     const MPI_Datatype type = mpi::reduction_type(desc.dtype, desc.op);
     const MPI_Op op = mpi::reduction_op(desc.dtype, desc.op, owned_.nan_max, owned_.wrapping_sum);
-    auto start = [&](const void* in, void* out, MPI_Request* request) {
-      ZEST_MPI_CHECK(MPI_Iallreduce(in, out, n, type, op, owned_.comm, request));
+    auto start_n = [&](const void* in, void* out, MPI_Request* request) {
+      start(in, out, n, type, op, request);
     };
     if (mpi::reduces_in_float(desc.dtype)) {
-      return reduce_in_float(desc, send, recv, desc.count, start);
+      return reduce_in_float(desc, send, recv, send_count, start_n);
     }
-    MPI_Request request = MPI_REQUEST_NULL;
-    start(send == recv ? MPI_IN_PLACE : send, recv, &request);
-    wait(desc, request, /*moving_data=*/true, nullptr);
+    direct([&](const void* in, void* out) {
+      MPI_Request request = MPI_REQUEST_NULL;
+      start_n(in, out, &request);
+      wait(desc, request, /*moving_data=*/true, nullptr);
+    });
     if (desc.op == ReduceOp::kAvg) mpi::divide(static_cast<float*>(recv), desc.count, size());
   });
+}
+
+void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
+                                    const Stream& /*stream*/) {
+  reduce(
+      desc, send, recv, desc.count,
+      [&](const void* in, void* out, int n, MPI_Datatype type, MPI_Op op, MPI_Request* request) {
+        ZEST_MPI_CHECK(MPI_Iallreduce(in, out, n, type, op, owned_.comm, request));
+      },
+      [&](auto&& reduce_now) { reduce_now(send == recv ? MPI_IN_PLACE : send, recv); });
 }
 
 void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
                                         const Stream& /*stream*/) {
-  agree(desc);
-  const int n = mpi_count(desc);
-  if (n == 0) return;
-  guard(desc, [&] {
-    const MPI_Datatype type = mpi::reduction_type(desc.dtype, desc.op);
-    const MPI_Op op = mpi::reduction_op(desc.dtype, desc.op, owned_.nan_max, owned_.wrapping_sum);
-    auto start = [&](const void* in, void* out, MPI_Request* request) {
-      ZEST_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, n, type, op, owned_.comm, request));
-    };
-    if (mpi::reduces_in_float(desc.dtype)) {
-      return reduce_in_float(desc, send, recv, desc.count * static_cast<size_t>(size()), start);
-    }
-    MPI_Request request = MPI_REQUEST_NULL;
-    const size_t part = desc.count * elem_size(desc.dtype);
-    char* whole = static_cast<char*>(recv) - static_cast<size_t>(rank()) * part;
-    const bool in_place = whole == send;
-    // MPI's in-place form reduces the whole send buffer and leaves this
-    // rank's part at its start: what was there goes back afterwards, so that
-    // only recv changes, as with the other backends.
-    std::vector<char> first_part;
-    if (in_place) {
-      if (rank() != 0) first_part.assign(whole, whole + part);
-      start(MPI_IN_PLACE, whole, &request);
-    } else {
-      start(send, recv, &request);
-    }
-    wait(desc, request, /*moving_data=*/true, nullptr);
-    if (!first_part.empty()) {
-      std::memcpy(recv, whole, part);
-      std::memcpy(whole, first_part.data(), part);
-    }
-    if (desc.op == ReduceOp::kAvg) mpi::divide(static_cast<float*>(recv), desc.count, size());
-  });
+  reduce(
+      desc, send, recv, desc.count * static_cast<size_t>(size()),
+      [&](const void* in, void* out, int n, MPI_Datatype type, MPI_Op op, MPI_Request* request) {
+        ZEST_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, n, type, op, owned_.comm, request));
+      },
+      [&](auto&& reduce_now) {
+        const size_t part = desc.count * elem_size(desc.dtype);
+        char* whole = static_cast<char*>(recv) - static_cast<size_t>(rank()) * part;
+        if (whole != send) return reduce_now(send, recv);
+        // MPI's in-place form reduces the whole send buffer and leaves this
+        // rank's part at its start: what was there goes back afterwards, so
+        // that only recv changes, as with the other backends.
+        std::vector<char> first_part;
+        if (rank() != 0) first_part.assign(whole, whole + part);
+        reduce_now(MPI_IN_PLACE, whole);
+        if (!first_part.empty()) {
+          std::memcpy(recv, whole, part);
+          std::memcpy(whole, first_part.data(), part);
+        }
+      });
 }
 
 void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& /*stream*/) {
-  agree(desc);
-  const int n = mpi_count(desc);
-  if (n == 0) return;
-  guard(desc, [&] {
+  move_data(desc, [&](int n) {
     const MPI_Datatype type = mpi::copy_type(desc.dtype);
     const size_t part = desc.count * elem_size(desc.dtype);
     const bool in_place =
@@ -339,10 +327,7 @@ void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send
 
 void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                                    const Stream& /*stream*/) {
-  agree(desc);
-  const int n = mpi_count(desc);
-  if (n == 0) return;
-  guard(desc, [&] {
+  move_data(desc, [&](int n) {
     if (rank() == desc.root && send != recv) {
       std::memcpy(recv, send, desc.count * elem_size(desc.dtype));
     }

@@ -149,6 +149,11 @@ class MpiCommunicator final : public Communicator {
             std::shared_ptr<void> buffers);
   template <typename Fn>
   void guard(const CollectiveDesc& desc, Fn&& fn);
+  template <typename Fn>
+  void move_data(const CollectiveDesc& desc, Fn&& fn);
+  template <typename Start, typename Direct>
+  void reduce(const CollectiveDesc& desc, const void* send, void* recv, size_t send_count,
+              Start&& start, Direct&& direct);
   template <typename Start>
   void reduce_in_float(const CollectiveDesc& desc, const void* send, void* recv,
                        size_t send_count, Start&& start);

@@ -579,8 +579,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
                                                      int device, CommOptions options) {
   ZEST_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
              "make_nccl_communicator: rank {} is not a rank of a world of {}", rank, world_size);
-  ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",
-             options.timeout.count());
+  check_comm_options(options);
   const Device dev = Device::cuda(device);
   check_device_available(dev);
   DeviceGuard guard(dev);  // NCCL binds the communicator to the current device
