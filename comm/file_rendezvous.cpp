@@ -16,6 +16,7 @@
 #include "zest/comm/rendezvous_wire.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
+#include "zest/core/system_error.h"
 
 namespace zest {
 namespace {

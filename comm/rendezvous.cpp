@@ -3,22 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 #include <thread>
 
 #include "zest/core/check.h"
 
 namespace zest {
-namespace {
-
-// strerror_r comes in two flavours (GNU returns the text, POSIX fills the
-// buffer); overloads pick whichever this libc has.
-[[maybe_unused]] const char* strerror_result(const char* text, const char* /*buf*/) { return text; }
-[[maybe_unused]] const char* strerror_result(int rc, const char* buf) {
-  return rc == 0 ? buf : "unknown error";
-}
-
-}  // namespace
 
 std::chrono::milliseconds Deadline::remaining() const {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_ - Clock::now());
@@ -47,11 +36,6 @@ std::string rendezvous_timeout_message(std::string_view kind, std::string_view w
                                        std::string_view what) {
   return fmt::format("{} rendezvous at {} timed out on rank {} of {} after {} ms: {}", kind, where,
                      me.rank, me.world_size, deadline.elapsed().count(), what);
-}
-
-std::string errno_text(int err) {
-  char buf[256] = {};
-  return strerror_result(strerror_r(err, buf, sizeof(buf)), buf);
 }
 
 void sleep_within(const Deadline& deadline, std::chrono::milliseconds wait) {

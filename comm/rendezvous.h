@@ -63,9 +63,6 @@ std::string rendezvous_timeout_message(std::string_view kind, std::string_view w
                                        const RendezvousMember& me, const Deadline& deadline,
                                        std::string_view what);
 
-// strerror(err), thread-safe.
-std::string errno_text(int err);
-
 // Sleeps for `wait`, or until the deadline if that comes first.
 void sleep_within(const Deadline& deadline, std::chrono::milliseconds wait);
 

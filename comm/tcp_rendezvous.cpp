@@ -19,6 +19,7 @@
 #include "zest/comm/tcp_socket.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
+#include "zest/core/system_error.h"
 
 namespace zest {
 namespace {

@@ -12,6 +12,7 @@
 
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
+#include "zest/core/system_error.h"
 
 namespace zest::tcp {
 

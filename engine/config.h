@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "zest/core/dtype.h"
 #include "zest/optim/loss_scaler.h"
 #include "zest/optim/lr_schedule.h"
 #include "zest/optim/optimizer.h"
@@ -55,6 +56,10 @@ struct EngineConfig {
   bool bf16 = false;
   OptimizerConfig optimizer;
   LrScheduleConfig scheduler;
+
+  // fp16, bf16 or fp32: what parameters and gradients are stored in. Throws
+  // when fp16 and bf16 are both enabled.
+  DType compute_dtype() const;
 
   // Fills in whichever of train_batch_size, train_micro_batch_size_per_gpu
   // and gradient_accumulation_steps is missing, as DeepSpeed does, and checks

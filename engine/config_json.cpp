@@ -7,14 +7,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <cstring>
-#include <sstream>
 #include <vector>
 
 #include "zest/core/check.h"
 #include "zest/engine/config.h"
+#include "zest/engine/file_io.h"
 
 namespace zest {
 namespace {
@@ -264,6 +262,13 @@ LossScalerConfig Fp16Config::scaler() const {
   return s;
 }
 
+DType EngineConfig::compute_dtype() const {
+  ZEST_CHECK(!(fp16.enabled && bf16), "fp16.enabled and bf16.enabled are both true: choose one compute dtype");
+  if (fp16.enabled) return DType::kFloat16;
+  if (bf16) return DType::kBFloat16;
+  return DType::kFloat32;
+}
+
 void EngineConfig::resolve_batch(int world_size) {
   ZEST_CHECK(world_size >= 1, "resolve_batch: world_size must be at least 1, got {}", world_size);
   const int64_t w = world_size;
@@ -313,12 +318,14 @@ EngineConfig parse_config_json(std::string_view json_text) {
 }
 
 EngineConfig load_config_file(const std::string& path) {
-  std::ifstream in(path);
-  ZEST_CHECK(in.good(), "config: cannot open '{}': {}", path, std::strerror(errno));
-  std::stringstream text;
-  text << in.rdbuf();
+  std::string text;
   try {
-    return parse_config_json(text.str());
+    text = read_text_file(path);
+  } catch (const Error& e) {
+    ZEST_FAIL("config: {}", e.message());
+  }
+  try {
+    return parse_config_json(text);
   } catch (const Error& e) {
     ZEST_FAIL("{} (in {})", e.message(), path);
   }

@@ -15,14 +15,6 @@
 namespace zest {
 namespace {
 
-DType compute_dtype_of(const EngineConfig& c) {
-  ZEST_CHECK(!(c.fp16.enabled && c.bf16),
-             "fp16.enabled and bf16.enabled are both true: choose one compute dtype");
-  if (c.fp16.enabled) return DType::kFloat16;
-  if (c.bf16) return DType::kBFloat16;
-  return DType::kFloat32;
-}
-
 EngineConfig checked(EngineConfig c) {
   ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
              "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
@@ -50,7 +42,7 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
       comm_(comm),
       allocator_(allocator),
       stream_(stream),
-      compute_dtype_(compute_dtype_of(config_)),
+      compute_dtype_(config_.compute_dtype()),
       impl_(std::make_unique<Impl>(config_.fp16.scaler())) {
   ZEST_CHECK(allocator.device() == comm.device() && stream.device() == comm.device(),
              "engine: the communicator is on {}, the allocator on {} and the stream on {}; they "

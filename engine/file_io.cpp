@@ -1,7 +1,6 @@
 #include "zest/engine/file_io.h"
 
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -12,21 +11,13 @@
 #include "zest/core/check.h"
 #include "zest/core/crc32.h"
 #include "zest/core/logging.h"
+#include "zest/core/system_error.h"
 
 namespace zest {
-namespace {
-
-std::string error_text(int err) {
-  char buf[256];
-  // GNU strerror_r returns the message, which need not be in buf.
-  return ::strerror_r(err, buf, sizeof buf);
-}
-
-}  // namespace
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), temp_(path_ + ".tmp") {
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ZEST_CHECK(fd_ >= 0, "cannot create '{}': {}", temp_, error_text(errno));
+  ZEST_CHECK(fd_ >= 0, "cannot create '{}': {}", temp_, errno_text(errno));
 }
 
 AtomicFile::~AtomicFile() {
@@ -44,7 +35,7 @@ void AtomicFile::write(std::span<const std::byte> bytes) {
   while (left > 0) {
     const ssize_t n = ::write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
-    ZEST_CHECK(n > 0, "writing '{}' failed after {} bytes: {}", temp_, written_, error_text(errno));
+    ZEST_CHECK(n > 0, "writing '{}' failed after {} bytes: {}", temp_, written_, errno_text(errno));
     p += n;
     left -= static_cast<size_t>(n);
     written_ += static_cast<uint64_t>(n);
@@ -53,22 +44,22 @@ void AtomicFile::write(std::span<const std::byte> bytes) {
 
 void AtomicFile::commit() {
   ZEST_CHECK(fd_ >= 0, "'{}' committed twice", path_);
-  ZEST_CHECK(::fsync(fd_) == 0, "fsync of '{}' failed: {}", temp_, error_text(errno));
-  ZEST_CHECK(::close(fd_) == 0, "closing '{}' failed: {}", temp_, error_text(errno));
+  ZEST_CHECK(::fsync(fd_) == 0, "fsync of '{}' failed: {}", temp_, errno_text(errno));
+  ZEST_CHECK(::close(fd_) == 0, "closing '{}' failed: {}", temp_, errno_text(errno));
   fd_ = -1;
   if (::rename(temp_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(temp_.c_str());
-    ZEST_FAIL("renaming '{}' to '{}' failed: {}", temp_, path_, error_text(err));
+    ZEST_FAIL("renaming '{}' to '{}' failed: {}", temp_, path_, errno_text(err));
   }
   fsync_directory(std::filesystem::path(path_).parent_path().string());
 }
 
 ReadOnlyFile::ReadOnlyFile(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  ZEST_CHECK(fd_ >= 0, "cannot open '{}': {}", path_, error_text(errno));
+  ZEST_CHECK(fd_ >= 0, "cannot open '{}': {}", path_, errno_text(errno));
   struct stat st {};
-  ZEST_CHECK(::fstat(fd_, &st) == 0, "cannot stat '{}': {}", path_, error_text(errno));
+  ZEST_CHECK(::fstat(fd_, &st) == 0, "cannot stat '{}': {}", path_, errno_text(errno));
   size_ = static_cast<uint64_t>(st.st_size);
 }
 
@@ -85,7 +76,7 @@ void ReadOnlyFile::read_at(uint64_t offset, std::span<std::byte> out) const {
     const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     ZEST_CHECK(n > 0, "reading '{}' at offset {} failed: {}", path_, offset + done,
-               n == 0 ? std::string("unexpected end of file") : error_text(errno));
+               n == 0 ? std::string("unexpected end of file") : errno_text(errno));
     done += static_cast<size_t>(n);
   }
 }
@@ -112,11 +103,11 @@ std::string read_text_file(const std::string& path) {
 void fsync_directory(const std::string& dir) {
   const std::string d = dir.empty() ? "." : dir;
   const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ZEST_CHECK(fd >= 0, "cannot open directory '{}' to make a rename durable: {}", d, error_text(errno));
+  ZEST_CHECK(fd >= 0, "cannot open directory '{}' to make a rename durable: {}", d, errno_text(errno));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
-  ZEST_CHECK(rc == 0 || err == EINVAL, "fsync of directory '{}' failed: {}", d, error_text(err));
+  ZEST_CHECK(rc == 0 || err == EINVAL, "fsync of directory '{}' failed: {}", d, errno_text(err));
 }
 
 }  // namespace zest

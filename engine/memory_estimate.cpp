@@ -208,7 +208,7 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
       bare.params + bare.grads + (offload ? 0.0 : bare.master + bare.optimizer);
   e.padding_bytes = e.model_state_bytes - std::llround(bare_device);
 
-  e.paper_k = (o.compute_dtype == DType::kFloat32 ? 0.0 : 4.0) + 4.0 * o.optimizer.state_buffers();
+  e.paper_k = paper_k(o.compute_dtype, o.optimizer);
   e.paper_bytes = paper_model_bytes(static_cast<double>(e.numel), o.world_size, o.zero.stage,
                                     offload ? 0.0 : e.paper_k, static_cast<double>(b));
   return e;
@@ -226,6 +226,10 @@ double paper_model_bytes(double psi, int world, int stage, double k, double comp
     case 2: return b * psi + (b + k) * psi / n;
     default: return (2 * b + k) * psi / n;
   }
+}
+
+double paper_k(DType compute_dtype, const OptimizerConfig& optimizer) {
+  return (compute_dtype == DType::kFloat32 ? 0.0 : 4.0) + 4.0 * optimizer.state_buffers();
 }
 
 size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& options,
@@ -257,14 +261,10 @@ size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& option
 }
 
 EstimateOptions EstimateOptions::from_config(const EngineConfig& config, int world_size) {
-  ZEST_CHECK(!(config.fp16.enabled && config.bf16),
-             "fp16.enabled and bf16.enabled are both true: choose one compute dtype");
   EstimateOptions o;
   o.world_size = world_size;
   o.zero = config.zero;
-  o.compute_dtype = config.fp16.enabled ? DType::kFloat16
-                    : config.bf16       ? DType::kBFloat16
-                                        : DType::kFloat32;
+  o.compute_dtype = config.compute_dtype();
   o.optimizer = config.optimizer;
   o.gradient_accumulation_steps = config.gradient_accumulation_steps;
   return o;

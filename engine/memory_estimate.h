@@ -161,6 +161,9 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
 //   stage 1  2bΨ + KΨ/N       stage 3  (2b + K)Ψ/N
 double paper_model_bytes(double psi, int world, int stage, double k = 12.0,
                          double compute_bytes = 2.0);
+// K for a run in `compute_dtype`: the fp32 master copy (none in fp32, where
+// the parameters are the master) plus the optimizer's fp32 state buffers.
+double paper_k(DType compute_dtype, const OptimizerConfig& optimizer);
 
 enum class FitCriterion : uint8_t {
   kModelStates,  // persistent model states only, as the paper counts

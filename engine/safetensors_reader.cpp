@@ -26,8 +26,8 @@
 #include <cstring>
 #include <set>
 
-#include "zest/comm/rendezvous.h"
 #include "zest/core/check.h"
+#include "zest/core/system_error.h"
 #include "zest/engine/safetensors.h"
 
 namespace zest {

@@ -27,9 +27,10 @@
 #include <filesystem>
 #include <set>
 
-#include "zest/comm/rendezvous.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
+#include "zest/core/system_error.h"
+#include "zest/engine/file_io.h"
 #include "zest/engine/safetensors.h"
 
 namespace zest {
@@ -45,21 +46,6 @@ std::string json_string(const std::string& s, const std::string& path, const cha
     ZEST_FAIL("safetensors writer '{}': {} \"{}\" is not valid UTF-8, which the JSON header requires ({})", path,
               what, s, e.what());
   }
-}
-
-// Linux may refuse fsync on a directory of some file systems (EINVAL): the
-// rename is then as durable as that file system makes it.
-void fsync_directory_of(const std::string& file_path) {
-  std::string dir = std::filesystem::path(file_path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ZEST_CHECK(fd >= 0, "safetensors writer '{}': cannot open its directory '{}' to fsync the rename: {}", file_path,
-             dir, errno_text(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  ZEST_CHECK(rc == 0 || err == EINVAL, "safetensors writer '{}': fsync of directory '{}' failed: {}", file_path, dir,
-             errno_text(err));
 }
 
 }  // namespace
@@ -213,7 +199,7 @@ void SafetensorsWriter::finish() {
     ZEST_FAIL("safetensors writer '{}': renaming '{}' to it failed: {}", path_, temp_path(), errno_text(errno));
   }
   finished_ = true;
-  fsync_directory_of(path_);
+  fsync_directory(std::filesystem::path(path_).parent_path().string());
 }
 
 void SafetensorsWriter::append(std::span<const std::byte> bytes) {

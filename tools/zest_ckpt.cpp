@@ -12,12 +12,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "common/cli.h"
 #include "zest/core/units.h"
 #include "zest/engine/checkpoint.h"
 #include "zest/engine/checkpoint_reader.h"
@@ -27,14 +27,11 @@
 
 namespace fs = std::filesystem;
 using namespace zest;
+using cli::usage_error;
 
 namespace {
 
 constexpr size_t kPiece = size_t{1} << 20;
-
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 const char* kUsage =
     "usage: zest-ckpt inspect CKPT\n"
@@ -155,22 +152,12 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
   return 0;
 }
 
-int number(const std::string& flag, const std::string& v, int min, int max) {
-  try {
-    size_t used = 0;
-    const int x = std::stoi(v, &used);
-    if (used == v.size() && x >= min && x <= max) return x;
-  } catch (const std::exception&) {
-  }
-  throw UsageError(fmt::format("{} '{}': expected an integer from {} to {}", flag, v, min, max));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty() || args[0] == "--help" || args[0] == "-h") throw UsageError("a command is needed");
+    if (args.empty() || args[0] == "--help" || args[0] == "-h") usage_error("a command is needed");
     const std::string cmd = args[0];
     std::vector<std::string> pos;
     DType dtype = DType::kFloat32;
@@ -178,34 +165,31 @@ int main(int argc, char** argv) {
     for (size_t i = 1; i < args.size(); ++i) {
       const std::string& a = args[i];
       if (a.rfind("--", 0) != 0) { pos.push_back(a); continue; }
-      if (i + 1 >= args.size()) throw UsageError(fmt::format("{} needs a value", a));
+      if (i + 1 >= args.size()) usage_error("{} needs a value", a);
       const std::string& v = args[++i];
       if (a == "--dtype") {
-        if (v == "fp32") dtype = DType::kFloat32;
-        else if (v == "bf16") dtype = DType::kBFloat16;
-        else if (v == "fp16") dtype = DType::kFloat16;
-        else throw UsageError(fmt::format("--dtype '{}': allowed values are fp32, bf16, fp16", v));
+        dtype = parse_dtype(cli::choice(a, v, {"fp32", "bf16", "fp16"}));
       } else if (a == "--world") {
-        world = number(a, v, 1, 1 << 20);
+        world = cli::number(a, v, 1, 1 << 20);
       } else if (a == "--stage") {
-        stage = number(a, v, 0, 3);
+        stage = cli::number(a, v, 0, 3);
       } else {
-        throw UsageError(fmt::format("unknown option {}", a));
+        usage_error("unknown option {}", a);
       }
     }
     const auto need = [&](size_t n) {
-      if (pos.size() != n) throw UsageError(fmt::format("{} takes {} path(s), got {}", cmd, n, pos.size()));
+      if (pos.size() != n) usage_error("{} takes {} path(s), got {}", cmd, n, pos.size());
     };
     if (cmd == "inspect") { need(1); return inspect(pos[0]); }
     if (cmd == "verify") { need(1); return verify(pos[0]); }
     if (cmd == "export") { need(2); return export_safetensors(pos[0], pos[1], dtype); }
     if (cmd == "reshard") {
       need(2);
-      if (world == 0) throw UsageError("reshard needs --world N");
+      if (world == 0) usage_error("reshard needs --world N");
       return reshard(pos[0], pos[1], world, stage);
     }
-    throw UsageError(fmt::format("unknown command '{}': inspect, verify, export or reshard", cmd));
-  } catch (const UsageError& e) {
+    usage_error("unknown command '{}': inspect, verify, export or reshard", cmd);
+  } catch (const cli::UsageError& e) {
     std::fprintf(stderr, "zest-ckpt: %s\n%s", e.what(), kUsage);
     return 2;
   } catch (const std::exception& e) {

@@ -10,15 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "common/cli.h"
 #include "zest/core/check.h"
 #include "zest/engine/config.h"
+#include "zest/engine/file_io.h"
 #include "zest/engine/memory_estimate.h"
 
 namespace {
@@ -45,15 +45,7 @@ options:
                            thresholds and buckets from it; the flags above override it
 )";
 
-// A bad argument: printed with the usage hint, exit code 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-template <typename... Args>
-[[noreturn]] void usage_error(fmt::format_string<Args...> f, Args&&... args) {
-  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
-}
+using cli::usage_error;
 
 // A whole number >= lo, written as 12, 7.5e9 or 1e6.
 size_t count_arg(const std::string& flag, const std::string& text, double lo) {
@@ -84,25 +76,6 @@ int64_t size_arg(const std::string& flag, const std::string& text) {
                 "KiB, MiB, GiB, TiB)", flag, text);
   }
   return static_cast<int64_t>(v * it->second);
-}
-
-// One of `allowed` (lower case); the error lists them.
-std::string choice_arg(const std::string& flag, const std::string& text,
-                       std::initializer_list<const char*> allowed) {
-  std::string names;
-  for (const char* a : allowed) {
-    if (text == a) return text;
-    names += std::string(names.empty() ? "" : ", ") + a;
-  }
-  usage_error("{} '{}': allowed values are {}", flag, text, names);
-}
-
-std::string read_file(const std::string& flag, const std::string& path) {
-  std::ifstream in(path);
-  if (!in) usage_error("{} '{}': cannot open the file", flag, path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // --flag value and --flag=value, each flag at most once.
@@ -138,7 +111,7 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
 }
 
 zest::OptimizerConfig optimizer_arg(const std::string& text) {
-  const std::string name = choice_arg("--optimizer", text, {"adamw", "adam", "sgd", "sgd-momentum"});
+  const std::string name = cli::choice("--optimizer", text, {"adamw", "adam", "sgd", "sgd-momentum"});
   zest::OptimizerConfig opt;
   opt.kind = name == "adamw" ? zest::OptimizerKind::kAdamW
              : name == "adam" ? zest::OptimizerKind::kAdam
@@ -166,9 +139,9 @@ int run(int argc, char** argv) {
   opt.world_size = world;
   zest::TableOptions table;
   if (has("--stage")) {
-    table.stages = {std::stoi(choice_arg("--stage", flags["--stage"], {"0", "1", "2", "3"}))};
+    table.stages = {std::stoi(cli::choice("--stage", flags["--stage"], {"0", "1", "2", "3"}))};
   }
-  if (has("--dtype")) opt.compute_dtype = zest::parse_dtype(choice_arg("--dtype", flags["--dtype"], {"fp16", "bf16", "fp32"}));
+  if (has("--dtype")) opt.compute_dtype = zest::parse_dtype(cli::choice("--dtype", flags["--dtype"], {"fp16", "bf16", "fp32"}));
   if (has("--optimizer")) opt.optimizer = optimizer_arg(flags["--optimizer"]);
   if (has("--accum")) opt.gradient_accumulation_steps = static_cast<int64_t>(count_arg("--accum", flags["--accum"], 1));
   if (has("--persistence-threshold")) {
@@ -179,7 +152,7 @@ int run(int argc, char** argv) {
   if (has("--grad-units")) opt.grad_units_in_flight = static_cast<int>(count_arg("--grad-units", flags["--grad-units"], 1));
   if (has("--device-memory")) table.device_bytes = size_arg("--device-memory", flags["--device-memory"]);
   if (has("--offload-optimizer")) {
-    const std::string d = choice_arg("--offload-optimizer", flags["--offload-optimizer"], {"none", "cpu"});
+    const std::string d = cli::choice("--offload-optimizer", flags["--offload-optimizer"], {"none", "cpu"});
     opt.offload_optimizer = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
   }
 
@@ -187,7 +160,7 @@ int run(int argc, char** argv) {
       has("--params") ? zest::ModelDescription::from_total(
                             count_arg("--params", flags["--params"], 1),
                             has("--unit-numel") ? count_arg("--unit-numel", flags["--unit-numel"], 1) : 0)
-                      : zest::parse_model_description(read_file("--units", flags["--units"]));
+                      : zest::parse_model_description(zest::read_text_file(flags["--units"]));
   std::fputs(zest::format_estimate_table(model, opt, table).c_str(), stdout);
   return 0;
 }
@@ -197,7 +170,7 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const UsageError& e) {
+  } catch (const cli::UsageError& e) {
     std::fprintf(stderr, "zest-estimate: %s (zest-estimate --help lists the arguments)\n", e.what());
     return 2;
   } catch (const zest::Error& e) {

@@ -1,27 +1,37 @@
-// Command-line parsing shared by the examples: numbers and comma lists that
-// name the flag and the allowed range when they are wrong.
+// Command-line parsing shared by the examples and tools/: usage errors, and
+// numbers, comma lists and choices that name the flag and what is allowed
+// when they are wrong. A program catches UsageError, prints it with its
+// usage, and exits with 2.
 #pragma once
 
 #include <algorithm>
 #include <charconv>
+#include <initializer_list>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
-namespace examples {
+namespace cli {
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+template <typename... Args>
+[[noreturn]] void usage_error(fmt::format_string<Args...> f, Args&&... args) {
+  throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
 
 template <typename T>
 T number(std::string_view flag, std::string_view text, T min, T max) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || value < min || value > max) {
-    throw UsageError(fmt::format("{} '{}': expected a whole number from {} to {}", flag, text, min, max));
+    usage_error("{} '{}': expected a whole number from {} to {}", flag, text, min, max);
   }
   return value;
 }
@@ -38,4 +48,30 @@ inline std::vector<int> number_list(std::string_view flag, std::string_view text
   return out;
 }
 
-}  // namespace examples
+// Calls on(flag, value) for each "--flag value" in argv, in order, and
+// on(flag, "") for a flag of `switches`, which takes no value. --help and -h
+// are UsageError("help"), for the caller to print its usage.
+template <typename Fn>
+void for_each_flag(int argc, char** argv, std::initializer_list<std::string_view> switches, Fn&& on) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") throw UsageError("help");
+    if (std::find(switches.begin(), switches.end(), flag) != switches.end()) {
+      on(flag, std::string_view());
+      continue;
+    }
+    if (i + 1 >= argc) usage_error("{} needs a value", flag);
+    on(flag, std::string_view(argv[++i]));
+  }
+}
+
+// `text` when it is one of `allowed`; the error lists them.
+inline std::string choice(std::string_view flag, std::string_view text,
+                          std::initializer_list<std::string_view> allowed) {
+  if (std::find(allowed.begin(), allowed.end(), text) == allowed.end()) {
+    usage_error("{} '{}': allowed values are {}", flag, text, fmt::join(allowed, ", "));
+  }
+  return std::string(text);
+}
+
+}  // namespace cli

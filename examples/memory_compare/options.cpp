@@ -2,11 +2,11 @@
 
 #include <string_view>
 
-#include <fmt/format.h>
+#include "common/default_config.h"
 
 namespace memory_compare {
-using examples::number;
-using examples::number_list;
+using cli::number;
+using cli::number_list;
 
 std::string usage() {
   return "usage: memory_compare [--stages 0,1,2,3] [--worlds 1,2,4,8] [--steps N] [--dtype fp32|bf16|fp16]\n"
@@ -19,11 +19,7 @@ std::string usage() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (flag == "--help" || flag == "-h") throw UsageError("help");
-    if (i + 1 >= argc) throw UsageError(fmt::format("{} needs a value", flag));
-    const std::string_view v = argv[++i];
+  cli::for_each_flag(argc, argv, {}, [&](std::string_view flag, std::string_view v) {
     if (flag == "--stages") o.stages = number_list(flag, v, 0, 3);
     else if (flag == "--worlds") o.worlds = number_list(flag, v, 1, 64);
     else if (flag == "--steps") o.steps = number<long>(flag, v, 1, 1'000'000);
@@ -33,28 +29,16 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--seed") o.seed = number<unsigned>(flag, v, 0, ~0u);
     else if (flag == "--markdown") o.markdown_path = v;
     else if (flag == "--svg") o.svg_path = v;
-    else if (flag == "--dtype") {
-      if (v != "fp32" && v != "bf16" && v != "fp16") {
-        throw UsageError(fmt::format("--dtype '{}': expected fp32, bf16 or fp16", v));
-      }
-      o.dtype = v;
-    } else {
-      throw UsageError(fmt::format("unknown option {}", flag));
-    }
-  }
+    else if (flag == "--dtype") o.dtype = examples::dtype_flag(flag, v);
+    else cli::usage_error("unknown option {}", flag);
+  });
   return o;
 }
 
 zest::EngineConfig engine_config(const Options& opt, int stage) {
-  zest::EngineConfig c;
-  c.optimizer.kind = zest::OptimizerKind::kAdamW;
-  c.optimizer.lr = 3e-3f;
-  c.optimizer.weight_decay = 0.01f;
-  c.gradient_clipping = 1.0;
+  zest::EngineConfig c = examples::default_engine_config(3e-3f);
   c.zero.stage = stage;
-  c.zero.stage3_param_persistence_threshold = 0;
-  c.bf16 = opt.dtype == "bf16";
-  c.fp16.enabled = opt.dtype == "fp16";
+  examples::set_compute_dtype(c, opt.dtype);
   return c;
 }
 

@@ -11,7 +11,7 @@
 
 namespace memory_compare {
 
-using UsageError = examples::UsageError;
+using UsageError = cli::UsageError;
 
 struct Options {
   mlp::Shape shape;
@@ -29,9 +29,8 @@ std::string usage();
 // Throws UsageError naming the bad argument; "help" for --help.
 Options parse_options(int argc, char** argv);
 
-// The example's training configuration (AdamW, clipping, the dtype) at
-// `stage`. Stage 3's persistence threshold is 0: the example's layers are
-// all under DeepSpeed's default of 1e5 and would otherwise stay whole.
+// The examples' default configuration (common/default_config.h) at
+// `stage`, in opt.dtype.
 zest::EngineConfig engine_config(const Options& opt, int stage);
 
 }  // namespace memory_compare

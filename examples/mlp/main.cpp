@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
       if (printer) {
         fmt::print("== stage {}: {} ranks on {}, {} parameters, {}, {} ==\n", stage, world,
                    (launched ? launched->device() : opt.device).str(), opt.shape.parameters(),
-                   zest::dtype_name(mlp::compute_dtype(config)), zest::optimizer_name(config.optimizer.kind));
+                   zest::dtype_name(config.compute_dtype()), zest::optimizer_name(config.optimizer.kind));
         std::fflush(stdout);
       }
       mlp::RunSummary rank0;

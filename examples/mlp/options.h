@@ -11,7 +11,7 @@
 
 namespace mlp {
 
-using UsageError = examples::UsageError;
+using UsageError = cli::UsageError;
 
 struct Options {
   Shape shape;
@@ -40,6 +40,5 @@ Options parse_options(int argc, char** argv);
 // The configuration of one run: the file's (or the example's defaults),
 // with --stage, --dtype and --accum on top.
 zest::EngineConfig engine_config(const Options& opt, int stage);
-zest::DType compute_dtype(const zest::EngineConfig& config);
 
 }  // namespace mlp

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "zest/engine/layout_constants.h"
+#include "zest/engine/memory_estimate.h"
 
 namespace mlp {
 
@@ -44,11 +45,9 @@ void print_step(long step, const std::vector<RankStep>& ranks, const zest::StepR
 std::string format_stage_table(const std::vector<StageRow>& rows, long parameters,
                                const zest::EngineConfig& config) {
   using zest::MemoryCategory;
-  const double psi = static_cast<double>(parameters);
-  const double bc = config.fp16.enabled || config.bf16 ? 2.0 : 4.0;
-  // K of the paper: the fp32 master copy (none when training in fp32, where
-  // the parameters are the master) plus the optimizer's fp32 state.
-  const double k = (bc == 2.0 ? 4.0 : 0.0) + 4.0 * config.optimizer.state_buffers();
+  const zest::DType dtype = config.compute_dtype();
+  const double bc = static_cast<double>(zest::elem_size(dtype));
+  const double k = zest::paper_k(dtype, config.optimizer);
   const auto kib = [](double bytes) { return fmt::format("{:.1f}", bytes / 1024.0); };
 
   std::string out = fmt::format(
@@ -59,10 +58,8 @@ std::string format_stage_table(const std::vector<StageRow>& rows, long parameter
   out += fmt::format("{:>5} {:>5} {:>11} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>9}\n", "stage", "ranks",
                      "final loss", "params", "grads", "master", "optim", "measured", "formula", "padding");
   for (const StageRow& row : rows) {
-    const double w = row.world;
-    const double shard = row.stage == 0 ? 1.0 : w;
-    const double formula = (row.stage < 3 ? bc * psi : bc * psi / w) + (row.stage < 2 ? bc * psi : bc * psi / w) +
-                           k * psi / shard;
+    const double formula =
+        zest::paper_model_bytes(static_cast<double>(parameters), row.world, row.stage, k, bc);
     const zest::MemoryReport& m = row.summary.memory;
     const double measured = static_cast<double>(m.model_states());
     out += fmt::format("{:>5} {:>5} {:>11.5f} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>8.2f}%\n", row.stage,

@@ -15,6 +15,32 @@ using namespace zest;
 
 namespace {
 
+const mlp::Shape kShape{.input = 16, .hidden = 64, .output = 4, .layers = 3};
+
+// Both tests' training in fp32, without accumulation, at `stage`.
+EngineConfig config_at(int stage) {
+  EngineConfig config;
+  config.zero.stage = stage;
+  config.zero.stage3_param_persistence_threshold = 0;
+  config.optimizer.lr = 3e-3f;
+  config.gradient_clipping = 1.0;
+  return config;
+}
+
+// The MLP on one rank's engine, initialised alike on every rank, and the
+// teacher every rank draws its rows of a batch from.
+struct Trainee {
+  CachingAllocator alloc{make_host_allocator()};
+  Engine engine;
+  const mlp::Teacher teacher{kShape, 8};
+
+  Trainee(const EngineConfig& config, Communicator& comm)
+      : engine(config, comm, alloc, Stream::default_for(Device::host())) {
+    mlp::register_layers(engine, kShape);
+    engine.finalize([](const ParamLayout& p, std::span<float> v) { mlp::init_parameter(p, v, 7); });
+  }
+};
+
 struct Losses {
   float before = 0.0f;
   float after = 0.0f;
@@ -22,30 +48,21 @@ struct Losses {
 };
 
 Losses train(DType dtype, int stage, int steps) {
-  const mlp::Shape shape{.input = 16, .hidden = 64, .output = 4, .layers = 3};
-  EngineConfig config;
-  config.zero.stage = stage;
-  config.zero.stage3_param_persistence_threshold = 0;
-  config.optimizer.lr = 3e-3f;
-  config.gradient_clipping = 1.0;
+  EngineConfig config = config_at(stage);
   config.bf16 = dtype == DType::kBFloat16;
   config.fp16.enabled = dtype == DType::kFloat16;
   Losses out;
   std::mutex mu;
   run_inprocess(2, [&](Communicator& comm) {
-    CachingAllocator alloc(make_host_allocator());
-    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
-    mlp::register_layers(engine, shape);
-    engine.finalize([](const ParamLayout& p, std::span<float> v) { mlp::init_parameter(p, v, 7); });
-    const mlp::Teacher teacher(shape, 8);
-    const mlp::Batch held_out = teacher.batch(-1, 0, 128);
-    const float before = mlp::evaluate(engine, shape, held_out);
+    Trainee t(config, comm);
+    const mlp::Batch held_out = t.teacher.batch(-1, 0, 128);
+    const float before = mlp::evaluate(t.engine, kShape, held_out);
     int skipped = 0;
     for (long s = 0; s < steps; ++s) {
-      mlp::forward_backward(engine, shape, teacher.batch(s, comm.rank() * 16, 16));
-      skipped += engine.step().applied ? 0 : 1;
+      mlp::forward_backward(t.engine, kShape, t.teacher.batch(s, comm.rank() * 16, 16));
+      skipped += t.engine.step().applied ? 0 : 1;
     }
-    const float after = mlp::evaluate(engine, shape, held_out);
+    const float after = mlp::evaluate(t.engine, kShape, held_out);
     if (comm.rank() == 0) {
       std::lock_guard lock(mu);
       out = {before, after, skipped};
@@ -76,31 +93,22 @@ namespace {
 // its rows of the same global batch of 32 (split again into `accum`
 // micro-batches).
 std::vector<float> trained_weights(int world, int accum, int stage, int steps) {
-  const mlp::Shape shape{.input = 16, .hidden = 64, .output = 4, .layers = 3};
-  EngineConfig config;
-  config.zero.stage = stage;
-  config.zero.stage3_param_persistence_threshold = 0;
-  config.optimizer.lr = 3e-3f;
-  config.gradient_clipping = 1.0;
+  EngineConfig config = config_at(stage);
   config.gradient_accumulation_steps = accum;
   std::vector<float> out;
   run_inprocess(world, [&](Communicator& comm) {
-    CachingAllocator alloc(make_host_allocator());
-    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
-    mlp::register_layers(engine, shape);
-    engine.finalize([](const ParamLayout& p, std::span<float> v) { mlp::init_parameter(p, v, 7); });
-    const mlp::Teacher teacher(shape, 8);
+    Trainee t(config, comm);
     const int rows = 32 / world / accum;
     for (long s = 0; s < steps; ++s) {
       for (int m = 0; m < accum; ++m) {
-        mlp::forward_backward(engine, shape, teacher.batch(s, (comm.rank() * accum + m) * rows, rows));
-        engine.step();
+        mlp::forward_backward(t.engine, kShape, t.teacher.batch(s, (comm.rank() * accum + m) * rows, rows));
+        t.engine.step();
       }
     }
     std::vector<float> all;
-    for (int l = 0; l < shape.layers; ++l) {
+    for (int l = 0; l < kShape.layers; ++l) {
       for (const std::string& name : {mlp::weight_name(l), mlp::bias_name(l)}) {
-        const std::vector<float> v = engine.param_master(name);
+        const std::vector<float> v = t.engine.param_master(name);
         all.insert(all.end(), v.begin(), v.end());
       }
     }
