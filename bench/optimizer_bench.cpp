@@ -3,11 +3,12 @@
 //
 // The update is memory-bound: AdamW with an fp32 master, m and v, a 16-bit
 // gradient in and a 16-bit parameter out moves 28 bytes per parameter (4+4+4
-// read and written, 2 read, 2 written). A device-to-device (or host) copy of
-// that many bytes is the floor it can approach, so the ratio says how close
-// the kernel comes to the memory system's speed.
+// read and written, 2 read, 2 written; 32 with fp32 gradient and parameter).
+// A device-to-device (or host) copy of that many bytes is the floor it can
+// approach, so the ratio says how close the kernel comes to the memory
+// system's speed.
 //
-//   optimizer_bench [--device host|cuda:N] [--numel N] [--iters N]
+//   optimizer_bench [--device host|cuda:N] [--numel N] [--iters N] [--dtype bf16|fp16|fp32]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,12 +51,14 @@ int main(int argc, char** argv) {
     zest::Device device = zest::Device::host();
     size_t numel = size_t{1} << 24;
     int iters = 20;
+    zest::DType dtype = zest::DType::kBFloat16;  // of the gradient in and the parameter out
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
       if (flag == "--device") device = zest::parse_device(argv[i + 1]);
       else if (flag == "--numel") numel = std::stoull(argv[i + 1]);
       else if (flag == "--iters") iters = std::stoi(argv[i + 1]);
-      else ZEST_FAIL("unknown option {} (--device host|cuda:N, --numel N, --iters N)", flag);
+      else if (flag == "--dtype") dtype = zest::parse_dtype(argv[i + 1]);
+      else ZEST_FAIL("unknown option {} (--device host|cuda:N, --numel N, --iters N, --dtype bf16|fp16|fp32)", flag);
     }
     zest::check_device_available(device);
     zest::CachingAllocator alloc(device.is_cuda() ? zest::make_cuda_allocator(device.index())
@@ -67,8 +70,9 @@ int main(int argc, char** argv) {
       return b;
     };
     zest::Buffer master = buffer(numel * 4), m = buffer(numel * 4), v = buffer(numel * 4);
-    zest::Buffer grad = buffer(numel * 2), param = buffer(numel * 2);
-    const size_t bytes = 28 * numel;
+    const size_t width = zest::elem_size(dtype);
+    zest::Buffer grad = buffer(numel * width), param = buffer(numel * width);
+    const size_t bytes = (24 + 2 * width) * numel;
     zest::Buffer src = buffer(bytes / 2), dst = buffer(bytes / 2);
 
     zest::OptimizerConfig config;  // AdamW
@@ -77,9 +81,9 @@ int main(int argc, char** argv) {
     shard.state[0] = m.as<float>();
     shard.state[1] = v.as<float>();
     shard.grad = grad.data();
-    shard.grad_dtype = zest::DType::kBFloat16;
+    shard.grad_dtype = dtype;
     shard.param_out = param.data();
-    shard.param_dtype = zest::DType::kBFloat16;
+    shard.param_dtype = dtype;
     shard.numel = numel;
     zest::StepScalars scalars;
     scalars.lr = 1e-3f;
@@ -92,9 +96,9 @@ int main(int argc, char** argv) {
     // The copy reads and writes bytes / 2 each: the same traffic.
     const double copy = median_ms(stream, iters, [&] { zest::copy_bytes(stream, dst.data(), src.data(), bytes / 2); });
 
-    fmt::print("optimizer_bench ({} build) on {}: AdamW, fp32 master/m/v, bf16 grad in and param out, {} "
+    fmt::print("optimizer_bench ({} build) on {}: AdamW, fp32 master/m/v, {} grad in and param out, {} "
                "parameters, median of {}\n",
-               ZEST_BENCH_BUILD_TYPE, device.str(), numel, iters);
+               ZEST_BENCH_BUILD_TYPE, device.str(), zest::dtype_name(dtype), numel, iters);
     fmt::print("{:<28} {:>10} {:>14} {:>10}\n", "", "ms", "params/s", "GB/s");
     fmt::print("{:<28} {:>10.3f} {:>14.3e} {:>10.1f}\n", "fused AdamW update", adam,
                static_cast<double>(numel) / (adam / 1e3), static_cast<double>(bytes) / (adam / 1e3) / 1e9);

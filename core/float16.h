@@ -5,8 +5,10 @@
 // Conversions round to nearest, ties to even, as the hardware does, so a value
 // converted on the host and on the GPU has the same bits. NaN stays NaN (its
 // sign and the top payload bits are kept and the quiet bit is set) and Inf
-// stays Inf. They are written with integer arithmetic only, so neither the
-// floating-point environment nor flush-to-zero flags change their results.
+// stays Inf. They are integer arithmetic but for two float operations in
+// fp16's subnormal range, each exact or rounded to nearest even: flush-to-zero
+// flags change no result (and, as for every float operation in ZEST, the
+// rounding mode is assumed to be the default).
 // Arithmetic happens in float: these types are storage, not numbers.
 #pragma once
 
@@ -34,69 +36,57 @@ ZEST_HOST_DEVICE inline float bits_float(uint32_t u) {
 }  // namespace detail
 
 // float -> fp16 bits, round to nearest even.
+//
+// Every case's result is computed and one selected, with no early return: a
+// branch-free body lets the host's conversion loops vectorize.
 ZEST_HOST_DEVICE inline uint16_t float_to_fp16_bits(float value) {
   const uint32_t x = detail::float_bits(value);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) {  // NaN: quiet it, keep the top 9 payload bits
-    return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x03ffu));
-  }
-  if (abs >= 0x47800000u) {  // >= 65536 (or Inf): beyond every rounding to 65504
-    return static_cast<uint16_t>(sign | 0x7c00u);
-  }
-  if (abs >= 0x38800000u) {  // >= 2^-14: normal fp16 (or rounds up to Inf)
-    // Rebias the exponent and round away the low 13 bits; a carry out of the
-    // mantissa correctly bumps the exponent, up to Inf at 65520.
-    const uint32_t rebased = abs - ((127u - 15u) << 23);
-    const uint32_t odd = (rebased >> 13) & 1u;
-    return static_cast<uint16_t>(sign | ((rebased + 0x0fffu + odd) >> 13));
-  }
-  // Subnormal fp16 (a multiple of 2^-24) or zero.
-  const uint32_t exponent = abs >> 23;
-  if (exponent < 102u) {  // < 2^-25: rounds to zero (float subnormals too)
-    return sign;
-  }
-  const uint32_t mantissa = (abs & 0x007fffffu) | 0x00800000u;
-  const uint32_t shift = 126u - exponent;  // 14..24
-  uint32_t q = mantissa >> shift;
-  const uint32_t rem = mantissa & ((1u << shift) - 1u);
-  const uint32_t halfway = 1u << (shift - 1u);
-  if (rem > halfway || (rem == halfway && (q & 1u))) {
-    ++q;  // may carry into the smallest normal, which is the right encoding
-  }
-  return static_cast<uint16_t>(sign | q);
+  // NaN: quiet it, keep the top 9 payload bits.
+  const uint32_t nan = 0x7e00u | ((abs >> 13) & 0x03ffu);
+  // >= 2^-14, normal fp16 (or rounds up to Inf): rebias the exponent and
+  // round away the low 13 bits; a carry out of the mantissa correctly bumps
+  // the exponent, up to Inf at 65520.
+  const uint32_t rebased = abs - ((127u - 15u) << 23);
+  const uint32_t normal = (rebased + 0x0fffu + ((rebased >> 13) & 1u)) >> 13;
+  // < 2^-14, subnormal fp16 (a multiple of 2^-24) or zero: abs * 2^24 < 1024
+  // is exact, and adding 2^23, where the float spacing is 1, rounds it to the
+  // nearest integer, ties to even, which is the encoding (1024 carries into
+  // the smallest normal, correctly). Inputs that flush to zero round to zero
+  // anyway.
+  const float scaled = detail::bits_float(abs) * 16777216.0f;
+  const uint32_t subnormal = detail::float_bits(scaled + 8388608.0f) - 0x4b000000u;
+  const uint32_t h = abs > 0x7f800000u   ? nan
+                     : abs >= 0x47800000u ? 0x7c00u  // >= 65536 or Inf: past every rounding to 65504
+                     : abs >= 0x38800000u ? normal
+                                          : subnormal;
+  return static_cast<uint16_t>(sign | h);
 }
 
-// fp16 bits -> float, exact.
-ZEST_HOST_DEVICE inline float fp16_bits_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  uint32_t mantissa = h & 0x03ffu;
-  if (exponent == 0x1fu) {
-    return detail::bits_float(sign | 0x7f800000u | (mantissa << 13));
-  }
-  if (exponent != 0) {
-    return detail::bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  }
-  if (mantissa == 0) {
-    return detail::bits_float(sign);
-  }
-  uint32_t e = 113u;  // normalize the subnormal: value = mantissa * 2^-24
-  while ((mantissa & 0x0400u) == 0) {
-    mantissa <<= 1;
-    --e;
-  }
-  return detail::bits_float(sign | (e << 23) | ((mantissa & 0x03ffu) << 13));
+// fp16 bits -> float, exact. Branch-free like the above.
+ZEST_HOST_DEVICE inline float fp16_bits_to_float(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  const uint32_t mantissa = bits & 0x03ffu;
+  const uint32_t inf_nan = 0x7f800000u | (mantissa << 13);
+  const uint32_t normal = ((exponent + 112u) << 23) | (mantissa << 13);
+  // Subnormal or zero: mantissa * 2^-24, an exact product that is a normal float.
+  const uint32_t subnormal =
+      detail::float_bits(static_cast<float>(static_cast<int32_t>(mantissa)) * 5.9604644775390625e-8f);
+  const uint32_t magnitude = exponent == 0x1fu ? inf_nan : exponent != 0 ? normal : subnormal;
+  return detail::bits_float(sign | magnitude);
 }
 
 // float -> bf16 bits, round to nearest even.
+// Both results are computed and one selected, rather than returning early for
+// NaN: a branch-free body lets the host's conversion loops vectorize.
 ZEST_HOST_DEVICE inline uint16_t float_to_bf16_bits(float value) {
   const uint32_t x = detail::float_bits(value);
-  if ((x & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  }
   const uint32_t odd = (x >> 16) & 1u;
-  return static_cast<uint16_t>((x + 0x7fffu + odd) >> 16);
+  const auto rounded = static_cast<uint16_t>((x + 0x7fffu + odd) >> 16);
+  const auto quiet_nan = static_cast<uint16_t>((x >> 16) | 0x0040u);
+  return (x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
 }
 
 // bf16 bits -> float, exact.

@@ -56,11 +56,13 @@ AdamStep adam_step(const OptimizerConfig& config, const StepScalars& scalars);
 SgdStep sgd_step(const OptimizerConfig& config, const StepScalars& scalars);
 
 // One element: `grad` is the stored gradient widened to float; w, m, v are
-// read and written back.
-ZEST_HOST_DEVICE inline void adam_update(const AdamStep& a, float grad, float& w, float& m, float& v) {
+// read and written back. kDecoupled is AdamStep::decoupled made a constant, so
+// the host's loop has no branch in it and vectorizes (optimizer_host.cpp).
+template <bool kDecoupled>
+ZEST_HOST_DEVICE inline void adam_update_as(const AdamStep& a, float grad, float& w, float& m, float& v) {
   float g = grad * a.grad_scale;
   float wi = w;
-  if (a.decoupled) {
+  if constexpr (kDecoupled) {
     wi *= a.decay;
   } else {
     g += a.weight_decay * wi;
@@ -72,6 +74,14 @@ ZEST_HOST_DEVICE inline void adam_update(const AdamStep& a, float grad, float& w
   m = mi;
   v = vi;
   w = wi;
+}
+
+ZEST_HOST_DEVICE inline void adam_update(const AdamStep& a, float grad, float& w, float& m, float& v) {
+  if (a.decoupled) {
+    adam_update_as<true>(a, grad, w, m, v);
+  } else {
+    adam_update_as<false>(a, grad, w, m, v);
+  }
 }
 
 // One element; `buf` is the element's momentum buffer, null without momentum.

@@ -1,0 +1,150 @@
+// The host optimizer's blocked, vectorized loop against the same element
+// updates applied one element at a time, as the CUDA kernel applies them:
+// bit for bit (NaN payloads aside), for every optimizer and dtype pair, over
+// a size that crosses block boundaries and values that test the edges of
+// float (NaN, infinities, signed zeros, subnormals, overflow).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+#include "zest/optim/optimizer.h"
+#include "zest/optim/optimizer_impl.h"
+
+using namespace zest;
+
+namespace {
+
+constexpr size_t kN = 2 * 2048 + 37;  // two whole host blocks and a ragged one
+constexpr int kSteps = 3;
+
+// Equal bits, or both NaN: which NaN an operation with two NaN operands
+// returns is not part of the promise.
+bool same_float(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return true;
+  return std::memcmp(&a, &b, sizeof(float)) == 0;
+}
+
+template <typename T>
+bool same_stored(T a, T b) {
+  return same_float(static_cast<float>(a), static_cast<float>(b)) &&
+         (std::isnan(static_cast<float>(a)) || std::memcmp(&a, &b, sizeof(T)) == 0);
+}
+
+std::vector<float> values(std::mt19937& rng, float scale) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> x(kN);
+  for (float& v : x) v = normal(rng);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f, -0.0f, 1e-40f, -3e-39f,
+                            3e38f, -65520.0f, 1e-8f};
+  // Scattered, some in each block, one at the very last element.
+  for (size_t k = 0; k < std::size(specials); ++k) x[(k * 997 + 11) % kN] = specials[k];
+  x[kN - 1] = specials[1];
+  return x;
+}
+
+template <typename T>
+std::vector<T> stored(const std::vector<float>& x) {
+  std::vector<T> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = T(x[i]);
+  return out;
+}
+
+struct State {
+  std::vector<float> w, m, v;
+};
+
+// One element at a time through optimizer_impl.h, the order the kernel uses.
+template <typename TG, typename TP>
+void step_elementwise(const OptimizerConfig& c, const StepScalars& k, State& s, const std::vector<TG>& g,
+                      std::vector<std::conditional_t<std::is_void_v<TP>, float, TP>>& out) {
+  if (c.kind == OptimizerKind::kSgd) {
+    const detail::SgdStep st = detail::sgd_step(c, k);
+    for (size_t i = 0; i < kN; ++i) {
+      detail::sgd_update(st, static_cast<float>(g[i]), s.w[i], c.momentum != 0.0f ? &s.m[i] : nullptr);
+      if constexpr (!std::is_void_v<TP>) out[i] = TP(s.w[i]);
+    }
+  } else {
+    const detail::AdamStep a = detail::adam_step(c, k);
+    for (size_t i = 0; i < kN; ++i) {
+      detail::adam_update(a, static_cast<float>(g[i]), s.w[i], s.m[i], s.v[i]);
+      if constexpr (!std::is_void_v<TP>) out[i] = TP(s.w[i]);
+    }
+  }
+}
+
+template <typename TG, typename TP>
+void check_pair(const OptimizerConfig& c) {
+  using Out = std::conditional_t<std::is_void_v<TP>, float, TP>;
+  std::mt19937 rng(11);
+  State blocked{values(rng, 1.0f), std::vector<float>(kN, 0.0f), std::vector<float>(kN, 0.0f)};
+  State single = blocked;
+  std::vector<Out> out_blocked(kN), out_single(kN);
+  for (int t = 1; t <= kSteps; ++t) {
+    const std::vector<TG> g = stored<TG>(values(rng, 4.0f));
+    const StepScalars k{0.01f, 0.1f, t, 0.5f};
+    ShardBuffers s;
+    s.master = blocked.w.data();
+    s.state[0] = blocked.m.data();
+    s.state[1] = blocked.v.data();
+    s.grad = g.data();
+    s.grad_dtype = dtype_of_v<TG>;
+    if constexpr (!std::is_void_v<TP>) {
+      s.param_out = out_blocked.data();
+      s.param_dtype = dtype_of_v<TP>;
+    }
+    s.numel = kN;
+    optimizer_step(Stream::default_for(Device::host()), c, s, k);
+    step_elementwise<TG, TP>(c, k, single, g, out_single);
+  }
+  size_t differing = 0;
+  size_t first = kN;
+  for (size_t i = 0; i < kN; ++i) {
+    const bool same = same_float(blocked.w[i], single.w[i]) && same_float(blocked.m[i], single.m[i]) &&
+                      same_float(blocked.v[i], single.v[i]) && same_stored(out_blocked[i], out_single[i]);
+    if (!same && differing++ == 0) first = i;
+  }
+  INFO(optimizer_name(c.kind), " momentum ", c.momentum, " nesterov ", c.nesterov, ": first differing element ",
+       first);
+  CHECK(differing == 0);
+}
+
+template <typename TG>
+void check_outputs(const OptimizerConfig& c) {
+  check_pair<TG, void>(c);
+  check_pair<TG, float>(c);
+  check_pair<TG, fp16>(c);
+  check_pair<TG, bf16>(c);
+}
+
+void check_all_dtypes(const OptimizerConfig& c) {
+  check_outputs<float>(c);
+  check_outputs<fp16>(c);
+  check_outputs<bf16>(c);
+}
+
+}  // namespace
+
+TEST_CASE("the host loop gives the bits of one element at a time: AdamW and Adam") {
+  OptimizerConfig c;
+  check_all_dtypes(c);
+  c.kind = OptimizerKind::kAdam;
+  check_all_dtypes(c);
+}
+
+TEST_CASE("the host loop gives the bits of one element at a time: SGD with and without momentum") {
+  OptimizerConfig c;
+  c.kind = OptimizerKind::kSgd;
+  check_all_dtypes(c);
+  c.momentum = 0.9f;
+  c.dampening = 0.1f;
+  check_all_dtypes(c);
+  c.dampening = 0.0f;
+  c.nesterov = true;
+  check_all_dtypes(c);
+}
