@@ -40,10 +40,12 @@ if(NOT _zest_cuda_request STREQUAL "OFF")
 endif()
 _zest_resolve_switch(ZEST_CUDA ${_zest_cuda_found})
 if(ZEST_CUDA)
-  # Hopper by default: the GPUs ZEST is measured on. Override with
-  # -DCMAKE_CUDA_ARCHITECTURES=80;90 (or "native" on a GPU machine).
+  # Machine code for Ampere and Ada (sm_80 runs on 8.x) and Hopper, and
+  # Hopper's PTX for later GPUs to compile at load: a kernel built for 9.0
+  # alone cannot launch on an A100. Override with -DCMAKE_CUDA_ARCHITECTURES
+  # (e.g. 90 for a faster build, or "native" on a GPU machine).
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-    set(CMAKE_CUDA_ARCHITECTURES 90)
+    set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
   endif()
   enable_language(CUDA)
   set(CMAKE_CUDA_STANDARD 20)

@@ -269,7 +269,7 @@ class InProcessCommunicator final : public Communicator {
   // naming it and its error, instead of at the timeout. This rank gets its
   // own exception, and its communicator refuses every later call.
   template <typename Fn>
-  void guarded(const CollectiveDesc& desc, Fn&& fn) {
+  void guarded(const CollectiveDesc& desc, Fn&& fn, const Stream* stream = nullptr) {
     try {
       fn();
     } catch (const CommError&) {
@@ -277,6 +277,14 @@ class InProcessCommunicator final : public Communicator {
     } catch (...) {
       const std::string reason = fmt::format("in-process {} failed on rank {}: {}", desc.str(),
                                              rank(), current_exception_message());
+      // Copies or a kernel this rank queued on the others' buffers may still
+      // run: they finish before failing the group lets the others return.
+      if (stream != nullptr) {
+        try {
+          inprocess::synchronize(*stream);
+        } catch (...) {  // the stream's own error; the first one is reported
+        }
+      }
       mark_aborted(reason);
       group_->fail(rank(), CommError::Reason::kBackend, reason);
       throw;
@@ -322,7 +330,7 @@ class InProcessCommunicator final : public Communicator {
       work(group_->arrive(rank(), Post{desc, send, recv, 0, 0}));
       inprocess::synchronize(stream);
       group_->depart(rank(), desc);
-    });
+    }, &stream);
   }
 
   std::shared_ptr<Group> group_;

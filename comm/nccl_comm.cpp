@@ -316,6 +316,8 @@ void NcclCommunicator::fail(CommError::Reason reason, const std::string& message
 template <typename Call>
 void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, Call&& call) {
   check();
+  // Stream handle 0 is the legacy stream of whichever device is current.
+  DeviceGuard guard(device());
   ncclResult_t r = ncclSuccess;
   std::string error;
   bool in_group = false;
@@ -384,6 +386,7 @@ void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc) {
 }
 
 void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream) {
+  DeviceGuard guard(device());  // an event is recorded on a stream of its own device
   cudaEvent_t event = nullptr;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -393,7 +396,6 @@ void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream) {
     }
   }
   if (event == nullptr) {
-    DeviceGuard guard(device());
     const cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
     if (e != cudaSuccess) {
       fail(CommError::Reason::kBackend,
@@ -451,6 +453,7 @@ void NcclCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& stre
              "{}: a barrier waits for its own completion, which cannot happen inside "
              "group_start/group_end; call it outside the group",
              desc.str());
+  DeviceGuard guard(device());  // for the event record below (issue() says why)
   void* buf = state_->barrier_buf;
   issue(desc, stream, [&](ncclComm_t c) {
     return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, cuda_stream(stream));
@@ -483,6 +486,7 @@ void NcclCommunicator::do_group_start() {
 }
 
 void NcclCommunicator::do_group_end() {
+  DeviceGuard guard(device());  // the group's work is queued now (issue() says why)
   std::vector<std::pair<CollectiveDesc, Stream>> ops = std::move(state_->group_ops);
   state_->group_ops.clear();
   ncclResult_t r = ncclSuccess;
@@ -518,21 +522,30 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
              version);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclComm_t child = nullptr;
+  // A non-blocking parent has NCCL write the child's handle when the split
+  // completes, which may be after a timeout has given up on it here: the
+  // slot is then left allocated for good (8 bytes), never written after free.
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
   const int nccl_color = color >= 0 ? color : NCCL_SPLIT_NOCOLOR;
   // Not issue(): there is no stream and no event, only the parent's state.
   ncclResult_t r = ncclSuccess;
   {
     std::lock_guard<std::mutex> lock(state_->nccl_mutex);
     r = state_->comm == nullptr ? ncclInvalidUsage
-                                : ncclCommSplit(state_->comm, nccl_color, key, &child, &config);
+                                : ncclCommSplit(state_->comm, nccl_color, key, slot.get(), &config);
   }
   if (r != ncclSuccess && r != ncclInProgress) {
     fail(CommError::Reason::kBackend,
          fmt::format("NCCL {} (color {}, key {}) failed on {}: {}", desc.str(), color, key,
                      state_->where(), nccl_text(r)));
   }
-  wait_enqueued(desc);
+  try {
+    wait_enqueued(desc);
+  } catch (...) {
+    (void)slot.release();
+    throw;
+  }
+  const ncclComm_t child = *slot;
   if (color < 0) {
     if (child != nullptr) ZEST_NCCL_WARN(ncclCommAbort(child));  // NCCL promises NULL
     return nullptr;
@@ -582,7 +595,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
   check_comm_options(options);
   const Device dev = Device::cuda(device);
   check_device_available(dev);
-  DeviceGuard guard(dev);  // NCCL binds the communicator to the current device
+  // NCCL binds the communicator to the current device; the rank keeps it
+  // current for good (set_current_device says why).
+  set_current_device(dev);
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id_bytes.data(), sizeof(id.internal));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

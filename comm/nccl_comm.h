@@ -46,9 +46,10 @@ using NcclUniqueId = std::array<char, 128>;
 NcclUniqueId nccl_unique_id();
 
 // Joins the communicator named by `unique_id_bytes` as `rank` of
-// `world_size`, on CUDA device `device`. Collective: every rank calls it with
-// the same id. Throws CommError (kTimeout) when not every rank joins within
-// options.timeout.
+// `world_size`, on CUDA device `device`, which becomes the calling thread's
+// current device for good (set_current_device in core/device.h). Collective:
+// every rank calls it with the same id. Throws CommError (kTimeout) when not
+// every rank joins within options.timeout.
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
                                                      const NcclUniqueId& unique_id_bytes,
                                                      int device, CommOptions options = {});

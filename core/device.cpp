@@ -43,6 +43,12 @@ void check_device_available(Device device) {
              n == 0 ? " (is CUDA_VISIBLE_DEVICES set, or the driver missing?)" : "");
 }
 
+void set_current_device(Device device) {
+  if (!device.is_cuda()) return;
+  check_device_available(device);
+  if (cuda_rt::current_device() != device.index()) cuda_rt::set_device(device.index());
+}
+
 DeviceGuard::DeviceGuard(Device device) {
   if (!device.is_cuda()) return;
   const int current = cuda_rt::current_device();

@@ -21,16 +21,27 @@ Stream Stream::default_for(Device device) {
   return Stream(device, 0, nullptr);
 }
 
+// Every use of a CUDA stream handle runs with the stream's device current:
+// handle 0, default_for()'s, is the legacy stream of whichever device is
+// current, and an event must be recorded on a stream of its own device.
 void Stream::synchronize() const {
-  if (device_.is_cuda()) cuda_rt::stream_synchronize(native_);
+  if (device_.is_host()) return;
+  DeviceGuard guard(device_);
+  cuda_rt::stream_synchronize(native_);
 }
 
-bool Stream::query() const { return device_.is_host() || cuda_rt::stream_query(native_); }
+bool Stream::query() const {
+  if (device_.is_host()) return true;
+  DeviceGuard guard(device_);
+  return cuda_rt::stream_query(native_);
+}
 
 void Stream::wait(const Event& event) const {
   ZEST_CHECK(event.device() == device_, "a stream on {} cannot wait for an event on {}",
              device_.str(), event.device().str());
-  if (device_.is_cuda()) cuda_rt::stream_wait_event(native_, event.native());
+  if (device_.is_host()) return;
+  DeviceGuard guard(device_);
+  cuda_rt::stream_wait_event(native_, event.native());
 }
 
 OwnedStream::OwnedStream(Device device) : stream_(Stream::default_for(device)), owned_(true) {
@@ -98,6 +109,7 @@ void Event::record(const Stream& stream) {
   ZEST_CHECK(stream.device() == device_, "an event of {} cannot be recorded on a stream of {}",
              device_.str(), stream.device().str());
   if (device_.is_cuda()) {
+    DeviceGuard guard(device_);  // the stream may be handle 0 (Stream::synchronize says why)
     cuda_rt::event_record(native_, stream.native());
   } else if (timing_) {
     host_time_ = std::chrono::steady_clock::now();

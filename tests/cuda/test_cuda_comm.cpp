@@ -43,10 +43,20 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   unsigned char* get() const { return static_cast<unsigned char*>(ptr_); }
+  // Both end with a device synchronize: a cudaMemcpy from pageable memory may
+  // return before the bytes land, and cudaMemset does not wait at all, both
+  // on the legacy stream, for which ZEST's non-blocking streams do not wait.
   void upload(const void* src, size_t bytes, size_t offset = 0) {
-    if (bytes > 0) ZEST_CUDA_CHECK(cudaMemcpy(get() + offset, src, bytes, cudaMemcpyHostToDevice));
+    if (bytes == 0) return;
+    DeviceGuard guard(kCuda0);
+    ZEST_CUDA_CHECK(cudaMemcpy(get() + offset, src, bytes, cudaMemcpyHostToDevice));
+    ZEST_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  void fill(unsigned char byte) { ZEST_CUDA_CHECK(cudaMemset(ptr_, byte, bytes_ == 0 ? 1 : bytes_)); }
+  void fill(unsigned char byte) {
+    DeviceGuard guard(kCuda0);
+    ZEST_CUDA_CHECK(cudaMemset(ptr_, byte, bytes_ == 0 ? 1 : bytes_));
+    ZEST_CUDA_CHECK(cudaDeviceSynchronize());
+  }
   // Waits for `stream` first: ZEST's streams do not wait for the legacy
   // stream that cudaMemcpy uses.
   std::vector<unsigned char> download(const Stream& stream, size_t bytes, size_t offset = 0) const {
