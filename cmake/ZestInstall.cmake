@@ -9,7 +9,6 @@ install(TARGETS zest EXPORT zestTargets
 foreach(layer core memory comm optim engine)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest/${layer}
     FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
-    PATTERN "mpi_reduction.h" EXCLUDE
     PATTERN "mpi_poll.h" EXCLUDE
     PATTERN "reduce_element.h" EXCLUDE
     PATTERN "tcp_socket.h" EXCLUDE

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "zest/comm/mpi_poll.h"
-#include "zest/comm/mpi_reduction.h"
+#include "zest/comm/host_reduce.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"
 
@@ -70,6 +70,20 @@ int mpi_count(const CollectiveDesc& desc) {
   return static_cast<int>(desc.count);
 }
 
+// An MPI type of `t`'s size: MPI only moves ZEST's elements, bit for bit
+// (Note [reductions over MPI]).
+MPI_Datatype mpi_copy_type(DType t) {
+  switch (elem_size(t)) {
+    case 1: return MPI_UINT8_T;
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    case 8: return MPI_UINT64_T;
+    default: break;
+  }
+  ZEST_INTERNAL_ASSERT(false, "no MPI type of {} bytes for {}", elem_size(t), dtype_name(t));
+  return MPI_DATATYPE_NULL;
+}
+
 }  // namespace
 
 struct MpiCommunicator::DescExchange {
@@ -82,20 +96,13 @@ MpiCommunicator::Owned::Owned(MPI_Comm adopted) : Owned() {
   // call below throw.
   comm = adopted;
   ZEST_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
-  nan_max = mpi::make_nan_max();
-  wrapping_sum = mpi::make_wrapping_sum();
 }
 
 MpiCommunicator::Owned::Owned(Owned&& other) noexcept
-    : comm(std::exchange(other.comm, MPI_COMM_NULL)),
-      nan_max(std::exchange(other.nan_max, MPI_OP_NULL)),
-      wrapping_sum(std::exchange(other.wrapping_sum, MPI_OP_NULL)),
-      keep(other.keep) {}
+    : comm(std::exchange(other.comm, MPI_COMM_NULL)), keep(other.keep) {}
 
 MpiCommunicator::Owned::~Owned() {
-  if (keep || (comm == MPI_COMM_NULL && nan_max == MPI_OP_NULL && wrapping_sum == MPI_OP_NULL)) {
-    return;
-  }
+  if (keep || comm == MPI_COMM_NULL) return;
   int finalized = 0;
   ZEST_MPI_WARN(MPI_Finalized(&finalized));
   if (finalized) {
@@ -103,9 +110,7 @@ MpiCommunicator::Owned::~Owned() {
                   "communicators before the zest::MpiEnvironment");
     return;
   }
-  if (nan_max != MPI_OP_NULL) ZEST_MPI_WARN(MPI_Op_free(&nan_max));
-  if (wrapping_sum != MPI_OP_NULL) ZEST_MPI_WARN(MPI_Op_free(&wrapping_sum));
-  if (comm != MPI_COMM_NULL) ZEST_MPI_WARN(MPI_Comm_free(&comm));
+  ZEST_MPI_WARN(MPI_Comm_free(&comm));
 }
 
 MpiCommunicator::Owned MpiCommunicator::duplicate(MPI_Comm comm, const CommOptions& options) {
@@ -144,7 +149,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions options)
 MpiCommunicator::MpiCommunicator(Owned owned, CommOptions options)
     : Communicator(rank_of(owned.comm), size_of(owned.comm), Device::host(), options),
       owned_(std::move(owned)),
-      exchange_(std::make_shared<DescExchange>()) {
+      exchange_(std::make_shared<DescExchange>()),
+      inputs_(static_cast<size_t>(size())) {
   exchange_->all.resize(static_cast<size_t>(size()) * kDescWords);
 }
 
@@ -220,23 +226,6 @@ void MpiCommunicator::agree(const CollectiveDesc& desc) {
   last_agreed_ = desc;
 }
 
-// fp16 and bf16, which MPI cannot add: a float copy of all `send_count`
-// elements is reduced in place (accumulating in float, rounded once at the
-// end, as the other backends do) by start(MPI_IN_PLACE, buffer, &request),
-// which leaves this rank's result at the start of the buffer (MPI_Iallreduce
-// and MPI_Ireduce_scatter_block alike).
-template <typename Start>
-void MpiCommunicator::reduce_in_float(const CollectiveDesc& desc, const void* send, void* recv,
-                                      size_t send_count, Start&& start) {
-  auto staged = std::make_shared<std::vector<float>>(send_count);
-  mpi::widen(send, desc.dtype, staged->data(), send_count);
-  MPI_Request request = MPI_REQUEST_NULL;
-  start(MPI_IN_PLACE, staged->data(), &request);
-  wait(desc, request, /*moving_data=*/true, staged);
-  if (desc.op == ReduceOp::kAvg) mpi::divide(staged->data(), desc.count, size());
-  mpi::narrow(staged->data(), desc.dtype, recv, desc.count);
-}
-
 // The collectives that move data: agreed on, refused alike on every rank when
 // too large for MPI, then fn(n), n being the count as MPI takes it.
 template <typename Fn>
@@ -247,70 +236,72 @@ void MpiCommunicator::move_data(const CollectiveDesc& desc, Fn&& fn) {
   guard(desc, [&] { fn(n); });
 }
 
-// all_reduce and reduce_scatter alike: MPI's type and operation for the
-// call, fp16 and bf16 staged through float, and the average. They differ in
-// the MPI call, start(in, out, n, type, op, &request), and in how they go in
-// place: direct(reduce_now) runs the reduction of the other types, each
-// reduce_now(in, out) starting the MPI call and waiting for it.
-template <typename Start, typename Direct>
-void MpiCommunicator::reduce(const CollectiveDesc& desc, const void* send, void* recv,
-                             size_t send_count, Start&& start, Direct&& direct) {
+// Note [reductions over MPI]: MPI moves the bytes, ZEST does the arithmetic.
+// Each rank receives every rank's copy of the elements it reduces (an
+// all-to-all) and combines them in rank order with host_reduce, the
+// in-process backend's code. So a reduction has the in-process bits at every
+// world size, whatever algorithm MPI picks (MPI_Allreduce adds in an order of
+// its own, which changes with the message size and the number of ranks);
+// fp16 and bf16 travel as themselves and accumulate in float; integer sums
+// wrap and max propagates NaN without operations of MPI's. It sends what a
+// ring reduce-scatter sends, (W-1)/W of the buffer, into a buffer of W
+// copies of this rank's part.
+void MpiCommunicator::combine(const CollectiveDesc& desc, const char* copies, size_t count,
+                              void* out) {
+  const size_t bytes = count * elem_size(desc.dtype);
+  for (int r = 0; r < size(); ++r) inputs_[static_cast<size_t>(r)] = copies + static_cast<size_t>(r) * bytes;
+  host_reduce(inputs_.data(), size(), out, count, desc.dtype, desc.op);
+}
+
+// Note [reductions over MPI]: rank r reduces the r-th of W nearly equal
+// chunks (the in-process split), then every rank gathers every chunk.
+void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
+                                    const Stream& /*stream*/) {
   move_data(desc, [&](int n) {
-    const MPI_Datatype type = mpi::reduction_type(desc.dtype, desc.op);
-    const MPI_Op op = mpi::reduction_op(desc.dtype, desc.op, owned_.nan_max, owned_.wrapping_sum);
-    auto start_n = [&](const void* in, void* out, MPI_Request* request) {
-      start(in, out, n, type, op, request);
-    };
-    if (mpi::reduces_in_float(desc.dtype)) {
-      return reduce_in_float(desc, send, recv, send_count, start_n);
+    const int w = size();
+    const int chunk = n / w + (n % w != 0 ? 1 : 0);
+    std::vector<int> counts(static_cast<size_t>(w)), displs(static_cast<size_t>(w));
+    for (int r = 0; r < w; ++r) {
+      displs[r] = std::min(n, chunk * r);  // no overflow: chunk * (w - 1) < n
+      counts[r] = std::min(n - displs[r], chunk);
     }
-    direct([&](const void* in, void* out) {
-      MPI_Request request = MPI_REQUEST_NULL;
-      start_n(in, out, &request);
-      wait(desc, request, /*moving_data=*/true, nullptr);
-    });
-    if (desc.op == ReduceOp::kAvg) mpi::divide(static_cast<float*>(recv), desc.count, size());
+    const int mine = counts[static_cast<size_t>(rank())];
+    std::vector<int> copy_counts(static_cast<size_t>(w), mine), copy_displs(static_cast<size_t>(w));
+    for (int r = 0; r < w; ++r) copy_displs[r] = r * mine;
+    const MPI_Datatype type = mpi_copy_type(desc.dtype);
+    auto copies = std::make_shared<std::vector<char>>(static_cast<size_t>(mine) * w * elem_size(desc.dtype));
+    MPI_Request request = MPI_REQUEST_NULL;
+    ZEST_MPI_CHECK(MPI_Ialltoallv(send, counts.data(), displs.data(), type, copies->data(),
+                                  copy_counts.data(), copy_displs.data(), type, owned_.comm, &request));
+    wait(desc, request, /*moving_data=*/true, copies);
+    // The send buffer is read: an in-place call may overwrite it now.
+    char* my_chunk = static_cast<char*>(recv) + static_cast<size_t>(displs[rank()]) * elem_size(desc.dtype);
+    if (mine > 0) combine(desc, copies->data(), static_cast<size_t>(mine), my_chunk);
+    ZEST_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts.data(), displs.data(),
+                                   type, owned_.comm, &request));
+    wait(desc, request, /*moving_data=*/true, nullptr);
   });
 }
 
-void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
-                                    const Stream& /*stream*/) {
-  reduce(
-      desc, send, recv, desc.count,
-      [&](const void* in, void* out, int n, MPI_Datatype type, MPI_Op op, MPI_Request* request) {
-        ZEST_MPI_CHECK(MPI_Iallreduce(in, out, n, type, op, owned_.comm, request));
-      },
-      [&](auto&& reduce_now) { reduce_now(send == recv ? MPI_IN_PLACE : send, recv); });
-}
-
+// Note [reductions over MPI]. In place or not, only recv changes: the copies
+// are taken from the whole send buffer before recv is written.
 void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
                                         const Stream& /*stream*/) {
-  reduce(
-      desc, send, recv, desc.count * static_cast<size_t>(size()),
-      [&](const void* in, void* out, int n, MPI_Datatype type, MPI_Op op, MPI_Request* request) {
-        ZEST_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, n, type, op, owned_.comm, request));
-      },
-      [&](auto&& reduce_now) {
-        const size_t part = desc.count * elem_size(desc.dtype);
-        char* whole = static_cast<char*>(recv) - static_cast<size_t>(rank()) * part;
-        if (whole != send) return reduce_now(send, recv);
-        // MPI's in-place form reduces the whole send buffer and leaves this
-        // rank's part at its start: what was there goes back afterwards, so
-        // that only recv changes, as with the other backends.
-        std::vector<char> first_part;
-        if (rank() != 0) first_part.assign(whole, whole + part);
-        reduce_now(MPI_IN_PLACE, whole);
-        if (!first_part.empty()) {
-          std::memcpy(recv, whole, part);
-          std::memcpy(whole, first_part.data(), part);
-        }
-      });
+  move_data(desc, [&](int n) {
+    const MPI_Datatype type = mpi_copy_type(desc.dtype);
+    auto copies = std::make_shared<std::vector<char>>(desc.count * static_cast<size_t>(size()) *
+                                                      elem_size(desc.dtype));
+    MPI_Request request = MPI_REQUEST_NULL;
+    ZEST_MPI_CHECK(MPI_Ialltoall(send, n, type, copies->data(), n, type, owned_.comm, &request));
+    wait(desc, request, /*moving_data=*/true, copies);
+    combine(desc, copies->data(), desc.count, recv);
+  });
 }
 
 void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& /*stream*/) {
   move_data(desc, [&](int n) {
-    const MPI_Datatype type = mpi::copy_type(desc.dtype);
+    const MPI_Datatype type = mpi_copy_type(desc.dtype);
     const size_t part = desc.count * elem_size(desc.dtype);
     const bool in_place =
         static_cast<const char*>(recv) + static_cast<size_t>(rank()) * part == send;
@@ -333,7 +324,7 @@ void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send,
     }
     MPI_Request request = MPI_REQUEST_NULL;
     ZEST_MPI_CHECK(
-        MPI_Ibcast(recv, n, mpi::copy_type(desc.dtype), desc.root, owned_.comm, &request));
+        MPI_Ibcast(recv, n, mpi_copy_type(desc.dtype), desc.root, owned_.comm, &request));
     wait(desc, request, /*moving_data=*/true, nullptr);
   });
 }

@@ -12,11 +12,12 @@
 // so that a rank that never arrives ends in a CommError instead of a hang.
 // Before each one the ranks exchange its CollectiveDesc, so ranks that
 // diverged (different operations, sizes or numbering) get a CommError naming
-// every rank's call before any data moves. Reductions give the same bits as
-// the in-process backend wherever the sum does not depend on the order of
-// additions (always for integers and max; for floats when the sums are exact):
-// fp16 and bf16 accumulate in float and round once, integer sums wrap, max
-// propagates NaN.
+// every rank's call before any data moves. Reductions give the in-process
+// backend's bits at every world size, floats included: MPI moves the
+// elements, and each rank combines its part in rank order with the
+// in-process backend's code (fp16 and bf16 accumulate in float and round
+// once, integer sums wrap, max propagates NaN), sending what a ring
+// reduce-scatter sends.
 //
 // ZEST calls MPI only from the thread that is using a communicator, so
 // MPI_THREAD_SERIALIZED is enough as long as no two threads use MPI
@@ -30,6 +31,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "zest/comm/communicator.h"
 
@@ -130,8 +132,6 @@ class MpiCommunicator final : public Communicator {
   // communicator so that a constructor that fails half-way still frees them.
   struct Owned {
     MPI_Comm comm = MPI_COMM_NULL;
-    MPI_Op nan_max = MPI_OP_NULL;
-    MPI_Op wrapping_sum = MPI_OP_NULL;
     bool keep = false;  // set once aborted: MPI may still use them
     Owned() = default;
     explicit Owned(MPI_Comm adopted);
@@ -151,17 +151,14 @@ class MpiCommunicator final : public Communicator {
   void guard(const CollectiveDesc& desc, Fn&& fn);
   template <typename Fn>
   void move_data(const CollectiveDesc& desc, Fn&& fn);
-  template <typename Start, typename Direct>
-  void reduce(const CollectiveDesc& desc, const void* send, void* recv, size_t send_count,
-              Start&& start, Direct&& direct);
-  template <typename Start>
-  void reduce_in_float(const CollectiveDesc& desc, const void* send, void* recv,
-                       size_t send_count, Start&& start);
+  // out = the reduction of W consecutive copies of `count` elements.
+  void combine(const CollectiveDesc& desc, const char* copies, size_t count, void* out);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
   Owned owned_;
   std::shared_ptr<DescExchange> exchange_;
   CollectiveDesc last_agreed_;
+  std::vector<const void*> inputs_;  // combine()'s, kept between calls
 };
 
 #endif  // ZEST_WITH_MPI

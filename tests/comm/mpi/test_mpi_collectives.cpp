@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "comm/conformance.h"
@@ -142,6 +143,58 @@ TEST_CASE("float max picks the same NaN payload and signed zero as in-process") 
   // reduce_scatter of w copies of the inputs: this rank's part is the same
   // reduction of all kN elements.
   CHECK(std::memcmp(scattered.data(), expect_reduced.data(), kN * sizeof(float)) == 0);
+}
+
+TEST_CASE("float sums whose bits depend on the order of additions match in-process") {
+  // Random values of mixed magnitudes: every sum of three or more rounds
+  // differently in another order, so only the in-process order (rank 0 +
+  // rank 1 + ...) gives these bits. An odd count gives ranks unequal chunks.
+  std::unique_ptr<Communicator> world = make_mpi_world(test::mpi_test_options());
+  const int w = world->size();
+  constexpr size_t kN = 1001;
+  auto inputs = [](int rank, DType t, size_t n) {
+    std::mt19937 rng(static_cast<unsigned>(1234 + rank));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<unsigned char> out(n * elem_size(t));
+    for (size_t i = 0; i < n; ++i) {
+      const float x = std::ldexp(normal(rng), static_cast<int>(i % 13) - 6);
+      const uint16_t half = t == DType::kBFloat16 ? bf16(x).bits : fp16(x).bits;
+      if (t == DType::kFloat32) {
+        std::memcpy(out.data() + i * 4, &x, 4);
+      } else {
+        std::memcpy(out.data() + i * 2, &half, 2);
+      }
+    }
+    return out;
+  };
+  auto run = [&](Communicator& comm, DType t, ReduceOp op, std::vector<unsigned char>& reduced,
+                 std::vector<unsigned char>& scattered) {
+    const std::vector<unsigned char> in = inputs(comm.rank(), t, kN);
+    reduced.assign(in.size(), 0);
+    comm.all_reduce(in.data(), reduced.data(), kN, t, op, host_stream());
+    const size_t part = kN / static_cast<size_t>(comm.size());
+    scattered.assign(part * elem_size(t), 0);
+    comm.reduce_scatter(in.data(), scattered.data(), part, t, op, host_stream());
+  };
+  for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      CAPTURE(dtype_name(t));
+      CAPTURE(static_cast<int>(op));
+      std::vector<unsigned char> reduced, scattered;
+      run(*world, t, op, reduced, scattered);
+      std::vector<unsigned char> expect_reduced, expect_scattered;
+      run_inprocess(w, [&](Communicator& comm) {
+        std::vector<unsigned char> r, sc;
+        run(comm, t, op, r, sc);
+        if (comm.rank() == world->rank()) {
+          expect_reduced = r;
+          expect_scattered = sc;
+        }
+      });
+      CHECK(reduced == expect_reduced);
+      CHECK(scattered == expect_scattered);
+    }
+  }
 }
 
 TEST_CASE("an in-place reduce_scatter changes only this rank's part of the buffer") {
