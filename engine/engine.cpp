@@ -200,9 +200,13 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     // Initial values: the initializer fills fp32 values on the host; they
     // reach the device through a staging buffer of at most
     // kInitStagingNumel elements (so a huge unit does not need its fp32 copy
-    // on the device), and rank 0's are broadcast.
-    host.assign(unit.padded, 0.0f);
-    if (from == InitFrom::kEveryRank || comm_.rank() == 0) {
+    // on the device), and rank 0's are broadcast. Only the ranks that run
+    // the initializer hold the unit in host memory: with values from rank 0,
+    // the other ranks of a node would otherwise each hold a copy they never
+    // read.
+    const bool fills = from == InitFrom::kEveryRank || comm_.rank() == 0;
+    if (fills) {
+      host.assign(unit.padded, 0.0f);
       for (const ParamLayout& p : unit.params) init(p, std::span<float>(host.data() + p.offset, p.numel));
     }
     const size_t piece = std::min(unit.padded, kInitStagingNumel);
@@ -210,7 +214,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     std::byte* full = st.resident ? st.params_full.as<std::byte>() : nullptr;
     for (size_t begin = 0; begin < unit.padded; begin += piece) {
       const size_t n = std::min(piece, unit.padded - begin);
-      copy_bytes(stream_, staging.data(), host.data() + begin, n * 4);
+      if (fills) copy_bytes(stream_, staging.data(), host.data() + begin, n * 4);
       if (from == InitFrom::kRank0 && comm_.size() > 1) {
         im.control->broadcast(staging.data(), staging.data(), n, DType::kFloat32, 0, stream_);
       }

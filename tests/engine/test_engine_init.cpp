@@ -1,6 +1,7 @@
 // finalize()'s initial values: moved to the device piece by piece.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine_harness.h"
@@ -37,4 +38,40 @@ TEST_CASE("a unit larger than the staging buffer is initialized piece by piece")
     CHECK(static_cast<float>(p[(size_t{1} << 24) + 5]) == static_cast<float>(((size_t{1} << 24) + 5) % 251) - 125.0f);
     CHECK(static_cast<float>(p[12345]) == static_cast<float>(12345 % 251) - 125.0f);
   });
+}
+
+TEST_CASE("initial values come from rank 0's initializer, or from every rank's") {
+  // The initializer writes its rank into every value: from rank 0 every
+  // rank must see 0, and only rank 0 may have run it; from every rank each
+  // rank keeps its own values (a deterministic initializer gives them all
+  // the same; this one shows whose values were used).
+  for (const InitFrom from : {InitFrom::kRank0, InitFrom::kEveryRank}) {
+    CAPTURE(static_cast<int>(from));
+    for (int stage : {0, 3}) {
+      CAPTURE(stage);
+      run_inprocess(3, [&](Communicator& comm) {
+        CachingAllocator alloc(make_host_allocator());
+        Engine engine(base_config(stage), comm, alloc, Stream::default_for(Device::host()));
+        register_model(engine);
+        int calls = 0;
+        engine.finalize(
+            [&](const ParamLayout&, std::span<float> v) {
+              ++calls;
+              std::fill(v.begin(), v.end(), static_cast<float>(comm.rank()) + 0.5f);
+            },
+            from);
+        const bool ran = from == InitFrom::kEveryRank || comm.rank() == 0;
+        CHECK((calls > 0) == ran);
+        const float expected = from == InitFrom::kRank0 ? 0.5f : static_cast<float>(comm.rank()) + 0.5f;
+        for (const auto& [name, values] : master_params(engine)) {
+          CAPTURE(name);
+          // From every rank at stage 3, each rank's shard holds its own
+          // values and the gathered master mixes them; at stage 0 each rank
+          // keeps the whole master, its own.
+          if (from == InitFrom::kEveryRank && stage == 3) continue;
+          CHECK(std::all_of(values.begin(), values.end(), [&](float x) { return x == expected; }));
+        }
+      });
+    }
+  }
 }
