@@ -8,6 +8,7 @@
 // overflow anywhere is seen everywhere.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
 #include "zest/comm/collective.h"
@@ -19,5 +20,19 @@ namespace zest {
 // sum is divided by `num_inputs`. `out` may alias any input.
 void host_reduce(const void* const* inputs, int num_inputs, void* out, size_t count, DType dtype,
                  ReduceOp op);
+
+// The elements [begin, begin + count) of an all-reduce of `total` elements
+// that `rank` of `ranks` reduces in the host backends: ceil(total / ranks)
+// each, fewer (or none) at the end. Each element is reduced by one rank.
+struct ReduceChunk {
+  size_t begin = 0;
+  size_t count = 0;
+};
+inline ReduceChunk all_reduce_chunk(size_t total, int ranks, int rank) {
+  const auto w = static_cast<size_t>(ranks);
+  const size_t chunk = (total + w - 1) / w;
+  const size_t begin = std::min(total, chunk * static_cast<size_t>(rank));
+  return {begin, std::min(total - begin, chunk)};
+}
 
 }  // namespace zest

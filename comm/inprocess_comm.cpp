@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "zest/comm/host_reduce.h"
 #include "zest/comm/inprocess_data.h"
 #include "zest/core/rank_context.h"
 #include "zest/memory/copy.h"
@@ -208,16 +209,13 @@ class InProcessCommunicator final : public Communicator {
                      const Stream& stream) override {
     exchange(desc, send, recv, stream, [&](const std::vector<Post>& posts) {
       const size_t es = elem_size(desc.dtype);
-      const size_t w = static_cast<size_t>(size());
-      const size_t chunk = (desc.count + w - 1) / w;
-      const size_t begin = std::min(desc.count, chunk * static_cast<size_t>(rank()));
-      const size_t n = std::min(desc.count, begin + chunk) - begin;
-      if (n > 0) {
-        for (size_t r = 0; r < w; ++r) {
-          in_[r] = static_cast<const char*>(posts[r].send) + begin * es;
-          out_[r] = static_cast<char*>(posts[r].recv) + begin * es;
+      const ReduceChunk mine = all_reduce_chunk(desc.count, size(), rank());
+      if (mine.count > 0) {
+        for (size_t r = 0; r < in_.size(); ++r) {
+          in_[r] = static_cast<const char*>(posts[r].send) + mine.begin * es;
+          out_[r] = static_cast<char*>(posts[r].recv) + mine.begin * es;
         }
-        inprocess::reduce_into(stream, in_.data(), size(), out_.data(), size(), n, desc.dtype,
+        inprocess::reduce_into(stream, in_.data(), size(), out_.data(), size(), mine.count, desc.dtype,
                                desc.op);
       }
     });

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "zest/comm/mpi_poll.h"
 #include "zest/comm/host_reduce.h"
+#include "zest/comm/mpi_poll.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"
 
@@ -86,6 +86,28 @@ MPI_Datatype mpi_copy_type(DType t) {
 
 }  // namespace
 
+// The reductions' buffers and MPI's count arrays (Note [reductions over
+// MPI]), kept between calls so that a collective allocates only to grow
+// them, and shared so that a call that times out can leave all of them to
+// MPI, which may still read and write them.
+struct MpiCommunicator::ReduceScratch {
+  explicit ReduceScratch(int ranks)
+      : inputs(static_cast<size_t>(ranks)),
+        chunk_counts(static_cast<size_t>(ranks)),
+        chunk_displs(static_cast<size_t>(ranks)),
+        copy_counts(static_cast<size_t>(ranks)),
+        copy_displs(static_cast<size_t>(ranks)) {}
+  // At least `bytes` of room for every rank's copy of this rank's part.
+  char* copies_of(size_t bytes) {
+    if (copies.size() < bytes) copies.resize(bytes);
+    return copies.data();
+  }
+  std::vector<char> copies;
+  std::vector<const void*> inputs;                 // combine()'s
+  std::vector<int> chunk_counts, chunk_displs;     // all_reduce: each rank's chunk
+  std::vector<int> copy_counts, copy_displs;       // all_reduce: W copies of this rank's
+};
+
 struct MpiCommunicator::DescExchange {
   DescWords mine{};
   std::vector<uint64_t> all;  // kDescWords per rank, in rank order
@@ -150,7 +172,7 @@ MpiCommunicator::MpiCommunicator(Owned owned, CommOptions options)
     : Communicator(rank_of(owned.comm), size_of(owned.comm), Device::host(), options),
       owned_(std::move(owned)),
       exchange_(std::make_shared<DescExchange>()),
-      inputs_(static_cast<size_t>(size())) {
+      scratch_(std::make_shared<ReduceScratch>(size())) {
   exchange_->all.resize(static_cast<size_t>(size()) * kDescWords);
 }
 
@@ -246,40 +268,44 @@ void MpiCommunicator::move_data(const CollectiveDesc& desc, Fn&& fn) {
 // wrap and max propagates NaN without operations of MPI's. It sends what a
 // ring reduce-scatter sends, (W-1)/W of the buffer, into a buffer of W
 // copies of this rank's part.
+
 void MpiCommunicator::combine(const CollectiveDesc& desc, const char* copies, size_t count,
                               void* out) {
   const size_t bytes = count * elem_size(desc.dtype);
-  for (int r = 0; r < size(); ++r) inputs_[static_cast<size_t>(r)] = copies + static_cast<size_t>(r) * bytes;
-  host_reduce(inputs_.data(), size(), out, count, desc.dtype, desc.op);
+  std::vector<const void*>& inputs = scratch_->inputs;
+  for (size_t r = 0; r < inputs.size(); ++r) inputs[r] = copies + r * bytes;
+  host_reduce(inputs.data(), size(), out, count, desc.dtype, desc.op);
 }
 
 // Note [reductions over MPI]: rank r reduces the r-th of W nearly equal
 // chunks (the in-process split), then every rank gathers every chunk.
 void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& /*stream*/) {
-  move_data(desc, [&](int n) {
-    const int w = size();
-    const int chunk = n / w + (n % w != 0 ? 1 : 0);
-    std::vector<int> counts(static_cast<size_t>(w)), displs(static_cast<size_t>(w));
-    for (int r = 0; r < w; ++r) {
-      displs[r] = std::min(n, chunk * r);  // no overflow: chunk * (w - 1) < n
-      counts[r] = std::min(n - displs[r], chunk);
+  move_data(desc, [&](int /*n*/) {
+    ReduceScratch& s = *scratch_;
+    // Counts and offsets within n <= INT_MAX elements, so they fit MPI's ints.
+    for (int r = 0; r < size(); ++r) {
+      const ReduceChunk chunk = all_reduce_chunk(desc.count, size(), r);
+      s.chunk_counts[r] = static_cast<int>(chunk.count);
+      s.chunk_displs[r] = static_cast<int>(chunk.begin);
     }
-    const int mine = counts[static_cast<size_t>(rank())];
-    std::vector<int> copy_counts(static_cast<size_t>(w), mine), copy_displs(static_cast<size_t>(w));
-    for (int r = 0; r < w; ++r) copy_displs[r] = r * mine;
+    const ReduceChunk mine = all_reduce_chunk(desc.count, size(), rank());
+    for (int r = 0; r < size(); ++r) {
+      s.copy_counts[r] = static_cast<int>(mine.count);
+      s.copy_displs[r] = r * static_cast<int>(mine.count);
+    }
+    const size_t es = elem_size(desc.dtype);
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    auto copies = std::make_shared<std::vector<char>>(static_cast<size_t>(mine) * w * elem_size(desc.dtype));
+    char* copies = s.copies_of(mine.count * static_cast<size_t>(size()) * es);
     MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(MPI_Ialltoallv(send, counts.data(), displs.data(), type, copies->data(),
-                                  copy_counts.data(), copy_displs.data(), type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, copies);
+    ZEST_MPI_CHECK(MPI_Ialltoallv(send, s.chunk_counts.data(), s.chunk_displs.data(), type, copies,
+                                  s.copy_counts.data(), s.copy_displs.data(), type, owned_.comm, &request));
+    wait(desc, request, /*moving_data=*/true, scratch_);
     // The send buffer is read: an in-place call may overwrite it now.
-    char* my_chunk = static_cast<char*>(recv) + static_cast<size_t>(displs[rank()]) * elem_size(desc.dtype);
-    if (mine > 0) combine(desc, copies->data(), static_cast<size_t>(mine), my_chunk);
-    ZEST_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts.data(), displs.data(),
-                                   type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, nullptr);
+    if (mine.count > 0) combine(desc, copies, mine.count, static_cast<char*>(recv) + mine.begin * es);
+    ZEST_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, s.chunk_counts.data(),
+                                   s.chunk_displs.data(), type, owned_.comm, &request));
+    wait(desc, request, /*moving_data=*/true, scratch_);
   });
 }
 
@@ -289,12 +315,11 @@ void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* 
                                         const Stream& /*stream*/) {
   move_data(desc, [&](int n) {
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    auto copies = std::make_shared<std::vector<char>>(desc.count * static_cast<size_t>(size()) *
-                                                      elem_size(desc.dtype));
+    char* copies = scratch_->copies_of(desc.count * static_cast<size_t>(size()) * elem_size(desc.dtype));
     MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(MPI_Ialltoall(send, n, type, copies->data(), n, type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, copies);
-    combine(desc, copies->data(), desc.count, recv);
+    ZEST_MPI_CHECK(MPI_Ialltoall(send, n, type, copies, n, type, owned_.comm, &request));
+    wait(desc, request, /*moving_data=*/true, scratch_);
+    combine(desc, copies, desc.count, recv);
   });
 }
 

@@ -31,7 +31,6 @@
 
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "zest/comm/communicator.h"
 
@@ -151,6 +150,7 @@ class MpiCommunicator final : public Communicator {
   void guard(const CollectiveDesc& desc, Fn&& fn);
   template <typename Fn>
   void move_data(const CollectiveDesc& desc, Fn&& fn);
+  struct ReduceScratch;
   // out = the reduction of W consecutive copies of `count` elements.
   void combine(const CollectiveDesc& desc, const char* copies, size_t count, void* out);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
@@ -158,7 +158,7 @@ class MpiCommunicator final : public Communicator {
   Owned owned_;
   std::shared_ptr<DescExchange> exchange_;
   CollectiveDesc last_agreed_;
-  std::vector<const void*> inputs_;  // combine()'s, kept between calls
+  std::shared_ptr<ReduceScratch> scratch_;
 };
 
 #endif  // ZEST_WITH_MPI

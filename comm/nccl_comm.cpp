@@ -385,8 +385,8 @@ void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc) {
   }
 }
 
+// Callers hold a DeviceGuard for the communicator's device (issue() says why).
 void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream) {
-  DeviceGuard guard(device());  // an event is recorded on a stream of its own device
   cudaEvent_t event = nullptr;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
