@@ -14,6 +14,7 @@ foreach(layer core memory comm optim engine)
     PATTERN "tcp_socket.h" EXCLUDE
     PATTERN "rendezvous_wire.h" EXCLUDE
     PATTERN "optimizer_impl.h" EXCLUDE
+    PATTERN "host_convert.h" EXCLUDE
     PATTERN "engine_state.h" EXCLUDE
     PATTERN "on_every_rank.h" EXCLUDE
     PATTERN "optim_cuda.h" EXCLUDE

@@ -1,27 +1,60 @@
 // Host loops of accumulate and convert, and the checks and dispatch both
 // backends share. The loops widen with core/float16.h's exact conversions,
-// add in float and narrow once, round to nearest even; grad_ops.cu does the
-// same with CUDA's conversions, which round alike.
+// add in float and narrow once, round to nearest even, block by block
+// through host_convert.h; grad_ops.cu does the same with CUDA's conversions,
+// which round alike.
 #include "zest/optim/grad_ops.h"
+
+#include <algorithm>
+#include <type_traits>
 
 #include "zest/core/check.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/host_convert.h"
 #include "zest/optim/optim_cuda.h"
 
 namespace zest {
 namespace {
 
+using detail::kHostBlock;
+
+// Not __restrict: accumulate may add a buffer into itself.
+void add_into(float* acc, const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+
 template <typename T>
 void accumulate_loop(T* dst, const T* src, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    dst[i] = T(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
+  if constexpr (std::is_same_v<T, float>) {
+    add_into(dst, src, n);
+  } else {
+    float a[kHostBlock];
+    float b[kHostBlock];
+    for (size_t base = 0; base < n; base += kHostBlock) {
+      const size_t len = std::min(kHostBlock, n - base);
+      detail::widen(dst + base, a, len);
+      detail::widen(src + base, b, len);
+      add_into(a, b, len);
+      detail::narrow(a, dst + base, len);
+    }
   }
 }
 
 template <typename TS, typename TD>
 void convert_loop(const TS* src, TD* dst, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = TD(static_cast<float>(src[i]));
+  if constexpr (std::is_same_v<TS, float>) {
+    detail::narrow(src, dst, n);
+  } else if constexpr (std::is_same_v<TD, float>) {
+    detail::widen(src, dst, n);
+  } else {
+    float block[kHostBlock];
+    for (size_t base = 0; base < n; base += kHostBlock) {
+      const size_t len = std::min(kHostBlock, n - base);
+      detail::widen(src + base, block, len);
+      detail::narrow(block, dst + base, len);
+    }
+  }
 }
 
 // Refuses a dtype other than fp32, fp16 or bf16 with the usual message.
