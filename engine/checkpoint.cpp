@@ -1,7 +1,5 @@
 #include "zest/engine/checkpoint.h"
 
-#include <cmath>
-#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>

@@ -100,6 +100,22 @@ int Engine::add_unit(const std::string& name, std::vector<ParamSpec> params) {
 
 namespace {
 
+// Every rank's `mine`, rank by rank. Free of the engine, since finalize()
+// needs it before the engine counts as finalized.
+std::vector<int64_t> all_gather_int64(Communicator& control, CachingAllocator& alloc,
+                                      const Stream& stream, std::span<const int64_t> mine) {
+  const size_t n = mine.size();
+  const size_t w = static_cast<size_t>(control.size());
+  std::vector<int64_t> out(n * w);
+  if (n == 0) return out;
+  Buffer buf = alloc.allocate_buffer(8 * n * (w + 1), stream, MemoryCategory::kCommBuffers);
+  copy_bytes(stream, buf.as<int64_t>() + n * w, mine.data(), 8 * n);
+  control.all_gather(buf.as<int64_t>() + n * w, buf.data(), n, DType::kInt64, stream);
+  copy_bytes(stream, out.data(), buf.data(), 8 * n * w);
+  stream.synchronize();
+  return out;
+}
+
 // Every rank must lay out the same model: compare digests, and on a
 // difference the full descriptions, so the error names what differs.
 void check_same_model(Communicator& control, const ModelLayout& layout, CachingAllocator& alloc,
@@ -107,15 +123,11 @@ void check_same_model(Communicator& control, const ModelLayout& layout, CachingA
   const int world = control.size();
   if (world == 1) return;
   const size_t w = static_cast<size_t>(world);
-  Buffer digests = alloc.allocate_buffer(8 * (w + 1), stream, MemoryCategory::kCommBuffers);
-  const uint64_t mine = layout.digest();
-  copy_bytes(stream, digests.as<uint64_t>() + w, &mine, 8);
-  control.all_gather(digests.as<uint64_t>() + w, digests.data(), 1, DType::kInt64, stream);
-  std::vector<uint64_t> all(w);
-  copy_bytes(stream, all.data(), digests.data(), 8 * w);
-  stream.synchronize();
+  // The digests' bits, moved as int64.
+  const int64_t mine = static_cast<int64_t>(layout.digest());
+  const std::vector<int64_t> all = all_gather_int64(control, alloc, stream, std::span(&mine, 1));
   bool same = true;
-  for (uint64_t d : all) same = same && d == all[0];
+  for (int64_t d : all) same = same && d == all[0];
   if (same) return;
 
   // Pad every description to the longest (lengths agreed by a max-reduce).
@@ -196,6 +208,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     }
     const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
     st.master = fp32 ? reinterpret_cast<float*>(owned_params(u)) : im.master.as<float>() + L.owned_offset(u);
+    st.runs = L.shard_runs(u, im.part);
 
     // Initial values: the initializer fills fp32 values on the host; they
     // reach the device through a staging buffer of at most
@@ -245,15 +258,15 @@ double Engine::loss_scale() const {
 std::vector<float> Engine::unit_master(int unit) {
   UnitState& st = state(unit);
   const UnitLayout& U = impl_->layout->unit(unit);
-  const int partitions = impl_->layout->partitions();
-  Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
-  if (partitions == 1) {
-    copy_bytes(stream_, full.data(), st.master, U.padded * 4);
-  } else {
-    impl_->control->all_gather(st.master, full.data(), U.shard, DType::kFloat32, stream_);
-  }
   std::vector<float> out(U.padded);
-  copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
+  if (impl_->layout->partitions() == 1) {
+    // The master is the whole unit: no gather, so no staging buffer.
+    copy_bytes(stream_, out.data(), st.master, U.padded * 4);
+  } else {
+    Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
+    impl_->control->all_gather(st.master, full.data(), U.shard, DType::kFloat32, stream_);
+    copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
+  }
   stream_.synchronize();
   return out;
 }
@@ -271,23 +284,9 @@ Engine::Progress Engine::progress() const {
   return {impl_->applied, impl_->skipped, impl_->scaler.state()};
 }
 
-Communicator& Engine::control_comm() const {
-  check_finalized("control_comm()");
-  return *impl_->control;
-}
-
 std::vector<int64_t> Engine::all_gather_scalars(std::span<const int64_t> mine) {
   check_finalized("all_gather_scalars()");
-  const size_t n = mine.size();
-  const size_t w = static_cast<size_t>(comm_.size());
-  std::vector<int64_t> out(n * w);
-  if (n == 0) return out;
-  Buffer buf = allocator_.allocate_buffer(8 * n * (w + 1), stream_, MemoryCategory::kCommBuffers);
-  copy_bytes(stream_, buf.as<int64_t>() + n * w, mine.data(), 8 * n);
-  impl_->control->all_gather(buf.as<int64_t>() + n * w, buf.data(), n, DType::kInt64, stream_);
-  copy_bytes(stream_, out.data(), buf.data(), 8 * n * w);
-  stream_.synchronize();
-  return out;
+  return all_gather_int64(*impl_->control, allocator_, stream_, mine);
 }
 
 int Engine::partition() const {

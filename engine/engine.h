@@ -146,11 +146,9 @@ class Engine {
   // master shards written with write_shard (all-gathering them where ranks
   // hold full parameters). Collective; only between optimizer steps.
   void restore(const Progress& progress);
-  // The engine's own communicator (a split of comm()) for scalars and
-  // checkpoint coordination, so comm()'s counters count only the model.
-  Communicator& control_comm() const;
   // Every rank's `mine` (the same length on every rank), rank by rank, over
-  // the control communicator. Collective.
+  // the engine's own communicator (a split of comm(), so comm()'s counters
+  // count only the model). Collective.
   std::vector<int64_t> all_gather_scalars(std::span<const int64_t> mine);
   // Index of the shard this rank owns (0 at stage 0, where one shard is all).
   int partition() const;
@@ -163,8 +161,11 @@ class Engine {
 
   void check_finalized(const char* what) const;
   UnitState& state(int unit);
-  const void* param_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const;
-  void* grad_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const;
+  detail::UntypedSpan<const void> param_view(int unit, const std::string& name, DType dtype) const;
+  detail::UntypedSpan<void> grad_view(int unit, const std::string& name, DType dtype) const;
+  // The checks both views share; `what` ("parameter" or "gradient") names
+  // the view in the dtype message.
+  const ParamLayout& view_param(int unit, const std::string& name, DType dtype, const char* what) const;
   void release(int unit);
   void grads_done(int unit);
   float* shard_ptr(int unit, int buffer);

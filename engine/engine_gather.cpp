@@ -103,17 +103,23 @@ void Engine::release(int unit) {
   if (--st.gathered == 0) drop(unit);
 }
 
-const void* Engine::param_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const {
+const ParamLayout& Engine::view_param(int unit, const std::string& name, DType dtype,
+                                      const char* what) const {
   const ParamRef ref = impl_->layout->find(name);
   const UnitLayout& U = impl_->layout->unit(unit);
   ZEST_CHECK(ref.unit == unit, "parameter '{}' belongs to unit '{}', not to unit '{}'", name,
              impl_->layout->unit(ref.unit).name, U.name);
-  ZEST_CHECK(dtype == compute_dtype_, "parameter '{}' is {}, not {}: views use the compute dtype",
+  ZEST_CHECK(dtype == compute_dtype_, "{} '{}' is {}, not {}: views use the compute dtype", what,
              name, dtype_name(compute_dtype_), dtype_name(dtype));
-  const ParamLayout& p = impl_->layout->param(ref);
-  *numel = p.numel;
-  return impl_->units[static_cast<size_t>(unit)].params_full.as<std::byte>() +
-         p.offset * elem_size(compute_dtype_);
+  return impl_->layout->param(ref);
+}
+
+detail::UntypedSpan<const void> Engine::param_view(int unit, const std::string& name,
+                                                   DType dtype) const {
+  const ParamLayout& p = view_param(unit, name, dtype, "parameter");
+  return {impl_->units[static_cast<size_t>(unit)].params_full.as<std::byte>() +
+              p.offset * elem_size(compute_dtype_),
+          p.numel};
 }
 
 // --- UnitHandle ---
@@ -136,19 +142,13 @@ void UnitHandle::release() {
   if (engine_ != nullptr) std::exchange(engine_, nullptr)->release(unit_);
 }
 
-const void* UnitHandle::typed_param(const std::string& name, DType dtype) const {
+detail::UntypedSpan<const void> UnitHandle::typed_param(const std::string& name, DType dtype) const {
   ZEST_CHECK(engine_ != nullptr, "parameter '{}' read through a released UnitHandle", name);
-  size_t n = 0;
-  return engine_->param_ptr(unit_, name, dtype, &n);
+  return engine_->param_view(unit_, name, dtype);
 }
 
 const void* UnitHandle::param_data(const std::string& name) const {
-  return typed_param(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32);
-}
-
-size_t UnitHandle::numel(const std::string& name) const {
-  ZEST_CHECK(engine_ != nullptr, "parameter '{}' read through a released UnitHandle", name);
-  return engine_->layout().param(engine_->layout().find(name)).numel;
+  return typed_param(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32).data;
 }
 
 }  // namespace zest

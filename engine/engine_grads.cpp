@@ -41,19 +41,13 @@ GradHandle Engine::grads(int unit) {
   return GradHandle(this, unit);
 }
 
-void* Engine::grad_ptr(int unit, const std::string& name, DType dtype, size_t* numel) const {
+detail::UntypedSpan<void> Engine::grad_view(int unit, const std::string& name, DType dtype) const {
   const UnitState& st = impl_->units[static_cast<size_t>(unit)];
-  const UnitLayout& U = impl_->layout->unit(unit);
   ZEST_CHECK(st.grads == UnitState::Grads::kOpen,
-             "gradient '{}' of unit '{}' used after done(): it is being reduced", name, U.name);
-  const ParamRef ref = impl_->layout->find(name);
-  ZEST_CHECK(ref.unit == unit, "parameter '{}' belongs to unit '{}', not to unit '{}'", name,
-             impl_->layout->unit(ref.unit).name, U.name);
-  ZEST_CHECK(dtype == compute_dtype_, "gradient '{}' is {}, not {}: views use the compute dtype",
-             name, dtype_name(compute_dtype_), dtype_name(dtype));
-  const ParamLayout& p = impl_->layout->param(ref);
-  *numel = p.numel;
-  return st.grads_full.as<std::byte>() + p.offset * elem_size(compute_dtype_);
+             "gradient '{}' of unit '{}' used after done(): it is being reduced", name,
+             impl_->layout->unit(unit).name);
+  const ParamLayout& p = view_param(unit, name, dtype, "gradient");
+  return {st.grads_full.as<std::byte>() + p.offset * elem_size(compute_dtype_), p.numel};
 }
 
 void Engine::grads_done(int unit) {
@@ -121,19 +115,13 @@ GradHandle& GradHandle::operator=(GradHandle&& other) noexcept {
   return *this;
 }
 
-void* GradHandle::typed_grad(const std::string& name, DType dtype) const {
+detail::UntypedSpan<void> GradHandle::typed_grad(const std::string& name, DType dtype) const {
   ZEST_CHECK(engine_ != nullptr, "gradient '{}' through an empty GradHandle", name);
-  size_t n = 0;
-  return engine_->grad_ptr(unit_, name, dtype, &n);
+  return engine_->grad_view(unit_, name, dtype);
 }
 
 void* GradHandle::grad_data(const std::string& name) const {
-  return typed_grad(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32);
-}
-
-size_t GradHandle::numel(const std::string& name) const {
-  ZEST_CHECK(engine_ != nullptr, "gradient '{}' through an empty GradHandle", name);
-  return engine_->layout().param(engine_->layout().find(name)).numel;
+  return typed_grad(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32).data;
 }
 
 void GradHandle::done() {

@@ -28,6 +28,9 @@ struct Engine::UnitState {
   // fp32 master shard: into Impl::master, or (fp32 compute) into the
   // parameters themselves.
   float* master = nullptr;
+  // ModelLayout::shard_runs of this rank's shard: fixed by finalize(), and
+  // read every optimizer step.
+  std::vector<GroupRun> runs;
 
   bool resident = true;
   int gathered = 0;     // live UnitHandles

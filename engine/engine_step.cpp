@@ -153,12 +153,18 @@ StepResult Engine::step() {
   const bool fp32 = compute_dtype_ == DType::kFloat32;
   const size_t bc = elem_size(compute_dtype_);
   for (int u = 0; u < L.num_units(); ++u) {
+    // Base pointers once per unit, so shard_ptr's checks do not run per run;
+    // each run is an offset into them.
     std::byte* out = owned_params(u);
-    for (const GroupRun& run : L.shard_runs(u, im.part)) {
+    const auto* grad = static_cast<const std::byte*>(reduced_grad(u));
+    ShardBuffers base;
+    base.master = shard_ptr(u, 0);
+    for (int s = 1; s < shard_buffers(); ++s) base.state[s - 1] = shard_ptr(u, s);
+    for (const GroupRun& run : im.units[static_cast<size_t>(u)].runs) {
       ShardBuffers b;
-      b.master = shard_ptr(u, 0) + run.begin;
-      for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = shard_ptr(u, s) + run.begin;
-      b.grad = static_cast<const std::byte*>(reduced_grad(u)) + run.begin * bc;
+      b.master = base.master + run.begin;
+      for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = base.state[s - 1] + run.begin;
+      b.grad = grad + run.begin * bc;
       b.grad_dtype = compute_dtype_;
       b.param_out = fp32 ? nullptr : out + run.begin * bc;
       b.param_dtype = compute_dtype_;

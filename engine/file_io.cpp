@@ -10,7 +10,6 @@
 
 #include "zest/core/check.h"
 #include "zest/core/crc32.h"
-#include "zest/core/logging.h"
 #include "zest/core/system_error.h"
 
 namespace zest {

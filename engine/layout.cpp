@@ -1,8 +1,6 @@
 #include "zest/engine/layout.h"
 
 #include <algorithm>
-#include <limits>
-#include <sstream>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -107,6 +105,10 @@ ParamRef ModelLayout::find(const std::string& param_name) const {
   const auto it = by_name_.find(param_name);
   ZEST_CHECK(it != by_name_.end(), "no parameter named '{}' is registered", param_name);
   return it->second;
+}
+
+bool ModelLayout::contains(std::string_view param_name) const {
+  return by_name_.contains(std::string(param_name));
 }
 
 const ParamLayout& ModelLayout::param(ParamRef ref) const {

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -84,6 +85,7 @@ class ModelLayout {
 
   // Throws naming the parameter when there is none of that name.
   ParamRef find(const std::string& param_name) const;
+  bool contains(std::string_view param_name) const;
   const ParamLayout& param(ParamRef ref) const;
 
   size_t numel() const { return numel_; }    // registered parameters

@@ -20,6 +20,7 @@
 // user's own kernels and cuBLAS calls.
 #pragma once
 
+#include <cstddef>
 #include <span>
 #include <string>
 
@@ -28,6 +29,15 @@
 namespace zest {
 
 class Engine;
+
+namespace detail {
+// A view's elements before its type is applied: one lookup yields both.
+template <typename V>
+struct UntypedSpan {
+  V* data = nullptr;
+  size_t numel = 0;
+};
+}  // namespace detail
 
 class UnitHandle {
  public:
@@ -46,7 +56,8 @@ class UnitHandle {
   const void* param_data(const std::string& name) const;
   template <typename T>
   std::span<const T> param(const std::string& name) const {
-    return {static_cast<const T*>(typed_param(name, dtype_of_v<T>)), numel(name)};
+    const detail::UntypedSpan<const void> v = typed_param(name, dtype_of_v<T>);
+    return {static_cast<const T*>(v.data), v.numel};
   }
 
   // Gives the unit back now rather than at scope end.
@@ -55,8 +66,7 @@ class UnitHandle {
  private:
   friend class Engine;
   UnitHandle(Engine* engine, int unit) : engine_(engine), unit_(unit) {}
-  const void* typed_param(const std::string& name, DType dtype) const;
-  size_t numel(const std::string& name) const;
+  detail::UntypedSpan<const void> typed_param(const std::string& name, DType dtype) const;
 
   Engine* engine_ = nullptr;
   int unit_ = -1;
@@ -79,7 +89,8 @@ class GradHandle {
   void* grad_data(const std::string& name) const;
   template <typename T>
   std::span<T> grad(const std::string& name) const {
-    return {static_cast<T*>(typed_grad(name, dtype_of_v<T>)), numel(name)};
+    const detail::UntypedSpan<void> v = typed_grad(name, dtype_of_v<T>);
+    return {static_cast<T*>(v.data), v.numel};
   }
 
   // The unit's gradients for this micro-step are complete: the engine
@@ -90,8 +101,7 @@ class GradHandle {
  private:
   friend class Engine;
   GradHandle(Engine* engine, int unit) : engine_(engine), unit_(unit) {}
-  void* typed_grad(const std::string& name, DType dtype) const;
-  size_t numel(const std::string& name) const;
+  detail::UntypedSpan<void> typed_grad(const std::string& name, DType dtype) const;
 
   Engine* engine_ = nullptr;
   int unit_ = -1;

@@ -1,17 +1,15 @@
 #include "zest/engine/weights_io.h"
 
 #include <algorithm>
-#include <array>
-#include <cstring>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
-#include "zest/core/float16.h"
 #include "zest/engine/on_every_rank.h"
 #include "zest/engine/safetensors.h"
+#include "zest/optim/grad_ops.h"
 
 namespace zest {
 namespace {
@@ -26,6 +24,12 @@ SafetensorsProgress log_every_tenth(const std::string& path) {
   };
 }
 
+// export_weights calls it on every rank before anything is written, so every
+// rank refuses a bad dtype alike.
+void check_export_dtype(DType dtype) {
+  ZEST_CHECK(is_floating(dtype), "weights can be exported as fp32, bf16 or fp16, not {}", dtype_name(dtype));
+}
+
 }  // namespace
 
 std::vector<SafetensorsEntry> weights_entries(const ModelLayout& layout, DType dtype) {
@@ -37,35 +41,18 @@ std::vector<SafetensorsEntry> weights_entries(const ModelLayout& layout, DType d
 }
 
 std::vector<std::byte> encode_weights(std::span<const float> values, DType dtype) {
+  check_export_dtype(dtype);
   std::vector<std::byte> out(values.size() * elem_size(dtype));
-  switch (dtype) {
-    case DType::kFloat32:
-      if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
-      break;
-    case DType::kFloat16:
-      for (size_t i = 0; i < values.size(); ++i) {
-        const fp16 h(values[i]);
-        std::memcpy(out.data() + 2 * i, &h, 2);
-      }
-      break;
-    case DType::kBFloat16:
-      for (size_t i = 0; i < values.size(); ++i) {
-        const bf16 h(values[i]);
-        std::memcpy(out.data() + 2 * i, &h, 2);
-      }
-      break;
-    default: ZEST_FAIL("weights can be exported as fp32, bf16 or fp16, not {}", dtype_name(dtype));
-  }
+  convert(Stream::default_for(Device::host()), values.data(), DType::kFloat32, out.data(), dtype, values.size());
   return out;
 }
-
 
 void export_weights(Engine& engine, const std::string& path, const WeightsExportOptions& options) {
   const ModelLayout& layout = engine.layout();
   const bool writer_rank = engine.comm().rank() == 0;
   std::unique_ptr<SafetensorsWriter> writer;
   on_every_rank(engine, "opening the weights file", [&] {
-    (void)encode_weights({}, options.dtype);  // refuses other dtypes on every rank alike
+    check_export_dtype(options.dtype);
     if (writer_rank) {
       writer = std::make_unique<SafetensorsWriter>(
           path, weights_entries(layout, options.dtype), std::map<std::string, std::string>{{"format", "pt"}},
@@ -108,15 +95,9 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
     }
     if (!options.ignore_unknown) {
       for (const SafetensorsTensor& t : file.tensors()) {
-        if (t.name == "__metadata__") continue;
-        bool known = true;
-        try {
-          (void)layout.find(t.name);
-        } catch (const Error&) {
-          known = false;
-        }
-        ZEST_CHECK(known, "'{}' has a tensor '{}' that the model does not register (set ignore_unknown to skip it)",
-                   path, t.name);
+        ZEST_CHECK(layout.contains(t.name),
+                   "'{}' has a tensor '{}' that the model does not register (set ignore_unknown to skip it)", path,
+                   t.name);
       }
     }
     // This rank's shard of each unit: the parts of parameters inside it.
