@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include "zest/comm/bootstrap.h"
+#include "zest/launch/bootstrap.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/check.h"

@@ -6,7 +6,7 @@ install(TARGETS zest EXPORT zestTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Internal headers (used only inside the library; some include <mpi.h>) stay out.
-foreach(layer core memory comm optim engine)
+foreach(layer core memory comm launch optim config engine checkpoint estimate)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest/${layer}
     FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
     PATTERN "mpi_poll.h" EXCLUDE

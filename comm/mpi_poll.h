@@ -5,7 +5,7 @@
 
 #include <mpi.h>
 
-#include "zest/comm/rendezvous.h"
+#include "zest/core/deadline.h"
 
 namespace zest::mpi {
 

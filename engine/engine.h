@@ -43,7 +43,7 @@
 
 #include "zest/comm/communicator.h"
 #include "zest/core/stream.h"
-#include "zest/engine/config.h"
+#include "zest/config/config.h"
 #include "zest/engine/layout.h"
 #include "zest/engine/step_result.h"
 #include "zest/engine/unit_handle.h"

@@ -19,11 +19,11 @@
 
 #include "common/cli.h"
 #include "zest/core/units.h"
-#include "zest/engine/checkpoint.h"
-#include "zest/engine/checkpoint_reader.h"
-#include "zest/engine/file_io.h"
-#include "zest/engine/safetensors.h"
-#include "zest/engine/weights_io.h"
+#include "zest/checkpoint/checkpoint.h"
+#include "zest/checkpoint/checkpoint_reader.h"
+#include "zest/core/file_io.h"
+#include "zest/checkpoint/safetensors.h"
+#include "zest/checkpoint/weights_io.h"
 
 namespace fs = std::filesystem;
 using namespace zest;

@@ -1,6 +1,6 @@
 // zest-estimate: per-rank memory of a model under every ZeRO stage, before
 // running it, and the largest model that fits a device. The numbers are the
-// engine's (engine/memory_estimate.h), so a run's memory_report() measures
+// engine's (estimate/memory_estimate.h), so a run's memory_report() measures
 // what this prints.
 //
 //   zest-estimate --params 7.5e9 --world 64
@@ -17,9 +17,9 @@
 
 #include "common/cli.h"
 #include "zest/core/check.h"
-#include "zest/engine/config.h"
-#include "zest/engine/file_io.h"
-#include "zest/engine/memory_estimate.h"
+#include "zest/config/config.h"
+#include "zest/core/file_io.h"
+#include "zest/estimate/memory_estimate.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "zest/engine/config.h"
+#include "zest/config/config.h"
 
 namespace examples {
 

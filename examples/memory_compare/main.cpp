@@ -1,7 +1,7 @@
 // memory_compare: runs the example MLP under ZeRO stages 0-3 on several
 // world sizes (in-process ranks on the host) and compares each rank's
 // measured memory by category with the memory estimator, the figures of
-// engine/memory_estimate.h, which must agree byte for byte on the model
+// estimate/memory_estimate.h, which must agree byte for byte on the model
 // states. Prints the tables, and writes them as Markdown and as an SVG
 // chart (a bar per stage and world size, stacked by category, with the
 // estimate marked).

@@ -11,7 +11,7 @@
 
 #include "options.h"
 #include "zest/engine/engine.h"
-#include "zest/engine/memory_estimate.h"
+#include "zest/estimate/memory_estimate.h"
 
 namespace memory_compare {
 

@@ -13,7 +13,7 @@
 //                                           (mlp_cuda.h)
 //
 // One process per GPU, NCCL on cuda:(local rank), through
-// zest::init_distributed (comm/bootstrap.h: how the ranks find each other):
+// zest::init_distributed (launch/bootstrap.h: how the ranks find each other):
 //
 //   torchrun --nproc_per_node 8 --no-python ./mlp --launch --device cuda
 //   mpirun -np 8 ./mlp --launch --device cuda
@@ -30,10 +30,10 @@
 #include "options.h"
 #include "report.h"
 #include "task.h"
-#include "zest/comm/bootstrap.h"
+#include "zest/launch/bootstrap.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/core/check.h"
-#include "zest/engine/checkpoint.h"
+#include "zest/checkpoint/checkpoint.h"
 #include "zest/memory/raw_allocator.h"
 
 namespace {

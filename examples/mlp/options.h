@@ -7,7 +7,7 @@
 
 #include "common/cli.h"
 #include "mlp.h"
-#include "zest/engine/config.h"
+#include "zest/config/config.h"
 
 namespace mlp {
 

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "zest/engine/layout_constants.h"
-#include "zest/engine/memory_estimate.h"
+#include "zest/estimate/memory_estimate.h"
 
 namespace mlp {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "zest/core/check.h"
-#include "zest/engine/checkpoint_manifest.h"
+#include "zest/checkpoint/checkpoint_manifest.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "zest/core/check.h"
-#include "zest/engine/safetensors.h"
+#include "zest/checkpoint/safetensors.h"
 
 namespace {
 

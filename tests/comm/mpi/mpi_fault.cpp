@@ -20,8 +20,8 @@
 #include <memory>
 #include <string>
 
-#include "zest/comm/bootstrap.h"
-#include "zest/comm/launch_env.h"
+#include "zest/launch/bootstrap.h"
+#include "zest/launch/launch_env.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/mpi_check.h"
 

@@ -1,0 +1,200 @@
+#include "zest/checkpoint/checkpoint.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "zest/core/check.h"
+#include "zest/core/logging.h"
+#include "zest/checkpoint/checkpoint_manifest.h"
+#include "zest/checkpoint/checkpoint_reader.h"
+#include "zest/checkpoint/on_every_rank.h"
+#include "zest/core/file_io.h"
+
+namespace zest {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kLatest = "latest";
+
+
+void check_tag(const std::string& tag) {
+  ZEST_CHECK(!tag.empty() && tag != kLatest && tag[0] != '.' && tag.find('/') == std::string::npos,
+             "checkpoint tag '{}' must be a plain directory name, not '{}' and not starting with '.'", tag,
+             kLatest);
+}
+
+// Registration lines (units and parameters) of a layout; group weight decay
+// may change between runs (fine-tuning), the model may not.
+std::string model_lines(const ModelLayout& layout) {
+  std::string out;
+  const std::string all = layout.describe();
+  size_t start = 0;
+  while (start < all.size()) {
+    const size_t end = all.find('\n', start);
+    const std::string line = all.substr(start, end - start);
+    if (line.rfind("group ", 0) != 0) out += line + "\n";
+    start = end == std::string::npos ? all.size() : end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string shard_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
+
+std::string partial_checkpoint_dir(const std::string& root, const std::string& tag) {
+  check_tag(tag);
+  return (fs::path(root) / ("." + tag + ".partial")).string();
+}
+
+void write_manifest(const std::string& dir, const CheckpointManifest& manifest) {
+  AtomicFile file((fs::path(dir) / kManifest).string());
+  file.write(manifest_to_json(manifest));
+  file.commit();
+}
+
+void publish_checkpoint(const std::string& root, const std::string& tag) {
+  const fs::path partial = partial_checkpoint_dir(root, tag);
+  const fs::path dir = fs::path(root) / tag;
+  // Replace a checkpoint of the same tag only now that the new one is
+  // complete; `latest` moves last.
+  if (fs::exists(dir)) {
+    const fs::path old = fs::path(root) / ("." + tag + ".old");
+    fs::remove_all(old);
+    fs::rename(dir, old);
+    fs::rename(partial, dir);
+    fs::remove_all(old);
+  } else {
+    fs::rename(partial, dir);
+  }
+  fsync_directory(root);
+  AtomicFile latest((fs::path(root) / kLatest).string());
+  latest.write(tag + "\n");
+  latest.commit();
+}
+
+std::string save_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
+  const Engine::Progress progress = engine.progress();
+  const std::string tag = options.tag.empty() ? fmt::format("step_{:06d}", progress.applied_steps) : options.tag;
+  check_tag(tag);
+  const ModelLayout& layout = engine.layout();
+  const int rank = engine.comm().rank();
+  const int world = engine.comm().size();
+  const bool rank0 = rank == 0;
+  const fs::path dir = fs::path(root) / tag;
+  const fs::path partial = partial_checkpoint_dir(root, tag);
+  // Without a callback, large saves (the shards at 1 GiB or more) log their
+  // progress, so a long save is not mistaken for a hang.
+  const bool large = static_cast<uint64_t>(engine.shard_buffers()) * layout.owned() * sizeof(float) >= (uint64_t{1} << 30);
+  const auto say = [&](const std::string& line) {
+    if (!rank0) return;
+    if (options.progress) {
+      options.progress(line);
+    } else if (large) {
+      ZEST_LOG_INFO("{}", line);
+    }
+  };
+
+  on_every_rank(engine, "preparing the checkpoint directory", [&] {
+    if (!rank0) return;
+    fs::create_directories(root);
+    fs::remove_all(partial);  // what a save killed earlier left
+    fs::create_directory(partial);
+  });
+
+  // Every rank that owns a shard writes it: the master weights of every unit
+  // in order, then each optimizer state buffer the same way.
+  int64_t bytes = 0, crc = 0;
+  const bool writes = rank < layout.partitions();
+  on_every_rank(engine, "writing the shard files", [&] {
+    if (!writes) return;
+    AtomicFile file((partial / shard_file_name(rank)).string());
+    for (int b = 0; b < engine.shard_buffers(); ++b) {
+      for (int u = 0; u < layout.num_units(); ++u) {
+        const std::vector<float> values = engine.read_shard(u, b);
+        file.write(std::as_bytes(std::span(values)));
+      }
+      say(fmt::format("checkpoint {}: {} written", tag, shard_buffer_name(b)));
+    }
+    file.commit();
+    bytes = static_cast<int64_t>(file.bytes_written());
+    crc = file.crc32();
+  });
+  const int64_t mine[2] = {bytes, crc};
+  const std::vector<int64_t> files = engine.all_gather_scalars(mine);
+
+  on_every_rank(engine, "publishing the checkpoint", [&] {
+    if (!rank0) return;
+    CheckpointManifest m;
+    m.format_version = kCheckpointFormatVersion;
+    m.world_size = world;
+    m.stage = engine.stage();
+    m.partitions = layout.partitions();
+    m.compute_dtype = std::string(dtype_name(engine.compute_dtype()));
+    m.optimizer = std::string(optimizer_name(engine.config().optimizer.kind));
+    m.shard_buffers = engine.shard_buffers();
+    m.progress = progress;
+    m.groups = layout.groups();
+    for (const UnitLayout& u : layout.units()) {
+      UnitSpec spec{u.name, {}};
+      for (const ParamLayout& p : u.params) {
+        spec.params.push_back({p.name, p.shape, layout.groups()[static_cast<size_t>(p.group)].name});
+      }
+      m.units.push_back(std::move(spec));
+    }
+    for (int r = 0; r < m.partitions; ++r) {
+      m.files.push_back({shard_file_name(r), static_cast<uint64_t>(files[2 * static_cast<size_t>(r)]),
+                         static_cast<uint32_t>(files[2 * static_cast<size_t>(r) + 1])});
+    }
+    write_manifest(partial.string(), m);
+    publish_checkpoint(root, tag);
+    say(fmt::format("checkpoint {} saved: {} shard files, {} bytes", dir.string(), m.partitions,
+                    m.partitions * files[0]));
+  });
+  return dir.string();
+}
+
+std::string load_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
+  if (!options.tag.empty()) check_tag(options.tag);
+  std::string dir = options.tag.empty() ? std::string() : (fs::path(root) / options.tag).string();
+  const ModelLayout& layout = engine.layout();
+  const int part = engine.partition();
+  const int buffers = engine.shard_buffers();
+
+  // Everything is read and checked into host memory first, so a bad file
+  // leaves the engine as it was.
+  std::vector<std::vector<std::vector<float>>> shards(static_cast<size_t>(layout.num_units()));
+  Engine::Progress progress;
+  on_every_rank(engine, "loading the checkpoint", [&] {
+    if (dir.empty()) dir = CheckpointReader::latest_dir(root);
+    CheckpointReader reader(dir);
+    const CheckpointManifest& m = reader.manifest();
+    const std::string mine = model_lines(layout);
+    const std::string theirs = model_lines(reader.layout());
+    ZEST_CHECK(mine == theirs,
+               "checkpoint '{}' is of another model: {} (the checkpoint's first). Register the same units and "
+               "parameters to load it",
+               dir, first_difference(theirs, mine));
+    ZEST_CHECK(m.shard_buffers == buffers,
+               "checkpoint '{}' was saved with {} ({} optimizer state buffers); this engine's {} has {}", dir,
+               m.optimizer, m.shard_buffers - 1, optimizer_name(engine.config().optimizer.kind), buffers - 1);
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const UnitLayout& U = layout.unit(u);
+      for (int b = 0; b < buffers; ++b) {
+        std::vector<float> values(U.shard);
+        reader.read(b, u, U.shard * static_cast<size_t>(part), values);
+        shards[static_cast<size_t>(u)].push_back(std::move(values));
+      }
+    }
+    progress = m.progress;
+  });
+  for (int u = 0; u < layout.num_units(); ++u) {
+    for (int b = 0; b < buffers; ++b) engine.write_shard(u, b, shards[static_cast<size_t>(u)][static_cast<size_t>(b)]);
+  }
+  engine.restore(progress);
+  return dir;
+}
+
+}  // namespace zest

@@ -1,0 +1,172 @@
+#include "zest/checkpoint/checkpoint_manifest.h"
+
+#include <nlohmann/json.hpp>
+
+#include "zest/core/check.h"
+#include "zest/checkpoint/checkpoint.h"
+
+namespace zest {
+namespace {
+
+using nlohmann::json;
+
+// Strict field access: every error names the manifest and the field's path.
+class Reader {
+ public:
+  explicit Reader(const std::string& path) : path_(path) {}
+
+  const json& field(const json& obj, const char* key, const std::string& where) const {
+    ZEST_CHECK(obj.is_object(), "checkpoint manifest '{}': {} is not an object", path_, where);
+    const auto it = obj.find(key);
+    ZEST_CHECK(it != obj.end(), "checkpoint manifest '{}': {}.{} is missing", path_, where, key);
+    return *it;
+  }
+  int64_t integer(const json& obj, const char* key, const std::string& where, int64_t min, int64_t max) const {
+    const json& v = field(obj, key, where);
+    ZEST_CHECK(v.is_number_integer(), "checkpoint manifest '{}': {}.{} must be an integer", path_, where, key);
+    const int64_t x = v.get<int64_t>();
+    ZEST_CHECK(x >= min && x <= max, "checkpoint manifest '{}': {}.{} is {}, outside {}..{}", path_, where, key, x,
+               min, max);
+    return x;
+  }
+  double number(const json& obj, const char* key, const std::string& where) const {
+    const json& v = field(obj, key, where);
+    ZEST_CHECK(v.is_number(), "checkpoint manifest '{}': {}.{} must be a number", path_, where, key);
+    return v.get<double>();
+  }
+  std::string text(const json& obj, const char* key, const std::string& where) const {
+    const json& v = field(obj, key, where);
+    ZEST_CHECK(v.is_string(), "checkpoint manifest '{}': {}.{} must be a string", path_, where, key);
+    return v.get<std::string>();
+  }
+  const json& array(const json& obj, const char* key, const std::string& where) const {
+    const json& v = field(obj, key, where);
+    ZEST_CHECK(v.is_array(), "checkpoint manifest '{}': {}.{} must be an array", path_, where, key);
+    return v;
+  }
+
+ private:
+  const std::string& path_;
+};
+
+constexpr int64_t kMaxCount = int64_t{1} << 40;
+
+}  // namespace
+
+std::string manifest_to_json(const CheckpointManifest& m) {
+  json units = json::array();
+  for (const UnitSpec& u : m.units) {
+    json params = json::array();
+    for (const ParamSpec& p : u.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"group", p.group}});
+    units.push_back({{"name", u.name}, {"params", params}});
+  }
+  json groups = json::array();
+  for (const ParamGroupSpec& g : m.groups) groups.push_back({{"name", g.name}, {"weight_decay", g.weight_decay}});
+  json files = json::array();
+  for (const ShardFile& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}});
+  const LossScalerState& s = m.progress.loss_scaler;
+  const json doc = {
+      {"format", "zest-checkpoint"},
+      {"format_version", m.format_version},
+      {"world_size", m.world_size},
+      {"stage", m.stage},
+      {"partitions", m.partitions},
+      {"compute_dtype", m.compute_dtype},
+      {"optimizer", m.optimizer},
+      {"shard_buffers", m.shard_buffers},
+      {"progress",
+       {{"applied_steps", m.progress.applied_steps},
+        {"skipped_steps", m.progress.skipped_steps},
+        {"loss_scaler",
+         {{"scale", s.scale},
+          {"iteration", s.iteration},
+          {"last_overflow_iteration", s.last_overflow_iteration},
+          {"hysteresis_left", s.hysteresis_left}}}}},
+      {"groups", groups},
+      {"units", units},
+      {"files", files},
+  };
+  return doc.dump(1) + "\n";
+}
+
+CheckpointManifest parse_manifest(const std::string& json_text, const std::string& path) {
+  json doc;
+  try {
+    doc = json::parse(json_text);
+  } catch (const json::exception& e) {
+    ZEST_FAIL("checkpoint manifest '{}' is not valid JSON: {}", path, e.what());
+  }
+  const Reader r(path);
+  ZEST_CHECK(doc.is_object() && doc.contains("format") && doc["format"] == "zest-checkpoint",
+             "'{}' is not a ZEST checkpoint manifest (no \"format\": \"zest-checkpoint\")", path);
+  CheckpointManifest m;
+  m.format_version = static_cast<int>(r.integer(doc, "format_version", "manifest", 1, 1'000'000));
+  ZEST_CHECK(m.format_version <= kCheckpointFormatVersion,
+             "checkpoint manifest '{}' has format version {}, newer than the {} this ZEST reads: load it with a "
+             "newer ZEST",
+             path, m.format_version, kCheckpointFormatVersion);
+  m.world_size = static_cast<int>(r.integer(doc, "world_size", "manifest", 1, 1 << 20));
+  m.stage = static_cast<int>(r.integer(doc, "stage", "manifest", 0, 3));
+  m.partitions = static_cast<int>(r.integer(doc, "partitions", "manifest", 1, 1 << 20));
+  ZEST_CHECK(m.partitions == (m.stage == 0 ? 1 : m.world_size),
+             "checkpoint manifest '{}': {} partitions do not fit stage {} on {} ranks", path, m.partitions, m.stage,
+             m.world_size);
+  m.compute_dtype = r.text(doc, "compute_dtype", "manifest");
+  m.optimizer = r.text(doc, "optimizer", "manifest");
+  m.shard_buffers = static_cast<int>(r.integer(doc, "shard_buffers", "manifest", 1, 3));
+
+  const json& progress = r.field(doc, "progress", "manifest");
+  m.progress.applied_steps = r.integer(progress, "applied_steps", "progress", 0, kMaxCount);
+  m.progress.skipped_steps = r.integer(progress, "skipped_steps", "progress", 0, kMaxCount);
+  const json& ls = r.field(progress, "loss_scaler", "progress");
+  m.progress.loss_scaler.scale = r.number(ls, "scale", "progress.loss_scaler");
+  ZEST_CHECK(std::isfinite(m.progress.loss_scaler.scale) && m.progress.loss_scaler.scale > 0,
+             "checkpoint manifest '{}': progress.loss_scaler.scale must be a positive finite number", path);
+  m.progress.loss_scaler.iteration = r.integer(ls, "iteration", "progress.loss_scaler", 0, kMaxCount);
+  m.progress.loss_scaler.last_overflow_iteration =
+      r.integer(ls, "last_overflow_iteration", "progress.loss_scaler", -1, kMaxCount);
+  m.progress.loss_scaler.hysteresis_left =
+      static_cast<int>(r.integer(ls, "hysteresis_left", "progress.loss_scaler", 0, 1 << 20));
+
+  for (const json& g : r.array(doc, "groups", "manifest")) {
+    m.groups.push_back({r.text(g, "name", "groups[]"), static_cast<float>(r.number(g, "weight_decay", "groups[]"))});
+  }
+  const json& units = r.array(doc, "units", "manifest");
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::string where = fmt::format("units[{}]", u);
+    UnitSpec spec{r.text(units[u], "name", where), {}};
+    const json& params = r.array(units[u], "params", where);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string pw = fmt::format("{}.params[{}]", where, i);
+      ParamSpec p{r.text(params[i], "name", pw), {}, r.text(params[i], "group", pw)};
+      for (const json& d : r.array(params[i], "shape", pw)) {
+        ZEST_CHECK(d.is_number_integer() && d.get<int64_t>() > 0 && d.get<int64_t>() <= kMaxCount,
+                   "checkpoint manifest '{}': {}.shape has {}, not a positive integer", path, pw, d.dump());
+        p.shape.push_back(d.get<int64_t>());
+      }
+      spec.params.push_back(std::move(p));
+    }
+    m.units.push_back(std::move(spec));
+  }
+  const json& files = r.array(doc, "files", "manifest");
+  ZEST_CHECK(files.size() == static_cast<size_t>(m.partitions),
+             "checkpoint manifest '{}' lists {} shard files for {} partitions", path, files.size(), m.partitions);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string where = fmt::format("files[{}]", i);
+    ShardFile f{r.text(files[i], "name", where),
+                static_cast<uint64_t>(r.integer(files[i], "bytes", where, 0, int64_t{1} << 50)),
+                static_cast<uint32_t>(r.integer(files[i], "crc32", where, 0, 0xFFFFFFFFll))};
+    ZEST_CHECK(!f.name.empty() && f.name.find('/') == std::string::npos && f.name[0] != '.',
+               "checkpoint manifest '{}': {}.name '{}' must be a plain file name", path, where, f.name);
+    m.files.push_back(std::move(f));
+  }
+  // The layout must be constructible: names unique, groups declared...
+  try {
+    (void)m.layout();
+  } catch (const Error& e) {
+    ZEST_FAIL("checkpoint manifest '{}' describes an invalid model: {}", path, e.what());
+  }
+  return m;
+}
+
+}  // namespace zest

@@ -1,0 +1,86 @@
+#include "zest/checkpoint/checkpoint_reader.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "zest/core/check.h"
+
+namespace zest {
+namespace fs = std::filesystem;
+
+std::string shard_buffer_name(int buffer) {
+  return buffer == 0 ? std::string("master weights") : fmt::format("optimizer state {}", buffer - 1);
+}
+
+namespace {
+
+CheckpointManifest read_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "manifest.json").string();
+  ZEST_CHECK(fs::exists(path), "'{}' is not a checkpoint: it has no manifest.json (an unfinished save leaves none)",
+             dir);
+  return parse_manifest(read_text_file(path), path);
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(std::string dir)
+    : dir_(std::move(dir)), manifest_(read_manifest(dir_)), layout_(manifest_.layout()) {}
+
+std::string CheckpointReader::latest_dir(const std::string& root) {
+  const std::string latest = (fs::path(root) / "latest").string();
+  ZEST_CHECK(fs::exists(latest), "no checkpoint to load in '{}': '{}' does not exist", root, latest);
+  std::string tag = read_text_file(latest);
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+  ZEST_CHECK(!tag.empty() && tag[0] != '.' && tag.find('/') == std::string::npos,
+             "'{}' names '{}', which is not a checkpoint directory name", latest, tag);
+  return (fs::path(root) / tag).string();
+}
+
+const ReadOnlyFile& CheckpointReader::file(int partition) {
+  auto& f = open_[partition];
+  if (!f) {
+    const ShardFile& sf = manifest_.files.at(static_cast<size_t>(partition));
+    f = std::make_unique<ReadOnlyFile>((fs::path(dir_) / sf.name).string());
+    const uint64_t expected = static_cast<uint64_t>(manifest_.shard_buffers) * layout_.owned() * sizeof(float);
+    ZEST_CHECK(f->size() == sf.bytes && sf.bytes == expected,
+               "checkpoint file '{}' has {} bytes; the manifest says {} and the model needs {} (truncated or "
+               "from another save)",
+               f->path(), f->size(), sf.bytes, expected);
+    const uint32_t crc = f->crc32();
+    ZEST_CHECK(crc == sf.crc32, "checkpoint file '{}' is corrupt: CRC-32 {:08x}, the manifest says {:08x}",
+               f->path(), crc, sf.crc32);
+  }
+  return *f;
+}
+
+void CheckpointReader::verify_all() {
+  for (int q = 0; q < manifest_.partitions; ++q) (void)file(q);
+}
+
+void CheckpointReader::read(int buffer, int unit, size_t begin, std::span<float> out) {
+  ZEST_CHECK(buffer >= 0 && buffer < manifest_.shard_buffers, "checkpoint '{}' has no shard buffer {}", dir_,
+             buffer);
+  const UnitLayout& U = layout_.unit(unit);
+  std::fill(out.begin(), out.end(), 0.0f);
+  const size_t end = std::min(begin + out.size(), U.padded);
+  for (size_t i = begin; i < end;) {
+    const int q = static_cast<int>(i / U.shard);
+    const size_t in_shard = i - static_cast<size_t>(q) * U.shard;
+    const size_t n = std::min(end - i, U.shard - in_shard);
+    const uint64_t offset =
+        (static_cast<uint64_t>(buffer) * layout_.owned() + layout_.owned_offset(unit) + in_shard) * sizeof(float);
+    file(q).read_at(offset, std::as_writable_bytes(out.subspan(i - begin, n)));
+    i += n;
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    // Adam's second moment (buffer 2) is never negative.
+    ZEST_CHECK(std::isfinite(out[i]) && (buffer != 2 || out[i] >= 0.0f),
+               "checkpoint '{}': {} of unit '{}' has {} at element {} of the unit; the checkpoint is corrupt", dir_,
+               shard_buffer_name(buffer), U.name, out[i], begin + i);
+  }
+}
+
+}  // namespace zest

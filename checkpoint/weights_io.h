@@ -1,0 +1,54 @@
+// The model's weights as one safetensors file, out and in, with the names and
+// shapes registered:
+//
+//   zest::export_weights(engine, "model.safetensors", zest::DType::kBFloat16);
+//   zest::import_weights(engine, "pretrained.safetensors");   // after finalize()
+//
+// Export never holds the whole model: one unit is gathered at a time and
+// written in order (rank 0 writes; the others send their shards). Import
+// reads on every rank only the elements of the shard it owns.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zest/engine/engine.h"
+#include "zest/checkpoint/safetensors.h"
+
+namespace zest {
+
+struct WeightsExportOptions {
+  DType dtype = DType::kFloat32;  // fp32, bf16 or fp16
+  // Called on rank 0 with (bytes written, total), after each parameter.
+  // Unset: files of 1 GiB or more log every tenth at info level.
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+// The file's tensors: every registered parameter in layout order.
+std::vector<SafetensorsEntry> weights_entries(const ModelLayout& layout, DType dtype);
+
+// fp32 values as the bytes of `dtype` (fp32, bf16 or fp16, rounded to
+// nearest even), as a safetensors file stores them.
+std::vector<std::byte> encode_weights(std::span<const float> values, DType dtype);
+
+// Collective. The fp32 master weights, converted to options.dtype.
+void export_weights(Engine& engine, const std::string& path, const WeightsExportOptions& options = {});
+
+struct WeightsImportOptions {
+  // Tensors stored in another floating dtype than fp32 are converted; false
+  // makes that an error.
+  bool convert_dtypes = true;
+  // Tensors in the file that the model does not register are an error
+  // unless this is set.
+  bool ignore_unknown = false;
+};
+
+// Collective. Every registered parameter must be in the file with its shape;
+// non-finite values are an error. Sets the master weights and parameters,
+// zeroes the optimizer state and restarts the step count: a fine-tuning run's
+// starting point.
+void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options = {});
+
+}  // namespace zest

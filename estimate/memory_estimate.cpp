@@ -1,0 +1,298 @@
+// The memory estimator's model. Policies it mirrors, each from the engine
+// file that implements it:
+//   layout      layout.cpp: parameters at multiples of kParamAlign, a unit
+//               padded to partitions x kShardQuantum, one shard per rank
+//   persistent  engine.cpp finalize(): fp32 master and optimizer state over
+//               the owned elements; per unit the full parameters (or the
+//               shard, stage 3 above the persistence threshold), the full
+//               gradients at stages 0-1, an owned-shard accumulator at
+//               stages 2-3 or when accumulating
+//   transient   engine_gather.cpp (stage 3 prefetch window),
+//               engine_grads.cpp (reduce buckets), engine_step.cpp (norm
+//               chunk sums), finalize() (fp32 staging of one unit, at most kInitStagingNumel elements)
+// A change to any of these is a change here; tests/engine compares a run's
+// measured bytes with this estimate.
+#include "zest/estimate/memory_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "zest/core/check.h"
+#include "zest/engine/layout_constants.h"
+
+namespace zest {
+namespace {
+
+// Elements of one unit as the engine lays it out for P partitions.
+struct UnitSize {
+  size_t numel = 0;   // parameters
+  size_t padded = 0;  // flat buffer
+  size_t shard = 0;   // padded / P
+  size_t count = 1;
+  bool resident = true;  // full parameters kept (not gathered on demand)
+};
+
+std::vector<UnitSize> unit_sizes(const ModelDescription& model, const EstimateOptions& o) {
+  const int P = o.partitions();
+  std::vector<UnitSize> out;
+  for (const UnitDescription& u : model.units) {
+    size_t end = 0;
+    for (size_t n : u.param_numels) end = aligned_param_offset(end) + n;
+    UnitSize s;
+    s.numel = u.numel();
+    s.padded = padded_unit_numel(end, P);
+    s.shard = s.padded / static_cast<size_t>(P);
+    s.count = u.count;
+    s.resident = o.zero.stage < 3 ||
+                 static_cast<int64_t>(s.numel) <= o.zero.stage3_param_persistence_threshold;
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Model-state bytes for units of `full` elements of which a rank owns
+// `shard`: instantiated with the padded sizes (exact, integers) and with the
+// unpadded ones (Ψ_u and Ψ_u / P, fractions kept) to measure the padding.
+template <typename T>
+struct StateBytes {
+  T params{}, grads{}, master{}, optimizer{};
+};
+
+template <typename T>
+StateBytes<T> state_bytes(const std::vector<UnitSize>& units, const EstimateOptions& o,
+                          bool padded) {
+  const T b = static_cast<T>(elem_size(o.compute_dtype));
+  const T states = static_cast<T>(o.optimizer.state_buffers());
+  const bool master = o.compute_dtype != DType::kFloat32;
+  const int stage = o.zero.stage;
+  // The accumulator: always at stages 2-3 (reduced shards are summed over
+  // micro-steps there), at stages 0-1 only when there is more than one.
+  const bool acc = stage >= 2 || o.gradient_accumulation_steps > 1;
+  StateBytes<T> s;
+  for (const UnitSize& u : units) {
+    const T n = static_cast<T>(u.count);
+    const T full = static_cast<T>(padded ? u.padded : u.numel);
+    const T shard = padded ? static_cast<T>(u.shard)
+                           : static_cast<T>(u.numel) / static_cast<T>(o.partitions());
+    s.params += n * b * (u.resident ? full : shard);
+    s.grads += n * b * ((stage < 2 ? full : T{}) + (acc ? shard : T{}));
+    if (master) s.master += n * 4 * shard;
+    s.optimizer += n * 4 * states * shard;
+  }
+  return s;
+}
+
+// (padded size, count) of the units `keep` selects, largest first.
+template <typename Keep>
+std::vector<std::pair<size_t, size_t>> largest_first(const std::vector<UnitSize>& units, Keep keep) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (const UnitSize& u : units)
+    if (keep(u)) out.emplace_back(u.padded, u.count);
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+
+struct Taken {
+  size_t units = 0;
+  size_t numel = 0;
+};
+
+Taken take_largest(const std::vector<std::pair<size_t, size_t>>& sizes, size_t k) {
+  Taken t;
+  for (const auto& [n, c] : sizes) {
+    const size_t take = std::min(c, k - t.units);
+    t.units += take;
+    t.numel += take * n;
+    if (t.units == k) break;
+  }
+  return t;
+}
+
+// Stage 3: the unit in use, then the prefetch window of
+// Engine::prefetch_after: units while the elements ahead stay within
+// stage3_prefetch_bucket_size and all gathered ones within
+// stage3_max_live_parameters, stopping at the first that does not fit.
+Taken live_units(const std::vector<std::pair<size_t, size_t>>& gathered, const EstimateOptions& o) {
+  if (gathered.empty()) return {};
+  if (o.live_units > 0) return take_largest(gathered, static_cast<size_t>(o.live_units));
+  const auto window = static_cast<size_t>(o.zero.stage3_prefetch_bucket_size);
+  const auto max_live = static_cast<size_t>(o.zero.stage3_max_live_parameters);
+  Taken t{1, gathered.front().first};
+  size_t ahead = 0;
+  for (size_t i = 0; i < gathered.size(); ++i) {
+    const auto [n, c] = gathered[i];
+    const size_t left = i == 0 ? c - 1 : c;
+    const size_t by_window = ahead <= window ? (window - ahead) / n : 0;
+    const size_t by_live = t.numel <= max_live ? (max_live - t.numel) / n : 0;
+    const size_t take = std::min({left, by_window, by_live});
+    t.units += take;
+    t.numel += take * n;
+    ahead += take * n;
+    if (take < left) break;
+  }
+  return t;
+}
+
+// Stages 2-3: Engine::grads_done collects units until their elements reach
+// reduce_bucket_size; the full gradient buffers of one bucket are alive
+// together.
+Taken grad_units(const std::vector<std::pair<size_t, size_t>>& all, const EstimateOptions& o) {
+  if (o.grad_units_in_flight > 0) return take_largest(all, static_cast<size_t>(o.grad_units_in_flight));
+  const auto bucket = static_cast<size_t>(o.zero.reduce_bucket_size);
+  Taken t;
+  for (const auto& [n, c] : all) {
+    const size_t to_fill = (bucket - t.numel + n - 1) / n;  // units that reach the bucket
+    const size_t take = std::min(c, to_fill);
+    t.units += take;
+    t.numel += take * n;
+    if (t.numel >= bucket) break;
+  }
+  return t;
+}
+
+int64_t to_bytes(size_t numel, size_t elem_bytes) { return static_cast<int64_t>(numel * elem_bytes); }
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOptions& options) {
+  model.validate();
+  options.validate();
+  const EstimateOptions& o = options;
+  const std::vector<UnitSize> units = unit_sizes(model, o);
+  const size_t b = elem_size(o.compute_dtype);
+  const bool offload = o.offload_optimizer == OffloadDevice::kCpu;
+
+  MemoryEstimate e;
+  e.options = o;
+  for (const UnitSize& u : units) {
+    e.numel += u.count * u.numel;
+    e.padded_numel += u.count * u.padded;
+    e.owned_numel += u.count * u.shard;
+  }
+
+  const StateBytes<int64_t> s = state_bytes<int64_t>(units, o, true);
+  const auto set = [&](MemoryCategory c, int64_t persistent, int64_t transient) {
+    e.by_category[category_index(c)] = {persistent, persistent + transient};
+  };
+  const StateBytes<double> bare = state_bytes<double>(units, o, false);
+  const int64_t host = offload ? s.master + s.optimizer : 0;
+  e.host_bytes = host;
+
+  Taken live;
+  if (o.zero.stage == 3) {
+    live = live_units(largest_first(units, [](const UnitSize& u) { return !u.resident; }), o);
+  }
+  Taken grads;
+  if (o.zero.stage >= 2) grads = grad_units(largest_first(units, [](const UnitSize&) { return true; }), o);
+  e.live_units = live.units;
+  e.grad_units_in_flight = grads.units;
+
+  size_t largest = 0;
+  for (const UnitSize& u : units) largest = std::max(largest, u.padded);
+  const int64_t staging = to_bytes(std::min(largest, kInitStagingNumel), 4);
+  // The chunk sums of this rank, then P ranks' gathered (engine_step.cpp).
+  const int64_t norm_sums = to_bytes((static_cast<size_t>(o.partitions()) + 1) *
+                                         (e.owned_numel / kShardQuantum), 8);
+  const int64_t backward = to_bytes(live.numel, b) + to_bytes(grads.numel, b);
+
+  set(MemoryCategory::kParameters, s.params, to_bytes(live.numel, b));
+  set(MemoryCategory::kGradients, s.grads, to_bytes(grads.numel, b));
+  set(MemoryCategory::kMasterWeights, offload ? 0 : s.master, 0);
+  set(MemoryCategory::kOptimizerState, offload ? 0 : s.optimizer, 0);
+  set(MemoryCategory::kCommBuffers, 0, std::max(staging, norm_sums));
+  e.model_state_bytes = s.params + s.grads + s.master + s.optimizer - host;
+  e.peak_bytes = e.model_state_bytes + std::max({staging, backward, norm_sums});
+
+  const double bare_device =
+      bare.params + bare.grads + (offload ? 0.0 : bare.master + bare.optimizer);
+  e.padding_bytes = e.model_state_bytes - std::llround(bare_device);
+
+  e.paper_k = paper_k(o.compute_dtype, o.optimizer);
+  e.paper_bytes = paper_model_bytes(static_cast<double>(e.numel), o.world_size, o.zero.stage,
+                                    offload ? 0.0 : e.paper_k, static_cast<double>(b));
+  return e;
+}
+
+double paper_model_bytes(double psi, int world, int stage, double k, double compute_bytes) {
+  ZEST_CHECK(world >= 1, "paper_model_bytes: world is {}: it must be at least 1", world);
+  ZEST_CHECK(stage >= 0 && stage <= 3, "paper_model_bytes: stage is {}: allowed values are 0, 1, 2 and 3",
+             stage);
+  const double b = compute_bytes;
+  const double n = world;
+  switch (stage) {
+    case 0: return (2 * b + k) * psi;
+    case 1: return 2 * b * psi + k * psi / n;
+    case 2: return b * psi + (b + k) * psi / n;
+    default: return (2 * b + k) * psi / n;
+  }
+}
+
+double paper_k(DType compute_dtype, const OptimizerConfig& optimizer) {
+  return (compute_dtype == DType::kFloat32 ? 0.0 : 4.0) + 4.0 * optimizer.state_buffers();
+}
+
+size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& options,
+                             const FitOptions& fit) {
+  ZEST_CHECK(device_bytes >= 0, "largest_fitting_model: device_bytes is {}: it must be >= 0",
+             device_bytes);
+  options.validate();
+  const auto fits = [&](size_t psi) {
+    const MemoryEstimate e = estimate_memory(ModelDescription::from_total(psi, fit.unit_numel), options);
+    return (fit.criterion == FitCriterion::kPeak ? e.peak_bytes : e.model_state_bytes) <= device_bytes;
+  };
+  if (!fits(1)) return 0;
+  // Bounded so that byte counts stay far inside int64 (2^48 parameters of
+  // 32 bytes each is 2^53).
+  constexpr size_t kMaxParams = size_t{1} << 48;
+  size_t lo = 1;
+  size_t hi = 2;
+  while (fits(hi)) {
+    lo = hi;
+    if (hi == kMaxParams) return hi;
+    hi *= 2;
+  }
+  // fits(lo) and not fits(hi), whatever lies between.
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+EstimateOptions EstimateOptions::from_config(const EngineConfig& config, int world_size) {
+  EstimateOptions o;
+  o.world_size = world_size;
+  o.zero = config.zero;
+  o.compute_dtype = config.compute_dtype();
+  o.optimizer = config.optimizer;
+  o.gradient_accumulation_steps = config.gradient_accumulation_steps;
+  return o;
+}
+
+void EstimateOptions::validate() const {
+  ZEST_CHECK(world_size >= 1, "world_size is {}: it must be at least 1 (the data-parallel ranks)",
+             world_size);
+  ZEST_CHECK(zero.stage >= 0 && zero.stage <= 3, "stage is {}: allowed values are 0, 1, 2 and 3",
+             zero.stage);
+  ZEST_CHECK(compute_dtype == DType::kFloat32 || compute_dtype == DType::kFloat16 ||
+                 compute_dtype == DType::kBFloat16,
+             "compute dtype is {}: allowed values are fp32, fp16 and bf16", dtype_name(compute_dtype));
+  optimizer.validate();
+  ZEST_CHECK(gradient_accumulation_steps >= 1,
+             "gradient_accumulation_steps is {}: it must be at least 1", gradient_accumulation_steps);
+  ZEST_CHECK(zero.stage3_param_persistence_threshold >= 0,
+             "stage3_param_persistence_threshold is {}: it must be >= 0 (elements)",
+             zero.stage3_param_persistence_threshold);
+  ZEST_CHECK(zero.reduce_bucket_size >= 1 && zero.stage3_prefetch_bucket_size >= 0 &&
+                 zero.stage3_max_live_parameters >= 0,
+             "reduce_bucket_size ({}) must be >= 1, stage3_prefetch_bucket_size ({}) and "
+             "stage3_max_live_parameters ({}) >= 0 (elements)",
+             zero.reduce_bucket_size, zero.stage3_prefetch_bucket_size,
+             zero.stage3_max_live_parameters);
+  ZEST_CHECK(live_units >= 0 && grad_units_in_flight >= 0,
+             "live_units ({}) and grad_units_in_flight ({}) must be >= 0 (0: the engine's policy)",
+             live_units, grad_units_in_flight);
+}
+
+}  // namespace zest

@@ -1,0 +1,201 @@
+// Per-rank memory of a model under each ZeRO stage, before running it: the
+// bytes the engine will allocate, category by category, computed from the
+// same layout rules (layout_constants.h) and the same allocation policy, so
+// that Engine::memory_report() of a run measures what this estimates.
+//
+//   zest::ModelDescription model = zest::ModelDescription::from_total(7'500'000'000);
+//   zest::EstimateOptions opt;
+//   opt.world_size = 64;
+//   opt.zero.stage = 3;
+//   zest::MemoryEstimate e = zest::estimate_memory(model, opt);
+//   e.model_state_bytes;  // ~1.88e9, the ZeRO paper's figure plus padding
+//   std::puts(zest::format_estimate_table(model, opt).c_str());  // every stage
+//
+// What is counted (requested bytes, as the allocator's category stats count
+// them; its rounding to 512 B and its cached segments are not):
+//   persistent  parameters, gradients (incl. the accumulator), fp32 master
+//               weights and optimizer state, from finalize() on
+//   transient   stage 3: gathered full parameters of the live units;
+//               stages 2-3: full gradient buffers waiting for their
+//               reduce-scatter; finalize()'s fp32 staging of one unit and the
+//               gradient-norm chunk sums of step() (comm_buffers)
+// The user's activations and workspace are not.
+//
+// ZeRO-Offload (master weights and optimizer state in host memory) is a
+// model only: ZEST does not run it. The estimate then moves those bytes to
+// `host_bytes`, as the ZeRO-Offload paper does.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zest/core/dtype.h"
+#include "zest/config/config.h"
+#include "zest/memory/memory_category.h"
+#include "zest/optim/optimizer.h"
+
+namespace zest {
+
+// One unit (a layer or block: what the engine gathers and reduces as one
+// flat buffer), `count` times over.
+struct UnitDescription {
+  std::string name;
+  // In the order the engine lays them out (registration order within a
+  // parameter group, groups in declaration order), each >= 1 element.
+  std::vector<size_t> param_numels;
+  size_t count = 1;  // identical units, e.g. 48 transformer blocks
+
+  size_t numel() const;  // parameters of one unit, without alignment
+};
+
+struct ModelDescription {
+  std::vector<UnitDescription> units;
+  // Set by from_total(): only a parameter count was given, so the unit sizes
+  // (which decide padding and the transients) are assumed, not known.
+  bool total_only = false;
+
+  // `numel` parameters as units of `unit_numel` (the last one smaller), or
+  // as one unit when unit_numel is 0. Each unit holds a single parameter.
+  static ModelDescription from_total(size_t numel, size_t unit_numel = 0);
+
+  size_t numel() const;               // Ψ: every parameter of every unit
+  size_t num_units() const;           // counting repeats
+  size_t largest_unit_numel() const;
+  // "7,500,000,000 parameters in 1 unit (only a total was given: treated as one unit)"
+  std::string summary() const;
+  // Non-empty, every unit named and non-empty, every count and numel >= 1.
+  void validate() const;
+};
+
+// Units, one per line: "name numel [numel...]" ('#' starts a comment), or a
+// JSON list whose items are lists of numels or objects
+// {"name": ..., "params": [numel, ...], "count": n}. Errors name the line or
+// item and what was expected.
+ModelDescription parse_model_description(std::string_view text);
+
+enum class OffloadDevice : uint8_t { kNone, kCpu };
+
+struct EstimateOptions {
+  int world_size = 1;
+  // stage, stage3_param_persistence_threshold, reduce_bucket_size,
+  // stage3_prefetch_bucket_size and stage3_max_live_parameters, with the
+  // engine's (DeepSpeed's) defaults and meaning.
+  ZeroConfig zero;
+  DType compute_dtype = DType::kFloat16;  // the paper's mixed precision
+  OptimizerConfig optimizer;              // kind and momentum: state buffers
+  int64_t gradient_accumulation_steps = 1;
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  // Overrides of the transient model; 0 derives them from the engine's
+  // policy (see estimate_memory). Useful when the loop holds several units
+  // gathered at once, or to reproduce a simpler model.
+  int live_units = 0;            // stage 3: full parameter buffers at once
+  int grad_units_in_flight = 0;  // stages 2-3: full gradient buffers at once
+
+  // The options of a run of `config` on `world_size` ranks.
+  static EstimateOptions from_config(const EngineConfig& config, int world_size);
+  // Throws a zest::Error naming the bad field and the allowed values.
+  void validate() const;
+  // 1 at stage 0, the world size at stages 1-3.
+  int partitions() const { return zero.stage == 0 ? 1 : world_size; }
+};
+
+struct CategoryEstimate {
+  int64_t persistent = 0;  // bytes held from finalize() on
+  int64_t peak = 0;        // persistent plus this category's transient
+};
+
+struct MemoryEstimate {
+  EstimateOptions options;
+  size_t numel = 0;         // Ψ
+  size_t padded_numel = 0;  // Σ padded_u: Ψ with alignment and shard padding
+  size_t owned_numel = 0;   // Σ s_u: the elements one rank owns
+  size_t live_units = 0;            // as modelled (stage 3, else 0)
+  size_t grad_units_in_flight = 0;  // as modelled (stages 2-3, else 0)
+
+  // Device bytes per rank by category (offloaded state is not here).
+  std::array<CategoryEstimate, kNumMemoryCategories> by_category{};
+  // Persistent parameters + gradients + master weights + optimizer state
+  // (what MemoryReport::model_states() measures).
+  int64_t model_state_bytes = 0;
+  // An upper bound of the device bytes in use at any time: model states
+  // plus the largest of the phases' transients (finalize's staging, a
+  // backward's live parameters and gradients, step's norm sums). Exact when
+  // the largest unit is the last one registered.
+  int64_t peak_bytes = 0;
+  int64_t host_bytes = 0;  // offload_optimizer: cpu (a model), else 0
+  // model_state_bytes minus the same model states without alignment and
+  // shard padding (Ψ/N elements per rank, fractions included).
+  int64_t padding_bytes = 0;
+  // The ZeRO paper's formula at Ψ, with K and b as the options imply (device
+  // bytes: K = 0 with offload), and the K used.
+  double paper_bytes = 0.0;
+  double paper_k = 0.0;
+
+  const CategoryEstimate& operator[](MemoryCategory c) const {
+    return by_category[category_index(c)];
+  }
+};
+
+// Per-rank bytes of `model` under `options`. The model layout is the
+// engine's: see layout_constants.h.
+//
+// Transients, by default from the engine's policy (exact when the units
+// are of one size; a good approximation otherwise, taking the largest units):
+//   live units   the unit in use plus the ones prefetched after it, up to
+//                stage3_prefetch_bucket_size elements ahead and
+//                stage3_max_live_parameters in all (units at or below the
+//                persistence threshold are resident, not gathered)
+//   grad units   units whose full gradients are kept until their bucket
+//                reaches reduce_bucket_size elements, then reduce-scattered
+MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOptions& options);
+
+// The ZeRO paper's per-rank model-state bytes for Ψ = psi parameters on
+// `world` ranks, K bytes of optimizer state per parameter and b bytes per
+// compute-dtype element (2 in the paper):
+//   stage 0  (2b + K)Ψ        stage 2  bΨ + (b + K)Ψ/N
+//   stage 1  2bΨ + KΨ/N       stage 3  (2b + K)Ψ/N
+double paper_model_bytes(double psi, int world, int stage, double k = 12.0,
+                         double compute_bytes = 2.0);
+// K for a run in `compute_dtype`: the fp32 master copy (none in fp32, where
+// the parameters are the master) plus the optimizer's fp32 state buffers.
+double paper_k(DType compute_dtype, const OptimizerConfig& optimizer);
+
+enum class FitCriterion : uint8_t {
+  kModelStates,  // persistent model states only, as the paper counts
+  kPeak,         // peak_bytes: model states and the transients
+};
+
+struct FitOptions {
+  FitCriterion criterion = FitCriterion::kPeak;
+  // Models are from_total(Ψ, unit_numel): units of this many parameters, or
+  // one unit when 0 (then stages 2-3 gather or stage the whole model).
+  size_t unit_numel = 0;
+};
+
+// The largest Ψ whose estimate under `options` (its stage included) fits in
+// `device_bytes`: fits(Ψ) and not fits(Ψ + 1). 0 when a single parameter
+// does not fit. By bisection, so a model's bytes need not be monotone in Ψ
+// (the persistence threshold makes them not).
+size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& options,
+                             const FitOptions& fit = {});
+
+struct TableOptions {
+  std::vector<int> stages = {0, 1, 2, 3};
+  // When set, rows for the largest models that fit this many bytes (both
+  // criteria), scaled from the model's largest unit.
+  std::optional<int64_t> device_bytes;
+};
+
+// Every stage of `stages` side by side (options.zero.stage is ignored), a
+// row per category, the totals, the paper's figure and the padding, each
+// row with the formula it follows. Bytes in GB (1e9), as the paper gives
+// them, with the totals in GiB as well.
+std::string format_estimate_table(const ModelDescription& model, const EstimateOptions& options,
+                                  const TableOptions& table = {});
+
+}  // namespace zest

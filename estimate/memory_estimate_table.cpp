@@ -1,0 +1,216 @@
+// The memory estimate as text: every stage side by side, each row with the
+// formula it follows, so a reader can check a number by hand.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "zest/core/units.h"
+#include "zest/engine/layout_constants.h"
+#include "zest/estimate/memory_estimate.h"
+
+namespace zest {
+namespace {
+
+std::string with_commas(size_t n) {
+  const std::string digits = std::to_string(n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// 7.50B, 13.4M: counts of parameters, as model sizes are usually quoted.
+std::string short_count(size_t n) {
+  const double v = static_cast<double>(n);
+  if (v >= 1e12) return fmt::format("{:.2f}T", v / 1e12);
+  if (v >= 1e9) return fmt::format("{:.2f}B", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.2f}K", v / 1e3);
+  return std::to_string(n);
+}
+
+// One decimal (SI) unit for the whole table, so columns compare at a glance;
+// GB for anything from 1e9 bytes up, as the paper gives its figures.
+struct SiUnit {
+  double scale;
+  const char* name;
+};
+
+SiUnit unit_for(double largest_bytes) {
+  if (largest_bytes >= 1e9) return {1e9, "GB"};
+  if (largest_bytes >= 1e6) return {1e6, "MB"};
+  if (largest_bytes >= 1e3) return {1e3, "kB"};
+  return {1.0, "B"};
+}
+
+constexpr int kLabelWidth = 24;
+constexpr int kCellWidth = 14;
+
+class Table {
+ public:
+  Table(std::vector<MemoryEstimate> estimates, SiUnit unit)
+      : e_(std::move(estimates)), unit_(unit) {}
+
+  void header() {
+    out_ += fmt::format("{:<{}}", "per rank", kLabelWidth);
+    for (const MemoryEstimate& e : e_)
+      out_ += fmt::format("{:>{}}", fmt::format("stage {}", e.options.zero.stage), kCellWidth);
+    out_ += "   formula\n";
+  }
+
+  // A row of byte counts.
+  void bytes(const std::string& label, const std::function<double(const MemoryEstimate&)>& value,
+             const std::string& formula) {
+    row(label, [&](const MemoryEstimate& e) {
+      return fmt::format("{:.3f} {}", value(e) / unit_.scale, unit_.name);
+    }, formula);
+  }
+
+  void gib(const std::string& label, const std::function<int64_t(const MemoryEstimate&)>& value) {
+    row(label, [&](const MemoryEstimate& e) { return format_bytes(value(e)); }, "");
+  }
+
+  void row(const std::string& label, const std::function<std::string(const MemoryEstimate&)>& cell,
+           const std::string& formula) {
+    out_ += fmt::format("{:<{}}", label, kLabelWidth);
+    for (const MemoryEstimate& e : e_) out_ += fmt::format("{:>{}}", cell(e), kCellWidth);
+    out_ += formula.empty() ? "\n" : "   " + formula + "\n";
+  }
+
+  std::string& text() { return out_; }
+
+ private:
+  std::vector<MemoryEstimate> e_;
+  SiUnit unit_;
+  std::string out_;
+};
+
+double category(const MemoryEstimate& e, MemoryCategory c, bool peak) {
+  return static_cast<double>(peak ? e[c].peak : e[c].persistent);
+}
+
+double transient(const MemoryEstimate& e, MemoryCategory c) {
+  return static_cast<double>(e[c].peak - e[c].persistent);
+}
+
+}  // namespace
+
+std::string ModelDescription::summary() const {
+  const size_t n = num_units();
+  std::string s = fmt::format("{} parameters in {} unit{}", with_commas(numel()), with_commas(n),
+                              n == 1 ? "" : "s");
+  if (total_only && n == 1) return s + " (only a total was given: treated as one unit)";
+  if (total_only) return s + fmt::format(" (a total split into units of {} parameters)",
+                                         with_commas(units.front().numel()));
+  return s;
+}
+
+std::string format_estimate_table(const ModelDescription& model, const EstimateOptions& options,
+                                  const TableOptions& table) {
+  std::vector<MemoryEstimate> est;
+  double largest = 0;
+  for (int stage : table.stages) {
+    EstimateOptions o = options;
+    o.zero.stage = stage;
+    est.push_back(estimate_memory(model, o));
+    largest = std::max(largest, static_cast<double>(est.back().peak_bytes));
+  }
+  const EstimateOptions& o = est.front().options;
+  const int b = static_cast<int>(elem_size(o.compute_dtype));
+  const int states = o.optimizer.state_buffers();
+  const bool offload = o.offload_optimizer == OffloadDevice::kCpu;
+
+  std::string out = fmt::format("model: {}\n", model.summary());
+  out += fmt::format(
+      "ranks: N = {}; compute {} (b = {} bytes); {}, {} fp32 state buffer{} (K = {:g}); "
+      "gradient accumulation {}\n",
+      o.world_size, dtype_name(o.compute_dtype), b, optimizer_name(o.optimizer.kind), states,
+      states == 1 ? "" : "s", est.front().paper_k, o.gradient_accumulation_steps);
+  out += "Ψ = parameters; Ψ' = elements with alignment and shard padding; s = Ψ'/N owned per rank "
+         "(N = 1 at stage 0)\n";
+  if (offload) {
+    out += "offload_optimizer: cpu is a MODEL from the ZeRO-Offload paper: ZEST does not run it. "
+           "Master weights and optimizer state are counted in host memory.\n";
+  }
+  out += "\n";
+
+  Table t(est, unit_for(largest));
+  t.header();
+  t.row("Ψ'", [](const MemoryEstimate& e) { return with_commas(e.padded_numel); },
+        fmt::format("Ψ = {}", with_commas(est.front().numel)));
+  using C = MemoryCategory;
+  t.bytes("parameters", [](const MemoryEstimate& e) { return category(e, C::kParameters, false); },
+          fmt::format("{}Ψ'; stage 3: {}s, units of <= {} parameters kept whole", b, b,
+                      o.zero.stage3_param_persistence_threshold));
+  t.bytes("gradients", [](const MemoryEstimate& e) { return category(e, C::kGradients, false); },
+          fmt::format("{}Ψ' at stages 0-1, {}s at 2-3{}", b, b,
+                      o.gradient_accumulation_steps > 1 ? fmt::format("; + {}s accumulator at 0-1", b)
+                                                        : std::string()));
+  t.bytes("master_weights",
+          [](const MemoryEstimate& e) { return category(e, C::kMasterWeights, false); },
+          o.compute_dtype == DType::kFloat32 ? "none: the fp32 parameters are the master copy"
+          : offload                          ? "0 on the device (4s on the host)"
+                                             : "4s");
+  t.bytes("optimizer_state",
+          [](const MemoryEstimate& e) { return category(e, C::kOptimizerState, false); },
+          offload ? fmt::format("0 on the device ({}s on the host)", 4 * states)
+                  : fmt::format("{}s", 4 * states));
+  t.bytes("model states", [](const MemoryEstimate& e) { return static_cast<double>(e.model_state_bytes); },
+          "the sum of the four above");
+  t.gib("  in binary units", [](const MemoryEstimate& e) { return e.model_state_bytes; });
+  t.bytes("ZeRO paper", [](const MemoryEstimate& e) { return e.paper_bytes; },
+          fmt::format("(2b+K)Ψ | 2bΨ+KΨ/N | bΨ+(b+K)Ψ/N | (2b+K)Ψ/N for stages 0|1|2|3, "
+                      "b = {}, K = {:g}",
+                      b, offload ? 0.0 : est.front().paper_k));
+  t.bytes("padding", [](const MemoryEstimate& e) { return static_cast<double>(e.padding_bytes); },
+          "model states minus the same with Ψ' = Ψ (no alignment or padding)");
+  if (offload) {
+    t.bytes("host (offload model)", [](const MemoryEstimate& e) { return static_cast<double>(e.host_bytes); },
+            fmt::format("{}s: master weights and optimizer state",
+                        4 * states + (o.compute_dtype == DType::kFloat32 ? 0 : 4)));
+  }
+  t.row("live / grad units", [](const MemoryEstimate& e) {
+    return fmt::format("{} / {}", e.live_units, e.grad_units_in_flight);
+  }, "stage 3 gathered units; stages 2-3 full gradients awaiting reduce-scatter");
+  t.bytes("+ live parameters", [](const MemoryEstimate& e) { return transient(e, C::kParameters); },
+          fmt::format("{} x the live units' Ψ'", b));
+  t.bytes("+ gradient staging", [](const MemoryEstimate& e) { return transient(e, C::kGradients); },
+          fmt::format("{} x the grad units' Ψ'", b));
+  t.bytes("+ comm_buffers", [](const MemoryEstimate& e) { return transient(e, C::kCommBuffers); },
+          fmt::format("max(4 x min(largest unit's Ψ', {}) (finalize staging), 8(N+1)s/{} (norm chunk sums))",
+                      kInitStagingNumel, kShardQuantum));
+  t.bytes("peak (at most)", [](const MemoryEstimate& e) { return static_cast<double>(e.peak_bytes); },
+          "model states + max(staging, live parameters + gradient staging, norm sums)");
+  t.gib("  in binary units", [](const MemoryEstimate& e) { return e.peak_bytes; });
+
+  if (table.device_bytes) {
+    const int64_t device = *table.device_bytes;
+    // Scaled from this model's largest unit: more units like it. A total
+    // without unit sizes stays one unit.
+    const size_t unit = model.total_only && model.num_units() == 1 ? 0 : model.largest_unit_numel();
+    const auto fit = [&](FitCriterion c) {
+      return [=](const MemoryEstimate& e) {
+        return short_count(largest_fitting_model(device, e.options, {c, unit}));
+      };
+    };
+    const std::string size = fmt::format("{:.3g} GB = {}", static_cast<double>(device) / 1e9,
+                                         format_bytes(device));
+    const std::string units = unit == 0 ? "one unit"
+                                        : fmt::format("units of {} parameters", with_commas(unit));
+    t.row("fits: this model", [=](const MemoryEstimate& e) {
+      return e.peak_bytes <= device ? "yes" : "no";
+    }, fmt::format("peak <= {}", size));
+    t.row("largest Ψ, states", fit(FitCriterion::kModelStates),
+          fmt::format("model states <= {} ({})", size, units));
+    t.row("largest Ψ, peak", fit(FitCriterion::kPeak), fmt::format("peak <= {} ({})", size, units));
+  }
+  out += t.text();
+  out += "\nRequested bytes by category, as the allocator counts them; activations and the "
+         "allocator's rounding and caching are not included.\n";
+  return out;
+}
+
+}  // namespace zest

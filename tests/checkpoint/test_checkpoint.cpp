@@ -1,0 +1,236 @@
+// Sharded checkpoints: exact resume, resharding across world sizes and
+// stages, and damaged checkpoints failing clearly.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine/engine_harness.h"
+#include "zest/core/crc32.h"
+#include "zest/checkpoint/checkpoint.h"
+#include "zest/checkpoint/checkpoint_manifest.h"
+#include "zest/core/file_io.h"
+
+using namespace zest;
+using namespace zest::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory under the system's temp dir, removed at scope end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / fmt::format("zest_ckpt_{:08x}", rd());
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string str() const { return path.string(); }
+};
+
+using Params = std::map<std::string, std::vector<float>>;
+
+// Runs steps [first, last) on `world` ranks; loads `load_from` first and
+// saves to `save_to` at the end when given. Returns rank 0's parameters and
+// checks that every rank has the same.
+Params run(EngineConfig config, int world, int64_t first, int64_t last, const std::string& load_from = "",
+           const std::string& save_to = "", RunOptions opt = runs(1, 0)) {
+  std::vector<Params> out(static_cast<size_t>(world));
+  run_inprocess(world, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    if (!load_from.empty()) load_checkpoint(engine, load_from);
+    RankResult r;
+    run_steps(engine, comm, opt, first, last, r);
+    if (!save_to.empty()) save_checkpoint(engine, save_to);
+    out[static_cast<size_t>(comm.rank())] = master_params(engine);
+  });
+  for (const Params& p : out) {
+    for (const auto& [name, values] : p) CHECK(same_bits(values, out[0].at(name)));
+  }
+  return out[0];
+}
+
+void check_same(const Params& a, const Params& b) {
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, values] : a) {
+    CAPTURE(name);
+    CHECK(same_bits(values, b.at(name)));
+  }
+}
+
+EngineConfig adam_config(int stage) {
+  EngineConfig c = base_config(stage);
+  c.gradient_clipping = 0.5;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("N steps straight equal k steps, save, load, N - k steps, bit for bit, at every stage") {
+  for (int stage : {0, 1, 2, 3}) {
+    for (int world : {1, 3}) {
+      CAPTURE(stage);
+      CAPTURE(world);
+      TempDir dir;
+      EngineConfig config = adam_config(stage);
+      config.fp16.enabled = stage == 2;  // also the loss scaler's state
+      const Params straight = run(config, world, 0, 5);
+      run(config, world, 0, 2, "", dir.str());
+      CHECK(fs::exists(dir.path / "latest"));
+      CHECK(fs::exists(dir.path / "step_000002" / "manifest.json"));
+      const Params resumed = run(config, world, 2, 5, dir.str());
+      check_same(resumed, straight);
+    }
+  }
+}
+
+TEST_CASE("resharding: 4 -> 2 -> 3 -> 1 -> 4 ranks, across stages, keeps parameters and optimizer state") {
+  // Every rank computes the same gradients, so runs on 1, 2 and 4 ranks give
+  // the same parameters bit for bit (test_engine_equivalence), and a resharded
+  // run can be compared with one that never stopped.
+  RunOptions opt = runs(1, 0);
+  opt.backward.same_on_every_rank = true;
+  TempDir a, b, c, d;
+  const Params straight = run(adam_config(2), 4, 0, 4, "", "", opt);
+
+  const Params at4 = run(adam_config(2), 4, 0, 2, "", a.str(), opt);
+  // 4 -> 2 ranks (stage 1), then continue: equals the straight run.
+  check_same(run(adam_config(1), 2, 2, 4, a.str(), "", opt), straight);
+  // Pure reloads keep the parameters bit for bit, whatever the layout.
+  check_same(run(adam_config(1), 2, 0, 0, a.str(), b.str(), opt), at4);
+  check_same(run(adam_config(3), 3, 0, 0, b.str(), c.str(), opt), at4);
+  check_same(run(adam_config(0), 1, 0, 0, c.str(), d.str(), opt), at4);
+  // ...and the optimizer state survives every hop: continuing after them
+  // still equals the straight run.
+  check_same(run(adam_config(3), 4, 2, 4, d.str(), "", opt), straight);
+}
+
+TEST_CASE("a damaged or foreign checkpoint is a clear error naming the file") {
+  TempDir dir;
+  const EngineConfig config = adam_config(2);
+  run(config, 2, 0, 1, "", dir.str());
+  const fs::path ckpt = dir.path / "step_000001";
+  const fs::path shard = ckpt / "rank_00001.bin";
+  const auto load = [&] { run(config, 2, 0, 0, dir.str()); };
+  const std::string pristine = read_text_file(shard.string());
+
+  SUBCASE("truncated shard") {
+    fs::resize_file(shard, pristine.size() - 4);
+    CHECK_THROWS_WITH_AS(load(), doctest::Contains("rank_00001.bin' has"), Error);
+  }
+  SUBCASE("a flipped byte") {
+    std::string bad = pristine;
+    bad[bad.size() / 2] ^= 0x10;
+    std::ofstream(shard, std::ios::binary) << bad;
+    CHECK_THROWS_WITH_AS(load(), doctest::Contains("rank_00001.bin' is corrupt: CRC-32"), Error);
+  }
+  SUBCASE("a missing shard") {
+    fs::remove(shard);
+    CHECK_THROWS_WITH_AS(load(), doctest::Contains("cannot open '"), Error);
+  }
+  SUBCASE("a newer format") {
+    std::string m = read_text_file((ckpt / "manifest.json").string());
+    m.replace(m.find("\"format_version\": 1"), 19, "\"format_version\": 7");
+    std::ofstream(ckpt / "manifest.json") << m;
+    CHECK_THROWS_WITH_AS(load(), doctest::Contains("format version 7, newer than the 1"), Error);
+  }
+  SUBCASE("a manifest of another model") {
+    std::string m = read_text_file((ckpt / "manifest.json").string());
+    m.replace(m.find("\"a.w\""), 5, "\"a.v\"");
+    std::ofstream(ckpt / "manifest.json") << m;
+    CHECK_THROWS_WITH_AS(load(), doctest::Contains("is of another model"), Error);
+  }
+  SUBCASE("not JSON at all") {
+    std::ofstream(ckpt / "manifest.json") << "{ nope";
+    CHECK_THROWS_WITH_AS(load(), doctest::Contains("manifest.json' is not valid JSON"), Error);
+  }
+  SUBCASE("a NaN with a matching checksum") {
+    std::string bad = pristine;
+    const float nan = std::nanf("");
+    std::memcpy(bad.data() + 8, &nan, 4);
+    std::ofstream(shard, std::ios::binary) << bad;
+    std::string m = read_text_file((ckpt / "manifest.json").string());
+    const std::string old_crc = std::to_string(crc32(pristine.data(), pristine.size()));
+    m.replace(m.find(old_crc), old_crc.size(), std::to_string(crc32(bad.data(), bad.size())));
+    std::ofstream(ckpt / "manifest.json") << m;
+    CHECK_THROWS_WITH_AS(load(), doctest::Contains("has nan at element"), Error);
+  }
+  SUBCASE("no checkpoint at all") {
+    TempDir empty;
+    CHECK_THROWS_WITH_AS(run(config, 2, 0, 0, empty.str()), doctest::Contains("no checkpoint to load"), Error);
+  }
+}
+
+namespace {
+
+// A model large enough that a save takes a while (12 MB per checkpoint).
+void register_big(Engine& engine) {
+  engine.add_unit("big", {{"big.w", {1000, 1000}}});
+  engine.add_unit("small", {{"small.w", {3, 5}}});
+}
+
+// The child: trains and saves, over and over, until it is killed.
+[[noreturn]] void save_forever(const std::string& root) {
+  try {
+    auto comm = std::move(make_inprocess_group(1)[0]);
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(1), *comm, alloc, Stream::default_for(Device::host()));
+    register_big(engine);
+    engine.finalize(init_values);
+    for (int64_t s = 0;; ++s) {
+      for (int u = 0; u < 2; ++u) {
+        UnitHandle h = engine.gather(u);
+        GradHandle g = engine.grads(u);
+        for (const ParamLayout& p : engine.layout().unit(u).params) {
+          std::span<float> gw = g.grad<float>(p.name);
+          for (size_t i = 0; i < gw.size(); ++i) gw[i] = noise(static_cast<uint32_t>(i), 1, static_cast<uint32_t>(s));
+        }
+        g.done();
+      }
+      engine.step();
+      save_checkpoint(engine, root);
+    }
+  } catch (...) {
+  }
+  _exit(3);
+}
+
+}  // namespace
+
+TEST_CASE("a process killed while saving leaves the previous checkpoint loadable") {
+  TempDir dir;
+  std::mt19937 rng(11);
+  for (int round = 0; round < 6; ++round) {
+    CAPTURE(round);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) save_forever(dir.str());
+    // Let it finish at least one save, then kill it at a random moment of a
+    // later one.
+    while (!fs::exists(dir.path / "latest")) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 200));
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFSIGNALED(status));
+
+    auto comm = std::move(make_inprocess_group(1)[0]);
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(1), *comm, alloc, Stream::default_for(Device::host()));
+    register_big(engine);
+    engine.finalize(init_values);
+    const std::string loaded = load_checkpoint(engine, dir.str());  // verifies sizes and CRCs
+    CHECK(engine.progress().applied_steps >= 1);
+    CHECK(loaded.find("step_") != std::string::npos);
+  }
+}

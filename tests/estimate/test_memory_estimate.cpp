@@ -1,0 +1,324 @@
+// The memory estimator: the ZeRO paper's figures, exact bytes of a small
+// model worked out by hand, the largest model that fits, bad options, the
+// units file, and the engine's measured bytes against the estimate.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "engine/engine_harness.h"
+#include "zest/core/check.h"
+#include "zest/engine/layout_constants.h"
+#include "zest/estimate/memory_estimate.h"
+
+using namespace zest;
+
+namespace {
+
+// Rounded to three significant digits, as the paper prints its figures.
+double sig3(double x) {
+  const double scale = std::pow(10.0, std::floor(std::log10(x)) - 2);
+  return std::round(x / scale) * scale;
+}
+
+EstimateOptions options(int world, int stage, DType dtype, OptimizerKind kind) {
+  EstimateOptions o;
+  o.world_size = world;
+  o.zero.stage = stage;
+  o.zero.stage3_param_persistence_threshold = 0;
+  o.compute_dtype = dtype;
+  o.optimizer.kind = kind;
+  return o;
+}
+
+// Unit A: parameters of 1000 and 10 elements, the second aligned to 1024 (a
+// multiple of kParamAlign = 64), so A ends at 1034. Unit B: one parameter of
+// 10. With kShardQuantum = 256:
+//   stage 0 (P = 1, quantum 256): A padded 1280, B 256; Ψ' = 1536, s = 1536
+//   stages 1-3 (P = 3, quantum 768): A 1536 (shard 512), B 768 (shard 256);
+//   Ψ' = 2304, s = 768
+// Ψ = 1020.
+ModelDescription small_model() {
+  REQUIRE_MESSAGE(kShardQuantum == 256, "the hand-computed bytes assume kShardQuantum = 256");
+  REQUIRE(kParamAlign == 64);
+  ModelDescription m;
+  m.units = {{"A", {1000, 10}, 1}, {"B", {10}, 1}};
+  return m;
+}
+
+struct Expected {
+  int64_t params, grads, master, optimizer;
+};
+
+void check_states(const MemoryEstimate& e, const Expected& x) {
+  CHECK(e[MemoryCategory::kParameters].persistent == x.params);
+  CHECK(e[MemoryCategory::kGradients].persistent == x.grads);
+  CHECK(e[MemoryCategory::kMasterWeights].persistent == x.master);
+  CHECK(e[MemoryCategory::kOptimizerState].persistent == x.optimizer);
+  CHECK(e.model_state_bytes == x.params + x.grads + x.master + x.optimizer);
+}
+
+}  // namespace
+
+TEST_CASE("the ZeRO paper's example: 7.5B parameters, N_d = 64, K = 12") {
+  const double expected[] = {120e9, 31.4e9, 16.6e9, 1.88e9};
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    CHECK(sig3(paper_model_bytes(7.5e9, 64, stage, 12)) == doctest::Approx(expected[stage]));
+    // The estimate of the same model, one unit, fp16 AdamW: only padding
+    // (under 64 x kShardQuantum elements of 16 bytes) separates it from the
+    // formula.
+    EstimateOptions o = options(64, stage, DType::kFloat16, OptimizerKind::kAdamW);
+    const MemoryEstimate e = estimate_memory(ModelDescription::from_total(7'500'000'000), o);
+    CHECK(e.paper_k == 12.0);
+    CHECK(e.paper_bytes == doctest::Approx(paper_model_bytes(7.5e9, 64, stage, 12)));
+    CHECK(sig3(static_cast<double>(e.model_state_bytes)) == doctest::Approx(expected[stage]));
+    CHECK(e.padding_bytes >= 0);
+    CHECK(e.padding_bytes < static_cast<int64_t>(16 * 64 * kShardQuantum));
+  }
+}
+
+TEST_CASE("fp16 AdamW, W = 3: bytes by hand (b = 2, master 4s, optimizer 8s)") {
+  const ModelDescription m = small_model();
+  const auto est = [&](int stage) {
+    return estimate_memory(m, options(3, stage, DType::kFloat16, OptimizerKind::kAdamW));
+  };
+  // stage 0: 2*1536, 2*1536, 4*1536, 8*1536
+  check_states(est(0), {3072, 3072, 6144, 12288});
+  // stage 1: 2*2304, 2*2304, 4*768, 8*768
+  check_states(est(1), {4608, 4608, 3072, 6144});
+  // stage 2: gradients 2*768
+  check_states(est(2), {4608, 1536, 3072, 6144});
+  // stage 3 (threshold 0): parameters 2*768
+  check_states(est(3), {1536, 1536, 3072, 6144});
+
+  // The paper at Ψ = 1020: 16Ψ, 4Ψ + 12Ψ/3, 2Ψ + 14Ψ/3, 16Ψ/3; padding is
+  // the rest, as no accumulator or persistent unit is involved.
+  const double paper[] = {16320, 8160, 6800, 5440};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const MemoryEstimate e = est(stage);
+    CHECK(e.numel == 1020);
+    CHECK(e.paper_bytes == doctest::Approx(paper[stage]));
+    CHECK(e.padding_bytes == e.model_state_bytes - static_cast<int64_t>(paper[stage]));
+  }
+  CHECK(est(0).padded_numel == 1536);
+  CHECK(est(3).padded_numel == 2304);
+  CHECK(est(3).owned_numel == 768);
+
+  // Transients. comm_buffers: finalize stages the largest unit in fp32
+  // (4*1280 at stage 0, 4*1536 after), more than the norm sums
+  // ((P+1) * s/256 * 8: 96 bytes at stage 0 and at stage 1).
+  CHECK(est(0)[MemoryCategory::kCommBuffers].peak == 5120);
+  CHECK(est(1)[MemoryCategory::kCommBuffers].peak == 6144);
+  CHECK(est(0).peak_bytes == 24576 + 5120);
+  CHECK(est(1).peak_bytes == 18432 + 6144);
+  // stage 2: both units' full gradients fit one 5e8-element reduce bucket:
+  // 2*2304 = 4608 staged, less than finalize's 6144
+  CHECK(est(2).grad_units_in_flight == 2);
+  CHECK(est(2)[MemoryCategory::kGradients].peak == 1536 + 4608);
+  CHECK(est(2).peak_bytes == 15360 + 6144);
+  // stage 3: the unit in use and the other prefetched (window 5e7
+  // elements): 4608 gathered, plus 4608 of staged gradients
+  CHECK(est(3).live_units == 2);
+  CHECK(est(3)[MemoryCategory::kParameters].peak == 1536 + 4608);
+  CHECK(est(3).peak_bytes == 12288 + 4608 + 4608);
+
+  // One unit in flight each way (the largest, A: 2*1536 each).
+  EstimateOptions one = options(3, 3, DType::kFloat16, OptimizerKind::kAdamW);
+  one.live_units = 1;
+  one.grad_units_in_flight = 1;
+  CHECK(estimate_memory(m, one).live_units == 1);
+  CHECK(estimate_memory(m, one).peak_bytes == 12288 + 3072 + 3072);
+}
+
+TEST_CASE("fp32 SGD, W = 3: no master copy and no state (b = 4, K = 0)") {
+  const ModelDescription m = small_model();
+  const auto est = [&](int stage) {
+    return estimate_memory(m, options(3, stage, DType::kFloat32, OptimizerKind::kSgd));
+  };
+  check_states(est(0), {6144, 6144, 0, 0});  // 4*1536 each
+  check_states(est(1), {9216, 9216, 0, 0});  // 4*2304 each
+  check_states(est(2), {9216, 3072, 0, 0});  // gradients 4*768
+  check_states(est(3), {3072, 3072, 0, 0});
+  // The paper with b = 4, K = 0 at Ψ = 1020: 8Ψ, 8Ψ, 4Ψ + 4Ψ/3, 8Ψ/3.
+  CHECK(est(0).paper_bytes == doctest::Approx(8160));
+  CHECK(est(1).paper_bytes == doctest::Approx(8160));
+  CHECK(est(2).paper_bytes == doctest::Approx(5440));
+  CHECK(est(3).paper_bytes == doctest::Approx(2720));
+  CHECK(est(3).paper_k == 0.0);
+}
+
+TEST_CASE("fp32 AdamW and bf16 SGD with momentum, W = 3") {
+  const ModelDescription m = small_model();
+  // fp32 AdamW stage 1: parameters and gradients 4*2304, optimizer 8*768.
+  check_states(estimate_memory(m, options(3, 1, DType::kFloat32, OptimizerKind::kAdamW)),
+               {9216, 9216, 0, 6144});
+  // bf16 SGD with momentum (one state buffer) stage 2: 2*2304, 2*768,
+  // master 4*768, momentum 4*768.
+  EstimateOptions o = options(3, 2, DType::kBFloat16, OptimizerKind::kSgd);
+  o.optimizer.momentum = 0.9f;
+  check_states(estimate_memory(m, o), {4608, 1536, 3072, 3072});
+}
+
+TEST_CASE("accumulation, the persistence threshold and the offload model") {
+  const ModelDescription m = small_model();
+  EstimateOptions o = options(3, 0, DType::kFloat16, OptimizerKind::kAdamW);
+  o.gradient_accumulation_steps = 2;
+  // stage 0: full gradients plus a full accumulator (2*1536 each)
+  CHECK(estimate_memory(m, o)[MemoryCategory::kGradients].persistent == 3072 + 3072);
+  o.zero.stage = 1;  // full gradients 2*2304 plus the owned accumulator 2*768
+  CHECK(estimate_memory(m, o)[MemoryCategory::kGradients].persistent == 4608 + 1536);
+  o.zero.stage = 2;  // the shard accumulates anyway
+  CHECK(estimate_memory(m, o)[MemoryCategory::kGradients].persistent == 1536);
+
+  // Stage 3, threshold 10: B (10 parameters) stays whole (2*768), A is
+  // sharded (2*512), and only A (2*1536) is ever gathered.
+  EstimateOptions t = options(3, 3, DType::kFloat16, OptimizerKind::kAdamW);
+  t.zero.stage3_param_persistence_threshold = 10;
+  const MemoryEstimate e = estimate_memory(m, t);
+  CHECK(e[MemoryCategory::kParameters].persistent == 1024 + 1536);
+  CHECK(e.live_units == 1);
+  CHECK(e[MemoryCategory::kParameters].peak == 1024 + 1536 + 3072);
+
+  // Offload (a model): master 4*768 and optimizer 8*768 move to the host.
+  EstimateOptions off = options(3, 2, DType::kFloat16, OptimizerKind::kAdamW);
+  off.offload_optimizer = OffloadDevice::kCpu;
+  const MemoryEstimate h = estimate_memory(m, off);
+  CHECK(h.model_state_bytes == 4608 + 1536);
+  CHECK(h.host_bytes == 3072 + 6144);
+  CHECK(h[MemoryCategory::kOptimizerState].persistent == 0);
+  CHECK(h.paper_bytes == doctest::Approx(2040 + 2040.0 / 3));  // bΨ + bΨ/N, K = 0 on the device
+}
+
+TEST_CASE("the largest model that fits: consistent, and monotone in the stage") {
+  const int64_t device = int64_t{80} << 30;
+  for (const FitOptions fit : {FitOptions{FitCriterion::kModelStates, 0},
+                               FitOptions{FitCriterion::kPeak, 0},
+                               FitOptions{FitCriterion::kPeak, 100'000'000}}) {
+    size_t previous = 0;
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(stage);
+      CAPTURE(fit.unit_numel);
+      EstimateOptions o = options(64, stage, DType::kFloat16, OptimizerKind::kAdamW);
+      o.zero.stage3_param_persistence_threshold = 100'000;
+      const size_t psi = largest_fitting_model(device, o, fit);
+      const auto bytes = [&](size_t n) {
+        const MemoryEstimate e = estimate_memory(ModelDescription::from_total(n, fit.unit_numel), o);
+        return fit.criterion == FitCriterion::kPeak ? e.peak_bytes : e.model_state_bytes;
+      };
+      CHECK(bytes(psi) <= device);
+      CHECK(bytes(psi + 1) > device);
+      // A model that is one unit is the exception at its peak: stage 3
+      // gathers the whole unit and stages its whole gradient, more than
+      // stage 2 ever holds at once, so it fits less.
+      const bool one_unit_peak = fit.criterion == FitCriterion::kPeak && fit.unit_numel == 0;
+      if (one_unit_peak && stage == 3) {
+        CHECK(psi < previous);
+      } else {
+        CHECK(psi >= previous);
+      }
+      previous = psi;
+    }
+  }
+  // By the paper's count, stage 0 fits 80 GiB / 16 bytes.
+  EstimateOptions o = options(64, 0, DType::kFloat16, OptimizerKind::kAdamW);
+  const size_t psi = largest_fitting_model(device, o, {FitCriterion::kModelStates, 0});
+  CHECK(static_cast<double>(psi) == doctest::Approx(device / 16.0).epsilon(1e-6));
+  CHECK(largest_fitting_model(100, o) == 0);
+}
+
+TEST_CASE("bad options and models are errors naming what is wrong") {
+  const ModelDescription m = small_model();
+  EstimateOptions o;
+  o.world_size = 0;
+  CHECK_THROWS_WITH_AS(estimate_memory(m, o), doctest::Contains("world_size is 0"), Error);
+  o.world_size = 2;
+  o.zero.stage = 4;
+  CHECK_THROWS_WITH_AS(estimate_memory(m, o), doctest::Contains("allowed values are 0, 1, 2 and 3"),
+                       Error);
+  o.zero.stage = 1;
+  o.compute_dtype = DType::kInt32;
+  CHECK_THROWS_WITH_AS(estimate_memory(m, o), doctest::Contains("fp32, fp16 and bf16"), Error);
+  o.compute_dtype = DType::kFloat16;
+  o.gradient_accumulation_steps = 0;
+  CHECK_THROWS_AS(estimate_memory(m, o), Error);
+  CHECK_THROWS_AS(paper_model_bytes(1e9, 8, 4), Error);
+  CHECK_THROWS_AS(paper_model_bytes(1e9, 0, 1), Error);
+  CHECK_THROWS_AS(estimate_memory(ModelDescription{}, EstimateOptions{}), Error);
+}
+
+TEST_CASE("units files: text lines and JSON lists") {
+  const ModelDescription t = parse_model_description(
+      "# name numel...\n"
+      "embed 1000 10   # comment\n"
+      "\n"
+      "head 1e3\n");
+  REQUIRE(t.units.size() == 2);
+  CHECK(t.units[0].name == "embed");
+  CHECK(t.units[0].param_numels == std::vector<size_t>{1000, 10});
+  CHECK(t.units[1].param_numels == std::vector<size_t>{1000});
+  CHECK_FALSE(t.total_only);
+
+  const ModelDescription j = parse_model_description(
+      R"([[1000, 10], {"name": "block", "params": [4096, 64], "count": 48}])");
+  REQUIRE(j.units.size() == 2);
+  CHECK(j.units[0].name == "unit0");
+  CHECK(j.units[1].count == 48);
+  CHECK(j.num_units() == 49);
+  CHECK(j.numel() == 1010 + 48 * 4160);
+
+  CHECK_THROWS_WITH_AS(parse_model_description("a 10\nb 12x\n"), doctest::Contains("units line 2"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse_model_description("lonely\n"), doctest::Contains("no parameter counts"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse_model_description(R"([{"params": [1], "size": 3}])"),
+                       doctest::Contains("unknown key \"size\""), Error);
+  CHECK_THROWS_AS(parse_model_description("[[0]]"), Error);
+  CHECK_THROWS_AS(parse_model_description("  \n# nothing\n"), Error);
+
+  const ModelDescription split = ModelDescription::from_total(2500, 1000);
+  CHECK(split.num_units() == 3);
+  CHECK(split.numel() == 2500);
+}
+
+TEST_CASE("the table lists every stage with its formula") {
+  const std::string text = format_estimate_table(ModelDescription::from_total(7'500'000'000),
+                                                 options(64, 0, DType::kFloat16, OptimizerKind::kAdamW),
+                                                 {{0, 1, 2, 3}, int64_t{80} << 30});
+  CHECK(text.find("treated as one unit") != std::string::npos);
+  CHECK(text.find("120.000 GB") != std::string::npos);
+  CHECK(text.find("1.875 GB") != std::string::npos);
+  CHECK(text.find("(2b+K)Ψ/N") != std::string::npos);
+  CHECK(text.find("largest Ψ, peak") != std::string::npos);
+}
+
+// The contract: what the engine allocates is what the estimate says, per
+// category, at rest and at its peak (after steps in which stage 3 prefetches).
+TEST_CASE("the engine's measured bytes equal the estimate") {
+  ModelDescription m;  // engine_harness.h's model, in layout order
+  m.units = {{"a", {91, 7}, 1}, {"b", {35, 5, 1}, 1}, {"c", {33}, 1}};
+  for (int world : {1, 3}) {
+    for (int stage : {0, 1, 2, 3}) {
+      for (const bool bf16 : {false, true}) {
+        for (const int64_t accum : {1, 2}) {
+          CAPTURE(world);
+          CAPTURE(stage);
+          CAPTURE(bf16);
+          CAPTURE(accum);
+          EngineConfig config = test::base_config(stage);
+          config.bf16 = bf16;
+          config.gradient_accumulation_steps = accum;
+          const MemoryEstimate e = estimate_memory(m, EstimateOptions::from_config(config, world));
+          const std::vector<test::RankResult> res = test::run_engine(config, test::runs(world, 2));
+          for (const test::RankResult& r : res) {
+            for (MemoryCategory c : kAllMemoryCategories) {
+              CAPTURE(category_name(c));
+              CHECK(r.memory[c].current == e[c].persistent);
+              CHECK(r.memory[c].peak == e[c].peak);
+            }
+            CHECK(r.memory.model_states() == e.model_state_bytes);
+          }
+        }
+      }
+    }
+  }
+}
