@@ -13,7 +13,16 @@
 // reduce_scatter and all_gather, the rate each rank's link would need, so
 // comparable across world sizes. "memcpy us" copies `size` bytes on the same
 // device (memcpy, or cudaMemcpyAsync device to device); "x memcpy" is the
-// collective's time over that.
+// collective's time over that. Under --backend mpi, "raw us" times MPI's
+// own MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather on the same
+// buffers in the same run, and "x raw" is ZEST's time over that (ZEST
+// reduces in rank order on the host for bits that do not depend on MPI's
+// algorithm: Note [reductions over MPI] in comm/mpi_comm.cpp).
+//
+// The last lines compare the issue-13 targets: 2-rank in-process all_reduce
+// and reduce_scatter of 4 MiB within 3x the memcpy, latency at 4 KiB within
+// 10 us; MPI within 3x raw MPI at 4 KiB and at most raw MPI's time at the
+// largest size.
 //
 // The host in-process backend moves data with one thread per rank, so on a
 // machine with fewer cores than ranks the threads take turns and the numbers
@@ -25,6 +34,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +50,10 @@
 #include "zest/core/units.h"
 #include "zest/memory/copy.h"
 #include "zest/memory/raw_allocator.h"
+
+#if ZEST_WITH_MPI
+#include <mpi.h>
+#endif
 
 namespace {
 
@@ -62,19 +76,21 @@ struct Options {
   Device device = Device::host();
   bool quick = false;
   std::optional<int64_t> iters;
+  zest::CommOptions comm_options;
 };
 
 void print_usage(std::FILE* out) {
   fmt::print(out,
              "usage: comm_bench [--backend inprocess|nccl|mpi] [--ranks N] [--device host|cuda:N]\n"
-             "                  [--quick] [--iters N]\n"
+             "                  [--quick] [--iters N] [--spin US]\n"
              "  --backend  inprocess (default): N ranks as threads of this process;\n"
              "             nccl: one GPU per process, under mpirun, torchrun or srun;\n"
              "             mpi: host buffers, one process per rank, under mpirun\n"
              "  --ranks    in-process ranks (default 4)\n"
              "  --device   where the in-process ranks' buffers live (default host)\n"
              "  --quick    sizes up to 4 MiB and fewer iterations\n"
-             "  --iters    timed calls per size (default: more for small sizes)\n");
+             "  --iters    timed calls per size (default: more for small sizes)\n"
+             "  --spin     CommOptions::spin, microseconds a waiting rank polls before it sleeps\n");
 }
 
 std::optional<int64_t> whole_number(std::string_view text) {
@@ -96,7 +112,8 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
   };
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    const bool takes_value = arg == "--backend" || arg == "--ranks" || arg == "--device" || arg == "--iters";
+    const bool takes_value = arg == "--backend" || arg == "--ranks" || arg == "--device" || arg == "--iters" ||
+                             arg == "--spin";
     if (arg == "--help" || arg == "-h") {
       print_usage(stdout);
       return 0;
@@ -125,6 +142,10 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
         return bad(e.message());
       }
       device_given = true;
+    } else if (arg == "--spin") {
+      const std::optional<int64_t> us = whole_number(value);
+      if (!us || *us < 0 || *us > 1'000'000) return bad(fmt::format("--spin wants 0 to 1000000 us, got '{}'", value));
+      opt.comm_options.spin = std::chrono::microseconds(*us);
     } else {
       const std::optional<int64_t> n = whole_number(value);
       if (!n || *n < 1 || *n > kMaxIters) {
@@ -145,6 +166,86 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
     return bad("--backend mpi needs a build with MPI (-DZEST_MPI=ON)");
   }
   return std::nullopt;
+}
+
+// One timed size: ZEST, the copy, and raw MPI (0 when not measured).
+struct Row {
+  CollectiveKind kind;
+  size_t bytes;
+  double us, copy_us, raw_us;
+};
+
+// The same collective through MPI's own call on the same buffers, or nothing
+// (not the MPI backend, or a build without MPI).
+std::function<void()> raw_mpi_call(const Communicator& comm, CollectiveKind kind, const void* send,
+                                   void* recv, size_t count) {
+#if ZEST_WITH_MPI
+  if (comm.backend_name() != "mpi") return {};
+  const int n = static_cast<int>(count);
+  const int part = n / comm.size();
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      return [=] { ZEST_CHECK(MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS, "MPI_Allreduce failed"); };
+    case CollectiveKind::kReduceScatter:
+      return [=] {
+        ZEST_CHECK(MPI_Reduce_scatter_block(send, recv, part, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS,
+                   "MPI_Reduce_scatter_block failed");
+      };
+    case CollectiveKind::kAllGather:
+      return [=] {
+        ZEST_CHECK(MPI_Allgather(send, part, MPI_FLOAT, recv, part, MPI_FLOAT, MPI_COMM_WORLD) == MPI_SUCCESS,
+                   "MPI_Allgather failed");
+      };
+    default:
+      break;
+  }
+#else
+  (void)comm, (void)kind, (void)send, (void)recv, (void)count;
+#endif
+  return {};
+}
+
+// The issue-13 targets, from the rows of rank 0.
+void print_targets(const std::vector<Row>& rows, const Communicator& comm) {
+  const auto find = [&](CollectiveKind k, size_t bytes) -> const Row* {
+    for (const Row& r : rows) {
+      if (r.kind == k && r.bytes == bytes) return &r;
+    }
+    return nullptr;
+  };
+  fmt::print("\n# targets\n");
+  const bool mpi = comm.backend_name() == "mpi";
+  for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter}) {
+    const Row* small = find(k, 4 * kKiB);
+    size_t largest = 0;
+    for (const Row& r : rows) {
+      if (r.kind == k) largest = std::max(largest, r.bytes);
+    }
+    const Row* big = find(k, mpi ? largest : 4 * kMiB);
+    const auto verdict = [](bool ok) { return ok ? "met" : "NOT met"; };
+    if (mpi) {
+      if (small != nullptr && small->raw_us > 0) {
+        fmt::print("  {} 4 KiB: {:.2f} us, raw MPI {:.2f} us: {:.2f}x raw (target <= 3x): {}\n",
+                   collective_name(k), small->us, small->raw_us, small->us / small->raw_us,
+                   verdict(small->us <= 3 * small->raw_us));
+      }
+      if (big != nullptr && big->raw_us > 0) {
+        fmt::print("  {} {} B: {:.1f} us, raw MPI {:.1f} us: {:.2f}x raw (target <= 1x): {}\n",
+                   collective_name(k), big->bytes, big->us, big->raw_us, big->us / big->raw_us,
+                   verdict(big->us <= big->raw_us));
+      }
+    } else {
+      if (small != nullptr) {
+        fmt::print("  {} 4 KiB: {:.2f} us (target <= 10 us): {}\n", collective_name(k), small->us,
+                   verdict(small->us <= 10.0));
+      }
+      if (big != nullptr) {
+        fmt::print("  {} 4 MiB: {:.1f} us, memcpy {:.1f} us: {:.2f}x memcpy (target <= 3x): {}\n",
+                   collective_name(k), big->us, big->copy_us, big->us / big->copy_us,
+                   verdict(big->us <= 3 * big->copy_us));
+      }
+    }
+  }
 }
 
 constexpr CollectiveKind kKinds[] = {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
@@ -219,14 +320,17 @@ void sweep(Communicator& comm, const Options& opt) {
   fill_ones(send, stream);
   fill_ones(recv, stream);
 
+  const bool with_raw = static_cast<bool>(raw_mpi_call(comm, CollectiveKind::kAllReduce, nullptr, nullptr, 0));
   if (printer) {
-    fmt::print("# comm_bench: backend {}, {} ranks, {}, fp32, {} build\n", comm.backend_name(), n,
-               device.str(), ZEST_BENCH_BUILD_TYPE);
+    fmt::print("# comm_bench: backend {}, {} ranks, {}, fp32, {} build, CommOptions::spin {} us\n",
+               comm.backend_name(), n, device.str(), ZEST_BENCH_BUILD_TYPE, comm.options().spin.count());
   }
+  std::vector<Row> rows;
   for (CollectiveKind kind : kKinds) {
     if (printer) {
-      fmt::print("\n# {}\n# {:>10} {:>10} {:>5} {:>11} {:>11} {:>11} {:>11} {:>9}\n", collective_name(kind),
-                 "size", "count", "type", "time us", "algbw GB/s", "busbw GB/s", "memcpy us", "x memcpy");
+      fmt::print("\n# {}\n# {:>10} {:>10} {:>5} {:>11} {:>11} {:>11} {:>11} {:>9}{}\n", collective_name(kind),
+                 "size", "count", "type", "time us", "algbw GB/s", "busbw GB/s", "memcpy us", "x memcpy",
+                 with_raw ? fmt::format(" {:>11} {:>7}", "raw us", "x raw") : "");
     }
     for (size_t size = kMinSize; size <= max_size; size *= 2) {
       // Whole elements, and for the scattered and gathered kinds whole parts.
@@ -255,6 +359,13 @@ void sweep(Communicator& comm, const Options& opt) {
       comm.barrier(stream);
       const double us = time_us(stream, iters, call);
       comm.barrier(stream);
+      double raw_us = 0;
+      if (const std::function<void()> raw_call = raw_mpi_call(comm, kind, send.get(), recv.get(), count)) {
+        for (int64_t i = 0; i < std::min<int64_t>(iters, 3); ++i) raw_call();  // warm-up
+        comm.barrier(stream);
+        raw_us = time_us(stream, iters, raw_call);
+        comm.barrier(stream);
+      }
       if (!printer) {
         comm.barrier(stream);  // while rank 0 times the copy alone
         continue;
@@ -264,11 +375,14 @@ void sweep(Communicator& comm, const Options& opt) {
       const double copy_us = time_us(stream, iters, copy);
       comm.barrier(stream);
       const double algbw = static_cast<double>(bytes) / us / 1e3;
-      fmt::print("  {:>10} {:>10} {:>5} {:>11.2f} {:>11.2f} {:>11.2f} {:>11.2f} {:>9.2f}\n", bytes, count,
-                 "float", us, algbw, algbw * bus_factor(kind, n), copy_us, us / copy_us);
+      fmt::print("  {:>10} {:>10} {:>5} {:>11.2f} {:>11.2f} {:>11.2f} {:>11.2f} {:>9.2f}{}\n", bytes, count,
+                 "float", us, algbw, algbw * bus_factor(kind, n), copy_us, us / copy_us,
+                 with_raw ? fmt::format(" {:>11.2f} {:>7.2f}", raw_us, us / raw_us) : "");
       std::fflush(stdout);
+      rows.push_back({kind, bytes, us, copy_us, raw_us});
     }
   }
+  if (printer) print_targets(rows, comm);
 }
 
 }  // namespace
@@ -278,13 +392,14 @@ int main(int argc, char** argv) {
   if (const std::optional<int> rc = parse_args(argc, argv, opt)) return *rc;
   try {
     if (opt.backend == "inprocess") {
-      zest::run_inprocess(opt.ranks, [&](Communicator& comm) { sweep(comm, opt); }, opt.device);
+      zest::run_inprocess(opt.ranks, [&](Communicator& comm) { sweep(comm, opt); }, opt.device,
+                          opt.comm_options);
     } else if (opt.backend == "nccl") {
       std::unique_ptr<Communicator> comm = zest::init_distributed(Device::cuda(0));
       sweep(*comm, opt);
     } else {
       zest::MpiEnvironment mpi(&argc, &argv);
-      std::unique_ptr<Communicator> comm = zest::make_mpi_world();
+      std::unique_ptr<Communicator> comm = zest::make_mpi_world(opt.comm_options);
       sweep(*comm, opt);
     }
   } catch (const std::exception& e) {

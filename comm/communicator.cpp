@@ -23,6 +23,9 @@ Range range(const void* p, size_t bytes) {
 void check_comm_options(const CommOptions& options) {
   ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",
              options.timeout.count());
+  ZEST_CHECK(options.spin.count() >= 0 && options.spin <= options.timeout,
+             "CommOptions::spin must be between 0 and the timeout ({} ms), got {} us",
+             options.timeout.count(), options.spin.count());
 }
 
 Communicator::Communicator(int rank, int size, Device device, CommOptions options)

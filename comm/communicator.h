@@ -42,6 +42,14 @@ struct CommOptions {
   // communicator is aborted. Long enough for a slow rank's forward pass;
   // tests use seconds.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // How long a rank waiting for the others (the in-process hand-off, an MPI
+  // request) polls without sleeping before it sleeps in growing steps. Once
+  // the others are there a poll answers within a microsecond, while a sleep
+  // costs tens (Linux rounds a short sleep up). 0 sleeps at once, kinder to
+  // a machine with more ranks than cores; the in-process backend does not
+  // spin when its group has more ranks than the machine has hardware
+  // threads. The timeout counts from the start of the wait, spin included.
+  std::chrono::microseconds spin = std::chrono::microseconds(50);
 };
 
 // Throws a zest::Error unless `options` can be used. Every communicator checks

@@ -16,10 +16,21 @@
 
 namespace zest {
 
-// out[i] = op(inputs[0][i], ..., inputs[n-1][i]) for i < count. For kAvg the
-// sum is divided by `num_inputs`. `out` may alias any input.
-void host_reduce(const void* const* inputs, int num_inputs, void* out, size_t count, DType dtype,
-                 ReduceOp op);
+// outputs[j][i] = op(inputs[0][i], ..., inputs[n-1][i]) for i < count and
+// every j. For kAvg the sum is divided by `num_inputs`. An output may be the
+// very pointer of an input (in place), but no array may overlap another
+// partly. Blocks of a few KiB are reduced in a buffer that stays in L1, one
+// input at a time (so each input streams once), then stored to every
+// output; the loops are compiled for the widest instruction set the CPU has
+// (Note [ISA dispatch] in core/cpu_isa.h), which changes no bit.
+void host_reduce(const void* const* inputs, int num_inputs, void* const* outputs, int num_outputs,
+                 size_t count, DType dtype, ReduceOp op);
+
+inline void host_reduce(const void* const* inputs, int num_inputs, void* out, size_t count,
+                        DType dtype, ReduceOp op) {
+  void* outputs[] = {out};
+  host_reduce(inputs, num_inputs, outputs, 1, count, dtype, op);
+}
 
 // The elements [begin, begin + count) of an all-reduce of `total` elements
 // that `rank` of `ranks` reduces in the host backends: ceil(total / ranks)

@@ -1,6 +1,7 @@
 #include "zest/comm/inprocess_comm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -10,6 +11,7 @@
 #include "zest/comm/host_reduce.h"
 #include "zest/comm/inprocess_data.h"
 #include "zest/core/rank_context.h"
+#include "zest/core/spin_wait.h"
 #include "zest/memory/copy.h"
 
 namespace zest {
@@ -28,8 +30,8 @@ struct Post {
 class Group {
  public:
   Group(int world_size, Device device, CommOptions options)
-      : size_(world_size), device_(device), options_(options), posts_(world_size),
-        arrived_gen_(world_size, ~uint64_t{0}), in_data_(world_size, 0) {}
+      : size_(world_size), device_(device), options_(options), spin_(spin_budget(world_size, options)),
+        posts_(world_size), arrived_gen_(world_size, ~uint64_t{0}), in_data_(world_size, 0) {}
 
   int size() const { return size_; }
   Device device() const { return device_; }
@@ -106,6 +108,16 @@ class Group {
       return;
     }
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    if (spin_.count() > 0) {
+      // The last rank to arrive releases the others within a microsecond or
+      // two: seen by spinning, not a condition variable's wake-up.
+      lock.unlock();
+      spin_until(spin_, [&] {
+        return generation_.load(std::memory_order_acquire) != gen ||
+               aborted_.load(std::memory_order_acquire);
+      });
+      lock.lock();
+    }
     while (generation_ == gen && abort_reason_.empty()) {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == gen &&
           abort_reason_.empty()) {
@@ -142,6 +154,7 @@ class Group {
     if (!abort_reason_.empty()) return;
     abort_kind_ = reason;
     abort_reason_ = std::move(message);
+    aborted_.store(true, std::memory_order_release);
     cv_.notify_all();
   }
 
@@ -175,16 +188,28 @@ class Group {
     return divergence_message("in-process", calls);
   }
 
+  // CommOptions::spin, or none when the ranks outnumber the hardware
+  // threads: then the rank waited for may need the very core that spins.
+  static std::chrono::microseconds spin_budget(int size, const CommOptions& options) {
+    const unsigned threads = std::thread::hardware_concurrency();
+    return threads != 0 && static_cast<unsigned>(size) > threads ? std::chrono::microseconds(0)
+                                                                  : options.spin;
+  }
+
   const int size_;
   const Device device_;
   const CommOptions options_;
+  const std::chrono::microseconds spin_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Post> posts_;
   std::vector<uint64_t> arrived_gen_;
   std::vector<char> in_data_;  // per rank: inside a collective's data phase
   int busy_ = 0;               // how many are
-  uint64_t generation_ = 0;
+  // Written under mutex_; atomic so that a spinning rank may read them
+  // without it.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> aborted_{false};
   int arrived_ = 0;
   CommError::Reason abort_kind_ = CommError::Reason::kAborted;
   std::string abort_reason_;

@@ -152,7 +152,7 @@ MpiCommunicator::Owned MpiCommunicator::duplicate(MPI_Comm comm, const CommOptio
   auto dup = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
   MPI_Request request = MPI_REQUEST_NULL;
   ZEST_MPI_CHECK(MPI_Comm_idup(comm, dup.get(), &request));
-  if (!mpi::poll_until(request, Deadline(options.timeout))) {
+  if (!mpi::poll_until(request, Deadline(options.timeout), options.spin)) {
     const std::string message = fmt::format(
         "creating an MPI communicator (MPI_Comm_idup) timed out after {} ms on rank {} of {}: "
         "not every process of the communicator it duplicates took part; every process must "
@@ -206,9 +206,23 @@ void MpiCommunicator::guard(const CollectiveDesc& desc, Fn&& fn) {
   }
 }
 
+// A non-blocking collective moves its data only inside MPI_Test (Open MPI
+// has no progress thread by default): sleeping between tests would stall a
+// large transfer a fragment at a time. So the data phase polls without
+// sleeping for CommOptions::spin plus the time its bytes take at 1 GB/s, a
+// rate every transport beats; only a wait longer than that (a rank that is
+// late, or a stalled one) backs off into sleeping.
+std::chrono::microseconds MpiCommunicator::poll_spin(const CollectiveDesc& desc, bool moving_data) const {
+  if (!moving_data) return options().spin;
+  const bool whole = desc.kind == CollectiveKind::kAllReduce || desc.kind == CollectiveKind::kBroadcast;
+  const uint64_t bytes = desc.count * elem_size(desc.dtype) * (whole ? 1u : static_cast<uint64_t>(size()));
+  const auto transfer = std::chrono::microseconds(static_cast<int64_t>(std::min<uint64_t>(bytes / 1000, INT32_MAX)));
+  return options().spin + transfer;
+}
+
 void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
                            std::shared_ptr<void> buffers) {
-  if (mpi::poll_until(request, Deadline(options().timeout))) return;
+  if (mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data))) return;
   // MPI cannot cancel a collective: it stays pending and may still write
   // into its buffers whenever MPI makes progress.
   if (buffers) MpiEnvironment::keep_until_exit(std::move(buffers));

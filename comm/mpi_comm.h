@@ -144,6 +144,7 @@ class MpiCommunicator final : public Communicator {
   static Owned duplicate(MPI_Comm comm, const CommOptions& options);
 
   void agree(const CollectiveDesc& desc);
+  std::chrono::microseconds poll_spin(const CollectiveDesc& desc, bool moving_data) const;
   void wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
             std::shared_ptr<void> buffers);
   template <typename Fn>

@@ -5,13 +5,19 @@
 
 #include <mpi.h>
 
+#include <chrono>
+
 #include "zest/core/deadline.h"
 
 namespace zest::mpi {
 
 // Polls `request` until it completes (true) or `deadline` passes (false).
-// MPI cannot cancel a collective: on false the operation stays pending and
-// may still use its buffers, which the caller must then keep alive.
-bool poll_until(MPI_Request& request, const Deadline& deadline);
+// For `spin` it calls MPI_Test back to back (each call also makes progress
+// on the operation), then sleeps between calls, 10 us doubling to 1 ms,
+// never past the deadline. MPI cannot cancel a collective: on false the
+// operation stays pending and may still use its buffers, which the caller
+// must then keep alive.
+bool poll_until(MPI_Request& request, const Deadline& deadline,
+                std::chrono::microseconds spin = std::chrono::microseconds(50));
 
 }  // namespace zest::mpi

@@ -16,6 +16,7 @@ class Deadline {
   bool passed() const { return Clock::now() >= end_; }
   // Time left, never negative.
   std::chrono::milliseconds remaining() const;
+  std::chrono::microseconds remaining_us() const;
   std::chrono::milliseconds elapsed() const;
 
  private:

@@ -1,6 +1,6 @@
 // Internal to optim/: arrays of fp32, fp16 and bf16 widened to float and
 // narrowed back on the host, with core/float16.h's bits, in loops that
-// vectorize (host_convert.cpp is built for that, optim/CMakeLists.txt), and
+// vectorize for the widest instruction set the CPU has (host_kernels.h), and
 // for fp16 with F16C's instructions where the CPU has them. The host loops of
 // the optimizer and of the gradient ops work in float blocks of kHostBlock
 // elements through these.

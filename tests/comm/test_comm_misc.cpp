@@ -157,6 +157,10 @@ TEST_CASE("bad arguments get clear errors before any rank waits") {
   zero.timeout = std::chrono::milliseconds(0);
   CHECK_THROWS_WITH_AS(make_inprocess_group(2, Device::host(), zero),
                        doctest::Contains("timeout must be positive"), Error);
+  CommOptions negative_spin;
+  negative_spin.spin = std::chrono::microseconds(-1);
+  CHECK_THROWS_WITH_AS(make_inprocess_group(2, Device::host(), negative_spin),
+                       doctest::Contains("CommOptions::spin must be between 0 and the timeout"), Error);
 }
 
 TEST_CASE("a failing group_end aborts the communicator, and every later call says why") {

@@ -2,16 +2,20 @@
 // updates applied one element at a time, as the CUDA kernel applies them:
 // bit for bit (NaN payloads aside), for every optimizer and dtype pair, over
 // a size that crosses block boundaries and values that test the edges of
-// float (NaN, infinities, signed zeros, subnormals, overflow).
+// float (NaN, infinities, signed zeros, subnormals, overflow), on every
+// instruction set this CPU has (Note [ISA dispatch] in core/cpu_isa.h).
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <type_traits>
 #include <vector>
 
+#include "zest/core/cpu_isa.h"
+#include "zest/optim/host_kernels.h"
 #include "zest/optim/optimizer.h"
 #include "zest/optim/optimizer_impl.h"
 
@@ -128,25 +132,41 @@ void check_all_dtypes(const OptimizerConfig& c) {
   check_outputs<bf16>(c);
 }
 
+// Runs fn() with the host loops of each instruction set the CPU has.
+template <typename Fn>
+void on_every_isa(Fn&& fn) {
+  for (CpuIsa isa : supported_cpu_isas()) {
+    ScopedCpuIsa force(isa);
+    INFO("instruction set ", cpu_isa_name(isa));
+    // Unless ZEST_CPU_ISA caps it, the forced set's loops are the ones run.
+    if (std::getenv("ZEST_CPU_ISA") == nullptr) REQUIRE(detail::host_kernels().isa == isa);
+    fn();
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the host loop gives the bits of one element at a time: AdamW and Adam") {
-  OptimizerConfig c;
-  check_all_dtypes(c);
-  c.kind = OptimizerKind::kAdam;
-  check_all_dtypes(c);
+  on_every_isa([] {
+    OptimizerConfig c;
+    check_all_dtypes(c);
+    c.kind = OptimizerKind::kAdam;
+    check_all_dtypes(c);
+  });
 }
 
 TEST_CASE("the host loop gives the bits of one element at a time: SGD with and without momentum") {
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kSgd;
-  check_all_dtypes(c);
-  c.momentum = 0.9f;
-  c.dampening = 0.1f;
-  check_all_dtypes(c);
-  c.dampening = 0.0f;
-  c.nesterov = true;
-  check_all_dtypes(c);
+  on_every_isa([] {
+    OptimizerConfig c;
+    c.kind = OptimizerKind::kSgd;
+    check_all_dtypes(c);
+    c.momentum = 0.9f;
+    c.dampening = 0.1f;
+    check_all_dtypes(c);
+    c.dampening = 0.0f;
+    c.nesterov = true;
+    check_all_dtypes(c);
+  });
 }
 
 // The fp16 conversions of the host loop (F16C's instructions where the CPU
@@ -156,50 +176,52 @@ TEST_CASE("the host loop gives the bits of one element at a time: SGD with and w
 // floats (infinities aside: 0 * Inf is NaN) as they are, and narrows them
 // into the fp16 copy.
 TEST_CASE("the host loop converts fp16 with core/float16.h's bits, NaN payloads included") {
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kSgd;
-  c.weight_decay = 0.0f;
-  const StepScalars k{1.0f, 0.0f, 1, 1.0f};
-  const Stream& host = Stream::default_for(Device::host());
+  on_every_isa([] {
+    OptimizerConfig c;
+    c.kind = OptimizerKind::kSgd;
+    c.weight_decay = 0.0f;
+    const StepScalars k{1.0f, 0.0f, 1, 1.0f};
+    const Stream& host = Stream::default_for(Device::host());
 
-  std::vector<fp16> grads(65536);
-  for (size_t i = 0; i < grads.size(); ++i) grads[i] = fp16::from_bits(static_cast<uint16_t>(i));
-  std::vector<float> w(grads.size(), 0.0f), expect(grads.size(), 0.0f);
-  std::vector<fp16> out(grads.size());
-  ShardBuffers s;
-  s.master = w.data();
-  s.grad = grads.data();
-  s.grad_dtype = DType::kFloat16;
-  s.param_out = out.data();
-  s.param_dtype = DType::kFloat16;
-  s.numel = grads.size();
-  optimizer_step(host, c, s, k);
-  const detail::SgdStep st = detail::sgd_step(c, k);
-  size_t differing = 0;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    float no_momentum = 0.0f;  // not read or written without momentum
-    detail::sgd_update(st, static_cast<float>(grads[i]), expect[i], &no_momentum);
-    differing += std::memcmp(&w[i], &expect[i], sizeof(float)) != 0 || out[i].bits != fp16(expect[i]).bits;
-  }
-  CHECK(differing == 0);
+    std::vector<fp16> grads(65536);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = fp16::from_bits(static_cast<uint16_t>(i));
+    std::vector<float> w(grads.size(), 0.0f), expect(grads.size(), 0.0f);
+    std::vector<fp16> out(grads.size());
+    ShardBuffers s;
+    s.master = w.data();
+    s.grad = grads.data();
+    s.grad_dtype = DType::kFloat16;
+    s.param_out = out.data();
+    s.param_dtype = DType::kFloat16;
+    s.numel = grads.size();
+    optimizer_step(host, c, s, k);
+    const detail::SgdStep st = detail::sgd_step(c, k);
+    size_t differing = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      float no_momentum = 0.0f;  // not read or written without momentum
+      detail::sgd_update(st, static_cast<float>(grads[i]), expect[i], &no_momentum);
+      differing += std::memcmp(&w[i], &expect[i], sizeof(float)) != 0 || out[i].bits != fp16(expect[i]).bits;
+    }
+    CHECK(differing == 0);
 
-  std::vector<float> sweep;
-  for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) {
-    const auto bits = static_cast<uint32_t>(u);
-    if ((bits & 0x7fffffffu) == 0x7f800000u) continue;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    sweep.push_back(f);
-  }
-  const std::vector<float> zeros(sweep.size(), 0.0f);
-  std::vector<fp16> narrowed(sweep.size());
-  s.master = sweep.data();
-  s.grad = zeros.data();
-  s.grad_dtype = DType::kFloat32;
-  s.param_out = narrowed.data();
-  s.numel = sweep.size();
-  optimizer_step(host, c, s, k);
-  differing = 0;
-  for (size_t i = 0; i < sweep.size(); ++i) differing += narrowed[i].bits != fp16(sweep[i]).bits;
-  CHECK(differing == 0);
+    std::vector<float> sweep;
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) {
+      const auto bits = static_cast<uint32_t>(u);
+      if ((bits & 0x7fffffffu) == 0x7f800000u) continue;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      sweep.push_back(f);
+    }
+    const std::vector<float> zeros(sweep.size(), 0.0f);
+    std::vector<fp16> narrowed(sweep.size());
+    s.master = sweep.data();
+    s.grad = zeros.data();
+    s.grad_dtype = DType::kFloat32;
+    s.param_out = narrowed.data();
+    s.numel = sweep.size();
+    optimizer_step(host, c, s, k);
+    differing = 0;
+    for (size_t i = 0; i < sweep.size(); ++i) differing += narrowed[i].bits != fp16(sweep[i]).bits;
+    CHECK(differing == 0);
+});
 }
