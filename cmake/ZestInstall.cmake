@@ -1,12 +1,20 @@
 # Install rules and the exported package: find_package(zest) then link zest::zest.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS zest EXPORT zestTargets
+set(_zest_install_targets zest)
+if(ZEST_TORCH)
+  list(APPEND _zest_install_targets zest_torch)
+endif()
+install(TARGETS ${_zest_install_targets} EXPORT zestTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Internal headers (used only inside the library; some include <mpi.h>) stay out.
-foreach(layer core memory comm launch optim config engine checkpoint estimate)
+set(_zest_layers core memory comm launch optim config engine checkpoint estimate)
+if(ZEST_TORCH)
+  list(APPEND _zest_layers torch)
+endif()
+foreach(layer ${_zest_layers})
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest/${layer}
     FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
     PATTERN "mpi_poll.h" EXCLUDE

@@ -280,6 +280,13 @@ std::vector<float> Engine::param_master(const std::string& name) {
           unit.begin() + static_cast<ptrdiff_t>(p.offset + p.numel)};
 }
 
+bool Engine::persistent(int unit) const {
+  check_finalized("persistent()");
+  ZEST_CHECK(unit >= 0 && unit < impl_->layout->num_units(),
+             "unit index {} is out of range: {} units are registered", unit, impl_->layout->num_units());
+  return impl_->units[static_cast<size_t>(unit)].resident;
+}
+
 Engine::Progress Engine::progress() const {
   return {impl_->applied, impl_->skipped, impl_->scaler.state()};
 }

@@ -125,6 +125,11 @@ class Engine {
   // One parameter's fp32 master values. Collective.
   std::vector<float> param_master(const std::string& name);
   MemoryReport memory_report() const;
+  // Whether unit u's full parameters stay in memory between gathers, at one
+  // address (stages 0-2, and units of up to
+  // stage3_param_persistence_threshold elements at stage 3); otherwise
+  // gather() brings them into a new buffer each time.
+  bool persistent(int unit) const;
 
   // --- checkpoints (checkpoint.h builds on these) ---
 
@@ -163,6 +168,8 @@ class Engine {
   UnitState& state(int unit);
   detail::UntypedSpan<const void> param_view(int unit, const std::string& name, DType dtype) const;
   detail::UntypedSpan<void> grad_view(int unit, const std::string& name, DType dtype) const;
+  const void* unit_params(int unit) const;
+  void* unit_grads(int unit) const;
   // The checks both views share; `what` ("parameter" or "gradient") names
   // the view in the dtype message.
   const ParamLayout& view_param(int unit, const std::string& name, DType dtype, const char* what) const;

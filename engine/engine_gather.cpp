@@ -122,6 +122,10 @@ detail::UntypedSpan<const void> Engine::param_view(int unit, const std::string& 
           p.numel};
 }
 
+const void* Engine::unit_params(int unit) const {
+  return impl_->units[static_cast<size_t>(unit)].params_full.data();
+}
+
 // --- UnitHandle ---
 
 UnitHandle::~UnitHandle() { release(); }
@@ -145,6 +149,11 @@ void UnitHandle::release() {
 detail::UntypedSpan<const void> UnitHandle::typed_param(const std::string& name, DType dtype) const {
   ZEST_CHECK(engine_ != nullptr, "parameter '{}' read through a released UnitHandle", name);
   return engine_->param_view(unit_, name, dtype);
+}
+
+const void* UnitHandle::data() const {
+  ZEST_CHECK(engine_ != nullptr, "data() of a released UnitHandle");
+  return engine_->unit_params(unit_);
 }
 
 const void* UnitHandle::param_data(const std::string& name) const {

@@ -50,6 +50,14 @@ detail::UntypedSpan<void> Engine::grad_view(int unit, const std::string& name, D
   return {st.grads_full.as<std::byte>() + p.offset * elem_size(compute_dtype_), p.numel};
 }
 
+void* Engine::unit_grads(int unit) const {
+  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  ZEST_CHECK(st.grads == UnitState::Grads::kOpen,
+             "gradients of unit '{}' used after done(): they are being reduced",
+             impl_->layout->unit(unit).name);
+  return st.grads_full.data();
+}
+
 void Engine::grads_done(int unit) {
   UnitState& st = state(unit);
   const UnitLayout& U = impl_->layout->unit(unit);
@@ -122,6 +130,11 @@ detail::UntypedSpan<void> GradHandle::typed_grad(const std::string& name, DType 
 
 void* GradHandle::grad_data(const std::string& name) const {
   return typed_grad(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32).data;
+}
+
+void* GradHandle::data() const {
+  ZEST_CHECK(engine_ != nullptr, "data() of an empty GradHandle");
+  return engine_->unit_grads(unit_);
 }
 
 void GradHandle::done() {

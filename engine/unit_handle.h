@@ -60,6 +60,12 @@ class UnitHandle {
     return {static_cast<const T*>(v.data), v.numel};
   }
 
+  // The unit's whole flat parameter buffer in the compute dtype
+  // (layout().unit(u).padded elements; each parameter at its
+  // ParamLayout::offset), for adapters that view a unit as one block, such
+  // as torch/. At stage 3 it moves between gathers.
+  const void* data() const;
+
   // Gives the unit back now rather than at scope end.
   void release();
 
@@ -92,6 +98,11 @@ class GradHandle {
     const detail::UntypedSpan<void> v = typed_grad(name, dtype_of_v<T>);
     return {static_cast<T*>(v.data), v.numel};
   }
+
+  // The unit's whole flat gradient buffer for this micro-step, laid out as
+  // UnitHandle::data(). At stages 2-3 it is a new buffer every micro-step.
+  // Throws after done().
+  void* data() const;
 
   // The unit's gradients for this micro-step are complete: the engine
   // reduces them (in buckets, on its communication stream) while backward

@@ -9,6 +9,7 @@ packages=(
   cmake ninja-build g++ ccache
   libfmt-dev doctest-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
+  libtorch-dev    # the torch/ layer (zest::torch) and its tests (CPU libtorch 1.13)
   clang python3   # the fuzz targets (libFuzzer); the safetensors interop check
 )
 

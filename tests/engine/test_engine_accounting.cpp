@@ -99,3 +99,35 @@ TEST_CASE("communication per step: 2Ψ(W-1)/W for stages 0-2, 3Ψ(W-1)/W for sta
     }
   }
 }
+
+TEST_CASE("whole-unit views: data() holds every parameter and gradient at its offset") {
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    run_inprocess(2, [&](Communicator& comm) {
+      CachingAllocator alloc(make_host_allocator());
+      Engine engine(base_config(stage), comm, alloc, Stream::default_for(Device::host()));
+      register_model(engine);
+      engine.finalize(init_values);
+      for (int u = 0; u < engine.layout().num_units(); ++u) {
+        CHECK(engine.persistent(u) == (stage < 3));  // base_config: no persistence threshold
+        UnitHandle h = engine.gather(u);
+        GradHandle g = engine.grads(u);
+        const auto* base = static_cast<const float*>(h.data());
+        auto* gbase = static_cast<float*>(g.data());
+        for (const ParamLayout& p : engine.layout().unit(u).params) {
+          CHECK(h.param_data(p.name) == base + p.offset);
+          CHECK(g.grad_data(p.name) == gbase + p.offset);
+          // The values are the initializer's, so the view is the right memory.
+          std::vector<float> want(p.numel);
+          init_values(p, want);
+          CHECK(std::memcmp(base + p.offset, want.data(), p.numel * 4) == 0);
+        }
+        g.done();
+        CHECK_THROWS_WITH_AS((void)g.data(), doctest::Contains("used after done()"), Error);
+        h.release();
+        CHECK_THROWS_WITH_AS((void)h.data(), doctest::Contains("released UnitHandle"), Error);
+      }
+      (void)engine.step();
+    });
+  }
+}

@@ -1,0 +1,456 @@
+// TorchModule: the module's parameters as views of the engine's memory, and
+// autograd hooks that feed the engine's gradient buffers.
+//
+// Note [one storage per unit]: every parameter of a unit is a view into one
+// c10::Storage whose data pointer is the engine's flat buffer of the unit.
+// At stage 3 the buffer moves with every gather; re-pointing the storage
+// (set_data_ptr_noswap) moves every tensor that views it, including views
+// autograd saved in forward (w.t() for a matmul), which is what lets a unit
+// released after its forward be gathered again for its backward, as FSDP
+// does by resizing its flat parameter's storage. The leaf parameters
+// themselves are set to empty tensors while released, so a forward that
+// uses them outside zt.call fails in torch's shape checks instead of reading
+// freed memory. Gradients work the same way over a second storage.
+//
+// Note [gradients in place]: autograd hands a leaf's gradient to its
+// AccumulateGrad node, which adds it in place into param.grad() when that is
+// defined (and grad mode is off, as in a plain backward). A pre-hook on that
+// node opens the unit's gradients (engine.grads(), zeroed at the micro-step's
+// first use) and points param.grad() at the engine's buffer; a post-hook
+// counts the unit's accumulated parameters and, at the last one, calls
+// done(), so the reduction starts while backward goes on. (Tensor hooks run
+// before accumulation and 1.13 has no post-accumulate hook, hence hooks on
+// the node; DDP's reducer hooks the same nodes.) Autograd runs a leaf's
+// AccumulateGrad once per backward, after every node that used the leaf,
+// with all uses summed: so after the last one of a unit, no node of this
+// backward needs the unit's parameters, and stage 3 may release them.
+#include "zest/torch/torch_module.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "zest/checkpoint/weights_io.h"
+#include "zest/core/check.h"
+
+namespace zest {
+namespace {
+
+torch::ScalarType torch_dtype(DType d) {
+  switch (d) {
+    case DType::kFloat32: return torch::kFloat;
+    case DType::kFloat16: return torch::kHalf;
+    case DType::kBFloat16: return torch::kBFloat16;
+    default: ZEST_FAIL("the engine's compute dtype {} has no torch equivalent", dtype_name(d));
+  }
+}
+
+torch::Device torch_device(Device d) {
+  return d.is_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.index()))
+                     : torch::Device(torch::kCPU);
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t s = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= sizes[i];
+  }
+  return strides;
+}
+
+constexpr const char* kRootUnit = "<root>";
+
+}  // namespace
+
+struct TorchModule::Unit {
+  struct Param {
+    std::string name;
+    torch::Tensor tensor;  // the module's parameter
+    torch::Tensor view;    // into `storage`
+    torch::Tensor grad_view;  // into `grad_storage`
+    torch::Tensor empty;   // what the parameter is while the unit is released
+    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: it carries the hooks
+  };
+  std::string name;
+  const torch::nn::Module* module = nullptr;  // the wrapped module for <root>
+  std::vector<Param> params;
+  bool sharded = false;  // stage 3 and not persistent: the memory moves between gathers
+  c10::Storage storage;
+  c10::Storage grad_storage;
+  const void* pointed = nullptr;  // where `storage` points; null: released
+  int forward_depth = 0;
+  std::optional<UnitHandle> fwd;  // inside zt.call
+  std::optional<UnitHandle> bwd;  // from the first gradient to done()
+  std::optional<GradHandle> grads;
+  size_t accumulated = 0;  // parameters accumulated in this micro-step
+  bool done = false;
+};
+
+struct TorchModule::Hooks {
+  // Which parameter a hook is for.
+  struct Target {
+    TorchModule* tm;
+    int unit;
+    size_t param;
+  };
+  struct Pre : torch::autograd::FunctionPreHook {
+    explicit Pre(Target t) : target(t) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+      target.tm->before_accumulate(target.unit, target.param);
+      return grads;
+    }
+    Target target;
+  };
+  struct Post : torch::autograd::FunctionPostHook {
+    explicit Post(Target t) : target(t) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      target.tm->after_accumulate(target.unit, target.param);
+      return outputs;
+    }
+    Target target;
+  };
+};
+
+namespace {
+
+// A unit as found in the module tree, before registration.
+struct FoundUnit {
+  std::string name;
+  const torch::nn::Module* module = nullptr;
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+};
+
+// Assigns every parameter to one unit: see the header comment.
+std::vector<FoundUnit> find_units(torch::nn::Module& root, const TorchModuleOptions& options) {
+  // Each tensor once, under its first name.
+  std::vector<std::pair<std::string, torch::Tensor>> all;
+  std::map<const void*, std::string> first_name;
+  for (const auto& item : root.named_parameters(true)) {
+    const void* impl = item.value().unsafeGetTensorImpl();
+    if (first_name.emplace(impl, item.key()).second) all.emplace_back(item.key(), item.value());
+  }
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> unit_modules;
+  if (options.units.empty()) {
+    for (const auto& child : root.named_children()) unit_modules.emplace_back(child.key(), child.value());
+  } else {
+    std::map<const torch::nn::Module*, std::string> paths;
+    for (const auto& m : root.named_modules("", /*include_self=*/false)) paths.emplace(m.value().get(), m.key());
+    for (const auto& m : options.units) {
+      ZEST_CHECK(m != nullptr, "TorchModuleOptions::units holds a null module");
+      const auto it = paths.find(m.get());
+      ZEST_CHECK(it != paths.end(),
+                 "TorchModuleOptions::units: a module of type {} is not a descendant of the wrapped "
+                 "module; list modules of the model itself",
+                 m->name());
+      unit_modules.emplace_back(it->second, m);
+    }
+  }
+  std::map<const void*, std::string> owner;  // tensor -> unit name
+  std::vector<FoundUnit> units;
+  units.push_back({kRootUnit, &root, {}});
+  for (const auto& [path, m] : unit_modules) {
+    FoundUnit u{path, m.get(), {}};
+    for (const auto& item : m->named_parameters(true)) {
+      const void* impl = item.value().unsafeGetTensorImpl();
+      const auto [it, fresh] = owner.emplace(impl, path);
+      if (!fresh) {
+        if (it->second == path) continue;  // registered twice within the unit
+        ZEST_FAIL(
+            "parameter '{}' is in unit '{}' and in unit '{}' (nested unit modules, or one tensor "
+            "registered in two units' modules, such as tied weights): list a module that holds both "
+            "as the unit instead",
+            first_name.at(impl), it->second, path);
+      }
+      u.params.emplace_back(first_name.at(impl), item.value());
+    }
+    if (!u.params.empty()) units.push_back(std::move(u));
+  }
+  for (const auto& [name, t] : all) {
+    if (!owner.count(t.unsafeGetTensorImpl())) units[0].params.emplace_back(name, t);
+  }
+  if (units[0].params.empty()) units.erase(units.begin());
+  ZEST_CHECK(!units.empty(), "the module has no parameters: there is nothing to train");
+  // Layout order within a unit: the module's own order.
+  std::map<std::string, size_t> order;
+  for (size_t i = 0; i < all.size(); ++i) order[all[i].first] = i;
+  for (FoundUnit& u : units) {
+    std::sort(u.params.begin(), u.params.end(),
+              [&](const auto& a, const auto& b) { return order.at(a.first) < order.at(b.first); });
+  }
+  return units;
+}
+
+void check_param(const std::string& name, const torch::Tensor& t) {
+  ZEST_CHECK(t.defined(), "parameter '{}' is undefined", name);
+  ZEST_CHECK(t.is_floating_point(), "parameter '{}' is {}: only floating-point parameters are trained", name,
+             c10::toString(t.scalar_type()));
+  ZEST_CHECK(t.layout() == torch::kStrided, "parameter '{}' is not a dense tensor", name);
+  ZEST_CHECK(t.requires_grad(),
+             "parameter '{}' does not require grad: frozen parameters are not supported (make it a "
+             "buffer, with allow_buffers, or train it)",
+             name);
+}
+
+}  // namespace
+
+TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> module, TorchModuleOptions options)
+    : engine_(engine), module_(std::move(module)) {
+  ZEST_CHECK(module_ != nullptr, "TorchModule: the module is null");
+  if (!options.allow_buffers) {
+    const auto buffers = module_->named_buffers(true);
+    ZEST_CHECK(buffers.is_empty(),
+               "the module has {} buffer(s), the first '{}': ZEST does not shard, average or checkpoint "
+               "buffers. If they are constants equal on every rank (a causal mask), set "
+               "TorchModuleOptions::allow_buffers",
+               buffers.size(), buffers.is_empty() ? "" : buffers.keys().front());
+  }
+  std::vector<FoundUnit> found = find_units(*module_, options);
+  std::map<std::string, torch::Tensor> by_name;
+  for (const FoundUnit& f : found) {
+    std::vector<ParamSpec> specs;
+    for (const auto& [name, t] : f.params) {
+      check_param(name, t);
+      specs.push_back({name, t.sizes().vec(), options.group ? options.group(name, t) : "default"});
+      by_name.emplace(name, t);
+    }
+    engine_.add_unit(f.name, std::move(specs));
+  }
+  engine_.finalize(
+      [&](const ParamLayout& p, std::span<float> values) {
+        const torch::Tensor v = by_name.at(p.name).detach().to(torch::kCPU, torch::kFloat).contiguous();
+        ZEST_INTERNAL_ASSERT(static_cast<size_t>(v.numel()) == values.size(), "parameter '{}' size", p.name);
+        std::memcpy(values.data(), v.data_ptr<float>(), values.size() * sizeof(float));
+      },
+      options.init_from);
+
+  const DType dtype = engine_.compute_dtype();
+  const torch::TensorOptions opts = torch::TensorOptions().dtype(torch_dtype(dtype)).device(torch_device(engine_.comm().device()));
+  const c10::Device device = opts.device();
+  const ModelLayout& L = engine_.layout();
+  torch::NoGradGuard no_grad;
+  for (int u = 0; u < L.num_units(); ++u) {
+    const UnitLayout& UL = L.unit(u);
+    auto unit = std::make_unique<Unit>();
+    unit->name = UL.name;
+    unit->module = found[static_cast<size_t>(u)].module;
+    unit->sharded = !engine_.persistent(u);
+    const size_t bytes = UL.padded * elem_size(dtype);
+    unit->storage = c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(nullptr, device), nullptr, false);
+    unit->grad_storage = c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(nullptr, device), nullptr, false);
+    for (const ParamLayout& p : UL.params) {
+      Unit::Param q;
+      q.name = p.name;
+      q.tensor = by_name.at(p.name);
+      const std::vector<int64_t> strides = contiguous_strides(p.shape);
+      q.view = torch::empty({0}, opts).set_(unit->storage, static_cast<int64_t>(p.offset), p.shape, strides);
+      q.grad_view = torch::empty({0}, opts).set_(unit->grad_storage, static_cast<int64_t>(p.offset), p.shape, strides);
+      q.empty = torch::empty({0}, opts);
+      unit->params.push_back(std::move(q));
+    }
+    // The parameters take their shapes and the compute dtype now: autograd
+    // records both in each parameter's accumulator, made after this (a new
+    // dtype gives a parameter a new accumulator).
+    if (unit->sharded) {
+      for (Unit::Param& q : unit->params) q.tensor.set_data(q.view);  // over a null storage for now
+    } else {
+      const UnitHandle h = engine_.gather(u);
+      point_params(*unit, h.data());
+    }
+    units_.push_back(std::move(unit));
+  }
+  for (int u = 0; u < L.num_units(); ++u) {
+    Unit& unit = *units_[static_cast<size_t>(u)];
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      Unit::Param& q = unit.params[i];
+      q.tensor.mutable_grad() = torch::Tensor();
+      q.accumulator = torch::autograd::impl::grad_accumulator(q.tensor);
+      ZEST_INTERNAL_ASSERT(q.accumulator != nullptr, "parameter '{}' has no gradient accumulator", q.name);
+      q.accumulator->add_pre_hook(std::make_unique<Hooks::Pre>(Hooks::Target{this, u, i}));
+      q.accumulator->add_post_hook(std::make_unique<Hooks::Post>(Hooks::Target{this, u, i}));
+    }
+    if (unit.sharded) unpoint_params(unit);
+  }
+}
+
+TorchModule::~TorchModule() {
+  // The hooks point here and the views at the engine's memory: the module
+  // keeps owned copies of what is in memory (stage 3's released units stay
+  // empty), and its accumulators lose our hooks.
+  torch::NoGradGuard no_grad;
+  for (const auto& unit : units_) {
+    for (Unit::Param& q : unit->params) {
+      auto& pre = q.accumulator->pre_hooks();
+      pre.erase(std::remove_if(pre.begin(), pre.end(),
+                               [](const auto& h) { return dynamic_cast<Hooks::Pre*>(h.get()) != nullptr; }),
+                pre.end());
+      auto& post = q.accumulator->post_hooks();
+      post.erase(std::remove_if(post.begin(), post.end(),
+                                [](const auto& h) { return dynamic_cast<Hooks::Post*>(h.get()) != nullptr; }),
+                 post.end());
+      q.tensor.mutable_grad() = torch::Tensor();
+      q.tensor.set_data(unit->pointed != nullptr ? q.view.clone() : q.empty);
+    }
+  }
+}
+
+void TorchModule::point_params(Unit& u, const void* data) {
+  if (u.pointed == data) return;
+  u.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(
+      c10::DataPtr(const_cast<void*>(data), u.storage.device()));
+  if (u.pointed == nullptr) {
+    for (Unit::Param& q : u.params) q.tensor.set_data(q.view);
+  }
+  u.pointed = data;
+}
+
+void TorchModule::unpoint_params(Unit& u) {
+  u.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, u.storage.device()));
+  for (Unit::Param& q : u.params) q.tensor.set_data(q.empty);
+  u.pointed = nullptr;
+}
+
+torch::Tensor TorchModule::scale(const torch::Tensor& loss) const {
+  const double s = engine_.loss_scale();
+  return s == 1.0 ? loss : loss * s;
+}
+
+int TorchModule::num_units() const { return static_cast<int>(units_.size()); }
+
+int TorchModule::unit_of(const torch::nn::Module& unit_module) const {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u]->module == &unit_module) return static_cast<int>(u);
+  }
+  ZEST_FAIL("module of type {} is not a unit of this TorchModule (units: one per top-level child with "
+            "parameters, or TorchModuleOptions::units)",
+            unit_module.name());
+}
+
+TorchModule::Unit& TorchModule::unit(int u) {
+  ZEST_CHECK(u >= 0 && u < num_units(), "unit index {} is out of range: the module has {} units", u, num_units());
+  return *units_[static_cast<size_t>(u)];
+}
+
+TorchModule::Gathered::Gathered(TorchModule& tm, int unit) : tm_(tm), unit_(unit) {
+  Unit& u = tm.unit(unit);
+  if (u.forward_depth++ == 0) {
+    u.fwd.emplace(tm.engine_.gather(unit));
+    if (u.sharded) tm.point_params(u, u.fwd->data());
+  }
+}
+
+TorchModule::Gathered::~Gathered() {
+  Unit& u = tm_.unit(unit_);
+  if (--u.forward_depth > 0) return;
+  if (u.sharded && !u.bwd) tm_.unpoint_params(u);
+  u.fwd.reset();
+}
+
+void TorchModule::regather_for_backward(int unit, const torch::Tensor& output) {
+  if (!units_[static_cast<size_t>(unit)]->sharded) return;  // nothing to gather
+  if (!output.defined() || !output.requires_grad()) return;
+  output.register_hook([this, unit](const torch::Tensor&) {
+    backward_reached(unit);
+    return torch::Tensor();  // the gradient unchanged
+  });
+}
+
+void TorchModule::backward_reached(int unit) {
+  Unit& u = *units_[static_cast<size_t>(unit)];
+  if (u.bwd || u.done) return;
+  u.bwd.emplace(engine_.gather(unit));
+  point_params(u, u.bwd->data());
+}
+
+void TorchModule::before_accumulate(int unit, size_t param) {
+  Unit& u = *units_[static_cast<size_t>(unit)];
+  Unit::Param& q = u.params[param];
+  ZEST_CHECK(!u.done,
+             "parameter '{}' received a gradient after unit '{}' finished its gradients in this "
+             "micro-step: call zt.step() after each backward (to accumulate over several batches, set "
+             "gradient_accumulation_steps and call step() after each)",
+             q.name, u.name);
+  if (!u.grads) {
+    if (!u.bwd) {
+      ZEST_CHECK(!u.sharded,
+                 "stage 3: parameter '{}' of unit '{}' received a gradient while the unit was not "
+                 "gathered: call the unit through zt.call() or zt.forward(), and return every tensor "
+                 "computed from its parameters",
+                 q.name, u.name);
+      u.bwd.emplace(engine_.gather(unit));
+    }
+    u.grads.emplace(engine_.grads(unit));
+    u.grad_storage.unsafeGetStorageImpl()->set_data_ptr_noswap(
+        c10::DataPtr(u.grads->data(), u.grad_storage.device()));
+  }
+  // Every time: the user may have reset .grad (zero_grad) since.
+  const torch::Tensor& g = q.tensor.grad();
+  if (!g.defined() || !g.is_same(q.grad_view)) q.tensor.mutable_grad() = q.grad_view;
+}
+
+void TorchModule::after_accumulate(int unit, size_t param) {
+  Unit& u = *units_[static_cast<size_t>(unit)];
+  Unit::Param& q = u.params[param];
+  ZEST_CHECK(q.tensor.grad().is_same(q.grad_view),
+             "the gradient of parameter '{}' was replaced instead of accumulated in place "
+             "(backward with create_graph=true, or a sparse gradient): neither is supported",
+             q.name);
+  if (++u.accumulated == u.params.size()) finish_grads(u);
+}
+
+void TorchModule::finish_grads(Unit& u) {
+  u.grads->done();
+  u.grads.reset();
+  for (Unit::Param& q : u.params) q.tensor.mutable_grad() = torch::Tensor();
+  u.done = true;
+  if (u.sharded && u.forward_depth == 0) unpoint_params(u);
+  u.bwd.reset();
+}
+
+StepResult TorchModule::step() {
+  bool any = false;
+  for (const auto& u : units_) {
+    ZEST_CHECK(u->forward_depth == 0, "zt.step() inside zt.call() of unit '{}'", u->name);
+    any = any || u->accumulated > 0;
+  }
+  ZEST_CHECK(any, "zt.step() without gradients: call backward() on zt.scale(loss) first");
+  // Units that got no gradient in this backward contribute zeros, in index
+  // order (the same on every rank).
+  for (int i = 0; i < num_units(); ++i) {
+    Unit& u = *units_[static_cast<size_t>(i)];
+    if (u.done) continue;
+    if (!u.grads) {
+      if (!u.bwd) u.bwd.emplace(engine_.gather(i));
+      u.grads.emplace(engine_.grads(i));
+    }
+    finish_grads(u);
+  }
+  StepResult r = engine_.step();
+  for (const auto& u : units_) {
+    u->done = false;
+    u->accumulated = 0;
+  }
+  return r;
+}
+
+std::string TorchModule::save(const std::string& root, const CheckpointOptions& options) {
+  return save_checkpoint(engine_, root, options);
+}
+
+std::string TorchModule::load(const std::string& root, const CheckpointOptions& options) {
+  return load_checkpoint(engine_, root, options);
+}
+
+void TorchModule::export_safetensors(const std::string& path, DType dtype) {
+  WeightsExportOptions o;
+  o.dtype = dtype;
+  export_weights(engine_, path, o);
+}
+
+}  // namespace zest

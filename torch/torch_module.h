@@ -1,0 +1,193 @@
+// A torch::nn::Module trained through a ZEST engine: ZeRO stages 0-3 for a
+// libtorch training loop, with a few added lines (target zest::torch,
+// find_package(zest COMPONENTS torch)).
+//
+//   auto model = std::make_shared<Net>();                 // any torch::nn::Module
+//   zest::Engine engine(config, *comm, alloc, zest::Stream::default_for(comm->device()));
+//   zest::TorchModule zt(engine, model);                  // one unit per top-level child
+//   for (;;) {
+//     torch::Tensor loss = torch::mse_loss(model->forward(x), y);   // x, y: this rank's batch
+//     zt.scale(loss).backward();                          // gradients go to the engine
+//     zest::StepResult r = zt.step();                     // r.lr, r.grad_norm, r.applied
+//   }
+//   zt.save("ckpt");  zt.load("ckpt");                    // ZEST checkpoints (any world size)
+//   zt.export_safetensors("model.safetensors");           // the module's own parameter names
+//
+// Stage 3 additionally needs each unit called through the wrapper, so that
+// it is gathered for its forward and again for its backward:
+//
+//   for (auto& block : blocks) x = zt.forward(block, x);  // was: x = block->forward(x)
+//   x = zt.call(*head, [&] { return head->forward(x); });  // any code using one unit
+//
+// What happens:
+// - Units. options.units lists child modules (anywhere in the tree), each a
+//   unit; the parameters no listed module holds form one more unit, "<root>".
+//   Without a list: one unit per top-level child with parameters, and the
+//   root's own parameters as "<root>". Engine names are the module's
+//   named_parameters() names, so checkpoints and safetensors use them.
+// - Construction registers the units (groups from options.group, declared on
+//   the engine beforehand), finalizes the engine with the module's current
+//   values (rank 0's, broadcast, by default: like DDP), and makes every
+//   parameter a view of the engine's memory in the compute dtype (a bf16
+//   engine leaves a bf16 module). Stages 0-2: the gathered parameters, for
+//   good. Stage 3: a unit's parameters are views while it is gathered
+//   (inside zt.call, and in backward from the first gradient that reaches
+//   one of its outputs until its gradients are done) and empty tensors (0
+//   elements) otherwise.
+// - backward: each parameter's gradient is added by autograd straight into
+//   the engine's gradient buffer (param.grad() is a view of it, set just
+//   before autograd accumulates), and when every parameter of a unit has
+//   received its gradient, the unit's reduction starts while backward goes
+//   on. A unit whose parameters got no gradient (unused in this micro-step)
+//   contributes zeros at step(). Outside backward, param.grad() is
+//   undefined: the engine owns the gradients, reduced and sharded.
+// - step() is the engine's micro-step: once after every backward, and with
+//   gradient_accumulation_steps = k the optimizer steps every k-th call. The
+//   engine averages gradients over ranks and micro-steps, so each rank's loss
+//   is the mean over its own micro-batch (torch's reduction 'mean'), and the
+//   update equals torch's on the global batch. zero_grad() is not needed.
+//
+// Supported: any forward made of torch operations on the parameters, with
+// parameters used any number of times within their unit's forward; units
+// called in any order, also more than once; modules whose buffers are
+// constants (options.allow_buffers). Refused with a zest::Error:
+// - a parameter reachable under two units (nested unit modules, or one
+//   tensor registered in two units' modules: put both modules in one unit);
+//   a tensor registered twice within one unit is one parameter, under its
+//   first name;
+// - parameters that are not floating-point, not dense, or that do not
+//   require grad (frozen);
+// - buffers, unless options.allow_buffers (they stay the module's: not
+//   sharded, averaged or checkpointed, so they must be equal on every rank);
+// - at stage 3, a gradient reaching a sharded unit that is not gathered (its
+//   parameters were used outside zt.call); backward with create_graph, or a
+//   sparse gradient (they would replace the engine's gradient view); a second
+//   backward before step().
+// At stage 3, a tensor computed inside zt.call from the unit's parameters
+// must leave it through the return value (a Tensor, a vector of them or a
+// tuple): a tensor kept aside has no re-gather attached to its backward.
+// Every rank must run the same units' backward in the same order (as DDP
+// requires), since reductions are collectives.
+//
+// On CUDA, torch's current stream must be the engine's stream (torch's
+// default is the legacy default stream: Stream::default_for(device)).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "zest/checkpoint/checkpoint.h"
+#include "zest/engine/engine.h"
+
+namespace zest {
+
+struct TorchModuleOptions {
+  // Child modules that are units; empty: one per top-level child.
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  // A parameter's group (declared with engine.add_param_group first), from
+  // its name; unset: "default" for all (torch.optim's single group).
+  std::function<std::string(const std::string& name, const torch::Tensor& param)> group;
+  // Buffers are refused unless set: see the header comment.
+  bool allow_buffers = false;
+  InitFrom init_from = InitFrom::kRank0;
+};
+
+class TorchModule {
+ public:
+  // Registers and finalizes the engine (collective), which must be fresh.
+  TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> module, TorchModuleOptions options = {});
+  template <typename Impl>
+  TorchModule(Engine& engine, const torch::nn::ModuleHolder<Impl>& module, TorchModuleOptions options = {})
+      : TorchModule(engine, module.ptr(), std::move(options)) {}
+  ~TorchModule();
+  TorchModule(const TorchModule&) = delete;
+  TorchModule& operator=(const TorchModule&) = delete;
+
+  // loss x the engine's loss scale (fp16; 1 otherwise, and then `loss`
+  // itself): call backward() on this.
+  torch::Tensor scale(const torch::Tensor& loss) const;
+  // The engine's step(), after each backward: see the header comment.
+  StepResult step();
+
+  // Runs fn with unit `unit` gathered and arranges its re-gather for
+  // backward; returns what fn returns. Needed at stage 3 only, harmless at
+  // stages 0-2.
+  template <typename F>
+  auto call(int unit, F&& fn) -> std::invoke_result_t<F> {
+    Gathered scope(*this, unit);
+    auto out = std::forward<F>(fn)();
+    for_each_tensor(out, [&](const torch::Tensor& t) { regather_for_backward(unit, t); });
+    return out;
+  }
+  template <typename F>
+  auto call(const torch::nn::Module& unit_module, F&& fn) -> std::invoke_result_t<F> {
+    return call(unit_of(unit_module), std::forward<F>(fn));
+  }
+  // call(m, [&] { return m->forward(args...); }) for a unit module held by
+  // a ModuleHolder or shared_ptr.
+  template <typename M, typename... Args>
+  auto forward(M& module, Args&&... args) {
+    return call(*module, [&] { return module->forward(std::forward<Args>(args)...); });
+  }
+
+  // The unit index of a unit module; throws for a module that is not one.
+  int unit_of(const torch::nn::Module& unit_module) const;
+  int num_units() const;
+
+  // Collective: ZEST checkpoints (save_checkpoint / load_checkpoint).
+  std::string save(const std::string& root, const CheckpointOptions& options = {});
+  std::string load(const std::string& root, const CheckpointOptions& options = {});
+  // Collective: the fp32 master weights under the module's parameter names.
+  void export_safetensors(const std::string& path, DType dtype = DType::kFloat32);
+
+  Engine& engine() { return engine_; }
+  torch::nn::Module& module() { return *module_; }
+
+ private:
+  struct Unit;
+  class Gathered {
+   public:
+    Gathered(TorchModule& tm, int unit);
+    ~Gathered();
+    Gathered(const Gathered&) = delete;
+    Gathered& operator=(const Gathered&) = delete;
+
+   private:
+    TorchModule& tm_;
+    int unit_;
+  };
+
+  template <typename R, typename Fn>
+  static void for_each_tensor(const R& r, Fn&& fn) {
+    if constexpr (std::is_convertible_v<const R&, const torch::Tensor&>) {
+      fn(static_cast<const torch::Tensor&>(r));
+    } else if constexpr (requires { std::tuple_size<R>::value; }) {
+      std::apply([&](const auto&... e) { (for_each_tensor(e, fn), ...); }, r);
+    } else if constexpr (requires { r.begin(); r.end(); }) {
+      for (const auto& e : r) for_each_tensor(e, fn);
+    }
+  }
+
+  struct Hooks;
+  Unit& unit(int u);
+  void regather_for_backward(int unit, const torch::Tensor& output);
+  void backward_reached(int unit);
+  void before_accumulate(int unit, size_t param);
+  void after_accumulate(int unit, size_t param);
+  void finish_grads(Unit& u);
+  void point_params(Unit& u, const void* data);
+  void unpoint_params(Unit& u);
+
+  Engine& engine_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::vector<std::unique_ptr<Unit>> units_;
+};
+
+}  // namespace zest
