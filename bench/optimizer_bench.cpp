@@ -16,6 +16,7 @@
 // how many times faster ZEST is (target: at least 3x).
 //
 //   optimizer_bench [--device host|cuda:N] [--numel N] [--iters N] [--dtype bf16|fp16|fp32]
+//                   [--threads N]   (OptimizerConfig::host_threads; targets are for 1)
 //
 // ZEST_CPU_ISA=baseline|avx2|avx512 picks the host loops' instruction set
 // (core/cpu_isa.h); the one used is printed.
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
     zest::Device device = zest::Device::host();
     size_t numel = size_t{1} << 24;
     int iters = 20;
+    int threads = 1;
     zest::DType dtype = zest::DType::kBFloat16;  // of the gradient in and the parameter out
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string flag = argv[i];
@@ -73,7 +75,9 @@ int main(int argc, char** argv) {
       else if (flag == "--numel") numel = std::stoull(argv[i + 1]);
       else if (flag == "--iters") iters = std::stoi(argv[i + 1]);
       else if (flag == "--dtype") dtype = zest::parse_dtype(argv[i + 1]);
-      else ZEST_FAIL("unknown option {} (--device host|cuda:N, --numel N, --iters N, --dtype bf16|fp16|fp32)", flag);
+      else if (flag == "--threads") threads = std::stoi(argv[i + 1]);
+      else ZEST_FAIL("unknown option {} (--device host|cuda:N, --numel N, --iters N, --dtype bf16|fp16|fp32, "
+                     "--threads N)", flag);
     }
     zest::check_device_available(device);
     zest::CachingAllocator alloc(device.is_cuda() ? zest::make_cuda_allocator(device.index())
@@ -91,6 +95,8 @@ int main(int argc, char** argv) {
     zest::Buffer src = buffer(bytes / 2), dst = buffer(bytes / 2);
 
     zest::OptimizerConfig config;  // AdamW
+    config.host_threads = threads;
+    config.validate();
     zest::ShardBuffers shard;
     shard.master = master.as<float>();
     shard.state[0] = m.as<float>();
@@ -114,7 +120,8 @@ int main(int argc, char** argv) {
     fmt::print("optimizer_bench ({} build) on {}{}: AdamW, fp32 master/m/v, {} grad in and param out, {} "
                "parameters, median of {}\n",
                ZEST_BENCH_BUILD_TYPE, device.str(),
-               device.is_host() ? fmt::format(" ({} loops, 1 thread)", zest::cpu_isa_name(zest::host_isa())) : "",
+               device.is_host() ? fmt::format(" ({} loops, {} thread{})", zest::cpu_isa_name(zest::host_isa()), threads,
+                                                     threads == 1 ? "" : "s") : "",
                zest::dtype_name(dtype), numel, iters);
     fmt::print("{:<28} {:>10} {:>14} {:>10}\n", "", "ms", "params/s", "GB/s");
     fmt::print("{:<28} {:>10.3f} {:>14.3e} {:>10.1f}\n", "fused AdamW update", adam,

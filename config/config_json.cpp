@@ -204,6 +204,7 @@ void read_optimizer(Section& s, OptimizerConfig& o) {
   if (!p) return;
   p->read_float("lr", o.lr, 0.0, 1e6);
   p->read_float("weight_decay", o.weight_decay, 0.0, 1e6);
+  p->read_int("host_threads", o.host_threads, 1, 1024);  // ZEST's own: OptimizerConfig::host_threads
   if (o.kind == OptimizerKind::kSgd) {
     p->read_float("momentum", o.momentum, 0.0, 0.999999);
     p->read_float("dampening", o.dampening, 0.0, 1.0);

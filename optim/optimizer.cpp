@@ -19,6 +19,9 @@ std::string_view optimizer_name(OptimizerKind kind) {
 
 void OptimizerConfig::validate() const {
   const std::string_view name = optimizer_name(kind);
+  ZEST_CHECK(host_threads >= 1 && host_threads <= 1024,
+             "{}: host_threads must be 1 to 1024, got {}; 1 (the default) suits a rank per core",
+             name, host_threads);
   ZEST_CHECK(std::isfinite(lr) && lr >= 0, "{}: lr must be a finite number >= 0, got {}", name, lr);
   ZEST_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
              "{}: weight_decay must be a finite number >= 0, got {}", name, weight_decay);

@@ -41,6 +41,14 @@ struct OptimizerConfig {
   float momentum = 0.0f;
   float dampening = 0.0f;
   bool nesterov = false;
+  // Threads that update one rank's shard on the host, each a contiguous
+  // part of it (the bits do not depend on the count: every element's update
+  // is its own). 1, the default, is the rank's own thread: in-process ranks
+  // are threads already and MPI usually places a rank per core, so more
+  // would oversubscribe the cores; raise it when a rank has cores to
+  // itself. Shards under 64K elements per thread use fewer threads. JSON:
+  // "optimizer": {"params": {"host_threads": N}} (a key of ZEST's own).
+  int host_threads = 1;
 
   // Checks the values, naming the bad one and its range.
   void validate() const;

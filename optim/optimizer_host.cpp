@@ -6,11 +6,16 @@
 // block one of the loops of host_kernels.h, compiled for the widest
 // instruction set the CPU has: widen the gradient into a float buffer on the
 // stack, update the block, narrow the new weights into the parameter copy.
+// With OptimizerConfig::host_threads > 1 the shard is split in contiguous
+// parts of whole blocks, one per thread.
 // Vector and scalar float operations round alike (every one is an IEEE
 // operation; no FMA, no reassociation, as optim/CMakeLists.txt sets), so the
 // bits are those of one element at a time, and of the GPU.
 #include <algorithm>
+#include <exception>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
 #include "zest/optim/host_convert.h"
 #include "zest/optim/host_kernels.h"
@@ -65,9 +70,7 @@ void sgd_loop(const HostKernels& kern, const OptimizerConfig& c, const ShardBuff
   });
 }
 
-}  // namespace
-
-void optimizer_step_host(const OptimizerConfig& c, const ShardBuffers& s, const StepScalars& k) {
+void step_part(const OptimizerConfig& c, const ShardBuffers& s, const StepScalars& k) {
   const HostKernels& kern = host_kernels();
   visit_shard_types(c, s, [&](auto grad_type, auto param_type) {
     using TG = typename decltype(grad_type)::type;
@@ -78,6 +81,52 @@ void optimizer_step_host(const OptimizerConfig& c, const ShardBuffers& s, const 
       adam_loop<TG, TP>(kern, c, s, k);
     }
   });
+}
+
+// Elements per thread below which starting a thread costs more than it saves.
+constexpr size_t kMinPerThread = size_t{1} << 16;
+
+// The elements [begin, begin + n) of `s`.
+ShardBuffers part_of(const ShardBuffers& s, size_t begin, size_t n) {
+  ShardBuffers p = s;
+  p.master += begin;
+  for (float*& st : p.state) {
+    if (st != nullptr) st += begin;
+  }
+  p.grad = static_cast<const char*>(s.grad) + begin * elem_size(s.grad_dtype);
+  if (s.param_out != nullptr) p.param_out = static_cast<char*>(s.param_out) + begin * elem_size(s.param_dtype);
+  p.numel = n;
+  return p;
+}
+
+}  // namespace
+
+// Threads take contiguous parts in whole blocks; each element's update reads
+// and writes that element only, so the split changes no bit.
+void optimizer_step_host(const OptimizerConfig& c, const ShardBuffers& s, const StepScalars& k) {
+  const size_t threads =
+      std::min(static_cast<size_t>(std::max(c.host_threads, 1)), std::max<size_t>(1, s.numel / kMinPerThread));
+  if (threads <= 1) return step_part(c, s, k);
+  const size_t per = (s.numel + threads - 1) / threads;
+  const size_t part = (per + kHostBlock - 1) / kHostBlock * kHostBlock;
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> workers;
+  workers.reserve(threads - 1);
+  const auto run = [&](size_t t) {
+    try {
+      const size_t begin = std::min(s.numel, t * part);
+      const size_t n = std::min(part, s.numel - begin);
+      if (n > 0) step_part(c, part_of(s, begin, n), k);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  for (size_t t = 1; t < threads; ++t) workers.emplace_back(run, t);
+  run(0);
+  for (std::thread& w : workers) w.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 }  // namespace zest::detail

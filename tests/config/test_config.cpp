@@ -67,6 +67,9 @@ TEST_CASE("defaults are DeepSpeed's") {
       R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true}}})");
   CHECK(sgd.optimizer.kind == OptimizerKind::kSgd);
   CHECK(sgd.optimizer.nesterov);
+  CHECK(sgd.optimizer.host_threads == 1);
+  CHECK(parse_config_json(R"({"optimizer": {"type": "AdamW", "params": {"host_threads": 4}}})")
+            .optimizer.host_threads == 4);
 }
 
 TEST_CASE("unknown keys and bad values name the key and what is allowed") {

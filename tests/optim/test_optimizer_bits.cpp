@@ -225,3 +225,47 @@ TEST_CASE("the host loop converts fp16 with core/float16.h's bits, NaN payloads 
     CHECK(differing == 0);
 });
 }
+
+// OptimizerConfig::host_threads splits the shard between threads: the same
+// bits as one thread, over parts that end mid-shard and a ragged last part,
+// with 16-bit gradients and parameter copies (whose offsets are in bytes).
+TEST_CASE("the host update has the same bits on any number of threads") {
+  constexpr size_t n = 3 * 65536 + 1000;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<bf16> grad(n);
+  for (bf16& g : grad) g = bf16(normal(rng));
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kSgd}) {
+    std::vector<std::vector<float>> w(2, std::vector<float>(n)), m(2, std::vector<float>(n, 0.1f)),
+        v(2, std::vector<float>(n, 0.2f));
+    for (size_t i = 0; i < n; ++i) w[0][i] = w[1][i] = normal(rng);
+    std::vector<std::vector<fp16>> out(2, std::vector<fp16>(n));
+    for (int run = 0; run < 2; ++run) {
+      OptimizerConfig c;
+      c.kind = kind;
+      c.momentum = kind == OptimizerKind::kSgd ? 0.9f : 0.0f;
+      c.host_threads = run == 0 ? 1 : 3;
+      ShardBuffers s;
+      s.master = w[run].data();
+      s.state[0] = m[run].data();
+      s.state[1] = v[run].data();
+      s.grad = grad.data();
+      s.grad_dtype = DType::kBFloat16;
+      s.param_out = out[run].data();
+      s.param_dtype = DType::kFloat16;
+      s.numel = n;
+      for (int64_t t = 1; t <= 2; ++t) {
+        optimizer_step(Stream::default_for(Device::host()), c, s, StepScalars{0.01f, 0.1f, t, 1.0f});
+      }
+    }
+    INFO(optimizer_name(kind));
+    CHECK(std::memcmp(w[0].data(), w[1].data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(m[0].data(), m[1].data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(v[0].data(), v[1].data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(out[0].data(), out[1].data(), n * sizeof(fp16)) == 0);
+    CHECK(w[0][n - 1] != 0.0f);
+  }
+  OptimizerConfig bad;
+  bad.host_threads = 0;
+  CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("host_threads must be 1 to 1024, got 0"), Error);
+}
