@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "zest/core/check.h"
@@ -14,17 +15,22 @@
 namespace zest {
 
 // Runs `fn` on every rank and agrees on the outcome: if it threw anywhere,
-// every rank throws the error of the lowest failing rank (its first 500
-// bytes travel with the agreement), so no rank goes on to a collective the
-// others never reach, and every rank's log says what went wrong.
+// a failing rank rethrows its own exception and every other rank throws the
+// error of the lowest failing rank (the first 500 bytes of its message, as
+// Error::message() without rank and location, travel with the agreement), so
+// no rank goes on to a collective the others never reach, and every rank's
+// log says what went wrong.
 template <typename Fn>
 inline void on_every_rank(Engine& engine, const char* what, Fn&& fn) {
   constexpr size_t kWords = 64;  // a flag, then the message's bytes
   std::string error;
+  std::exception_ptr own;
   try {
     fn();
-  } catch (const std::exception& e) {
-    error = e.what();
+  } catch (const std::exception&) {
+    own = std::current_exception();
+    error = current_exception_text();
+    if (error.empty()) error = "an error without a message";
   }
   std::array<int64_t, kWords> mine{};
   mine[0] = error.empty() ? 0 : 1;
@@ -32,7 +38,7 @@ inline void on_every_rank(Engine& engine, const char* what, Fn&& fn) {
   const std::vector<int64_t> all = engine.all_gather_scalars(mine);
   for (size_t r = 0; r * kWords < all.size(); ++r) {
     if (all[r * kWords] == 0) continue;
-    if (!error.empty()) throw Error(error, __FILE__, __LINE__);
+    if (own) std::rethrow_exception(own);
     const char* text = reinterpret_cast<const char*>(&all[r * kWords + 1]);
     ZEST_FAIL("{} failed on rank {}: {}", what, r, std::string(text, strnlen(text, (kWords - 1) * 8)));
   }

@@ -40,21 +40,26 @@ std::string_view collective_name(CollectiveKind kind) {
 }
 
 std::string CollectiveDesc::str() const {
+  std::string details;
   switch (kind) {
     case CollectiveKind::kAllReduce:
     case CollectiveKind::kReduceScatter:
-      return fmt::format("{} #{} ({} x {}, {})", collective_name(kind), seq, count,
-                         dtype_text(dtype), reduce_op_name(op));
+      details = fmt::format("{} x {}, {}", count, dtype_text(dtype), reduce_op_name(op));
+      break;
     case CollectiveKind::kAllGather:
-      return fmt::format("{} #{} ({} x {})", collective_name(kind), seq, count, dtype_text(dtype));
+      details = fmt::format("{} x {}", count, dtype_text(dtype));
+      break;
     case CollectiveKind::kBroadcast:
-      return fmt::format("{} #{} ({} x {}, root {})", collective_name(kind), seq, count,
-                         dtype_text(dtype), root);
+      details = fmt::format("{} x {}, root {}", count, dtype_text(dtype), root);
+      break;
     case CollectiveKind::kBarrier:
     case CollectiveKind::kSplit:
-      return fmt::format("{} #{}", collective_name(kind), seq);
+      break;
   }
-  return "unknown collective";
+  if (collective_name(kind) == "unknown") return "unknown collective";
+  if (tag != 0) details += fmt::format("{}tag {}", details.empty() ? "" : ", ", tag);
+  if (details.empty()) return fmt::format("{} #{}", collective_name(kind), seq);
+  return fmt::format("{} #{} ({})", collective_name(kind), seq, details);
 }
 
 std::string rank_list(const std::vector<int>& ranks) {

@@ -40,8 +40,14 @@ struct CollectiveDesc {
   // reduce_scatter the received part, all_gather the sent part.
   uint64_t count = 0;
   uint64_t seq = 0;  // 1 for the communicator's first collective, then 2, 3, ...
+  // What the caller says the call is for (the engine: which unit a stage-3
+  // gather is of), compared across ranks like the rest, so that calls alike
+  // in size but meant for different things are a divergence, not a silent
+  // exchange of the wrong data. 0: none.
+  uint64_t tag = 0;
 
-  // "all_reduce #12 (4099 x fp32, sum)". Never throws for values outside the
+  // "all_reduce #12 (4099 x fp32, sum)", "all_gather #7 (512 x bf16, tag 3)".
+  // Never throws for values outside the
   // enums ("dtype 42"): it describes calls that are broken, too.
   std::string str() const;
 

@@ -39,15 +39,18 @@ void Communicator::mark_aborted(const std::string& reason) {
   if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "unknown failure" : reason;
 }
 
-std::string Communicator::current_exception_message() {
+std::string Communicator::current_exception_message() { return current_exception_text(); }
+
+void Communicator::abort(std::string_view reason) noexcept {
   try {
-    throw;
-  } catch (const Error& e) {
-    return e.message();
-  } catch (const std::exception& e) {
-    return e.what();
+    const std::string message = fmt::format("rank {} failed: {}", rank_,
+                                            reason.empty() ? std::string_view("unknown failure") : reason);
+    mark_aborted(message);
+    close_group_after_abort();
+    do_abort(message);
   } catch (...) {
-    return "an exception that is not a std::exception";
+    // Out of memory formatting the message: the communicator cannot be
+    // aborted any better than by the failure that follows.
   }
 }
 
@@ -72,7 +75,7 @@ void Communicator::close_group_after_abort() noexcept {
 }
 
 CollectiveDesc Communicator::begin(CollectiveKind kind, DType dtype, ReduceOp op, int root,
-                                   size_t count, const Stream& stream) {
+                                   size_t count, const Stream& stream, uint64_t tag) {
   refuse_if_aborted(collective_name(kind));
   ZEST_CHECK(stream.device() == device_,
              "{}: the stream is on {} but the communicator is on {}; pass a stream of {}",
@@ -88,6 +91,7 @@ CollectiveDesc Communicator::begin(CollectiveKind kind, DType dtype, ReduceOp op
   desc.op = op;
   desc.root = root;
   desc.count = count;
+  desc.tag = tag;
   // Numbered, not yet counted: run() commits the number once the arguments
   // passed their checks, so a refused call does not shift this rank's
   // numbering against the others'.
@@ -112,8 +116,8 @@ void Communicator::run(const CollectiveDesc& desc, Fn&& fn) {
 }
 
 void Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                              const Stream& stream) {
-  const CollectiveDesc desc = begin(CollectiveKind::kAllReduce, dtype, op, -1, count, stream);
+                              const Stream& stream, uint64_t tag) {
+  const CollectiveDesc desc = begin(CollectiveKind::kAllReduce, dtype, op, -1, count, stream, tag);
   const size_t bytes = count * elem_size(dtype);
   ZEST_CHECK(count == 0 || (send != nullptr && recv != nullptr),
              "{}: send and recv must not be null", desc.str());
@@ -124,8 +128,9 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count, DType 
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
-                                  ReduceOp op, const Stream& stream) {
-  const CollectiveDesc desc = begin(CollectiveKind::kReduceScatter, dtype, op, -1, recv_count, stream);
+                                  ReduceOp op, const Stream& stream, uint64_t tag) {
+  const CollectiveDesc desc =
+      begin(CollectiveKind::kReduceScatter, dtype, op, -1, recv_count, stream, tag);
   const size_t part = recv_count * elem_size(dtype);
   ZEST_CHECK(recv_count == 0 || (send != nullptr && recv != nullptr),
              "{}: send and recv must not be null", desc.str());
@@ -137,8 +142,9 @@ void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_coun
 }
 
 void Communicator::all_gather(const void* send, void* recv, size_t send_count, DType dtype,
-                              const Stream& stream) {
-  const CollectiveDesc desc = begin(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, -1, send_count, stream);
+                              const Stream& stream, uint64_t tag) {
+  const CollectiveDesc desc =
+      begin(CollectiveKind::kAllGather, dtype, ReduceOp::kSum, -1, send_count, stream, tag);
   const size_t part = send_count * elem_size(dtype);
   ZEST_CHECK(send_count == 0 || (send != nullptr && recv != nullptr),
              "{}: send and recv must not be null", desc.str());
@@ -150,10 +156,11 @@ void Communicator::all_gather(const void* send, void* recv, size_t send_count, D
 }
 
 void Communicator::broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
-                             const Stream& stream) {
+                             const Stream& stream, uint64_t tag) {
   ZEST_CHECK(root >= 0 && root < size_, "broadcast: root {} is not a rank of this communicator "
                                         "(0..{})", root, size_ - 1);
-  const CollectiveDesc desc = begin(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, count, stream);
+  const CollectiveDesc desc =
+      begin(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, count, stream, tag);
   const size_t bytes = count * elem_size(dtype);
   // Only the root reads send; the others may pass nullptr.
   ZEST_CHECK(count == 0 || (recv != nullptr && (rank_ != root || send != nullptr)),

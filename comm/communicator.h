@@ -33,6 +33,7 @@
 #include "zest/comm/comm_counters.h"
 #include "zest/core/check.h"
 #include "zest/core/device.h"
+#include "zest/core/lifetime.h"
 #include "zest/core/stream.h"
 
 namespace zest {
@@ -80,14 +81,17 @@ class Communicator {
   const CommOptions& options() const { return options_; }
   virtual std::string_view backend_name() const = 0;
 
+  // `tag` says what the call is for (CollectiveDesc::tag): ranks whose tags
+  // differ have diverged, and fail like ranks calling different sizes. The
+  // in-process and MPI backends compare every call; NCCL compares none.
   void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
-                  const Stream& stream);
+                  const Stream& stream, uint64_t tag = 0);
   void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op,
-                      const Stream& stream);
+                      const Stream& stream, uint64_t tag = 0);
   void all_gather(const void* send, void* recv, size_t send_count, DType dtype,
-                  const Stream& stream);
+                  const Stream& stream, uint64_t tag = 0);
   void broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
-                 const Stream& stream);
+                 const Stream& stream, uint64_t tag = 0);
   void barrier(const Stream& stream);
 
   // Typed forms: the dtype and counts come from the spans.
@@ -136,9 +140,27 @@ class Communicator {
   // Number of collectives issued so far; the next one gets sequence() + 1.
   uint64_t sequence() const { return seq_; }
 
+  // Ends the communicator's group after a failure on this rank outside the
+  // communicator (an exception in the training loop): the other ranks'
+  // pending and later collectives fail at once, with a CommError (kAborted)
+  // whose message contains "rank R failed: <reason>", instead of waiting out
+  // the timeout for a rank that will not come; this communicator refuses
+  // every later call. run_inprocess calls it for a rank that throws.
+  //   in-process: the group and every group split from it;
+  //   MPI: MPI cannot end a collective on other processes, so this prints
+  //        the reason and ends the job with MPI_Abort (exit code 1);
+  //   NCCL: this rank's communicator only (ncclCommAbort); the others fail
+  //        at their timeout unless the launcher ends them when this process
+  //        exits.
+  void abort(std::string_view reason) noexcept;
+
   // True once a failure (here or on another rank) aborted the communicator.
   bool aborted() const { return !abort_reason_.empty(); }
   const std::string& abort_reason() const { return abort_reason_; }
+
+  // Expires when this communicator is destroyed, for what borrows it (an
+  // Engine) to refuse its use afterwards with an error instead of a crash.
+  std::weak_ptr<const void> lifetime() const { return lifetime_.watch(); }
 
  protected:
   Communicator(int rank, int size, Device device, CommOptions options);
@@ -158,6 +180,9 @@ class Communicator {
   virtual void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                             const Stream& stream) = 0;
   virtual void do_barrier(const CollectiveDesc& desc, const Stream& stream) = 0;
+  // Spreads abort(): `message` is "rank R failed: <reason>". Called once the
+  // communicator is marked aborted.
+  virtual void do_abort(const std::string& /*message*/) {}
   virtual void do_group_start() {}
   virtual void do_group_end() {}
   // `color` < 0: return nullptr after taking part in the exchange.
@@ -171,7 +196,7 @@ class Communicator {
 
  private:
   CollectiveDesc begin(CollectiveKind kind, DType dtype, ReduceOp op, int root, size_t count,
-                       const Stream& stream);
+                       const Stream& stream, uint64_t tag = 0);
   template <typename Fn>
   void run(const CollectiveDesc& desc, Fn&& fn);
   // Throws CommError (kAborted) naming `what` and the abort reason, if aborted.
@@ -188,6 +213,7 @@ class Communicator {
   int group_depth_ = 0;
   CommCounters counters_;
   std::string abort_reason_;
+  Lifetime lifetime_;
 };
 
 }  // namespace zest

@@ -41,14 +41,14 @@ class Group {
   // posts (valid until depart()).
   const std::vector<Post>& arrive(int rank, const Post& post) {
     std::unique_lock<std::mutex> lock(mutex_);
-    throw_if_aborted();
+    throw_if_aborted(rank, post.desc);
     posts_[rank] = post;
     // Compare with the ranks already here: a divergence is reported now,
     // not at the timeout.
     for (int r = 0; r < size_; ++r) {
       if (r != rank && arrived_gen_[r] == generation_ && !(posts_[r].desc == post.desc)) {
-        abort_locked(CommError::Reason::kMismatch, mismatch_message(rank));
-        throw_if_aborted();
+        abort_locked(CommError::Reason::kMismatch, mismatch_message(rank), rank);
+        throw_if_aborted(rank, post.desc);
       }
     }
     wait_for_all(lock, rank, post.desc, /*enter_data=*/true);
@@ -59,7 +59,7 @@ class Group {
   void depart(int rank, const CollectiveDesc& desc) {
     std::unique_lock<std::mutex> lock(mutex_);
     leave_locked(rank);
-    if (!abort_reason_.empty()) drain_and_throw(lock);
+    if (!abort_reason_.empty()) drain_and_throw(lock, rank, desc);
     wait_for_all(lock, rank, desc, /*enter_data=*/false);
   }
 
@@ -69,8 +69,29 @@ class Group {
   void fail(int rank, CommError::Reason reason, std::string message) {
     std::unique_lock<std::mutex> lock(mutex_);
     leave_locked(rank);
-    abort_locked(reason, std::move(message));
+    abort_locked(reason, std::move(message), rank);
     drain(lock);
+  }
+
+  // `rank` failed outside a collective (Communicator::abort): the others'
+  // pending and later calls end at once with `message`, here and in every
+  // group split from this one, whose ranks would wait for it just the same.
+  void abort_from(int rank, std::string message) {
+    std::vector<std::weak_ptr<Group>> descendants;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      abort_locked(CommError::Reason::kAborted, message, rank);
+      descendants = descendants_;
+    }
+    for (const std::weak_ptr<Group>& weak : descendants) {
+      if (std::shared_ptr<Group> child = weak.lock()) child->abort_from(-1, message);
+    }
+  }
+
+  // The rank whose failure aborted the group (-1: none did, or not known).
+  int abort_origin() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return abort_origin_;
   }
 
   // Split: the first rank to ask creates a color's child group and the others
@@ -79,7 +100,11 @@ class Group {
   std::shared_ptr<Group> child_for(int color, int child_size) {
     std::lock_guard<std::mutex> lock(mutex_);
     std::shared_ptr<Group>& slot = children_[color];
-    if (!slot) slot = std::make_shared<Group>(child_size, device_, options_);
+    if (!slot) {
+      slot = std::make_shared<Group>(child_size, device_, options_);
+      std::erase_if(descendants_, [](const std::weak_ptr<Group>& g) { return g.expired(); });
+      descendants_.push_back(slot);
+    }
     return slot;
   }
   void clear_children() {
@@ -121,7 +146,7 @@ class Group {
     while (generation_ == gen && abort_reason_.empty()) {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && generation_ == gen &&
           abort_reason_.empty()) {
-        abort_locked(CommError::Reason::kTimeout, timeout_message(rank, desc, gen));
+        abort_locked(CommError::Reason::kTimeout, timeout_message(rank, desc, gen), rank);
       }
     }
     if (!abort_reason_.empty()) {
@@ -129,7 +154,7 @@ class Group {
       // way this rank does no data work now, but others may be doing theirs
       // on its buffers.
       leave_locked(rank);
-      drain_and_throw(lock);
+      drain_and_throw(lock, rank, desc);
     }
   }
 
@@ -145,22 +170,33 @@ class Group {
   void drain(std::unique_lock<std::mutex>& lock) {
     cv_.wait_for(lock, options_.timeout, [&] { return busy_ == 0; });
   }
-  [[noreturn]] void drain_and_throw(std::unique_lock<std::mutex>& lock) {
+  [[noreturn]] void drain_and_throw(std::unique_lock<std::mutex>& lock, int rank,
+                                    const CollectiveDesc& desc) {
     drain(lock);
-    throw CommError(abort_kind_, abort_reason_, __FILE__, __LINE__);
+    throw_if_aborted(rank, desc);
+    ZEST_INTERNAL_ASSERT(false, "drain_and_throw on a group that is not aborted");
   }
 
-  void abort_locked(CommError::Reason reason, std::string message) {
+  void abort_locked(CommError::Reason reason, std::string message, int origin) {
     if (!abort_reason_.empty()) return;
     abort_kind_ = reason;
     abort_reason_ = std::move(message);
     aborted_.store(true, std::memory_order_release);
+    abort_origin_ = origin;
     cv_.notify_all();
   }
 
-  void throw_if_aborted() const {
+  // Timeouts, mismatches and failures inside a collective already name the
+  // operation; an abort from outside one says which call it ended.
+  void throw_if_aborted(int rank, const CollectiveDesc& desc) const {
     if (abort_reason_.empty()) return;
-    throw CommError(abort_kind_, abort_reason_, __FILE__, __LINE__);
+    if (abort_kind_ != CommError::Reason::kAborted) {
+      throw CommError(abort_kind_, abort_reason_, __FILE__, __LINE__);
+    }
+    throw CommError(abort_kind_,
+                    fmt::format("in-process {} on rank {} ended: {}", desc.str(), rank,
+                                abort_reason_),
+                    __FILE__, __LINE__);
   }
 
   std::string timeout_message(int rank, const CollectiveDesc& desc, uint64_t gen) const {
@@ -213,7 +249,9 @@ class Group {
   int arrived_ = 0;
   CommError::Reason abort_kind_ = CommError::Reason::kAborted;
   std::string abort_reason_;
+  int abort_origin_ = -1;
   std::map<int, std::shared_ptr<Group>> children_;
+  std::vector<std::weak_ptr<Group>> descendants_;  // every group split from this one
 };
 
 class InProcessCommunicator final : public Communicator {
@@ -283,6 +321,10 @@ class InProcessCommunicator final : public Communicator {
     guarded(desc, [&] { child = split_part(desc, color, key); });
     return child;
   }
+  void do_abort(const std::string& message) override { group_->abort_from(rank(), message); }
+
+ public:
+  Group& group() { return *group_; }
 
  private:
   // Runs this rank's part of a collective. An exception out of it that is
@@ -387,14 +429,23 @@ void run_inprocess(int world_size, const std::function<void(Communicator&)>& fn,
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
       ScopedRank scoped(r, world_size);
+      Communicator& comm = *comms[static_cast<size_t>(r)];
       try {
-        fn(*comms[static_cast<size_t>(r)]);
+        fn(comm);
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
+        // The others may be waiting for this rank in a collective, or about
+        // to: they fail now, quoting this error, not at the timeout.
+        comm.abort(current_exception_text());
       }
     });
   }
   for (std::thread& t : threads) t.join();
+  // The failure that started it, not the aborts it caused on the others.
+  const int origin = static_cast<InProcessCommunicator&>(*comms[0]).group().abort_origin();
+  if (origin >= 0 && errors[static_cast<size_t>(origin)]) {
+    std::rethrow_exception(errors[static_cast<size_t>(origin)]);
+  }
   for (const std::exception_ptr& e : errors) {
     if (e) std::rethrow_exception(e);
   }

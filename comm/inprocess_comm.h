@@ -30,8 +30,12 @@ std::vector<std::unique_ptr<Communicator>> make_inprocess_group(int world_size,
                                                                 CommOptions options = {});
 
 // Runs fn on `world_size` threads, one per rank, with the rank set for logs
-// and errors (ScopedRank). Returns when all are done; if any threw, rethrows
-// the exception of the lowest such rank.
+// and errors (ScopedRank). A rank whose fn throws aborts the group
+// (Communicator::abort), so the others' collectives fail at once saying
+// "rank R failed: <its error>". Returns when all are done; if any threw,
+// rethrows the failure that aborted the group (that rank's own exception,
+// or the timeout or mismatch a rank detected), not the errors it caused on
+// the others; failing that, the exception of the lowest rank that threw.
 void run_inprocess(int world_size, const std::function<void(Communicator&)>& fn,
                    Device device = Device::host(), CommOptions options = {});
 

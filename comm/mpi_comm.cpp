@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -19,13 +21,14 @@ namespace {
 
 // A CollectiveDesc as fixed-size words, so that one all-gather shows every
 // rank's call to every rank.
-constexpr int kDescWords = 6;
+constexpr int kDescWords = 7;
 using DescWords = std::array<uint64_t, kDescWords>;
 
 DescWords encode(const CollectiveDesc& d) {
   return {static_cast<uint64_t>(d.kind),  static_cast<uint64_t>(d.dtype),
           static_cast<uint64_t>(d.op),    static_cast<uint64_t>(static_cast<int64_t>(d.root)),
-          d.count,                        d.seq};
+          d.count,                        d.seq,
+          d.tag};
 }
 
 CollectiveDesc decode(const uint64_t* w) {
@@ -36,6 +39,7 @@ CollectiveDesc decode(const uint64_t* w) {
   d.root = static_cast<int32_t>(static_cast<int64_t>(w[3]));
   d.count = w[4];
   d.seq = w[5];
+  d.tag = w[6];
   return d;
 }
 
@@ -181,6 +185,15 @@ MpiCommunicator::~MpiCommunicator() {
   // pending on it; freeing the communicator under it would be erroneous. The
   // process is meant to end with MPI_Abort (see MpiEnvironment).
   if (aborted()) owned_.keep = true;
+}
+
+void MpiCommunicator::do_abort(const std::string& message) {
+  std::fprintf(stderr, "[rank %d of %d] %s; ending the MPI job with MPI_Abort\n", rank(), size(),
+               message.c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(owned_.comm, 1);
+  std::_Exit(1);  // MPI_Abort does not return; should it, the job must end anyway
 }
 
 [[noreturn]] void MpiCommunicator::fail(CommError::Reason reason, const std::string& message) {

@@ -31,6 +31,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "zest/comm/communicator.h"
 
@@ -55,6 +56,18 @@ namespace zest {
 // The record of such aborts is the process's, not an environment's: it is
 // kept whoever started MPI, so a program that called MPI_Init itself learns
 // of them from abort_reason() and should end with MPI_Abort then.
+//
+// A rank that fails must end the job, not return from main: the others would
+// wait out their collectives' timeout for it (10 minutes by default) while
+// its MPI_Finalize waited for them. So an exception that nobody catches ends
+// the job through MPI_Abort (the environment installs a std::terminate
+// handler that prints it first), an environment destroyed by an exception
+// passing through its scope does the same, and main's own catch block should
+// call abort_job():
+//
+//   } catch (const std::exception& e) {
+//     zest::MpiEnvironment::abort_job(fmt::format("trainer: {}", e.what()));
+//   }
 class MpiEnvironment {
  public:
   MpiEnvironment() : MpiEnvironment(nullptr, nullptr) {}
@@ -82,6 +95,12 @@ class MpiEnvironment {
   static void record_abort(const std::string& reason);
   static void keep_until_exit(std::shared_ptr<void> buffers);
 
+  // Ends the job after a failure on this process: prints `message` to
+  // stderr, then ends every rank through MPI_Abort on MPI_COMM_WORLD (exit
+  // code 1) while MPI is running, or this process with exit code 1 when it
+  // is not (or the build has no MPI).
+  [[noreturn]] static void abort_job(std::string_view message);
+
  private:
   friend class MpiCommunicator;
   // Throws unless MPI is initialized, not finalized, and at a thread level
@@ -89,6 +108,7 @@ class MpiEnvironment {
   static void check_usable();
 
   bool initialized_here_ = false;
+  int uncaught_at_start_ = 0;  // std::uncaught_exceptions() when constructed
   int rank_ = 0;
   int size_ = 1;
 };
@@ -125,6 +145,9 @@ class MpiCommunicator final : public Communicator {
                     const Stream& stream) override;
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override;
   std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override;
+  // MPI cannot end a collective on the other processes short of ending
+  // them: prints the reason and calls MPI_Abort on this communicator.
+  void do_abort(const std::string& message) override;
 
  private:
   // The MPI objects a communicator owns, freed with it; held apart from the

@@ -2,6 +2,9 @@
 // choose their backend at run time link everywhere, and say how to get it.
 #include "zest/comm/mpi_comm.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace zest {
 namespace {
 
@@ -23,6 +26,13 @@ std::string MpiEnvironment::abort_reason() { return {}; }
 void MpiEnvironment::record_abort(const std::string& /*reason*/) {}
 
 void MpiEnvironment::keep_until_exit(std::shared_ptr<void> /*buffers*/) {}
+
+void MpiEnvironment::abort_job(std::string_view message) {
+  std::fprintf(stderr, "%.*s\n", static_cast<int>(message.size()), message.data());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::exit(1);
+}
 
 std::unique_ptr<Communicator> make_mpi_world(CommOptions /*options*/) {
   no_mpi("zest::make_mpi_world");

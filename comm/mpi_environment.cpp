@@ -3,10 +3,13 @@
 #include "zest/comm/mpi_comm.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <vector>
 
 #include "zest/core/logging.h"
+#include "zest/core/rank_context.h"
 #include "zest/core/mpi_check.h"
 
 namespace zest {
@@ -50,9 +53,44 @@ void check_thread_level() {
              thread_level_name(level));
 }
 
+bool mpi_running() {
+  int initialized = 0;
+  int finalized = 0;
+  return MPI_Initialized(&initialized) == MPI_SUCCESS && initialized &&
+         MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized;
+}
+
+// An exception nobody caught: the job ends now, saying why, instead of this
+// rank dying while the others wait for it in a collective.
+[[noreturn]] void terminate_job() {
+  std::string what = "std::terminate was called without an exception";
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (...) {
+      what = "uncaught exception: " + current_exception_text();
+    }
+  }
+  const RankContext ctx = this_rank();
+  MpiEnvironment::abort_job(ctx.rank >= 0 ? fmt::format("[rank {}] {}", ctx.rank, what) : what);
+}
+
 }  // namespace
 
-MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
+void MpiEnvironment::abort_job(std::string_view message) {
+  std::fprintf(stderr, "%.*s\n", static_cast<int>(message.size()), message.data());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (mpi_running()) {
+    std::fprintf(stderr, "ending the MPI job with MPI_Abort\n");
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  std::_Exit(1);
+}
+
+MpiEnvironment::MpiEnvironment(int* argc, char*** argv)
+    : uncaught_at_start_(std::uncaught_exceptions()) {
   int initialized = 0;
   int finalized = 0;
   ZEST_MPI_CHECK(MPI_Initialized(&initialized));
@@ -74,9 +112,18 @@ MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
   }
   ZEST_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   ZEST_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  std::set_terminate(terminate_job);
 }
 
 MpiEnvironment::~MpiEnvironment() {
+  if (std::uncaught_exceptions() > uncaught_at_start_ && mpi_running()) {
+    // Unwinding: this rank failed, and its exception (not to be had here)
+    // is on its way out of main; MPI_Finalize would wait for the others,
+    // who wait for this rank.
+    abort_job(fmt::format("[rank {}] an exception is passing through the zest::MpiEnvironment "
+                          "of this rank: ending the job, which cannot finish without it",
+                          rank_));
+  }
   const std::string reason = abort_reason();
   if (!initialized_here_) {
     if (!reason.empty()) {

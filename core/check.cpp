@@ -21,6 +21,18 @@ Error::Error(std::string message, const char* file, int line)
       file_(file),
       line_(line) {}
 
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
 namespace detail {
 
 void throw_error(const char* file, int line, std::string message) {

@@ -41,6 +41,12 @@ class Error : public std::runtime_error {
   int line_;
 };
 
+// The message of the exception being handled, for errors that quote it:
+// Error::message() for ZEST's own (without the rank and location its what()
+// adds, which the quoting error adds again), what() for other exceptions.
+// Call it in a catch block.
+std::string current_exception_text();
+
 namespace detail {
 
 [[noreturn]] void throw_error(const char* file, int line, std::string message);

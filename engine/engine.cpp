@@ -43,7 +43,9 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
       allocator_(allocator),
       stream_(stream),
       compute_dtype_(config_.compute_dtype()),
-      impl_(std::make_unique<Impl>(config_.fp16.scaler())) {
+      impl_(std::make_unique<Impl>(config_.fp16.scaler())),
+      comm_alive_(comm.lifetime()),
+      allocator_alive_(allocator.lifetime()) {
   ZEST_CHECK(allocator.device() == comm.device() && stream.device() == comm.device(),
              "engine: the communicator is on {}, the allocator on {} and the stream on {}; they "
              "must be on one device",
@@ -58,13 +60,25 @@ Engine::~Engine() {
     try {
       impl_->comm().synchronize();
       stream_.synchronize();
-    } catch (const std::exception& e) {
-      ZEST_LOG_WARN("engine teardown: {}", e.what());
+    } catch (const std::exception&) {
+      ZEST_LOG_WARN("engine teardown: {}", current_exception_text());
     }
   }
 }
 
+void Engine::check_borrowed(const char* what) const {
+  ZEST_CHECK(!comm_alive_.expired(),
+             "{}: the Communicator this Engine was created with has been destroyed; keep the "
+             "communicator alive until the engine is destroyed (declare it first)",
+             what);
+  ZEST_CHECK(!allocator_alive_.expired(),
+             "{}: the CachingAllocator this Engine was created with has been destroyed; keep the "
+             "allocator alive until the engine is destroyed (declare it first)",
+             what);
+}
+
 void Engine::check_finalized(const char* what) const {
+  check_borrowed(what);
   ZEST_CHECK(impl_->layout != nullptr, "{}: call finalize() first", what);
 }
 
@@ -116,22 +130,59 @@ std::vector<int64_t> all_gather_int64(Communicator& control, CachingAllocator& a
   return out;
 }
 
-// Every rank must lay out the same model: compare digests, and on a
-// difference the full descriptions, so the error names what differs.
-void check_same_model(Communicator& control, const ModelLayout& layout, CachingAllocator& alloc,
+// What every rank must agree on beyond the model: what changes the
+// arithmetic of a step. A rank with another learning rate or clipping would
+// otherwise train a model of its own, silently (the shards simply diverge).
+// Values print in their shortest exact form, so any difference shows.
+std::string describe_hyperparameters(const EngineConfig& c) {
+  const OptimizerConfig& o = c.optimizer;
+  const LrScheduleConfig& s = c.scheduler;
+  const Fp16Config& f = c.fp16;
+  std::string out;
+  out += fmt::format("config stage {} compute {} gradient_accumulation_steps {} gradient_clipping {}\n",
+                     c.zero.stage, dtype_name(c.compute_dtype()), c.gradient_accumulation_steps,
+                     c.gradient_clipping);
+  out += fmt::format("config optimizer {} lr {} weight_decay {} betas [{}, {}] eps {} "
+                     "bias_correction {} momentum {} dampening {} nesterov {}\n",
+                     optimizer_name(o.kind), o.lr, o.weight_decay, o.beta1, o.beta2, o.eps,
+                     o.bias_correction, o.momentum, o.dampening, o.nesterov);
+  out += fmt::format("config scheduler {} warmup_min_lr {} warmup_max_lr {} warmup_num_steps {} "
+                     "warmup_type {} total_num_steps {} warmup_min_ratio {} cos_min_ratio {}\n",
+                     static_cast<int>(s.kind), s.warmup_min_lr, s.warmup_max_lr, s.warmup_num_steps,
+                     static_cast<int>(s.warmup_type), s.total_num_steps, s.warmup_min_ratio,
+                     s.cos_min_ratio);
+  out += fmt::format("config fp16 {} loss_scale {} initial_scale_power {} loss_scale_window {} "
+                     "hysteresis {} consecutive_hysteresis {} min_loss_scale {}\n",
+                     f.enabled, f.loss_scale, f.initial_scale_power, f.loss_scale_window,
+                     f.hysteresis, f.consecutive_hysteresis, f.min_loss_scale);
+  return out;
+}
+
+uint64_t fnv1a(std::string_view text) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Every rank must lay out the same model with the same hyper-parameters:
+// compare digests, and on a difference the full descriptions, so the error
+// names what differs.
+void check_same_model(Communicator& control, const std::string& text, CachingAllocator& alloc,
                       const Stream& stream) {
   const int world = control.size();
   if (world == 1) return;
   const size_t w = static_cast<size_t>(world);
   // The digests' bits, moved as int64.
-  const int64_t mine = static_cast<int64_t>(layout.digest());
+  const int64_t mine = static_cast<int64_t>(fnv1a(text));
   const std::vector<int64_t> all = all_gather_int64(control, alloc, stream, std::span(&mine, 1));
   bool same = true;
   for (int64_t d : all) same = same && d == all[0];
   if (same) return;
 
   // Pad every description to the longest (lengths agreed by a max-reduce).
-  const std::string text = layout.describe();
   Buffer len = alloc.allocate_buffer(16, stream, MemoryCategory::kCommBuffers);
   const int64_t my_len = static_cast<int64_t>(text.size());
   copy_bytes(stream, len.data(), &my_len, 8);
@@ -152,8 +203,10 @@ void check_same_model(Communicator& control, const ModelLayout& layout, CachingA
   for (size_t r = 1; r < w; ++r) {
     if (all[r] == all[0]) continue;
     ZEST_FAIL(
-        "ranks registered different models: rank 0 and rank {} differ at {} (rank 0's first). "
-        "Every rank must add the same groups, units and parameters in the same order",
+        "ranks registered different models or configurations: rank 0 and rank {} differ at {} "
+        "(rank 0's first). Every rank must add the same groups, units and parameters in the "
+        "same order, with the same configuration (optimizer, learning rate schedule, clipping, "
+        "loss scaling)",
         r, first_difference(text_of(0), text_of(r)));
   }
 }
@@ -161,6 +214,7 @@ void check_same_model(Communicator& control, const ModelLayout& layout, CachingA
 }  // namespace
 
 void Engine::finalize(const Initializer& init, InitFrom from) {
+  check_borrowed("finalize()");
   ZEST_CHECK(impl_->layout == nullptr, "finalize() called twice");
   ZEST_CHECK(static_cast<bool>(init), "finalize(): the initializer is empty");
   Impl& im = *impl_;
@@ -171,7 +225,8 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   im.control = comm_.split(0, comm_.rank());
   im.comm_stream.emplace(comm_.device());
   im.handoff.emplace(comm_.device());
-  check_same_model(*im.control, *layout, allocator_, stream_);
+  check_same_model(*im.control, layout->describe() + describe_hyperparameters(config_), allocator_,
+                   stream_);
   im.layout = std::move(layout);
   const ModelLayout& L = *im.layout;
 
@@ -359,6 +414,7 @@ void Engine::restore(const Progress& progress) {
 }
 
 MemoryReport Engine::memory_report() const {
+  check_borrowed("memory_report()");
   const AllocatorStats s = allocator_.stats();
   MemoryReport r;
   for (MemoryCategory c : kAllMemoryCategories) {

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "zest/comm/communicator.h"
+#include "zest/core/lifetime.h"
 #include "zest/core/stream.h"
 #include "zest/config/config.h"
 #include "zest/engine/layout.h"
@@ -81,6 +82,13 @@ class Engine {
   // splits off a communicator of its own for scalars, so comm's counters
   // count only parameters and gradients). `stream` is the stream of the
   // user's compute; it and the allocator must be on comm's device.
+  //
+  // The engine borrows `comm` and `allocator`, as a std::span borrows its
+  // elements: declare them before the engine so that they outlive it. Using
+  // the engine after either was destroyed throws an Error saying which;
+  // destroying it then is safe (its memory stays in the segments the
+  // allocator leaked, with a warning, at its destruction). UnitHandle and
+  // GradHandle borrow the engine the same way.
   Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, Stream stream);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -165,6 +173,8 @@ class Engine {
   struct Impl;
 
   void check_finalized(const char* what) const;
+  // Throws unless the communicator and allocator still exist.
+  void check_borrowed(const char* what) const;
   UnitState& state(int unit);
   detail::UntypedSpan<const void> param_view(int unit, const std::string& name, DType dtype) const;
   detail::UntypedSpan<void> grad_view(int unit, const std::string& name, DType dtype) const;
@@ -200,6 +210,9 @@ class Engine {
   Stream stream_;
   DType compute_dtype_;
   std::unique_ptr<Impl> impl_;
+  std::weak_ptr<const void> comm_alive_;
+  std::weak_ptr<const void> allocator_alive_;
+  Lifetime lifetime_;  // watched by the handles
 };
 
 }  // namespace zest

@@ -12,6 +12,39 @@
 #include "zest/engine/engine_state.h"
 
 namespace zest {
+namespace {
+
+// A stage-3 gather's collective tag (CollectiveDesc::tag): its unit, so that
+// ranks gathering different units of one size fail as diverged instead of
+// exchanging the wrong unit's shards.
+uint64_t gather_tag(int unit) { return static_cast<uint64_t>(unit) + 1; }
+
+// The units behind the tags a divergence message quotes ("..., tag 3)").
+std::string tag_legend(std::string_view message, const ModelLayout& layout) {
+  std::string legend;
+  std::vector<int> seen;
+  for (size_t at = message.find("tag "); at != std::string_view::npos;
+       at = message.find("tag ", at + 4)) {
+    int unit = 0;
+    size_t i = at + 4;
+    bool digits = false;
+    while (i < message.size() && message[i] >= '0' && message[i] <= '9' && unit < (1 << 24)) {
+      unit = unit * 10 + (message[i++] - '0');
+      digits = true;
+    }
+    --unit;
+    if (!digits || unit < 0 || unit >= layout.num_units() ||
+        std::find(seen.begin(), seen.end(), unit) != seen.end()) {
+      continue;
+    }
+    seen.push_back(unit);
+    legend += fmt::format("{}tag {} is unit '{}'", legend.empty() ? "" : ", ", unit + 1,
+                          layout.unit(unit).name);
+  }
+  return legend;
+}
+
+}  // namespace
 
 // Queues the all-gather of a non-resident unit into a new full buffer.
 void Engine::materialize(int unit) {
@@ -25,7 +58,17 @@ void Engine::materialize(int unit) {
   allocator_.record_stream(st.params_full.data(), im.comm());
   im.handoff->record(stream_);
   im.comm().wait(*im.handoff);
-  comm_.all_gather(st.params_shard.data(), st.params_full.data(), U.shard, compute_dtype_, im.comm());
+  try {
+    comm_.all_gather(st.params_shard.data(), st.params_full.data(), U.shard, compute_dtype_,
+                     im.comm(), gather_tag(unit));
+  } catch (const CommError& e) {
+    if (e.reason() != CommError::Reason::kMismatch) throw;
+    throw CommError(e.reason(),
+                    fmt::format("stage 3: the ranks gathered different units ({}): {} Every rank "
+                                "must gather the same units in the same order",
+                                tag_legend(e.message(), *im.layout), e.message()),
+                    e.file(), e.line());
+  }
   st.ready->record(im.comm());
   im.live_numel += U.padded;
 }
@@ -94,7 +137,7 @@ UnitHandle Engine::gather(int unit) {
     stream_.wait(*st.ready);
   }
   ++st.gathered;
-  return UnitHandle(this, unit);
+  return UnitHandle(this, lifetime_.watch(), unit);
 }
 
 void Engine::release(int unit) {
@@ -131,24 +174,38 @@ const void* Engine::unit_params(int unit) const {
 UnitHandle::~UnitHandle() { release(); }
 
 UnitHandle::UnitHandle(UnitHandle&& other) noexcept
-    : engine_(std::exchange(other.engine_, nullptr)), unit_(other.unit_) {}
+    : engine_(std::exchange(other.engine_, nullptr)),
+      alive_(std::move(other.alive_)),
+      unit_(other.unit_) {}
 
 UnitHandle& UnitHandle::operator=(UnitHandle&& other) noexcept {
   if (this != &other) {
     release();
     engine_ = std::exchange(other.engine_, nullptr);
+    alive_ = std::move(other.alive_);
     unit_ = other.unit_;
   }
   return *this;
 }
 
 void UnitHandle::release() {
-  if (engine_ != nullptr) std::exchange(engine_, nullptr)->release(unit_);
+  Engine* engine = std::exchange(engine_, nullptr);
+  // An engine already destroyed has nothing left to give back to.
+  if (engine != nullptr && !alive_.expired()) engine->release(unit_);
+  alive_.reset();
+}
+
+Engine& UnitHandle::engine(const char* what) const {
+  ZEST_CHECK(engine_ != nullptr, "{} through an empty or released UnitHandle", what);
+  ZEST_CHECK(!alive_.expired(),
+             "{} through the UnitHandle of unit {}, whose Engine has been destroyed; a handle "
+             "must not outlive its engine",
+             what, unit_);
+  return *engine_;
 }
 
 detail::UntypedSpan<const void> UnitHandle::typed_param(const std::string& name, DType dtype) const {
-  ZEST_CHECK(engine_ != nullptr, "parameter '{}' read through a released UnitHandle", name);
-  return engine_->param_view(unit_, name, dtype);
+  return engine(fmt::format("parameter '{}' read", name).c_str()).param_view(unit_, name, dtype);
 }
 
 const void* UnitHandle::data() const {
@@ -157,7 +214,7 @@ const void* UnitHandle::data() const {
 }
 
 const void* UnitHandle::param_data(const std::string& name) const {
-  return typed_param(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32).data;
+  return typed_param(name, engine("param_data()").compute_dtype()).data;
 }
 
 }  // namespace zest

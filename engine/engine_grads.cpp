@@ -38,7 +38,7 @@ GradHandle Engine::grads(int unit) {
     fill_zero(stream_, st.grads_full.data(), bytes);
     st.grads = UnitState::Grads::kOpen;
   }
-  return GradHandle(this, unit);
+  return GradHandle(this, lifetime_.watch(), unit);
 }
 
 detail::UntypedSpan<void> Engine::grad_view(int unit, const std::string& name, DType dtype) const {
@@ -115,31 +115,36 @@ void Engine::flush_reductions() {
 // --- GradHandle ---
 
 GradHandle::GradHandle(GradHandle&& other) noexcept
-    : engine_(std::exchange(other.engine_, nullptr)), unit_(other.unit_) {}
+    : engine_(std::exchange(other.engine_, nullptr)),
+      alive_(std::move(other.alive_)),
+      unit_(other.unit_) {}
 
 GradHandle& GradHandle::operator=(GradHandle&& other) noexcept {
   engine_ = std::exchange(other.engine_, nullptr);
+  alive_ = std::move(other.alive_);
   unit_ = other.unit_;
   return *this;
 }
 
+Engine& GradHandle::engine(const char* what) const {
+  ZEST_CHECK(engine_ != nullptr, "{} on an empty GradHandle", what);
+  ZEST_CHECK(!alive_.expired(),
+             "{} on the GradHandle of unit {}, whose Engine has been destroyed; a handle must "
+             "not outlive its engine",
+             what, unit_);
+  return *engine_;
+}
+
 detail::UntypedSpan<void> GradHandle::typed_grad(const std::string& name, DType dtype) const {
-  ZEST_CHECK(engine_ != nullptr, "gradient '{}' through an empty GradHandle", name);
-  return engine_->grad_view(unit_, name, dtype);
+  return engine(fmt::format("gradient '{}'", name).c_str()).grad_view(unit_, name, dtype);
 }
 
 void* GradHandle::grad_data(const std::string& name) const {
-  return typed_grad(name, engine_ != nullptr ? engine_->compute_dtype() : DType::kFloat32).data;
+  return typed_grad(name, engine("grad_data()").compute_dtype()).data;
 }
 
-void* GradHandle::data() const {
-  ZEST_CHECK(engine_ != nullptr, "data() of an empty GradHandle");
-  return engine_->unit_grads(unit_);
-}
+void* GradHandle::data() const { return engine("data()").unit_grads(unit_); }
 
-void GradHandle::done() {
-  ZEST_CHECK(engine_ != nullptr, "done() on an empty GradHandle");
-  engine_->grads_done(unit_);
-}
+void GradHandle::done() { engine("done()").grads_done(unit_); }
 
 }  // namespace zest

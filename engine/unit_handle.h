@@ -18,9 +18,13 @@
 // backend) and are valid while the handle lives. The element type must be
 // the compute dtype (float, fp16 or bf16); raw pointers are there for the
 // user's own kernels and cuBLAS calls.
+//
+// A handle borrows its engine: using one after the engine was destroyed
+// throws an Error, and destroying it then does nothing.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -71,10 +75,14 @@ class UnitHandle {
 
  private:
   friend class Engine;
-  UnitHandle(Engine* engine, int unit) : engine_(engine), unit_(unit) {}
+  UnitHandle(Engine* engine, std::weak_ptr<const void> alive, int unit)
+      : engine_(engine), alive_(std::move(alive)), unit_(unit) {}
   detail::UntypedSpan<const void> typed_param(const std::string& name, DType dtype) const;
+  // The engine, checked to exist; throws naming `what` otherwise.
+  Engine& engine(const char* what) const;
 
   Engine* engine_ = nullptr;
+  std::weak_ptr<const void> alive_;
   int unit_ = -1;
 };
 
@@ -111,10 +119,13 @@ class GradHandle {
 
  private:
   friend class Engine;
-  GradHandle(Engine* engine, int unit) : engine_(engine), unit_(unit) {}
+  GradHandle(Engine* engine, std::weak_ptr<const void> alive, int unit)
+      : engine_(engine), alive_(std::move(alive)), unit_(unit) {}
   detail::UntypedSpan<void> typed_grad(const std::string& name, DType dtype) const;
+  Engine& engine(const char* what) const;
 
   Engine* engine_ = nullptr;
+  std::weak_ptr<const void> alive_;
   int unit_ = -1;
 };
 

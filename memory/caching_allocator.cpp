@@ -56,7 +56,8 @@ CachingAllocator::~CachingAllocator() {
     // Freeing them would turn the caller's bug into a use-after-free; keep the
     // segments and say so.
     ZEST_LOG_WARN("caching allocator on {} destroyed with {} allocation(s) ({}) still live; their "
-                  "segments are leaked",
+                  "segments are leaked. Destroy what holds them (Buffers, an Engine) before "
+                  "their allocator",
                   device_.str(), allocated_.size(),
                   format_bytes(at(stats_.allocated_bytes, StatPool::kAggregate).current));
   }
@@ -479,6 +480,7 @@ Buffer CachingAllocator::allocate_buffer(size_t size_bytes, const Stream& stream
 
 Buffer::Buffer(Buffer&& other) noexcept
     : allocator_(std::exchange(other.allocator_, nullptr)),
+      allocator_alive_(std::move(other.allocator_alive_)),
       ptr_(std::exchange(other.ptr_, nullptr)),
       size_bytes_(std::exchange(other.size_bytes_, 0)) {}
 
@@ -486,6 +488,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     reset();
     allocator_ = std::exchange(other.allocator_, nullptr);
+    allocator_alive_ = std::move(other.allocator_alive_);
     ptr_ = std::exchange(other.ptr_, nullptr);
     size_bytes_ = std::exchange(other.size_bytes_, 0);
   }
@@ -493,7 +496,9 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 }
 
 void Buffer::reset() noexcept {
-  if (ptr_ != nullptr && allocator_ != nullptr) {
+  // An allocator destroyed first kept this memory in its leaked segments
+  // and said so; freeing into it would be a use-after-free.
+  if (ptr_ != nullptr && allocator_ != nullptr && !allocator_alive_.expired()) {
     try {
       allocator_->free(ptr_);
     } catch (const Error& e) {
@@ -501,6 +506,7 @@ void Buffer::reset() noexcept {
     }
   }
   allocator_ = nullptr;
+  allocator_alive_.reset();
   ptr_ = nullptr;
   size_bytes_ = 0;
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "zest/core/check.h"
+#include "zest/core/lifetime.h"
 #include "zest/core/stream.h"
 #include "zest/memory/allocator_config.h"
 #include "zest/memory/allocator_stats.h"
@@ -85,6 +86,12 @@ class CachingAllocator {
   // A table of the main stats and per-category bytes, for logs.
   std::string summary() const;
 
+  // Expires when this allocator is destroyed: a Buffer that outlives it
+  // (a caller's bug, reported at the allocator's destruction) then leaves its
+  // memory with the allocator's leaked segments instead of freeing into a
+  // destroyed allocator.
+  std::weak_ptr<const void> lifetime() const { return lifetime_.watch(); }
+
  private:
   Block* find_free_block(BlockPool& pool, const Stream& stream, size_t size);
   Block* alloc_segment(BlockPool& pool, const Stream& stream, size_t segment_size);
@@ -126,6 +133,7 @@ class CachingAllocator {
   };
   std::vector<PendingEvent> pending_;
   AllocatorStats stats_;
+  Lifetime lifetime_;
 };
 
 // Owns one allocation; returns it to its allocator when destroyed or reset.
@@ -133,7 +141,10 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(CachingAllocator* allocator, void* ptr, size_t size_bytes)
-      : allocator_(allocator), ptr_(ptr), size_bytes_(size_bytes) {}
+      : allocator_(allocator),
+        allocator_alive_(allocator != nullptr ? allocator->lifetime() : std::weak_ptr<const void>()),
+        ptr_(ptr),
+        size_bytes_(size_bytes) {}
   ~Buffer() { reset(); }
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -151,6 +162,7 @@ class Buffer {
 
  private:
   CachingAllocator* allocator_ = nullptr;
+  std::weak_ptr<const void> allocator_alive_;
   void* ptr_ = nullptr;
   size_t size_bytes_ = 0;
 };

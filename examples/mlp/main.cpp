@@ -32,6 +32,7 @@
 #include "task.h"
 #include "zest/launch/bootstrap.h"
 #include "zest/comm/inprocess_comm.h"
+#include "zest/comm/mpi_comm.h"
 #include "zest/core/check.h"
 #include "zest/checkpoint/checkpoint.h"
 #include "zest/memory/raw_allocator.h"
@@ -136,7 +137,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mlp: %s\n%s", e.what(), mlp::usage().c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mlp: %s\n", e.what());
-    return 1;
+    // Under mpirun the other ranks would wait for this one until their
+    // collectives time out, and MPI_Finalize here for them: end the job.
+    zest::MpiEnvironment::abort_job(fmt::format("mlp: {}", e.what()));
   }
 }
