@@ -10,6 +10,8 @@ packages=(
   libfmt-dev doctest-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   libtorch-dev    # the torch/ layer (zest::torch) and its tests (CPU libtorch 1.13)
+  libopenblas0-openmp  # libtorch's BLAS: Debian's default, the reference BLAS, trains the GPT example ~14x slower
+  fortunes        # the GPT example's text (/usr/share/games/fortunes)
   clang python3   # the fuzz targets (libFuzzer); the safetensors interop check
 )
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "common/describe_model.h"
 #include "task.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/memory/raw_allocator.h"
@@ -22,7 +23,7 @@ RankMemory train_rank(const Options& opt, const zest::EngineConfig& config, zest
   zest::Engine engine(config, comm, allocator, zest::Stream::default_for(comm.device()));
   mlp::register_layers(engine, opt.shape);
   engine.finalize([&](const zest::ParamLayout& p, std::span<float> v) { mlp::init_parameter(p, v, opt.seed); });
-  if (model != nullptr) *model = describe_model(engine.layout());
+  if (model != nullptr) *model = examples::describe_model(engine.layout());
 
   RankMemory m;
   m.after_finalize = engine.memory_report();
@@ -75,17 +76,6 @@ std::vector<std::string> Comparison::mismatches() const {
     }
   }
   return out;
-}
-
-zest::ModelDescription describe_model(const zest::ModelLayout& layout) {
-  zest::ModelDescription model;
-  for (const zest::UnitLayout& u : layout.units()) {
-    zest::UnitDescription d;
-    d.name = u.name;
-    for (const zest::ParamLayout& p : u.params) d.param_numels.push_back(p.numel);
-    model.units.push_back(std::move(d));
-  }
-  return model;
 }
 
 Comparison run_comparison(const Options& opt, int stage, int world) {

@@ -57,10 +57,6 @@ struct Comparison {
   std::vector<std::string> mismatches() const;
 };
 
-// The units of a laid-out model as the estimator describes them: each
-// unit's parameters in flat (layout) order.
-zest::ModelDescription describe_model(const zest::ModelLayout& layout);
-
 // Trains opt.steps steps of the MLP at `stage` on `world` ranks and
 // measures. Throws if a rank fails.
 Comparison run_comparison(const Options& opt, int stage, int world);

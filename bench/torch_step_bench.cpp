@@ -1,0 +1,182 @@
+// A libtorch training step, plain and through ZEST: the GPT of examples/gpt
+// (a mid size by default) and the same global batch, one process.
+//
+//   plain libtorch   forward, backward, torch::optim::AdamW, one thread
+//   ZEST 1 rank      stage 0 through zest::TorchModule, one thread
+//   ZEST N ranks     stages 0-3 on N in-process ranks (threads), one torch
+//                    thread each, each rank on its share of the batch
+//
+// Per configuration: the median time of a step (the global batch; rank 0's
+// clock, every step ending in the engine's collectives) and each rank's peak
+// memory of model states and communication buffers: for ZEST measured through
+// the engine's allocator (parameters, gathered ones included, gradients,
+// master weights, optimizer state, buffers); for plain libtorch counted from
+// the tensors it holds (parameters, gradients, AdamW's two moments). Torch's
+// activations are in neither. Ratios are against plain libtorch measured in
+// this run. Targets (issue 14): ZEST on 1 rank no slower than plain libtorch;
+// stage 3 on 4 ranks at most 1.3x stage 2.
+//
+//   torch_step_bench [--layers 4] [--d-model 256] [--heads 4] [--context 128] [--batch 16]
+//                    [--steps 10] [--ranks 2,4]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/cli.h"
+#include "corpus.h"
+#include "model.h"
+#include "trainer.h"
+#include "zest/comm/inprocess_comm.h"
+#include "zest/memory/raw_allocator.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  gpt::Config model{.vocab = 256, .context = 128, .layers = 4, .heads = 4, .d_model = 256};
+  int64_t batch = 16;
+  int steps = 10;  // timed, after 2 untimed
+  std::vector<int> ranks{2, 4};
+};
+
+constexpr int kWarmup = 2;
+constexpr uint64_t kSeed = 1234;
+constexpr float kLr = 1e-3f;
+
+struct Result {
+  std::string name;
+  double ms = 0.0;            // median step
+  int64_t peak_bytes = 0;     // per rank (the largest rank's)
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Text for the batches: fortune-like lines, so the bench needs no corpus.
+const gpt::Corpus& corpus() {
+  static const gpt::Corpus c = [] {
+    std::string t;
+    for (int i = 0; i < 2000; ++i) t += fmt::format("Fortune {} favours the {} mind.\n%\n", i, i % 3 ? "prepared" : "idle");
+    return gpt::Corpus::from_text(t);
+  }();
+  return c;
+}
+
+Result plain(const Options& o) {
+  torch::set_num_threads(1);
+  gpt::Gpt model(o.model, kSeed);
+  torch::optim::AdamW adamw(model->parameters(),
+                            torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).weight_decay(0.01));
+  std::vector<double> ms;
+  for (int s = 0; s < kWarmup + o.steps; ++s) {
+    const gpt::Batch b = corpus().train_batch(s, 0, o.batch, o.model.context, kSeed);
+    const auto t0 = Clock::now();
+    adamw.zero_grad();
+    gpt::lm_loss(model->forward(b.inputs), b.targets).backward();
+    adamw.step();
+    if (s >= kWarmup) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  int64_t bytes = 0;
+  for (const auto& p : model->parameters()) bytes += 4 * p.numel() * (1 + 1 + 2);  // value, grad, m, v
+  return {"plain libtorch, AdamW", median(ms), bytes};
+}
+
+Result zest_run(const Options& o, int stage, int world) {
+  zest::EngineConfig config;
+  config.zero.stage = stage;
+  config.zero.stage3_param_persistence_threshold = 0;  // every unit sharded at stage 3
+  config.optimizer.lr = kLr;
+  config.optimizer.beta2 = 0.95f;
+  std::vector<double> ms;
+  std::vector<int64_t> peaks(static_cast<size_t>(world));
+  zest::run_inprocess(world, [&](zest::Communicator& comm) {
+    torch::set_num_threads(1);
+    zest::CachingAllocator alloc(zest::make_host_allocator());
+    zest::Engine engine(config, comm, alloc, zest::Stream::default_for(comm.device()));
+    gpt::Gpt model(o.model, kSeed);
+    const auto zt = gpt::wrap(engine, model);
+    const int64_t rows = o.batch / world;
+    for (int s = 0; s < kWarmup + o.steps; ++s) {
+      const gpt::Batch b = corpus().train_batch(s, comm.rank() * rows, rows, o.model.context, kSeed);
+      const auto t0 = Clock::now();
+      gpt::train_micro_step(*zt, *model, b);
+      if (comm.rank() == 0 && s >= kWarmup) {
+        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      }
+    }
+    const zest::MemoryReport m = engine.memory_report();
+    int64_t peak = 0;
+    for (zest::MemoryCategory c : {zest::MemoryCategory::kParameters, zest::MemoryCategory::kGradients,
+                                   zest::MemoryCategory::kMasterWeights, zest::MemoryCategory::kOptimizerState,
+                                   zest::MemoryCategory::kCommBuffers}) {
+      peak += m[c].peak;
+    }
+    peaks[static_cast<size_t>(comm.rank())] = peak;
+  });
+  return {fmt::format("ZEST stage {}, {} rank{}", stage, world, world > 1 ? "s" : ""), median(ms),
+          *std::max_element(peaks.begin(), peaks.end())};
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  cli::for_each_flag(argc, argv, {}, [&](std::string_view flag, std::string_view v) {
+    if (flag == "--layers") o.model.layers = cli::number<int64_t>(flag, v, 1, 1024);
+    else if (flag == "--d-model") o.model.d_model = cli::number<int64_t>(flag, v, 1, 1 << 16);
+    else if (flag == "--heads") o.model.heads = cli::number<int64_t>(flag, v, 1, 1024);
+    else if (flag == "--context") o.model.context = cli::number<int64_t>(flag, v, 2, 1 << 16);
+    else if (flag == "--batch") o.batch = cli::number<int64_t>(flag, v, 1, 1 << 20);
+    else if (flag == "--steps") o.steps = cli::number<int>(flag, v, 1, 1 << 20);
+    else if (flag == "--ranks") o.ranks = cli::number_list(flag, v, 1, 64);
+    else cli::usage_error("unknown option {}", flag);
+  });
+  for (int w : o.ranks) {
+    if (o.batch % w != 0) cli::usage_error("--batch {} does not divide into {} ranks", o.batch, w);
+  }
+  if (o.model.d_model % o.model.heads != 0) cli::usage_error("--d-model does not divide into --heads");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    fmt::print("torch_step_bench ({} build, libtorch {}.{}): GPT of {} parameters ({}), global batch {} x {} "
+               "tokens, AdamW, fp32, one torch thread per rank, median of {} steps after {}\n",
+               ZEST_BENCH_BUILD_TYPE, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, o.model.parameters(),
+               o.model.str(), o.batch, o.model.context, o.steps, kWarmup);
+    fmt::print("peak: model states and communication buffers per rank (activations not counted)\n\n");
+    std::fflush(stdout);
+    const Result base = plain(o);
+    std::vector<Result> rows = {base, zest_run(o, 0, 1)};
+    for (int w : o.ranks) {
+      for (int stage = 0; stage <= 3; ++stage) rows.push_back(zest_run(o, stage, w));
+    }
+    fmt::print("{:<24} {:>10} {:>10} {:>14} {:>10}\n", "configuration", "ms/step", "x plain", "peak MiB/rank",
+               "x plain");
+    for (const Result& r : rows) {
+      fmt::print("{:<24} {:>10.1f} {:>10.2f} {:>14.2f} {:>10.2f}\n", r.name, r.ms, r.ms / base.ms,
+                 static_cast<double>(r.peak_bytes) / (1 << 20),
+                 static_cast<double>(r.peak_bytes) / static_cast<double>(base.peak_bytes));
+    }
+    fmt::print("\ntargets: ZEST 1 rank / plain = {:.2f} (<= 1.0)", rows[1].ms / base.ms);
+    for (size_t i = 2; i + 3 < rows.size(); i += 4) {
+      fmt::print("; stage 3 / stage 2 on {} ranks = {:.2f}", o.ranks[(i - 2) / 4], rows[i + 3].ms / rows[i + 2].ms);
+    }
+    fmt::print(" (<= 1.3 on 4 ranks)\n");
+    return 0;
+  } catch (const cli::UsageError& e) {
+    std::fprintf(stderr, "torch_step_bench: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "torch_step_bench: %s\n", e.what());
+    return 1;
+  }
+}

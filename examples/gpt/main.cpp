@@ -1,0 +1,197 @@
+// Trains the GPT of model.h on Debian's fortune cookies (corpus.h) through
+// the ZeRO engine, wrapped around the libtorch module by zest::TorchModule:
+// prints loss, validation loss, tokens/s and each rank's memory by category
+// against the memory estimator, then a sample of generated text.
+//
+//   gpt --ranks 4 --stage 3                  4 in-process ranks (threads)
+//   gpt --ranks 4 --stages 0,1,2,3           each stage in turn, then a table
+//                                            (the same validation loss, bit
+//                                            for bit, at every stage)
+//   mpirun -np 4 gpt --launch --stage 2      one process per rank (MPI)
+//   gpt --steps 100 --schedule-steps 200 --save ckpt
+//   gpt --steps 100 --schedule-steps 200 --load ckpt --export gpt.safetensors
+//
+// Threads: libtorch's intra-op pool (OpenMP here) would give every rank as
+// many threads as the machine has cores, so 4 in-process ranks on 2 cores
+// would run 8 busy threads that wait on each other at every collective.
+// Each rank sets torch::set_num_threads(--threads, default 1) on its own
+// thread (OpenMP's thread count is per thread), which also keeps a rank's
+// arithmetic, and so the comparison across stages, independent of how
+// busy the machine is. Under mpirun the same holds per process.
+//
+// The global batch of a step is the same whatever the number of ranks: row
+// r of step s is a window of the text drawn from (seed, s, r) alone, and
+// each rank takes its rows, split again into accumulation micro-batches.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "common/describe_model.h"
+#include "corpus.h"
+#include "options.h"
+#include "report.h"
+#include "sample.h"
+#include "trainer.h"
+#include "zest/comm/inprocess_comm.h"
+#include "zest/launch/bootstrap.h"
+#include "zest/memory/raw_allocator.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RunResult {
+  double val_loss = 0.0;
+  double tokens_per_s = 0.0;
+  std::vector<zest::MemoryReport> memory;  // every rank's
+  zest::MemoryEstimate estimate;
+};
+
+// This rank's mean loss, averaged over the ranks in rank order (the same on
+// every rank). Collective.
+float mean_over_ranks(zest::Engine& engine, float loss) {
+  const std::array<int64_t, 1> mine = {std::bit_cast<int32_t>(loss)};
+  const std::vector<int64_t> all = engine.all_gather_scalars(mine);
+  float sum = 0.0f;
+  for (int64_t bits : all) sum += std::bit_cast<float>(static_cast<int32_t>(bits));
+  return sum / static_cast<float>(all.size());
+}
+
+RunResult train(const gpt::Options& opt, const gpt::Corpus& corpus, const zest::EngineConfig& config,
+                zest::Communicator& comm) {
+  torch::set_num_threads(opt.threads);  // see the top of this file
+  const int world = comm.size(), rank = comm.rank();
+  const bool printer = rank == 0;
+  zest::CachingAllocator allocator(zest::make_host_allocator());
+  zest::Engine engine(config, comm, allocator, zest::Stream::default_for(comm.device()));
+  gpt::Gpt model(opt.model, opt.seed);
+  const std::unique_ptr<zest::TorchModule> zt = gpt::wrap(engine, model);
+
+  int64_t first = 0;
+  if (!opt.load_dir.empty()) {
+    zt->load(opt.load_dir);
+    first = engine.progress().applied_steps + engine.progress().skipped_steps;
+    if (printer) fmt::print("resumed from {} at step {}\n", opt.load_dir, first);
+  }
+  const int64_t accum = config.gradient_accumulation_steps;
+  const int64_t rows_per_rank = opt.batch / world, rows_per_micro = rows_per_rank / accum;
+  const int64_t context = opt.model.context;
+  const int64_t windows = std::min(opt.val_windows, corpus.validation_window_count(context, opt.val_windows)) /
+                          world * world;
+  ZEST_CHECK(windows > 0, "the validation split has fewer than {} windows of {} bytes: use a smaller --ranks or --context",
+             world, context);
+  const auto validate = [&](int64_t step) {
+    const double v = gpt::validation_loss(*zt, *model, corpus, windows);
+    if (printer) fmt::print("step {:5d}  validation loss {:.4f}  ({} windows of {} bytes)\n", step, v, windows, context);
+    return v;
+  };
+  validate(first);
+
+  RunResult out;
+  double seconds = 0.0;
+  for (int64_t step = first; step < first + opt.steps; ++step) {
+    const auto start = Clock::now();
+    float loss = 0.0f;
+    zest::StepResult result;
+    for (int64_t m = 0; m < accum; ++m) {
+      const gpt::Batch b =
+          corpus.train_batch(step, rank * rows_per_rank + m * rows_per_micro, rows_per_micro, context, opt.seed);
+      const gpt::MicroStep s = gpt::train_micro_step(*zt, *model, b);
+      loss += s.loss / static_cast<float>(accum);
+      result = s.result;
+    }
+    const double dt = std::chrono::duration<double>(Clock::now() - start).count();
+    seconds += dt;
+    const bool last = step == first + opt.steps - 1;
+    // The same decisions on every rank: what follows is collective.
+    if ((step - first) % opt.print_every == 0 || last) {
+      const float mean = mean_over_ranks(engine, loss);
+      if (printer) {
+        gpt::print_step(step, mean, result, dt * 1e3, static_cast<double>(opt.batch * context) / dt);
+      }
+    }
+    if ((step + 1 - first) % opt.eval_every == 0 && !last) validate(step + 1);
+  }
+  out.val_loss = opt.steps > 0 ? validate(first + opt.steps) : 0.0;
+  out.tokens_per_s = seconds > 0 ? static_cast<double>(opt.steps * opt.batch * context) / seconds : 0.0;
+  out.memory = gpt::gather_memory(engine);
+  out.estimate = zest::estimate_memory(examples::describe_model(engine.layout()),
+                                       zest::EstimateOptions::from_config(config, world));
+  if (printer) {
+    fmt::print("\nmemory per rank by category (the engine's allocator; torch's activations are not in it):\n{}",
+               gpt::format_memory(out.memory, out.estimate));
+  }
+  if (!opt.save_dir.empty()) {
+    const std::string dir = zt->save(opt.save_dir);
+    if (printer) fmt::print("saved {}\n", dir);
+  }
+  if (!opt.export_path.empty()) {
+    zt->export_safetensors(opt.export_path);
+    if (printer) fmt::print("exported {}\n", opt.export_path);
+  }
+  if (opt.sample.length > 0) {
+    const std::string text = gpt::generate(*model, gpt::runner(*zt), opt.prompt, opt.sample);
+    if (printer) {
+      fmt::print("\nsample ({}):\n{}{}\n", opt.sample.temperature == 0.0
+                                               ? std::string("greedy")
+                                               : fmt::format("temperature {:g}, seed {}", opt.sample.temperature,
+                                                             opt.sample.seed),
+                 opt.prompt, text);
+    }
+  }
+  if (printer) std::fflush(stdout);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const gpt::Options opt = gpt::parse_options(argc, argv);
+    std::unique_ptr<zest::Communicator> launched;
+    if (opt.launch) launched = zest::init_distributed(zest::Device::host());
+    const bool printer = !launched || launched->rank() == 0;
+    const int world = launched ? launched->size() : opt.ranks;
+    const gpt::Corpus corpus = gpt::Corpus::load(opt.data);
+    if (printer) {
+      fmt::print("corpus {}: {} fortune cookies, {} training bytes, {} validation bytes\n", opt.data,
+                 corpus.cookies(), corpus.train().size(), corpus.validation().size());
+    }
+
+    std::vector<gpt::StageRow> rows;
+    for (int stage : opt.stages) {
+      const zest::EngineConfig config = gpt::engine_config(opt, stage, world);
+      if (printer) {
+        fmt::print("\n== stage {}: {} ranks, GPT of {} parameters ({}), {}, {} ==\n", stage, world,
+                   opt.model.parameters(), opt.model.str(), zest::dtype_name(config.compute_dtype()),
+                   zest::optimizer_name(config.optimizer.kind));
+        std::fflush(stdout);
+      }
+      RunResult rank0;
+      const auto body = [&](zest::Communicator& comm) {
+        RunResult r = train(opt, corpus, config, comm);
+        if (comm.rank() == 0) rank0 = std::move(r);
+      };
+      if (launched) {
+        body(*launched);
+      } else {
+        zest::run_inprocess(opt.ranks, body);
+      }
+      rows.push_back({stage, world, rank0.val_loss, rank0.tokens_per_s, rank0.memory.at(0).model_states(),
+                      rank0.estimate.model_state_bytes, gpt::memory_matches(rank0.memory, rank0.estimate)});
+    }
+    if (printer) {
+      fmt::print("\n{}", gpt::format_stage_table(rows));
+      for (const gpt::StageRow& r : rows) fmt::print("final validation loss, stage {}: {:.17g}\n", r.stage, r.val_loss);
+    }
+    return 0;
+  } catch (const gpt::UsageError& e) {
+    std::fprintf(stderr, "gpt: %s\n%s", e.what(), gpt::usage().c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt: %s\n", e.what());
+    return 1;
+  }
+}

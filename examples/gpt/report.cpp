@@ -1,0 +1,89 @@
+#include "report.h"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+namespace gpt {
+namespace {
+
+using zest::MemoryCategory;
+
+constexpr MemoryCategory kModelStates[] = {MemoryCategory::kParameters, MemoryCategory::kGradients,
+                                           MemoryCategory::kMasterWeights, MemoryCategory::kOptimizerState};
+
+std::string kib(int64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / 1024.0); }
+
+bool rank_matches(const zest::MemoryReport& m, const zest::MemoryEstimate& e) {
+  for (MemoryCategory c : kModelStates) {
+    if (m[c].current != e[c].persistent) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine) {
+  const zest::MemoryReport m = engine.memory_report();
+  std::vector<int64_t> mine;
+  for (const auto& e : m.by_category) {
+    mine.push_back(e.current);
+    mine.push_back(e.peak);
+  }
+  mine.push_back(m.reserved);
+  mine.push_back(m.allocated);
+  const std::vector<int64_t> all = engine.all_gather_scalars(mine);
+  std::vector<zest::MemoryReport> ranks(all.size() / mine.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const int64_t* v = &all[r * mine.size()];
+    for (size_t c = 0; c < zest::kNumMemoryCategories; ++c) ranks[r].by_category[c] = {v[2 * c], v[2 * c + 1]};
+    ranks[r].reserved = v[2 * zest::kNumMemoryCategories];
+    ranks[r].allocated = v[2 * zest::kNumMemoryCategories + 1];
+  }
+  return ranks;
+}
+
+void print_step(int64_t step, float mean_loss, const zest::StepResult& r, double ms, double tokens_per_s) {
+  fmt::print("step {:5d}  loss {:.4f}  lr {:.2e}  |g| {:7.4f}{}{}  {:7.1f} ms  {:8.0f} tokens/s\n", step, mean_loss,
+             r.lr, r.grad_norm, r.loss_scale != 1.0 ? fmt::format("  scale {:g}", r.loss_scale) : "",
+             r.applied ? "" : "  (" + r.skip_reason + ")", ms, tokens_per_s);
+  std::fflush(stdout);
+}
+
+bool memory_matches(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& estimate) {
+  for (const zest::MemoryReport& m : ranks) {
+    if (!rank_matches(m, estimate)) return false;
+  }
+  return true;
+}
+
+std::string format_memory(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& e) {
+  std::string out = fmt::format("{:<10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}\n", "KiB", "params", "grads",
+                                "master", "optim", "model states", "comm peak");
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const zest::MemoryReport& m = ranks[r];
+    out += fmt::format("{:<10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}  {}\n", fmt::format("rank {}", r),
+                       kib(m[MemoryCategory::kParameters].current), kib(m[MemoryCategory::kGradients].current),
+                       kib(m[MemoryCategory::kMasterWeights].current),
+                       kib(m[MemoryCategory::kOptimizerState].current), kib(m.model_states()),
+                       kib(m[MemoryCategory::kCommBuffers].peak), rank_matches(m, e) ? "= estimate" : "differs");
+  }
+  out += fmt::format("{:<10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}\n", "estimate",
+                     kib(e[MemoryCategory::kParameters].persistent), kib(e[MemoryCategory::kGradients].persistent),
+                     kib(e[MemoryCategory::kMasterWeights].persistent),
+                     kib(e[MemoryCategory::kOptimizerState].persistent), kib(e.model_state_bytes),
+                     kib(e[MemoryCategory::kCommBuffers].peak));
+  return out;
+}
+
+std::string format_stage_table(const std::vector<StageRow>& rows) {
+  std::string out = fmt::format("{:>5} {:>5} {:>20} {:>10} {:>20} {:>20}\n", "stage", "ranks", "validation loss",
+                                "tokens/s", "model states KiB/rank", "estimate KiB/rank");
+  for (const StageRow& r : rows) {
+    out += fmt::format("{:>5} {:>5} {:>20.17g} {:>10.0f} {:>20} {:>20}{}\n", r.stage, r.world, r.val_loss,
+                       r.tokens_per_s, kib(r.model_states), kib(r.estimate), r.matches ? "" : "  (differs)");
+  }
+  return out;
+}
+
+}  // namespace gpt

@@ -1,0 +1,44 @@
+// What the gpt example prints: a line per step, the memory of every rank by
+// category against the memory estimator, and the table comparing stages.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zest/engine/engine.h"
+#include "zest/estimate/memory_estimate.h"
+
+namespace gpt {
+
+// Every rank's memory report, rank by rank, on every rank. Collective.
+std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine);
+
+// step, mean loss over ranks, lr, gradient norm, time and tokens per second
+// (of the global batch).
+void print_step(int64_t step, float mean_loss, const zest::StepResult& r, double ms, double tokens_per_s);
+
+// A row per rank of the engine's memory by category (KiB: the model states
+// now, the communication buffers at their peak), then the estimator's
+// figures for one rank; "= estimate" when a rank's model states match the
+// estimate to the byte in every category.
+std::string format_memory(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& estimate);
+// True when every rank's model-state categories equal the estimate's
+// persistent bytes.
+bool memory_matches(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& estimate);
+
+struct StageRow {
+  int stage = 0;
+  int world = 1;
+  double val_loss = 0.0;     // at the end
+  double tokens_per_s = 0.0;  // mean over the run's steps
+  int64_t model_states = 0;  // rank 0's bytes
+  int64_t estimate = 0;      // the estimator's, per rank
+  bool matches = false;      // every rank, every category
+};
+
+// A row per stage; the validation losses with all their digits, so that
+// equal ones are seen to be equal.
+std::string format_stage_table(const std::vector<StageRow>& rows);
+
+}  // namespace gpt

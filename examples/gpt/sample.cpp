@@ -1,0 +1,37 @@
+#include "sample.h"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "corpus.h"
+
+namespace gpt {
+
+std::string generate(GptImpl& model, const UnitRunner& run, const std::string& prompt, const SampleOptions& options) {
+  if (options.temperature < 0.0) {
+    throw std::invalid_argument(fmt::format("gpt: temperature {} is negative; use 0 for greedy", options.temperature));
+  }
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(options.seed);
+  const int64_t context = model.config().context;
+  std::string text = prompt.empty() ? std::string("%\n") : prompt;
+  const size_t start = text.size();
+  for (int64_t i = 0; i < options.length; ++i) {
+    const size_t window = std::min(text.size(), static_cast<size_t>(context));
+    const torch::Tensor tokens = encode(text.substr(text.size() - window));
+    const torch::Tensor logits = model.forward(tokens, run).select(1, static_cast<int64_t>(window) - 1).squeeze(0);
+    int64_t next = 0;
+    if (options.temperature == 0.0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      const torch::Tensor p = torch::softmax(logits.to(torch::kFloat) / options.temperature, /*dim=*/0);
+      next = torch::multinomial(p, 1, /*replacement=*/false, gen).item<int64_t>();
+    }
+    // A vocabulary wider than bytes (--vocab 50257) has ids no byte maps to.
+    text += static_cast<char>(static_cast<unsigned char>(next < 256 ? next : '?'));
+  }
+  return text.substr(start);
+}
+
+}  // namespace gpt

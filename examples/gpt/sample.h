@@ -1,0 +1,25 @@
+// Text from a trained GPT: the prompt's continuation, byte by byte.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model.h"
+
+namespace gpt {
+
+struct SampleOptions {
+  int64_t length = 200;      // bytes to generate
+  double temperature = 0.8;  // 0: greedy (the likeliest byte each time)
+  uint64_t seed = 1;         // the draws' generator (temperature > 0)
+};
+
+// Continues `prompt` (which may be empty: generation then starts after a
+// "%\n", the end of a fortune cookie) by options.length bytes, each from the
+// last `context` bytes, and returns them. With temperature T > 0, each byte
+// is drawn from softmax(logits / T) by a generator of its own, so every
+// caller with the same arguments gets the same text: under ZEST at stage 3
+// every rank calls this (the forward gathers collectively) and all agree.
+std::string generate(GptImpl& model, const UnitRunner& run, const std::string& prompt, const SampleOptions& options);
+
+}  // namespace gpt
