@@ -22,6 +22,7 @@
 // The global batch of a step is the same whatever the number of ranks: row
 // r of step s is a window of the text drawn from (seed, s, r) alone, and
 // each rank takes its rows, split again into accumulation micro-batches.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -47,6 +48,7 @@ struct RunResult {
   double tokens_per_s = 0.0;
   std::vector<zest::MemoryReport> memory;  // every rank's
   zest::MemoryEstimate estimate;
+  std::string sample;  // generated at the end (every rank the same)
 };
 
 // This rank's mean loss, averaged over the ranks in rank order (the same on
@@ -131,16 +133,7 @@ RunResult train(const gpt::Options& opt, const gpt::Corpus& corpus, const zest::
     zt->export_safetensors(opt.export_path);
     if (printer) fmt::print("exported {}\n", opt.export_path);
   }
-  if (opt.sample.length > 0) {
-    const std::string text = gpt::generate(*model, gpt::runner(*zt), opt.prompt, opt.sample);
-    if (printer) {
-      fmt::print("\nsample ({}):\n{}{}\n", opt.sample.temperature == 0.0
-                                               ? std::string("greedy")
-                                               : fmt::format("temperature {:g}, seed {}", opt.sample.temperature,
-                                                             opt.sample.seed),
-                 opt.prompt, text);
-    }
-  }
+  if (opt.sample.length > 0) out.sample = gpt::generate(*model, gpt::runner(*zt), opt.prompt, opt.sample);
   if (printer) std::fflush(stdout);
   return out;
 }
@@ -161,6 +154,7 @@ int main(int argc, char** argv) {
     }
 
     std::vector<gpt::StageRow> rows;
+    std::vector<std::string> samples;  // rank 0's, per stage
     for (int stage : opt.stages) {
       const zest::EngineConfig config = gpt::engine_config(opt, stage, world);
       if (printer) {
@@ -179,8 +173,23 @@ int main(int argc, char** argv) {
       } else {
         zest::run_inprocess(opt.ranks, body);
       }
+      samples.push_back(rank0.sample);
       rows.push_back({stage, world, rank0.val_loss, rank0.tokens_per_s, rank0.memory.at(0).model_states(),
                       rank0.estimate.model_state_bytes, gpt::memory_matches(rank0.memory, rank0.estimate)});
+    }
+    if (printer && opt.sample.length > 0) {
+      const std::string how = opt.sample.temperature == 0.0
+                                  ? std::string("greedy")
+                                  : fmt::format("temperature {:g}, seed {}", opt.sample.temperature, opt.sample.seed);
+      if (std::all_of(samples.begin(), samples.end(), [&](const std::string& s) { return s == samples[0]; })) {
+        fmt::print("\nsample ({}{}):\n{}{}\n", how, samples.size() > 1 ? ", the same text at every stage" : "",
+                   opt.prompt, samples[0]);
+      } else {
+        for (size_t i = 0; i < samples.size(); ++i) {
+          fmt::print("\nsample, stage {} ({}; the stages' samples differ):\n{}{}\n", rows[i].stage, how, opt.prompt,
+                     samples[i]);
+        }
+      }
     }
     if (printer) {
       fmt::print("\n{}", gpt::format_stage_table(rows));
