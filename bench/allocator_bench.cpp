@@ -16,6 +16,7 @@
 // that mixed sizes cause.
 //
 //   allocator_bench [--device host|cuda:N] [--iters N] [--quick]
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -74,36 +75,28 @@ void print_usage(std::FILE* out) {
 // Returns an exit code when the program should stop here; throws zest::Error
 // for a bad value.
 std::optional<int> parse_args(int argc, char** argv, Options& opt) {
-  std::optional<std::string_view> iters_text;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--help" || arg == "-h") {
-      print_usage(stdout);
-      return 0;
-    } else if (arg == "--quick") {
-      opt.quick = true;
-    } else if (arg == "--device" && has_value) {
-      opt.device = zest::parse_device(argv[++i]);
-    } else if (arg == "--iters" && has_value) {
-      iters_text = argv[++i];
-    } else {
-      fmt::print(stderr, "allocator_bench: {} '{}'\n",
-                 arg == "--device" || arg == "--iters" ? "missing value for" : "unknown argument",
-                 arg);
-      print_usage(stderr);
-      return 2;
-    }
+  CLI::App app;
+  app.set_help_flag();  // print_usage is the help
+  bool help = false;
+  std::string device = "host";
+  int64_t iters = 0;
+  app.add_flag("-h,--help", help);
+  app.add_flag("--quick", opt.quick);
+  app.add_option("--device", device);
+  app.add_option("--iters", iters)->check(CLI::Range(int64_t{1}, static_cast<int64_t>(kMaxIters)));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "allocator_bench: {}\n", e.what());
+    print_usage(stderr);
+    return 2;
   }
-  opt.iters = opt.quick ? kQuickIters : kDefaultIters;
-  if (iters_text) {
-    int64_t n = 0;
-    const char* end = iters_text->data() + iters_text->size();
-    const auto [stop, ec] = std::from_chars(iters_text->data(), end, n);
-    ZEST_CHECK(ec == std::errc() && stop == end && n > 0 && n <= kMaxIters,
-               "--iters wants a whole number from 1 to {}, got '{}'", kMaxIters, *iters_text);
-    opt.iters = static_cast<size_t>(n);
+  if (help) {
+    print_usage(stdout);
+    return 0;
   }
+  opt.device = zest::parse_device(device);
+  opt.iters = iters > 0 ? static_cast<size_t>(iters) : opt.quick ? kQuickIters : kDefaultIters;
   return std::nullopt;
 }
 

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "zest/core/check.h"
@@ -64,21 +65,25 @@ double median_ms(const zest::Stream& stream, int iters, Fn&& fn) {
 
 int main(int argc, char** argv) {
   try {
-    zest::Device device = zest::Device::host();
+    std::string device_name = "host";
     size_t numel = size_t{1} << 24;
     int iters = 20;
     int threads = 1;
-    zest::DType dtype = zest::DType::kBFloat16;  // of the gradient in and the parameter out
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string flag = argv[i];
-      if (flag == "--device") device = zest::parse_device(argv[i + 1]);
-      else if (flag == "--numel") numel = std::stoull(argv[i + 1]);
-      else if (flag == "--iters") iters = std::stoi(argv[i + 1]);
-      else if (flag == "--dtype") dtype = zest::parse_dtype(argv[i + 1]);
-      else if (flag == "--threads") threads = std::stoi(argv[i + 1]);
-      else ZEST_FAIL("unknown option {} (--device host|cuda:N, --numel N, --iters N, --dtype bf16|fp16|fp32, "
-                     "--threads N)", flag);
+    std::string dtype_name = "bf16";  // of the gradient in and the parameter out
+    CLI::App app("optimizer_bench: the fused AdamW update against a copy of the same bytes");
+    app.add_option("--device", device_name, "host or cuda:N");
+    app.add_option("--numel", numel, "parameters")->check(CLI::Range(size_t{1}, size_t{1} << 36));
+    app.add_option("--iters", iters)->check(CLI::Range(1, 1 << 20));
+    app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+    app.add_option("--threads", threads, "host loops' threads")->check(CLI::Range(1, 1024));
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      const int help = app.exit(e);  // prints the help, or the error naming the flag
+      return help == 0 ? 0 : 2;
     }
+    const zest::Device device = zest::parse_device(device_name);
+    const zest::DType dtype = zest::parse_dtype(dtype_name);
     zest::check_device_available(device);
     zest::CachingAllocator alloc(device.is_cuda() ? zest::make_cuda_allocator(device.index())
                                                   : zest::make_host_allocator());

@@ -16,3 +16,7 @@ endif()
 if(ZEST_BUILD_TESTS)
   find_package(doctest REQUIRED)
 endif()
+if(ZEST_BUILD_EXTRAS)
+  # Header-only; the tools', examples' and benchmarks' command lines.
+  find_package(CLI11 CONFIG REQUIRED)
+endif()

@@ -149,13 +149,15 @@ class Group {
         abort_locked(CommError::Reason::kTimeout, timeout_message(rank, desc, gen), rank);
       }
     }
-    if (!abort_reason_.empty()) {
-      // Released into the data phase just before the abort, or not: either
-      // way this rank does no data work now, but others may be doing theirs
-      // on its buffers.
-      leave_locked(rank);
-      drain_and_throw(lock, rank, desc);
-    }
+    // Released: every rank arrived, so this barrier is done even if the
+    // group was aborted since (a rank failing right after it); the abort
+    // meets this rank at its next wait. Throwing here would fail a
+    // collective that completed.
+    if (generation_ != gen) return;
+    // Aborted before every rank arrived: this rank does no data work, but
+    // others may be doing theirs on its buffers.
+    leave_locked(rank);
+    drain_and_throw(lock, rank, desc);
   }
 
   // Ranks between the two barriers of a collective read and write the

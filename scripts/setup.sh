@@ -8,6 +8,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ ccache
   libfmt-dev doctest-dev nlohmann-json3-dev
+  libcli11-dev    # command lines of tools/, examples/ and bench/ (header-only)
   libopenmpi-dev openmpi-bin
   libtorch-dev    # the torch/ layer (zest::torch) and its tests (CPU libtorch 1.13)
   libopenblas0-openmp  # libtorch's BLAS: Debian's default, the reference BLAS, trains the GPT example ~14x slower

@@ -1,11 +1,24 @@
-// Command-line parsing shared by the examples and tools/: usage errors, and
-// numbers, comma lists and choices that name the flag and what is allowed
-// when they are wrong. A program catches UsageError, prints it with its
-// usage, and exits with 2.
+// Command-line parsing shared by the examples, tools/ and bench/: CLI11
+// (Debian libcli11-dev) parses, and a bad argument becomes a UsageError
+// naming the flag and its value ("--world: Value 2147483648 not in range 1
+// to 1048576"). A program catches UsageError, prints it with its usage, and
+// exits with 2. Every numeric flag gets a range:
+//
+//   CLI::App app;
+//   app.add_option("--world", world)->check(CLI::Range(1, 1 << 20));
+//   app.add_option("--lr", lr)->check(cli::real_range(0, 1e6));
+//   cli::parse(app, argc, argv);
+//
+// The older helpers below (number, choice, for_each_flag) serve the programs
+// not yet moved to CLI11.
 #pragma once
+
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -24,6 +37,35 @@ struct UsageError : std::runtime_error {
 template <typename... Args>
 [[noreturn]] void usage_error(fmt::format_string<Args...> f, Args&&... args) {
   throw UsageError(fmt::format(f, std::forward<Args>(args)...));
+}
+
+// Parses argv with `app`: --help is UsageError("help") (the caller prints
+// its usage), any other error a UsageError with CLI11's message, which names
+// the flag and the value.
+inline void parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    throw UsageError("help");
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// A finite real number in [lo, hi]: "abc", "nan", "inf" and "1e400" are
+// refused with the range (CLI::Range prints floats unreadably and lets NaN
+// through).
+inline CLI::Validator real_range(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end == nullptr || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) {
+          return fmt::format("'{}' is not a number from {:g} to {:g}", text, lo, hi);
+        }
+        return {};
+      },
+      fmt::format("REAL in [{:g}, {:g}]", lo, hi));
 }
 
 template <typename T>

@@ -9,8 +9,6 @@
 #include "zest/core/device.h"
 
 namespace mlp {
-using cli::number;
-using cli::number_list;
 
 namespace {
 
@@ -35,27 +33,32 @@ std::string usage() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  cli::for_each_flag(argc, argv, {"--launch", "--table"}, [&](std::string_view flag, std::string_view v) {
-    if (flag == "--launch") o.launch = true;
-    else if (flag == "--table") o.table = true;
-    else if (flag == "--ranks") o.ranks = number<int>(flag, v, 1, 1 << 20);
-    else if (flag == "--stage") o.stages = {number<int>(flag, v, 0, 3)};
-    else if (flag == "--stages") o.stages = number_list(flag, v, 0, 3);
-    else if (flag == "--dtype") o.dtype = examples::dtype_flag(flag, v);
-    else if (flag == "--steps") o.steps = number<long>(flag, v, 0, 1L << 40);
-    else if (flag == "--batch") o.batch = number<int>(flag, v, 1, 1 << 20);
-    else if (flag == "--accum") o.accum = number<int>(flag, v, 1, 1 << 20);
-    else if (flag == "--lr") o.lr = std::stof(std::string(v));
-    else if (flag == "--layers") o.shape.layers = number<int>(flag, v, 1, 1 << 20);
-    else if (flag == "--hidden") o.shape.hidden = number<int>(flag, v, 1, 1 << 20);
-    else if (flag == "--seed") o.seed = number<unsigned>(flag, v, 0, ~0u);
-    else if (flag == "--config") o.config_path = v;
-    else if (flag == "--device") o.device = device(flag, v);
-    else if (flag == "--print-every") o.print_every = number<long>(flag, v, 1, 1L << 40);
-    else if (flag == "--save") o.save_dir = v;
-    else if (flag == "--load") o.load_dir = v;
-    else cli::usage_error("unknown option {}", flag);
-  });
+  CLI::App app("mlp");
+  int stage = -1;
+  std::vector<int> stages;
+  std::string device_name;
+  app.add_flag("--launch", o.launch);
+  app.add_flag("--table", o.table);
+  app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 20));
+  CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
+  app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);
+  app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--steps", o.steps)->check(CLI::Range(0L, 1L << 40));
+  app.add_option("--batch", o.batch)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", o.lr)->check(cli::real_range(0, 1e6));
+  app.add_option("--layers", o.shape.layers)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--hidden", o.shape.hidden)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--seed", o.seed)->check(CLI::Range(0u, ~0u));
+  app.add_option("--config", o.config_path);
+  app.add_option("--device", device_name);
+  app.add_option("--print-every", o.print_every)->check(CLI::Range(1L, 1L << 40));
+  app.add_option("--save", o.save_dir);
+  app.add_option("--load", o.load_dir);
+  cli::parse(app, argc, argv);
+  if (stage >= 0) o.stages = {stage};
+  if (!stages.empty()) o.stages = stages;
+  if (!device_name.empty()) o.device = device("--device", device_name);
   return o;
 }
 

@@ -117,12 +117,16 @@ TEST_CASE("the failure reaches collectives of communicators split from the group
         } catch (const CommError& e) {
           errors[static_cast<size_t>(comm.rank())] = e.message();
           throw;
+        } catch (...) {
+          errors[static_cast<size_t>(comm.rank())] = "OTHER " + current_exception_text();
+          throw;
         }
       }, Device::host(), ten_minutes()),
       "out of data", std::runtime_error);
   CHECK(seconds_since(start) < 5.0);
   for (int r : {0, 1, 2}) {
     CAPTURE(r);
+    CAPTURE(errors[static_cast<size_t>(r)]);
     CHECK(errors[static_cast<size_t>(r)].find("rank 3 failed: out of data") != std::string::npos);
   }
 }

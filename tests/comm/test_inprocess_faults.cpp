@@ -30,7 +30,7 @@ double seconds_since(Clock::time_point t) {
 TEST_CASE("a rank that never arrives times out the others, naming it") {
   std::vector<std::string> errors(3);
   std::vector<double> waited(3);
-  std::vector<bool> aborted_after(3);
+  std::vector<char> aborted_after(3);  // not vector<bool>: ranks write their own element at once
   run_inprocess(3, [&](Communicator& comm) {
     OwnedStream stream(Device::host());
     comm.barrier(stream);
@@ -153,10 +153,10 @@ TEST_CASE("a rank whose collective fails part-way aborts the others at once, nam
   // to leave the collective.
   const DType unknown = static_cast<DType>(42);
   std::vector<std::string> errors(2);
-  std::vector<bool> comm_error(2);
+  std::vector<char> comm_error(2);  // not vector<bool>: one word shared by the ranks
   std::vector<CommError::Reason> reasons(2, CommError::Reason::kTimeout);
   std::vector<double> waited(2);
-  std::vector<bool> aborted_after(2);
+  std::vector<char> aborted_after(2);
   std::latch both_done(2);
   run_inprocess(2, [&](Communicator& comm) {
     OwnedStream stream(Device::host());
