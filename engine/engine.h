@@ -26,9 +26,9 @@
 // Gradients are averaged over ranks each micro-step and accumulated in the
 // compute dtype; step() divides by the accumulation steps and the loss scale,
 // clips by the global norm, and steps the owned shards. Every operation on
-// the gradients is elementwise, and the norm is summed in a fixed order
-// (layout_constants.h), so all stages give bit-identical parameters on the
-// in-process backend.
+// the gradients is elementwise, and the norm is an exact sum of per-chunk
+// sums (optim/grad_norm.h), so all stages give bit-identical parameters on
+// the in-process backend.
 //
 // Memory is allocated from the given allocator under the categories of
 // memory_category.h, so allocator.stats() reports it in the ZeRO paper's

@@ -12,6 +12,7 @@
 #include "zest/engine/engine_state.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/memory/copy.h"
+#include "zest/optim/exact_sum.h"
 #include "zest/optim/grad_norm.h"
 #include "zest/optim/lr_schedule.h"
 #include "zest/optim/optimizer.h"
@@ -55,36 +56,28 @@ const void* Engine::reduced_grad(int unit) const {
   return st.grad_acc ? st.grad_acc.data() : owned_part(st.grads_full, unit);
 }
 
-// The square of the global norm of the gradients times `scale`, summed
-// chunk by chunk in the order of the unsharded model (grad_norm.h), so every
-// rank and every world size adds the same numbers in the same order.
+// The square of the global norm of the gradients times `scale`: each rank
+// sums its own shard's chunks and adds them exactly (grad_norm.h), and an
+// int64 all-reduce adds the ranks' exact sums, so every rank, world size and
+// stage gets the same bits. Memory and work O(shard / 256); kExactWords words
+// on the wire.
 double Engine::global_sum_of_squares(float scale) {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
-  const size_t W = static_cast<size_t>(L.partitions());
   const size_t chunks = L.owned() / kShardQuantum;
-  Buffer sums = allocator_.allocate_buffer((W + 1) * chunks * 8, stream_, MemoryCategory::kCommBuffers);
-  double* mine = sums.as<double>() + W * chunks;
+  Buffer sums = allocator_.allocate_buffer(chunks * 8 + kExactWords * 8, stream_, MemoryCategory::kCommBuffers);
+  auto* exact = reinterpret_cast<int64_t*>(sums.as<double>() + chunks);
   for (int u = 0; u < L.num_units(); ++u) {
     chunk_sums_of_squares(stream_, reduced_grad(u), compute_dtype_, L.unit(u).shard, kShardQuantum,
-                          scale, mine + L.owned_offset(u) / kShardQuantum);
+                          scale, sums.as<double>() + L.owned_offset(u) / kShardQuantum);
   }
-  std::vector<double> all(W * chunks);
-  if (W > 1) {
-    // Moved as raw 8-byte words: nothing is reduced.
-    im.control->all_gather(mine, sums.data(), chunks, DType::kInt64, stream_);
-    copy_bytes(stream_, all.data(), sums.data(), all.size() * 8);
-  } else {
-    copy_bytes(stream_, all.data(), mine, all.size() * 8);
-  }
+  fill_zero(stream_, exact, kExactWords * 8);
+  accumulate_exact(stream_, sums.as<double>(), chunks, exact);
+  if (L.partitions() > 1) im.control->all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
+  int64_t words[kExactWords];
+  copy_bytes(stream_, words, exact, sizeof words);
   stream_.synchronize();
-  double total = 0.0;
-  for (int u = 0; u < L.num_units(); ++u) {
-    const size_t first = L.owned_offset(u) / kShardQuantum;
-    const size_t n = L.unit(u).shard / kShardQuantum;
-    for (size_t r = 0; r < W; ++r) total += sum_in_order(all.data() + r * chunks + first, n);
-  }
-  return total;
+  return exact_value(words);
 }
 
 StepResult Engine::step() {

@@ -7,8 +7,8 @@
 //
 // kShardQuantum: a unit's flat buffer is padded to a multiple of
 // partitions x 256 elements, so every shard is a whole number of
-// gradient-norm chunks (optim/grad_norm.h) and the norm, summed chunk by
-// chunk in order, is the same bit for bit whatever the world size. It also
+// gradient-norm chunks (optim/grad_norm.h) and the norm, the exact sum of
+// the chunks' sums, is the same bit for bit whatever the world size. It also
 // keeps every shard a multiple of 512 bytes in fp16, so allocator rounding never
 // adds to the model-state bytes.
 #pragma once

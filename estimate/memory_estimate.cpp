@@ -20,6 +20,7 @@
 
 #include "zest/core/check.h"
 #include "zest/engine/layout_constants.h"
+#include "zest/optim/exact_sum.h"
 
 namespace zest {
 namespace {
@@ -191,9 +192,10 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   size_t largest = 0;
   for (const UnitSize& u : units) largest = std::max(largest, u.padded);
   const int64_t staging = to_bytes(std::min(largest, kInitStagingNumel), 4);
-  // The chunk sums of this rank, then P ranks' gathered (engine_step.cpp).
-  const int64_t norm_sums = to_bytes((static_cast<size_t>(o.partitions()) + 1) *
-                                         (e.owned_numel / kShardQuantum), 8);
+  // The chunk sums of this rank's shard and one exact sum (engine_step.cpp):
+  // O(shard), whatever the world size.
+  const int64_t norm_sums = to_bytes(e.owned_numel / kShardQuantum + kExactWords, 8);
+  e.norm_bytes = norm_sums;
   const int64_t backward = to_bytes(live.numel, b) + to_bytes(grads.numel, b);
 
   set(MemoryCategory::kParameters, s.params, to_bytes(live.numel, b));

@@ -128,6 +128,10 @@ struct MemoryEstimate {
   // the largest unit is the last one registered.
   int64_t peak_bytes = 0;
   int64_t host_bytes = 0;  // offload_optimizer: cpu (a model), else 0
+  // step()'s gradient-norm workspace (comm_buffers while step() runs): one
+  // double per 256 owned elements and one exact sum (optim/grad_norm.h), so
+  // O(shard): it shrinks with the world size.
+  int64_t norm_bytes = 0;
   // model_state_bytes minus the same model states without alignment and
   // shard padding (Ψ/N elements per rank, fractions included).
   int64_t padding_bytes = 0;

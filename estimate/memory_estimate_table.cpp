@@ -7,6 +7,7 @@
 
 #include "zest/core/units.h"
 #include "zest/engine/layout_constants.h"
+#include "zest/optim/exact_sum.h"
 #include "zest/estimate/memory_estimate.h"
 
 namespace zest {
@@ -180,8 +181,8 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
   t.bytes("+ gradient staging", [](const MemoryEstimate& e) { return transient(e, C::kGradients); },
           fmt::format("{} x the grad units' Ψ'", b));
   t.bytes("+ comm_buffers", [](const MemoryEstimate& e) { return transient(e, C::kCommBuffers); },
-          fmt::format("max(4 x min(largest unit's Ψ', {}) (finalize staging), 8(N+1)s/{} (norm chunk sums))",
-                      kInitStagingNumel, kShardQuantum));
+          fmt::format("max(4 x min(largest unit's Ψ', {}) (finalize staging), 8(s/{} + {}) (norm chunk sums))",
+                      kInitStagingNumel, kShardQuantum, kExactWords));
   t.bytes("peak (at most)", [](const MemoryEstimate& e) { return static_cast<double>(e.peak_bytes); },
           "model states + max(staging, live parameters + gradient staging, norm sums)");
   t.gib("  in binary units", [](const MemoryEstimate& e) { return e.peak_bytes; });

@@ -4,6 +4,7 @@
 
 #include "zest/core/check.h"
 #include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/exact_sum.h"
 #include "zest/optim/optim_cuda.h"
 
 namespace zest {
@@ -46,6 +47,25 @@ double sum_in_order(const double* sums, size_t count) {
   double total = 0.0;
   for (size_t i = 0; i < count; ++i) total += sums[i];
   return total;
+}
+
+void accumulate_exact(const Stream& stream, const double* sums, size_t count, int64_t* acc) {
+  ZEST_CHECK(acc != nullptr && (count == 0 || sums != nullptr), "accumulate_exact: null buffer");
+  if (stream.device().is_cuda()) {
+    detail::accumulate_exact_cuda(stream, sums, count, acc);
+    return;
+  }
+  exact_normalize(acc);
+  // 2^31 adds fit between normalizations (exact_sum.h); 2^24 is a margin.
+  constexpr size_t kBetweenNormalizations = size_t{1} << 24;
+  for (size_t i = 0; i < count; ++i) {
+    ZEST_CHECK(exact_add(acc, sums[i]),
+               "accumulate_exact: chunk sum {} at {} is not a sum of squares of floats (negative, or "
+               "not a multiple of 2^-298 below 2^320): pass what chunk_sums_of_squares wrote",
+               sums[i], i);
+    if ((i + 1) % kBetweenNormalizations == 0) exact_normalize(acc);
+  }
+  exact_normalize(acc);
 }
 
 }  // namespace zest

@@ -16,6 +16,7 @@
 #include "zest/core/device.h"
 #include "zest/optim/cuda_elementwise.cuh"
 #include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/exact_sum.h"
 #include "zest/optim/optim_cuda.h"
 
 namespace zest::detail {
@@ -51,7 +52,50 @@ __global__ void chunk_sums_kernel(const T* g, size_t numel, size_t chunk, size_t
   }
 }
 
+// One block adds all chunk sums into acc: each thread adds a strided subset
+// into words of its own, then the block adds the threads' words. Integer
+// additions, so the order (and the thread count) changes no bit; the result
+// is the host's accumulate_exact to the bit. A value outside exact_add's range
+// cannot come from chunk_sums_kernel (exact_sum.h's Note); were one there, it
+// is counted as a NaN, so the step skips instead of using a wrong norm.
+constexpr unsigned kExactThreads = 128;  // 128 x 22 words of shared memory: 22.5 KiB
+
+__global__ void accumulate_exact_kernel(const double* sums, size_t count, int64_t* acc) {
+  __shared__ int64_t words[kExactThreads][kExactWords];
+  const unsigned t = threadIdx.x;
+  int64_t* mine = words[t];
+  for (int k = 0; k < kExactWords; ++k) mine[k] = 0;
+  size_t since = 0;
+  for (size_t i = t; i < count; i += kExactThreads) {
+    if (!exact_add(mine, sums[i])) ++mine[kExactNaNWord];
+    if (++since == (size_t{1} << 24)) {  // 2^31 adds fit between normalizations
+      exact_normalize(mine);
+      since = 0;
+    }
+  }
+  exact_normalize(mine);
+  __syncthreads();
+  for (unsigned half = kExactThreads / 2; half > 0; half /= 2) {
+    if (t < half) {
+      for (int k = 0; k < kExactWords; ++k) words[t][k] += words[t + half][k];
+      exact_normalize(words[t]);
+    }
+    __syncthreads();
+  }
+  if (t == 0) {
+    for (int k = 0; k < kExactWords; ++k) acc[k] += words[0][k];
+    exact_normalize(acc);
+  }
+}
+
 }  // namespace
+
+void accumulate_exact_cuda(const Stream& stream, const double* sums, size_t count, int64_t* acc) {
+  DeviceGuard guard(stream.device());
+  accumulate_exact_kernel<<<1, kExactThreads, 0, static_cast<cudaStream_t>(stream.native())>>>(sums, count,
+                                                                                              acc);
+  ZEST_CUDA_KERNEL_CHECK();
+}
 
 void chunk_sums_of_squares_cuda(const Stream& stream, const void* grad, DType dtype, size_t numel,
                                 size_t chunk_numel, float scale, double* out) {

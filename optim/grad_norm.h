@@ -5,10 +5,16 @@
 // would change in its last bits with the number of ranks, and with it the
 // clipping factor and every parameter after it. Instead each chunk of
 // `chunk_numel` consecutive elements (counted in the unsharded buffer) is
-// summed on its own, in index order, in double; the engine then gathers all
-// chunk sums and adds them in chunk order on every rank. Shard boundaries are
+// summed on its own, in index order, in double. Shard boundaries are
 // kept at multiples of the chunk size, so each chunk lies in one shard and is
 // summed the same way whatever the world size.
+//
+// The chunk sums are then added exactly (optim/exact_sum.h): each rank adds
+// its own chunks into kExactWords integers, and an int64 sum all-reduce adds
+// the ranks' words. Integer addition is associative, so the total has the
+// same bits whatever the world size, the stage and the order of the ranks,
+// and no rank holds more than its own shard's chunk sums: memory and work
+// O(shard / chunk_numel), communication O(1).
 //
 // Squares of fp32, fp16 and bf16 values are exact in double, and an Inf or
 // NaN gradient makes its chunk's sum non-finite, so the same pass detects
@@ -22,6 +28,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "zest/core/dtype.h"
 #include "zest/core/stream.h"
@@ -35,5 +42,10 @@ void chunk_sums_of_squares(const Stream& stream, const void* grad, DType dtype, 
 
 // Adds the chunk sums in order (on the host): the square of the global norm.
 double sum_in_order(const double* sums, size_t count);
+
+// Adds `count` chunk sums (as chunk_sums_of_squares writes them) exactly into
+// acc[kExactWords] (exact_sum.h), and leaves acc normalized, ready for an
+// int64 sum all-reduce. Both are on the stream's device.
+void accumulate_exact(const Stream& stream, const double* sums, size_t count, int64_t* acc);
 
 }  // namespace zest

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "zest/core/dtype.h"
 #include "zest/core/stream.h"
@@ -19,6 +20,8 @@ void optimizer_step_cuda(const Stream& stream, const OptimizerConfig& config,
 
 void chunk_sums_of_squares_cuda(const Stream& stream, const void* grad, DType dtype, size_t numel,
                                 size_t chunk_numel, float scale, double* out);
+
+void accumulate_exact_cuda(const Stream& stream, const double* sums, size_t count, int64_t* acc);
 
 void accumulate_cuda(const Stream& stream, void* dst, const void* src, DType dtype, size_t n);
 

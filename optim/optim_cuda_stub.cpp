@@ -23,6 +23,10 @@ void chunk_sums_of_squares_cuda(const Stream& stream, const void*, DType, size_t
   no_cuda("chunk_sums_of_squares", stream);
 }
 
+void accumulate_exact_cuda(const Stream& stream, const double*, size_t, int64_t*) {
+  no_cuda("accumulate_exact", stream);
+}
+
 void accumulate_cuda(const Stream& stream, void*, const void*, DType, size_t) {
   no_cuda("accumulate", stream);
 }
