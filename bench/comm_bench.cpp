@@ -28,6 +28,7 @@
 // machine with fewer cores than ranks the threads take turns and the numbers
 // say more about scheduling than about the backend. On the GPU it runs
 // kernels that read every rank's buffer directly.
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -93,67 +94,46 @@ void print_usage(std::FILE* out) {
              "  --spin     CommOptions::spin, microseconds a waiting rank polls before it sleeps\n");
 }
 
-std::optional<int64_t> whole_number(std::string_view text) {
-  int64_t v = 0;
-  const char* end = text.data() + text.size();
-  const auto [stop, ec] = std::from_chars(text.data(), end, v);
-  if (ec != std::errc() || stop != end || text.empty()) return std::nullopt;
-  return v;
-}
-
 // An exit code when the program should stop here (2: bad arguments).
 std::optional<int> parse_args(int argc, char** argv, Options& opt) {
-  bool ranks_given = false;
-  bool device_given = false;
   auto bad = [](const std::string& why) {
     fmt::print(stderr, "comm_bench: {}\n", why);
     print_usage(stderr);
     return std::optional<int>(2);
   };
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const bool takes_value = arg == "--backend" || arg == "--ranks" || arg == "--device" || arg == "--iters" ||
-                             arg == "--spin";
-    if (arg == "--help" || arg == "-h") {
-      print_usage(stdout);
-      return 0;
-    }
-    if (arg == "--quick") {
-      opt.quick = true;
-      continue;
-    }
-    if (!takes_value) return bad(fmt::format("unknown argument '{}'", arg));
-    if (i + 1 >= argc) return bad(fmt::format("missing value for {}", arg));
-    const std::string_view value = argv[++i];
-    if (arg == "--backend") {
-      if (value != "inprocess" && value != "nccl" && value != "mpi") {
-        return bad(fmt::format("--backend wants inprocess, nccl or mpi, got '{}'", value));
-      }
-      opt.backend = value;
-    } else if (arg == "--ranks") {
-      const std::optional<int64_t> n = whole_number(value);
-      if (!n || *n < 1 || *n > 1024) return bad(fmt::format("--ranks wants 1 to 1024, got '{}'", value));
-      opt.ranks = static_cast<int>(*n);
-      ranks_given = true;
-    } else if (arg == "--device") {
-      try {
-        opt.device = zest::parse_device(value);
-      } catch (const zest::Error& e) {
-        return bad(e.message());
-      }
-      device_given = true;
-    } else if (arg == "--spin") {
-      const std::optional<int64_t> us = whole_number(value);
-      if (!us || *us < 0 || *us > 1'000'000) return bad(fmt::format("--spin wants 0 to 1000000 us, got '{}'", value));
-      opt.comm_options.spin = std::chrono::microseconds(*us);
-    } else {
-      const std::optional<int64_t> n = whole_number(value);
-      if (!n || *n < 1 || *n > kMaxIters) {
-        return bad(fmt::format("--iters wants 1 to {}, got '{}'", kMaxIters, value));
-      }
-      opt.iters = *n;
+  CLI::App app;
+  app.set_help_flag();  // print_usage is the help
+  bool help = false;
+  std::string device;
+  int64_t iters = 0;
+  int64_t spin_us = -1;
+  app.add_flag("-h,--help", help);
+  app.add_flag("--quick", opt.quick);
+  app.add_option("--backend", opt.backend)->check(CLI::IsMember({"inprocess", "nccl", "mpi"}));
+  CLI::Option* ranks = app.add_option("--ranks", opt.ranks)->check(CLI::Range(1, 1024));
+  CLI::Option* device_option = app.add_option("--device", device);
+  app.add_option("--iters", iters)->check(CLI::Range(int64_t{1}, kMaxIters));
+  app.add_option("--spin", spin_us, "microseconds")->check(CLI::Range(int64_t{0}, int64_t{1'000'000}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return bad(e.what());
+  }
+  if (help) {
+    print_usage(stdout);
+    return 0;
+  }
+  const bool ranks_given = ranks->count() > 0;
+  const bool device_given = device_option->count() > 0;
+  if (device_given) {
+    try {
+      opt.device = zest::parse_device(device);
+    } catch (const zest::Error& e) {
+      return bad(e.message());
     }
   }
+  if (iters > 0) opt.iters = iters;
+  if (spin_us >= 0) opt.comm_options.spin = std::chrono::microseconds(spin_us);
   if (opt.backend != "inprocess" && (ranks_given || device_given)) {
     return bad(fmt::format("--ranks and --device are for --backend inprocess; {} takes its ranks "
                            "from the launcher{}",

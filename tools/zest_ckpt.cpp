@@ -156,27 +156,19 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
 
 int main(int argc, char** argv) {
   try {
-    std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.empty() || args[0] == "--help" || args[0] == "-h") usage_error("a command is needed");
-    const std::string cmd = args[0];
-    std::vector<std::string> pos;
-    DType dtype = DType::kFloat32;
+    CLI::App app("zest-ckpt");
+    std::vector<std::string> args;  // the command, then its paths
+    std::string dtype_name = "fp32";
     int world = 0, stage = -1;
-    for (size_t i = 1; i < args.size(); ++i) {
-      const std::string& a = args[i];
-      if (a.rfind("--", 0) != 0) { pos.push_back(a); continue; }
-      if (i + 1 >= args.size()) usage_error("{} needs a value", a);
-      const std::string& v = args[++i];
-      if (a == "--dtype") {
-        dtype = parse_dtype(cli::choice(a, v, {"fp32", "bf16", "fp16"}));
-      } else if (a == "--world") {
-        world = cli::number(a, v, 1, 1 << 20);
-      } else if (a == "--stage") {
-        stage = cli::number(a, v, 0, 3);
-      } else {
-        usage_error("unknown option {}", a);
-      }
-    }
+    app.add_option("args", args);
+    app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+    app.add_option("--world", world)->check(CLI::Range(1, 1 << 20));
+    app.add_option("--stage", stage)->check(CLI::Range(0, 3));
+    cli::parse(app, argc, argv);
+    if (args.empty()) usage_error("a command is needed");
+    const std::string cmd = args[0];
+    const std::vector<std::string> pos(args.begin() + 1, args.end());
+    const DType dtype = parse_dtype(dtype_name);
     const auto need = [&](size_t n) {
       if (pos.size() != n) usage_error("{} takes {} path(s), got {}", cmd, n, pos.size());
     };

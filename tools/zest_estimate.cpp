@@ -12,6 +12,7 @@
 #include <exception>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -47,13 +48,16 @@ options:
 
 using cli::usage_error;
 
-// A whole number >= lo, written as 12, 7.5e9 or 1e6.
-size_t count_arg(const std::string& flag, const std::string& text, double lo) {
+// A whole number in [lo, hi], written as 12, 7.5e9 or 1e6.
+constexpr double kMaxCount = 0x1p48;
+constexpr double kMaxInt = 0x1p31 - 1;  // flags kept in an int
+size_t count_arg(const std::string& flag, const std::string& text, double lo, double hi = kMaxCount) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v < lo || v > 0x1p48 ||
+  if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi ||
       std::floor(v) != v) {
-    usage_error("{} '{}': expected a whole number from {:g} to 2^48 (e.g. 64, 7.5e9)", flag, text, lo);
+    usage_error("{} '{}': expected a whole number from {:.0f} to {:.0f} (e.g. 64, 7.5e9)", flag, text, lo,
+                hi);
   }
   return static_cast<size_t>(v);
 }
@@ -78,34 +82,26 @@ int64_t size_arg(const std::string& flag, const std::string& text) {
   return static_cast<int64_t>(v * it->second);
 }
 
-// --flag value and --flag=value, each flag at most once.
+// --flag value and --flag=value, each flag at most once (CLI11); the values
+// are checked as they are used, with the ranges of count_arg and size_arg.
 std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   static const char* kFlags[] = {"--params", "--unit-numel", "--units", "--world", "--stage",
                                  "--dtype", "--optimizer", "--accum", "--persistence-threshold",
                                  "--live-units", "--grad-units", "--device-memory",
                                  "--offload-optimizer", "--config"};
+  CLI::App app("zest-estimate");
+  std::map<std::string, std::string> values;
+  for (const char* f : kFlags) app.add_option(f, values[f]);
   std::map<std::string, std::string> flags;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      flags["--help"] = "";
-      continue;
-    }
-    std::string value;
-    const size_t eq = arg.find('=');
-    const bool inline_value = eq != std::string::npos;
-    if (inline_value) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    bool known = false;
-    for (const char* f : kFlags) known = known || arg == f;
-    if (!known) usage_error("unknown argument '{}'", argv[i]);
-    if (!inline_value) {
-      if (i + 1 >= argc) usage_error("{} needs a value", arg);
-      value = argv[++i];
-    }
-    if (!flags.emplace(arg, value).second) usage_error("{} given twice", arg);
+  try {
+    cli::parse(app, argc, argv);
+  } catch (const cli::UsageError& e) {
+    if (std::string_view(e.what()) != "help") throw;
+    flags["--help"] = "";
+    return flags;
+  }
+  for (const char* f : kFlags) {
+    if (app.count(f) > 0) flags[f] = values[f];
   }
   return flags;
 }
@@ -131,7 +127,7 @@ int run(int argc, char** argv) {
   if (has("--unit-numel") && !has("--params")) usage_error("--unit-numel goes with --params");
   if (!has("--world")) usage_error("--world N is required (the number of data-parallel ranks)");
 
-  const int world = static_cast<int>(count_arg("--world", flags["--world"], 1));
+  const int world = static_cast<int>(count_arg("--world", flags["--world"], 1, 1 << 20));
   zest::EstimateOptions opt;
   if (has("--config")) {
     opt = zest::EstimateOptions::from_config(zest::load_config_file(flags["--config"]), world);
@@ -148,8 +144,8 @@ int run(int argc, char** argv) {
     opt.zero.stage3_param_persistence_threshold =
         static_cast<int64_t>(count_arg("--persistence-threshold", flags["--persistence-threshold"], 0));
   }
-  if (has("--live-units")) opt.live_units = static_cast<int>(count_arg("--live-units", flags["--live-units"], 1));
-  if (has("--grad-units")) opt.grad_units_in_flight = static_cast<int>(count_arg("--grad-units", flags["--grad-units"], 1));
+  if (has("--live-units")) opt.live_units = static_cast<int>(count_arg("--live-units", flags["--live-units"], 1, kMaxInt));
+  if (has("--grad-units")) opt.grad_units_in_flight = static_cast<int>(count_arg("--grad-units", flags["--grad-units"], 1, kMaxInt));
   if (has("--device-memory")) table.device_bytes = size_arg("--device-memory", flags["--device-memory"]);
   if (has("--offload-optimizer")) {
     const std::string d = cli::choice("--offload-optimizer", flags["--offload-optimizer"], {"none", "cpu"});

@@ -5,8 +5,6 @@
 #include "common/default_config.h"
 
 namespace memory_compare {
-using cli::number;
-using cli::number_list;
 
 std::string usage() {
   return "usage: memory_compare [--stages 0,1,2,3] [--worlds 1,2,4,8] [--steps N] [--dtype fp32|bf16|fp16]\n"
@@ -19,19 +17,19 @@ std::string usage() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  cli::for_each_flag(argc, argv, {}, [&](std::string_view flag, std::string_view v) {
-    if (flag == "--stages") o.stages = number_list(flag, v, 0, 3);
-    else if (flag == "--worlds") o.worlds = number_list(flag, v, 1, 64);
-    else if (flag == "--steps") o.steps = number<long>(flag, v, 1, 1'000'000);
-    else if (flag == "--hidden") o.shape.hidden = number<int>(flag, v, 1, 1 << 14);
-    else if (flag == "--layers") o.shape.layers = number<int>(flag, v, 1, 1024);
-    else if (flag == "--rows") o.rows_per_rank = number<int>(flag, v, 1, 1 << 16);
-    else if (flag == "--seed") o.seed = number<unsigned>(flag, v, 0, ~0u);
-    else if (flag == "--markdown") o.markdown_path = v;
-    else if (flag == "--svg") o.svg_path = v;
-    else if (flag == "--dtype") o.dtype = examples::dtype_flag(flag, v);
-    else cli::usage_error("unknown option {}", flag);
-  });
+  CLI::App app("memory_compare");
+  app.add_option("--stages", o.stages)->delimiter(',')->check(CLI::Range(0, 3));
+  app.add_option("--worlds", o.worlds)->delimiter(',')->check(CLI::Range(1, 64));
+  app.add_option("--steps", o.steps)->check(CLI::Range(1L, 1'000'000L));
+  app.add_option("--hidden", o.shape.hidden)->check(CLI::Range(1, 1 << 14));
+  app.add_option("--layers", o.shape.layers)->check(CLI::Range(1, 1024));
+  app.add_option("--rows", o.rows_per_rank)->check(CLI::Range(1, 1 << 16));
+  app.add_option("--seed", o.seed)->check(CLI::Range(0u, ~0u));
+  app.add_option("--markdown", o.markdown_path);
+  app.add_option("--svg", o.svg_path);
+  app.add_option("--dtype", o.dtype);  // checked below, with the examples' message
+  cli::parse(app, argc, argv);
+  if (app.count("--dtype") > 0) o.dtype = examples::dtype_flag("--dtype", o.dtype);
   return o;
 }
 

@@ -42,7 +42,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 20));
   CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
   app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);
-  app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--dtype", o.dtype);  // checked below, with the examples' message
   app.add_option("--steps", o.steps)->check(CLI::Range(0L, 1L << 40));
   app.add_option("--batch", o.batch)->check(CLI::Range(1, 1 << 20));
   app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
@@ -56,6 +56,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--save", o.save_dir);
   app.add_option("--load", o.load_dir);
   cli::parse(app, argc, argv);
+  if (app.count("--dtype") > 0) o.dtype = examples::dtype_flag("--dtype", o.dtype);
   if (stage >= 0) o.stages = {stage};
   if (!stages.empty()) o.stages = stages;
   if (!device_name.empty()) o.device = device("--device", device_name);
