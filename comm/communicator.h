@@ -149,9 +149,9 @@ class Communicator {
   //   in-process: the group and every group split from it;
   //   MPI: MPI cannot end a collective on other processes, so this prints
   //        the reason and ends the job with MPI_Abort (exit code 1);
-  //   NCCL: this rank's communicator only (ncclCommAbort); the others fail
-  //        at their timeout unless the launcher ends them when this process
-  //        exits.
+  //   NCCL: this rank's communicator only (its later calls are refused);
+  //        the others fail at their timeout unless the launcher ends them
+  //        when this process exits (torchrun and mpirun do).
   void abort(std::string_view reason) noexcept;
 
   // True once a failure (here or on another rank) aborted the communicator.
