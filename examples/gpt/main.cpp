@@ -166,7 +166,9 @@ int main(int argc, char** argv) {
       RunResult rank0;
       const auto body = [&](zest::Communicator& comm) {
         RunResult r = train(opt, corpus, config, comm);
-        if (comm.rank() == 0) rank0 = std::move(r);
+        // In-process: rank 0's. Under a launcher each process keeps its own
+        // (every rank holds every rank's memory and the same losses).
+        if (comm.rank() == 0 || launched) rank0 = std::move(r);
       };
       if (launched) {
         body(*launched);
