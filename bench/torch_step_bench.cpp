@@ -124,17 +124,16 @@ Result zest_run(const Options& o, int stage, int world) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  cli::for_each_flag(argc, argv, {}, [&](std::string_view flag, std::string_view v) {
-    if (flag == "--layers") o.model.layers = cli::number<int64_t>(flag, v, 1, 1024);
-    else if (flag == "--d-model") o.model.d_model = cli::number<int64_t>(flag, v, 1, 1 << 16);
-    else if (flag == "--heads") o.model.heads = cli::number<int64_t>(flag, v, 1, 1024);
-    else if (flag == "--context") o.model.context = cli::number<int64_t>(flag, v, 2, 1 << 16);
-    else if (flag == "--batch") o.batch = cli::number<int64_t>(flag, v, 1, 1 << 20);
-    else if (flag == "--steps") o.steps = cli::number<int>(flag, v, 1, 1 << 20);
-    else if (flag == "--rounds") o.rounds = cli::number<int>(flag, v, 1, 1000);
-    else if (flag == "--ranks") o.ranks = cli::number_list(flag, v, 1, 64);
-    else cli::usage_error("unknown option {}", flag);
-  });
+  CLI::App app("torch_step_bench");
+  app.add_option("--layers", o.model.layers)->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  app.add_option("--d-model", o.model.d_model)->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--heads", o.model.heads)->check(CLI::Range(int64_t{1}, int64_t{1024}));
+  app.add_option("--context", o.model.context)->check(CLI::Range(int64_t{2}, int64_t{1} << 16));
+  app.add_option("--batch", o.batch)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--steps", o.steps)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--rounds", o.rounds)->check(CLI::Range(1, 1000));
+  app.add_option("--ranks", o.ranks)->delimiter(',')->check(CLI::Range(1, 64));
+  cli::parse(app, argc, argv);
   for (int w : o.ranks) {
     if (o.batch % w != 0) cli::usage_error("--batch {} does not divide into {} ranks", o.batch, w);
   }

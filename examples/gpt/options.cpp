@@ -7,22 +7,6 @@
 #include "common/default_config.h"
 
 namespace gpt {
-using cli::number;
-using cli::number_list;
-
-namespace {
-
-double real(std::string_view flag, std::string_view text, double min, double max) {
-  try {
-    size_t end = 0;
-    const double v = std::stod(std::string(text), &end);
-    if (end == text.size() && v >= min && v <= max) return v;
-  } catch (const std::exception&) {
-  }
-  cli::usage_error("{} '{}': expected a number from {} to {}", flag, text, min, max);
-}
-
-}  // namespace
 
 std::string usage() {
   return "usage: gpt [--ranks N] [--stage S | --stages 0,1,2,3] [--launch] [--dtype fp32|bf16|fp16]\n"
@@ -37,40 +21,45 @@ std::string usage() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  cli::for_each_flag(argc, argv, {"--launch", "--untied"}, [&](std::string_view flag, std::string_view v) {
-    if (flag == "--launch") o.launch = true;
-    else if (flag == "--untied") o.model.tied_head = false;
-    else if (flag == "--ranks") o.ranks = number<int>(flag, v, 1, 1 << 16);
-    else if (flag == "--stage") o.stages = {number<int>(flag, v, 0, 3)};
-    else if (flag == "--stages") o.stages = number_list(flag, v, 0, 3);
-    else if (flag == "--dtype") o.dtype = examples::dtype_flag(flag, v);
-    else if (flag == "--config") o.config_path = v;
-    else if (flag == "--steps") o.steps = number<int64_t>(flag, v, 0, int64_t{1} << 40);
-    else if (flag == "--batch") o.batch = number<int64_t>(flag, v, 1, 1 << 20);
-    else if (flag == "--accum") o.accum = number<int>(flag, v, 1, 1 << 20);
-    else if (flag == "--lr") o.lr = static_cast<float>(real(flag, v, 0.0, 10.0));
-    else if (flag == "--warmup") o.warmup = number<int64_t>(flag, v, 0, int64_t{1} << 40);
-    else if (flag == "--schedule-steps") o.schedule_steps = number<int64_t>(flag, v, 1, int64_t{1} << 40);
-    else if (flag == "--seed") o.seed = number<uint64_t>(flag, v, 0, ~uint64_t{0});
-    else if (flag == "--threads") o.threads = number<int>(flag, v, 1, 1024);
-    else if (flag == "--layers") o.model.layers = number<int64_t>(flag, v, 1, 1 << 12);
-    else if (flag == "--heads") o.model.heads = number<int64_t>(flag, v, 1, 1 << 12);
-    else if (flag == "--d-model") o.model.d_model = number<int64_t>(flag, v, 1, 1 << 16);
-    else if (flag == "--context") o.model.context = number<int64_t>(flag, v, 1, 1 << 16);
-    else if (flag == "--vocab") o.model.vocab = number<int64_t>(flag, v, 256, 1 << 20);
-    else if (flag == "--data") o.data = v;
-    else if (flag == "--eval-every") o.eval_every = number<int64_t>(flag, v, 1, int64_t{1} << 40);
-    else if (flag == "--val-windows") o.val_windows = number<int64_t>(flag, v, 1, int64_t{1} << 30);
-    else if (flag == "--print-every") o.print_every = number<int64_t>(flag, v, 1, int64_t{1} << 40);
-    else if (flag == "--save") o.save_dir = v;
-    else if (flag == "--load") o.load_dir = v;
-    else if (flag == "--export") o.export_path = v;
-    else if (flag == "--sample-bytes") o.sample.length = number<int64_t>(flag, v, 0, 1 << 20);
-    else if (flag == "--temperature") o.sample.temperature = real(flag, v, 0.0, 100.0);
-    else if (flag == "--sample-seed") o.sample.seed = number<uint64_t>(flag, v, 0, ~uint64_t{0});
-    else if (flag == "--prompt") o.prompt = v;
-    else cli::usage_error("unknown option {}", flag);
-  });
+  CLI::App app("gpt");
+  int stage = -1;
+  std::vector<int> stages;
+  bool untied = false;
+  app.add_flag("--launch", o.launch);
+  app.add_flag("--untied", untied);
+  app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 16));
+  CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
+  app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);
+  app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--config", o.config_path);
+  app.add_option("--steps", o.steps)->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--batch", o.batch)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", o.lr)->check(cli::real_range(0, 10));
+  app.add_option("--warmup", o.warmup)->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--schedule-steps", o.schedule_steps)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--seed", o.seed);
+  app.add_option("--threads", o.threads)->check(CLI::Range(1, 1024));
+  app.add_option("--layers", o.model.layers)->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
+  app.add_option("--heads", o.model.heads)->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
+  app.add_option("--d-model", o.model.d_model)->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--context", o.model.context)->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--vocab", o.model.vocab)->check(CLI::Range(int64_t{256}, int64_t{1} << 20));
+  app.add_option("--data", o.data);
+  app.add_option("--eval-every", o.eval_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--val-windows", o.val_windows)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--print-every", o.print_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--save", o.save_dir);
+  app.add_option("--load", o.load_dir);
+  app.add_option("--export", o.export_path);
+  app.add_option("--sample-bytes", o.sample.length)->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--temperature", o.sample.temperature)->check(cli::real_range(0, 100));
+  app.add_option("--sample-seed", o.sample.seed);
+  app.add_option("--prompt", o.prompt);
+  cli::parse(app, argc, argv);
+  if (stage >= 0) o.stages = {stage};
+  if (!stages.empty()) o.stages = stages;
+  if (untied) o.model.tied_head = false;
   if (o.model.d_model % o.model.heads != 0) {
     cli::usage_error("--d-model {} does not divide into --heads {}", o.model.d_model, o.model.heads);
   }
