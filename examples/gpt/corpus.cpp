@@ -15,7 +15,7 @@ constexpr size_t kHoldOutEvery = 20;
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("gpt: cannot read {}", path.string()));
+  if (!in) throw std::runtime_error(fmt::format("cannot read {}", path.string()));
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
@@ -83,7 +83,7 @@ Corpus Corpus::load(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(p, ec)) {
     throw std::runtime_error(fmt::format(
-        "gpt: no corpus at {}: install Debian's fortune cookies (scripts/setup.sh does: apt-get install "
+        "no corpus at {}: install Debian's fortune cookies (scripts/setup.sh does: apt-get install "
         "fortunes) or pass --data with a fortune file or a directory of them",
         path));
   }
@@ -100,7 +100,7 @@ Corpus Corpus::load(const std::string& path) {
   Corpus c = from_text(text);
   if (c.cookies_ < kHoldOutEvery) {
     throw std::runtime_error(fmt::format(
-        "gpt: {} holds {} fortune cookies ('%'-separated texts); at least {} are needed for a validation split",
+        "{} holds {} fortune cookies ('%'-separated texts); at least {} are needed for a validation split",
         path, c.cookies_, kHoldOutEvery));
   }
   return c;
@@ -109,7 +109,7 @@ Corpus Corpus::load(const std::string& path) {
 Batch Corpus::train_batch(int64_t step, int64_t first_row, int64_t rows, int64_t context, uint64_t seed) const {
   const auto size = static_cast<int64_t>(train_.size());
   if (size <= context) {
-    throw std::runtime_error(fmt::format("gpt: the training split has {} bytes, not more than the context {}",
+    throw std::runtime_error(fmt::format("the training split has {} bytes, not more than the context {}",
                                          size, context));
   }
   std::vector<int64_t> starts(static_cast<size_t>(rows));
@@ -129,7 +129,7 @@ Batch Corpus::validation_windows(int64_t first, int64_t count, int64_t context) 
   std::vector<int64_t> starts(static_cast<size_t>(count));
   for (int64_t w = 0; w < count; ++w) starts[static_cast<size_t>(w)] = (first + w) * context;
   if (count > 0 && starts.back() + context >= static_cast<int64_t>(validation_.size())) {
-    throw std::out_of_range(fmt::format("gpt: validation window {} is past the split's {} bytes", first + count - 1,
+    throw std::out_of_range(fmt::format("validation window {} is past the split's {} bytes", first + count - 1,
                                         validation_.size()));
   }
   return windows(validation_, starts, context);

@@ -10,7 +10,7 @@ namespace gpt {
 
 void Config::validate() const {
   const auto positive = [](const char* name, int64_t v) {
-    if (v < 1) throw std::invalid_argument(fmt::format("gpt: {} is {}; it must be at least 1", name, v));
+    if (v < 1) throw std::invalid_argument(fmt::format("{} is {}; it must be at least 1", name, v));
   };
   positive("vocab", vocab);
   positive("context", context);
@@ -19,7 +19,7 @@ void Config::validate() const {
   positive("d_model", d_model);
   if (d_model % heads != 0) {
     throw std::invalid_argument(
-        fmt::format("gpt: d_model {} does not divide into {} heads; pick d_model a multiple of heads", d_model, heads));
+        fmt::format("d_model {} does not divide into {} heads; pick d_model a multiple of heads", d_model, heads));
   }
 }
 
@@ -113,7 +113,7 @@ GptImpl::GptImpl(const Config& c, uint64_t seed) : config_(c) {
 torch::Tensor GptImpl::embed(const torch::Tensor& tokens) {
   const int64_t T = tokens.size(1);
   if (T > config_.context) {
-    throw std::invalid_argument(fmt::format("gpt: a sequence of {} tokens is longer than the context {}", T,
+    throw std::invalid_argument(fmt::format("a sequence of {} tokens is longer than the context {}", T,
                                             config_.context));
   }
   const torch::Tensor pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));

@@ -10,7 +10,7 @@ namespace gpt {
 
 std::string generate(GptImpl& model, const UnitRunner& run, const std::string& prompt, const SampleOptions& options) {
   if (options.temperature < 0.0) {
-    throw std::invalid_argument(fmt::format("gpt: temperature {} is negative; use 0 for greedy", options.temperature));
+    throw std::invalid_argument(fmt::format("temperature {} is negative; use 0 for greedy", options.temperature));
   }
   torch::NoGradGuard no_grad;
   at::Generator gen = at::detail::createCPUGenerator(options.seed);

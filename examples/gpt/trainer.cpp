@@ -41,7 +41,7 @@ double validation_loss(zest::TorchModule& zt, GptImpl& model, const Corpus& corp
   // Equal shares, so that every rank runs the same forwards: at stage 3 each
   // one's gathers are collective.
   if (windows < world || windows % world != 0) {
-    throw std::invalid_argument(fmt::format("gpt: {} validation windows do not divide into {} ranks", windows, world));
+    throw std::invalid_argument(fmt::format("{} validation windows do not divide into {} ranks", windows, world));
   }
   const int64_t first = windows / world * rank, last = first + windows / world;
   // Bounded chunks: the logits of a chunk are chunk x context x vocab floats.
