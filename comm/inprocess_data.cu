@@ -19,6 +19,7 @@
 #include "zest/comm/inprocess_data_cuda.h"
 #include "zest/comm/reduce_element.h"
 #include "zest/core/cuda_check.h"
+#include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"
 #include "zest/core/dtype.h"
 #include "zest/core/float16.h"
@@ -95,7 +96,7 @@ void cuda_reduce_into(const Stream& stream, const void* const* inputs, int num_i
   for (int k = 0; k < num_inputs; ++k) p.in[k] = inputs[k];
   for (int j = 0; j < num_outputs; ++j) p.out[j] = outputs[j];
   DeviceGuard guard(stream.device());  // a kernel runs on the current device
-  const auto s = static_cast<cudaStream_t>(stream.native());
+  const auto s = cuda_stream(stream);
   switch (dtype) {
     case DType::kFloat32: return launch_op<float>(op, p, num_inputs, num_outputs, count, s);
     case DType::kFloat16: return launch_op<fp16>(op, p, num_inputs, num_outputs, count, s);

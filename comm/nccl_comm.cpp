@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "zest/core/cuda_check.h"
+#include "zest/core/cuda_stream.h"
 #include "zest/core/logging.h"
 #include "zest/core/nccl_check.h"
 #include "zest/core/rank_context.h"
@@ -59,7 +60,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-cudaStream_t cuda_stream(const Stream& s) { return static_cast<cudaStream_t>(s.native()); }
+
 
 std::string nccl_text(ncclResult_t r) {
   const char* last = ncclGetLastError(nullptr);

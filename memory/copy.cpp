@@ -12,6 +12,7 @@
 
 #if ZEST_WITH_CUDA
 #include "zest/core/cuda_check.h"
+#include "zest/core/cuda_stream.h"
 #endif
 
 namespace zest {
@@ -27,7 +28,7 @@ bool overlaps(const void* a, const void* b, size_t bytes) {
 }
 
 #if ZEST_WITH_CUDA
-cudaStream_t native(const Stream& stream) { return static_cast<cudaStream_t>(stream.native()); }
+
 #else
 [[noreturn]] void no_cuda(const char* what, const Stream& stream) {
   ZEST_FAIL("{} on {}: this build of ZEST has no CUDA backend; reconfigure with -DZEST_CUDA=ON",
@@ -53,7 +54,7 @@ void copy_bytes(const Stream& stream, void* dst, const void* src, size_t bytes) 
 #if ZEST_WITH_CUDA
   // Copies are queued on the current device's context: make it the stream's.
   DeviceGuard guard(stream.device());
-  ZEST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, native(stream)));
+  ZEST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream)));
 #else
   no_cuda("copy_bytes", stream);
 #endif
@@ -69,7 +70,7 @@ void fill_zero(const Stream& stream, void* dst, size_t bytes) {
   }
 #if ZEST_WITH_CUDA
   DeviceGuard guard(stream.device());
-  ZEST_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, native(stream)));
+  ZEST_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, cuda_stream(stream)));
 #else
   no_cuda("fill_zero", stream);
 #endif

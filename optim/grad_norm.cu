@@ -1,19 +1,17 @@
-// CUDA implementation of chunk_sums_of_squares: one thread block per chunk.
-//
-// The order of additions inside a chunk is fixed by the chunk's values and
-// kChunkThreads alone: thread t sums elements t, t + kChunkThreads, ... of the
-// chunk in index order, in double; then a fixed binary tree in shared memory
-// adds the kChunkThreads partial sums. Which block takes a chunk, where the
-// chunk lies in memory and how many chunks there are change nothing, so the
-// sums are as independent of sharding as the host's. They are not the host's
+// CUDA implementation of chunk_sums_of_squares: one warp per chunk, in the
+// order of Note [a warp per chunk] (optim/chunk_sum_order.h), whose
+// host-and-device functions the host tests run too. They are not the host's
 // bits (the host adds a chunk's squares in one sequential pass) but agree to
-// about 1e-15 relative (tests/cuda/test_cuda_optim.cu checks 1e-12). Each
-// square of a float is exact in double, so fusing `acc + x * x` into an FMA
-// changes nothing and this file needs no -fmad=false.
+// about 1e-15 relative (tests/cuda/test_cuda_optim.cu checks 1e-12, and the
+// bits against warp_order_sum_of_squares). Each square of a float is exact in
+// double, so fusing `acc + x * x` into an FMA changes nothing and this file
+// needs no -fmad=false.
 #include <algorithm>
 
 #include "zest/core/cuda_check.h"
+#include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"
+#include "zest/optim/chunk_sum_order.h"
 #include "zest/optim/cuda_elementwise.cuh"
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
@@ -22,33 +20,25 @@
 namespace zest::detail {
 namespace {
 
-// Part of the summation order: changing it changes the sums' last bits.
-constexpr unsigned kChunkThreads = 256;
-static_assert((kChunkThreads & (kChunkThreads - 1)) == 0, "the tree halves the block");
+constexpr unsigned kWarpsPerBlock = 8;
 
 template <typename T>
 __global__ void chunk_sums_kernel(const T* g, size_t numel, size_t chunk, size_t chunks, float scale,
                                   double* out) {
-  __shared__ double partial[kChunkThreads];
-  const unsigned t = threadIdx.x;
-  for (size_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+  const unsigned lane = threadIdx.x % kNormWarp;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kWarpsPerBlock;
+  const auto load = [g](size_t i) { return load_float(g, i); };
+  // c depends on the warp alone, so every lane of a warp runs the same
+  // iterations and the full-mask shuffles are well-defined.
+  for (size_t c = static_cast<size_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kNormWarp; c < chunks;
+       c += stride) {
     const size_t begin = c * chunk;
     const size_t end = numel - begin < chunk ? numel : begin + chunk;  // the last may be short
-    double acc = 0.0;
-    for (size_t i = begin + t; i < end; i += kChunkThreads) {
-      // Scaled in float, as the optimizer sees the gradient (and as the host
-      // does), then squared exactly in double.
-      const double x = static_cast<double>(load_float(g, i) * scale);
-      acc += x * x;
+    double acc = lane_sum_of_squares(load, begin, end, lane, scale);
+    for (unsigned offset = kNormWarp / 2; offset > 0; offset /= 2) {
+      acc += __shfl_down_sync(0xffffffffu, acc, offset);  // warp_tree's additions
     }
-    partial[t] = acc;
-    __syncthreads();
-    for (unsigned half = kChunkThreads / 2; half > 0; half /= 2) {
-      if (t < half) partial[t] += partial[t + half];
-      __syncthreads();
-    }
-    if (t == 0) out[c] = partial[0];
-    __syncthreads();  // partial[] is refilled for the block's next chunk
+    if (lane == 0) out[c] = acc;
   }
 }
 
@@ -92,7 +82,7 @@ __global__ void accumulate_exact_kernel(const double* sums, size_t count, int64_
 
 void accumulate_exact_cuda(const Stream& stream, const double* sums, size_t count, int64_t* acc) {
   DeviceGuard guard(stream.device());
-  accumulate_exact_kernel<<<1, kExactThreads, 0, static_cast<cudaStream_t>(stream.native())>>>(sums, count,
+  accumulate_exact_kernel<<<1, kExactThreads, 0, cuda_stream(stream)>>>(sums, count,
                                                                                               acc);
   ZEST_CUDA_KERNEL_CHECK();
 }
@@ -100,15 +90,15 @@ void accumulate_exact_cuda(const Stream& stream, const double* sums, size_t coun
 void chunk_sums_of_squares_cuda(const Stream& stream, const void* grad, DType dtype, size_t numel,
                                 size_t chunk_numel, float scale, double* out) {
   const size_t chunks = numel / chunk_numel + (numel % chunk_numel != 0 ? 1 : 0);
-  // One block per chunk up to a cap well past what a GPU runs at once; beyond
-  // it blocks loop over chunks, which leaves every chunk's sum unchanged.
+  // One warp per chunk up to a cap well past what a GPU runs at once; beyond
+  // it warps loop over chunks, which leaves every chunk's sum unchanged.
   constexpr size_t kMaxBlocks = size_t{1} << 16;
-  const auto blocks = static_cast<unsigned>(std::min(chunks, kMaxBlocks));
+  const auto blocks = static_cast<unsigned>(std::min((chunks + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks));
   DeviceGuard guard(stream.device());  // a kernel runs on the current device
-  const auto native = static_cast<cudaStream_t>(stream.native());
+  const auto native = cuda_stream(stream);
   visit_float_dtype(dtype, "chunk_sums_of_squares", "gradients", [&](auto type) {
     using T = typename decltype(type)::type;
-    chunk_sums_kernel<T><<<blocks, kChunkThreads, 0, native>>>(static_cast<const T*>(grad), numel,
+    chunk_sums_kernel<T><<<blocks, kWarpsPerBlock * kNormWarp, 0, native>>>(static_cast<const T*>(grad), numel,
                                                                chunk_numel, chunks, scale, out);
     ZEST_CUDA_KERNEL_CHECK();
   });

@@ -4,6 +4,7 @@
 // in grad_ops.cpp. A single float add cannot be contracted, so the sums are
 // the host's bits (NaN payloads aside).
 #include "zest/core/cuda_check.h"
+#include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"
 #include "zest/optim/cuda_elementwise.cuh"
 #include "zest/optim/dtype_dispatch.h"
@@ -28,7 +29,7 @@ __global__ void convert_kernel(const TS* src, TD* dst, size_t n) {
 
 void accumulate_cuda(const Stream& stream, void* dst, const void* src, DType dtype, size_t n) {
   DeviceGuard guard(stream.device());  // a kernel runs on the current device
-  const auto native = static_cast<cudaStream_t>(stream.native());
+  const auto native = cuda_stream(stream);
   visit_float_dtype(dtype, "accumulate", "values", [&](auto type) {
     using T = typename decltype(type)::type;
     accumulate_kernel<T><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
@@ -40,7 +41,7 @@ void accumulate_cuda(const Stream& stream, void* dst, const void* src, DType dty
 void convert_cuda(const Stream& stream, const void* src, DType src_dtype, void* dst, DType dst_dtype,
                   size_t n) {
   DeviceGuard guard(stream.device());
-  const auto native = static_cast<cudaStream_t>(stream.native());
+  const auto native = cuda_stream(stream);
   visit_float_dtype(src_dtype, "convert", "sources", [&](auto from) {
     visit_float_dtype(dst_dtype, "convert", "destinations", [&](auto to) {
       using TS = typename decltype(from)::type;

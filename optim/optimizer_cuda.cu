@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "zest/core/cuda_check.h"
+#include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"
 #include "zest/optim/cuda_elementwise.cuh"
 #include "zest/optim/optim_cuda.h"
@@ -67,7 +68,7 @@ void launch(const OptimizerConfig& c, const ShardBuffers& s, const StepScalars& 
 void optimizer_step_cuda(const Stream& stream, const OptimizerConfig& c, const ShardBuffers& s,
                          const StepScalars& k) {
   DeviceGuard guard(stream.device());  // a kernel runs on the current device
-  const auto native = static_cast<cudaStream_t>(stream.native());
+  const auto native = cuda_stream(stream);
   visit_shard_types(c, s, [&](auto grad_type, auto param_type) {
     launch<typename decltype(grad_type)::type, typename decltype(param_type)::type>(c, s, k, native);
   });

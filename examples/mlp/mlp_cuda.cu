@@ -40,6 +40,7 @@
 #include "mlp_cuda.h"
 #include "zest/core/cublas_check.h"
 #include "zest/core/cuda_check.h"
+#include "zest/core/cuda_stream.h"
 #include "zest/core/float16.h"
 #include "zest/memory/copy.h"
 
@@ -172,7 +173,7 @@ DeviceContext::DeviceContext(zest::CachingAllocator& allocator, zest::Stream str
   try {
     // cublasSetStream puts the handle back on cuBLAS's own workspace pool, so
     // the stream first and then the workspace, which is used on that stream.
-    ZEST_CUBLAS_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(stream.native())));
+    ZEST_CUBLAS_CHECK(cublasSetStream(handle, cuda_stream(stream)));
     cublas_workspace_ = allocator.allocate_buffer(kCublasWorkspaceBytes, stream, zest::MemoryCategory::kWorkspace);
     ZEST_CUBLAS_CHECK(cublasSetWorkspace(handle, cublas_workspace_.data(), cublas_workspace_.size_bytes()));
   } catch (...) {
@@ -209,7 +210,7 @@ float run_on_device(DeviceContext& device, zest::Engine& engine, const Shape& sh
              static_cast<size_t>(rows) * shape.input, static_cast<size_t>(rows) * shape.output, batch.x.size(),
              batch.y.size());
   zest::DeviceGuard guard(stream.device());  // kernels run on the current device
-  const auto native = static_cast<cudaStream_t>(stream.native());
+  const auto native = cuda_stream(stream);
   cublasHandle_t handle = device.cublas();
   constexpr cudaDataType_t kT = kCudaType<T>;
   // Scratch for this call, from the engine's allocator on the compute stream.

@@ -18,6 +18,7 @@
 #include "zest/core/cuda_check.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/memory/copy.h"
+#include "zest/optim/chunk_sum_order.h"
 #include "zest/optim/grad_norm.h"
 #include "zest/optim/grad_ops.h"
 #include "zest/optim/optimizer.h"
@@ -243,6 +244,14 @@ void compare_chunk_sums() {
       if (++bad <= 4) FAIL_CHECK("chunk " << c << ": device " << got[c] << ", host " << expected[c]);
     }
     CHECK(bad == 0);
+    // The bits of the host's run of the kernel's order (chunk_sum_order.h).
+    size_t differ = 0;
+    const auto load = [&](size_t i) { return static_cast<float>(g[i]); };
+    for (size_t c = 0; c < chunks; ++c) {
+      const double want = warp_order_sum_of_squares(load, c * chunk, std::min(n, c * chunk + chunk), scale);
+      differ += std::memcmp(&want, &got[c], sizeof want) != 0 ? 1 : 0;
+    }
+    CHECK(differ == 0);
 
     // A shard starting at a later chunk boundary gets the same bits for the
     // chunks it holds: the sums do not depend on where a chunk lies.

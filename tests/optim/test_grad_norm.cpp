@@ -2,11 +2,13 @@
 // buffer is cut into shards, and flag Inf/NaN.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "zest/core/check.h"
+#include "zest/optim/chunk_sum_order.h"
 #include "zest/optim/grad_norm.h"
 
 using namespace zest;
@@ -65,4 +67,37 @@ TEST_CASE("an Inf or NaN gradient makes its chunk non-finite") {
   CHECK_THROWS_WITH_AS(chunk_sums_of_squares(Stream::default_for(Device::host()), &bad, DType::kInt32, 1, 1,
                                              1.0f, out.data()),
                        doctest::Contains("int32 are not supported"), Error);
+}
+
+TEST_CASE("the GPU's order of a chunk (a warp per chunk): its tree, exact small sums, close to the host's") {
+  // The shuffle tree pairs lanes 1 and 17 before lane 0 sees them: 1 + 2^-52,
+  // where adding the lanes in index order gives 1.
+  double lanes[kNormWarp] = {};
+  lanes[0] = 1.0;
+  lanes[1] = lanes[17] = std::ldexp(1.0, -53);
+  CHECK(warp_tree(lanes) == 1.0 + std::ldexp(1.0, -52));
+
+  std::vector<float> small(300);
+  double exact = 0;
+  for (size_t i = 0; i < small.size(); ++i) {
+    small[i] = static_cast<float>(static_cast<int>(i % 17) - 8);
+    exact += 4.0 * small[i] * small[i];
+  }
+  const auto at = [&](size_t i) { return small[i]; };
+  CHECK(warp_order_sum_of_squares(at, 0, small.size(), 2.0f) == exact);
+  CHECK(warp_order_sum_of_squares(at, 5, 5, 2.0f) == 0.0);  // an empty chunk
+
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<bf16> g(256 * 9 + 31);
+  for (bf16& x : g) x = bf16(normal(rng));
+  std::vector<double> host((g.size() + 255) / 256);
+  chunk_sums_of_squares(Stream::default_for(Device::host()), g.data(), DType::kBFloat16, g.size(), 256, 0.5f,
+                        host.data());
+  const auto load = [&](size_t i) { return static_cast<float>(g[i]); };
+  for (size_t c = 0; c < host.size(); ++c) {
+    CAPTURE(c);
+    const double gpu_order = warp_order_sum_of_squares(load, c * 256, std::min(g.size(), c * 256 + 256), 0.5f);
+    CHECK(gpu_order == doctest::Approx(host[c]).epsilon(1e-15));
+  }
 }
