@@ -24,14 +24,33 @@ namespace zest {
 struct ZeroConfig {
   int stage = 0;
   bool contiguous_gradients = true;
-  int64_t reduce_bucket_size = 500'000'000;     // elements
+  // Elements; unset: reduce_bucket()'s rule, which overlaps at every size.
+  std::optional<int64_t> reduce_bucket_size;
   int64_t allgather_bucket_size = 500'000'000;  // elements
   std::optional<bool> overlap_comm;             // unset: on for stage 3, as in DeepSpeed
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
 
+  // DeepSpeed's overlap_comm: gradient reductions on the engine's
+  // communication stream, so they run while backward goes on (true), or on
+  // the compute stream, in line with backward (false). The bits are the same
+  // either way.
   bool overlap() const { return overlap_comm.value_or(stage == 3); }
+
+  // Note [the reduce bucket rule]. The elements of done gradients collected
+  // before a reduction is launched, for a model of `padded_numel` flat
+  // elements. reduce_bucket_size when set; otherwise a quarter of the model,
+  // at most DeepSpeed's 5e8: a bucket as large as the model (DeepSpeed's
+  // default for any model under 5e8 elements) reduces nothing until the
+  // last unit's done() and so overlaps nothing, while a quarter launches
+  // about four reductions, the first three behind the rest of backward, at
+  // any size. At stage 3 it is also at most stage3_prefetch_bucket_size
+  // (when that is positive), so a prefetch queued on the communication stream
+  // waits behind at most one prefetch window of reductions, not a whole
+  // bucket.
+  int64_t reduce_bucket(size_t padded_numel) const;
+
 };
 
 struct Fp16Config {

@@ -167,7 +167,7 @@ void read_zero(Section& s, ZeroConfig& z) {
     ZEST_CHECK(v, "config: {} false is not supported; ZEST always uses it (remove the key or set "
                   "it to true)", s.where(always_on));
   }
-  s.read_int("reduce_bucket_size", z.reduce_bucket_size, 1, kMaxCount);
+  s.read_int("reduce_bucket_size", z.reduce_bucket_size, 1, kMaxCount);  // unset: ZeroConfig::reduce_bucket
   s.read_int("allgather_bucket_size", z.allgather_bucket_size, 1, kMaxCount);
   s.read_bool("overlap_comm", z.overlap_comm);
   s.read_int("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0, kMaxCount);
@@ -250,6 +250,14 @@ void read_scheduler(Section& s, LrScheduleConfig& c) {
 }
 
 }  // namespace
+
+int64_t ZeroConfig::reduce_bucket(size_t padded_numel) const {
+  constexpr int64_t kDeepSpeedDefault = 500'000'000;
+  int64_t bucket = reduce_bucket_size.value_or(
+      std::clamp<int64_t>(static_cast<int64_t>((padded_numel + 3) / 4), 1, kDeepSpeedDefault));
+  if (stage == 3 && stage3_prefetch_bucket_size > 0) bucket = std::min(bucket, stage3_prefetch_bucket_size);
+  return bucket;
+}
 
 LossScalerConfig Fp16Config::scaler() const {
   LossScalerConfig s;

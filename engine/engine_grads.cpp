@@ -1,8 +1,9 @@
 // grads() and done(): the gradient buffers backward writes, and their
 // reduction. A unit's reduction is queued on the communication stream behind
-// an event on the compute stream, so it overlaps the rest of backward; done
-// units are collected into a bucket of up to reduce_bucket_size elements and
-// launched as one group.
+// an event on the compute stream, so it overlaps the rest of backward
+// (overlap_comm; off, it runs on the compute stream); done units are
+// collected into a bucket (ZeroConfig::reduce_bucket) and launched as one
+// group.
 //
 // Every micro-step's gradients are averaged over the ranks first and then
 // added to the previous micro-steps' (in the compute dtype): the same
@@ -67,15 +68,20 @@ void Engine::grads_done(int unit) {
   Impl& im = *impl_;
   im.pending.push_back(unit);
   im.pending_numel += U.padded;
-  if (static_cast<int64_t>(im.pending_numel) >= config_.zero.reduce_bucket_size) flush_reductions();
+  if (static_cast<int64_t>(im.pending_numel) >= config_.zero.reduce_bucket(im.layout->padded())) flush_reductions();
 }
 
 void Engine::flush_reductions() {
   Impl& im = *impl_;
   if (im.pending.empty()) return;
-  const Stream comm = im.comm();
-  im.handoff->record(stream_);
-  comm.wait(*im.handoff);
+  const PhaseTimer timer(im.times.reduce_ms);
+  // overlap_comm off: in line with backward on the compute stream, which
+  // needs no hand-off.
+  const Stream comm = config_.zero.overlap() ? im.comm() : stream_;
+  if (comm != stream_) {
+    im.handoff->record(stream_);
+    comm.wait(*im.handoff);
+  }
 
   const bool first_micro = im.micro == 0;
   const int stage = config_.zero.stage;

@@ -140,7 +140,9 @@ Taken live_units(const std::vector<std::pair<size_t, size_t>>& gathered, const E
 // together.
 Taken grad_units(const std::vector<std::pair<size_t, size_t>>& all, const EstimateOptions& o) {
   if (o.grad_units_in_flight > 0) return take_largest(all, static_cast<size_t>(o.grad_units_in_flight));
-  const auto bucket = static_cast<size_t>(o.zero.reduce_bucket_size);
+  size_t padded = 0;
+  for (const auto& [n, c] : all) padded += n * c;
+  const auto bucket = static_cast<size_t>(o.zero.reduce_bucket(padded));
   Taken t;
   for (const auto& [n, c] : all) {
     const size_t to_fill = (bucket - t.numel + n - 1) / n;  // units that reach the bucket
@@ -286,11 +288,11 @@ void EstimateOptions::validate() const {
   ZEST_CHECK(zero.stage3_param_persistence_threshold >= 0,
              "stage3_param_persistence_threshold is {}: it must be >= 0 (elements)",
              zero.stage3_param_persistence_threshold);
-  ZEST_CHECK(zero.reduce_bucket_size >= 1 && zero.stage3_prefetch_bucket_size >= 0 &&
+  ZEST_CHECK(zero.reduce_bucket_size.value_or(1) >= 1 && zero.stage3_prefetch_bucket_size >= 0 &&
                  zero.stage3_max_live_parameters >= 0,
              "reduce_bucket_size ({}) must be >= 1, stage3_prefetch_bucket_size ({}) and "
              "stage3_max_live_parameters ({}) >= 0 (elements)",
-             zero.reduce_bucket_size, zero.stage3_prefetch_bucket_size,
+             zero.reduce_bucket_size.value_or(1), zero.stage3_prefetch_bucket_size,
              zero.stage3_max_live_parameters);
   ZEST_CHECK(live_units >= 0 && grad_units_in_flight >= 0,
              "live_units ({}) and grad_units_in_flight ({}) must be >= 0 (0: the engine's policy)",

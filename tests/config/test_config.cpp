@@ -138,3 +138,24 @@ TEST_CASE("config files are read, and a missing file names its path") {
   CHECK_THROWS_WITH_AS(load_config_file("/nonexistent/ds.json"),
                        doctest::Contains("cannot open '/nonexistent/ds.json'"), Error);
 }
+
+TEST_CASE("the reduce bucket: a quarter of the model up to 5e8 unless set; at stage 3 within the prefetch window") {
+  ZeroConfig z;
+  z.stage = 2;
+  CHECK(z.reduce_bucket(1) == 1);
+  CHECK(z.reduce_bucket(1000) == 250);
+  CHECK(z.reduce_bucket(1001) == 251);  // rounded up: four buckets at most
+  CHECK(z.reduce_bucket(size_t{4} << 30) == 500'000'000);
+  z.stage = 3;  // stage3_prefetch_bucket_size 5e7 by default
+  CHECK(z.reduce_bucket(1000) == 250);
+  CHECK(z.reduce_bucket(size_t{1} << 30) == 50'000'000);
+  z.stage3_prefetch_bucket_size = 0;  // no prefetch: no cap
+  CHECK(z.reduce_bucket(size_t{1} << 30) == (int64_t{1} << 28));
+  z.reduce_bucket_size = 7;
+  CHECK(z.reduce_bucket(1000) == 7);
+  z.stage = 2;
+  CHECK(z.reduce_bucket(size_t{4} << 30) == 7);
+  const EngineConfig c = parse_config_json(R"({"zero_optimization": {"stage": 1}})");
+  CHECK_FALSE(c.zero.reduce_bucket_size.has_value());
+  CHECK_FALSE(c.zero.overlap());
+}

@@ -113,3 +113,27 @@ TEST_CASE("stage 3 stays exact when the gather order changes after the first ite
   // Without the forward gathers a step moves Ψ (one gather) + Ψ (reduce-scatter).
   CHECK(got[0].last_step_counters[CollectiveKind::kAllGather].calls == 3);
 }
+
+TEST_CASE("overlap_comm and the reduce bucket change no bit") {
+  EngineConfig config = base_config(2);
+  config.gradient_accumulation_steps = 2;
+  const std::vector<RankResult> reference = run_engine(config, runs(2, 2));
+  for (const bool overlap : {false, true}) {
+    for (const int64_t bucket : {1, 100000}) {
+      CAPTURE(overlap);
+      CAPTURE(bucket);
+      for (int stage : {1, 2, 3}) {
+        CAPTURE(stage);
+        EngineConfig c = config;
+        c.zero.stage = stage;
+        c.zero.overlap_comm = overlap;
+        c.zero.reduce_bucket_size = bucket;
+        const std::vector<RankResult> got = run_engine(c, runs(2, 2));
+        for (const auto& [name, values] : reference[0].params) {
+          CAPTURE(name);
+          CHECK(same_bits(got[1].params.at(name), values));
+        }
+      }
+    }
+  }
+}

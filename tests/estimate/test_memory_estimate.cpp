@@ -114,16 +114,17 @@ TEST_CASE("fp16 AdamW, W = 3: bytes by hand (b = 2, master 4s, optimizer 8s)") {
   CHECK(est(1)[MemoryCategory::kCommBuffers].peak == 6144);
   CHECK(est(0).peak_bytes == 24576 + 5120);
   CHECK(est(1).peak_bytes == 18432 + 6144);
-  // stage 2: both units' full gradients fit one 5e8-element reduce bucket:
-  // 2*2304 = 4608 staged, less than finalize's 6144
-  CHECK(est(2).grad_units_in_flight == 2);
-  CHECK(est(2)[MemoryCategory::kGradients].peak == 1536 + 4608);
+  // stage 2: the default reduce bucket is a quarter of the model
+  // (ZeroConfig::reduce_bucket: 2304 / 4 = 576 elements), which A (1536)
+  // fills alone: 2*1536 = 3072 staged, less than finalize's 6144
+  CHECK(est(2).grad_units_in_flight == 1);
+  CHECK(est(2)[MemoryCategory::kGradients].peak == 1536 + 3072);
   CHECK(est(2).peak_bytes == 15360 + 6144);
   // stage 3: the unit in use and the other prefetched (window 5e7
-  // elements): 4608 gathered, plus 4608 of staged gradients
+  // elements): 4608 gathered, plus A's 3072 of staged gradients
   CHECK(est(3).live_units == 2);
   CHECK(est(3)[MemoryCategory::kParameters].peak == 1536 + 4608);
-  CHECK(est(3).peak_bytes == 12288 + 4608 + 4608);
+  CHECK(est(3).peak_bytes == 12288 + 4608 + 3072);
 
   // One unit in flight each way (the largest, A: 2*1536 each).
   EstimateOptions one = options(3, 3, DType::kFloat16, OptimizerKind::kAdamW);
