@@ -51,6 +51,7 @@ void Engine::materialize(int unit) {
   Impl& im = *impl_;
   UnitState& st = im.units[static_cast<size_t>(unit)];
   const UnitLayout& U = im.layout->unit(unit);
+  const PhaseTimer timer(im.times.gather_ms);
   const size_t bytes = U.padded * elem_size(compute_dtype_);
   // Allocated on the compute stream, which frees it; the comm stream writes
   // it only after everything queued on the compute stream so far.

@@ -1,6 +1,8 @@
 // Internal: the engine's per-unit buffers and bookkeeping (not installed).
 #pragma once
 
+#include <chrono>
+
 #include <memory>
 #include <optional>
 #include <vector>
@@ -38,6 +40,21 @@ struct Engine::UnitState {
   std::optional<Event> ready;  // the unit's last gather is complete
 };
 
+// Adds the time from its construction to its end to `into` (ms).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(double& into) : into_(into), start_(std::chrono::steady_clock::now()) {}
+  ~PhaseTimer() {
+    into_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+  }
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  double& into_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 struct Engine::Impl {
   std::vector<ParamGroupSpec> groups;
   std::vector<UnitSpec> specs;
@@ -67,6 +84,8 @@ struct Engine::Impl {
   bool warned_trace = false;
   size_t trace_pos = 0;
   size_t live_numel = 0;
+
+  StepTimes times;  // since the last boundary (StepResult::times)
 
   explicit Impl(LossScalerConfig scaler_config) : scaler(scaler_config) {}
 

@@ -3,6 +3,8 @@
 // non-finite values, agreed across ranks), loss-scale update, clipping, the
 // optimizer on the owned shards, and the all-gather of updated parameters.
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -64,6 +66,7 @@ const void* Engine::reduced_grad(int unit) const {
 double Engine::global_sum_of_squares(float scale) {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
+  const PhaseTimer timer(im.times.norm_ms);
   const size_t chunks = L.owned() / kShardQuantum;
   Buffer sums = allocator_.allocate_buffer(chunks * 8 + kExactWords * 8, stream_, MemoryCategory::kCommBuffers);
   auto* exact = reinterpret_cast<int64_t*>(sums.as<double>() + chunks);
@@ -124,6 +127,7 @@ StepResult Engine::step() {
   }
   if (!finite) {
     result.skipped_steps = ++im.skipped;
+    result.times = std::exchange(im.times, StepTimes{});
     return result;
   }
 
@@ -145,6 +149,7 @@ StepResult Engine::step() {
 
   const bool fp32 = compute_dtype_ == DType::kFloat32;
   const size_t bc = elem_size(compute_dtype_);
+  std::optional<PhaseTimer> optimizer_timer(std::in_place, im.times.optimizer_ms);
   for (int u = 0; u < L.num_units(); ++u) {
     // Base pointers once per unit, so shard_ptr's checks do not run per run;
     // each run is an offset into them.
@@ -166,9 +171,11 @@ StepResult Engine::step() {
       optimizer_step(stream_, config_.optimizer, b, scalars);
     }
   }
+  optimizer_timer.reset();
   gather_updated_params();
   result.applied = true;
   result.applied_steps = ++im.applied;
+  result.times = std::exchange(im.times, StepTimes{});
   return result;
 }
 
@@ -179,6 +186,7 @@ void Engine::gather_updated_params() {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
   if (L.partitions() == 1) return;
+  const PhaseTimer timer(im.times.gather_ms);
   size_t bucket = 0;
   bool open = false;
   for (int u = 0; u < L.num_units(); ++u) {

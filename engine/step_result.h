@@ -6,6 +6,19 @@
 
 namespace zest {
 
+// Host wall-clock milliseconds of step()'s phases on this rank, summed over
+// the micro-steps of one accumulation: the gradient reductions (bucket
+// flushes in done() and at step()), the global norm, the optimizer, and the
+// parameter gathers (stage-3 gathers of forward and backward, or the
+// all-gather after the update at stages 1-2). On a host stream each phase's
+// work runs as it is issued; on a CUDA stream only its queuing is timed.
+struct StepTimes {
+  double reduce_ms = 0.0;
+  double norm_ms = 0.0;
+  double optimizer_ms = 0.0;
+  double gather_ms = 0.0;
+};
+
 struct StepResult {
   // True on the last micro-step of an accumulation, when an optimizer step
   // was due; false on the others (their gradients were only accumulated).
@@ -26,6 +39,8 @@ struct StepResult {
   double lr = 0.0;
   int64_t applied_steps = 0;  // optimizer steps applied so far
   int64_t skipped_steps = 0;  // boundaries skipped so far
+  // On a boundary, the phases' times since the previous boundary.
+  StepTimes times;
 };
 
 }  // namespace zest

@@ -1,0 +1,180 @@
+// One training step of a model of P parameters on W in-process ranks at
+// stages 0-3, with a trivial forward (a gather per unit) and backward (a
+// constant gradient per unit), so the time is the engine's own: the
+// gradient reduction, the norm, the optimizer and the parameter gathers.
+//
+// Each phase's time (StepResult::times, rank 0's host clock; the ranks run in
+// lockstep through their collectives) is printed against a bound: the time of
+// a memcpy, measured in this run, of the bytes one rank must read and write in
+// that phase at the least (b bytes per element of the compute dtype, s = P/W
+// elements owned, P at stage 0):
+//   reduce     stages 1-3: reduce-scatter, (W+1)s·b (W slices read, one
+//              written); stage 0: all-reduce, twice that
+//   norm       s·b read (the shard's gradient)
+//   optimizer  AdamW with an fp32 master: 12 read + 12 written per element,
+//              plus the gradient read and the parameter written (2b)
+//   gather     stages 1-2: W·s·b read and written; stage 3: twice (forward and
+//              backward gather every unit)
+// A memcpy of n bytes reads n and writes n, so a phase moving B bytes is
+// bounded by the memcpy of B/2 bytes. The target (issue 13): stage 3's step
+// at most 1.3x stage 2's.
+//
+//   step_bench [--params N] [--ranks W] [--units U] [--steps N] [--dtype bf16|fp32]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "zest/comm/inprocess_comm.h"
+#include "zest/core/check.h"
+#include "zest/core/float16.h"
+#include "zest/engine/engine.h"
+#include "zest/memory/raw_allocator.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  size_t params = size_t{1} << 24;
+  int ranks = 2;
+  int units = 8;
+  int steps = 5;  // timed, after one untimed
+  zest::DType dtype = zest::DType::kBFloat16;
+};
+
+struct Phases {
+  double step = 0, reduce = 0, norm = 0, optimizer = 0, gather = 0;  // ms
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The median time of a memcpy of `bytes`, single-threaded, in ms.
+double memcpy_ms(size_t bytes) {
+  if (bytes == 0) return 0.0;
+  std::vector<std::byte> src(bytes, std::byte{1}), dst(bytes);
+  std::vector<double> ms;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return median(ms);
+}
+
+template <typename T>
+void fill_grad(zest::GradHandle& g, const zest::ParamLayout& p) {
+  std::span<T> v = g.grad<T>(p.name);
+  std::fill(v.begin(), v.end(), T(1e-3f));
+}
+
+// Rank 0's phases of `opt.steps` steps at `stage`, medians.
+Phases run_stage(const Options& opt, int stage) {
+  zest::EngineConfig config;
+  config.zero.stage = stage;
+  config.zero.stage3_param_persistence_threshold = 0;
+  config.bf16 = opt.dtype == zest::DType::kBFloat16;
+  const size_t per_unit = opt.params / static_cast<size_t>(opt.units);
+  std::vector<std::vector<double>> ms(5);
+  zest::run_inprocess(opt.ranks, [&](zest::Communicator& comm) {
+    zest::CachingAllocator alloc(zest::make_host_allocator());
+    const zest::OwnedStream stream(zest::Device::host());
+    zest::Engine engine(config, comm, alloc, stream);
+    for (int u = 0; u < opt.units; ++u) {
+      engine.add_unit(fmt::format("u{}", u), {{fmt::format("u{}.w", u), {static_cast<int64_t>(per_unit)}}});
+    }
+    engine.finalize([](const zest::ParamLayout&, std::span<float> v) { std::fill(v.begin(), v.end(), 0.01f); },
+                    zest::InitFrom::kEveryRank);
+    for (int s = 0; s <= opt.steps; ++s) {
+      const auto t0 = Clock::now();
+      for (int u = 0; u < opt.units; ++u) zest::UnitHandle h = engine.gather(u);  // forward
+      for (int u = opt.units - 1; u >= 0; --u) {                                   // backward
+        zest::UnitHandle h = engine.gather(u);
+        zest::GradHandle g = engine.grads(u);
+        for (const zest::ParamLayout& p : engine.layout().unit(u).params) {
+          if (opt.dtype == zest::DType::kBFloat16) fill_grad<zest::bf16>(g, p);
+          else fill_grad<float>(g, p);
+        }
+        g.done();
+      }
+      const zest::StepResult r = engine.step();
+      const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      ZEST_CHECK(r.applied, "step_bench: step {} was not applied: {}", s, r.skip_reason);
+      if (s == 0 || comm.rank() != 0) continue;  // the first step allocates
+      const double per[] = {step_ms, r.times.reduce_ms, r.times.norm_ms, r.times.optimizer_ms,
+                            r.times.gather_ms};
+      for (size_t k = 0; k < 5; ++k) ms[k].push_back(per[k]);
+    }
+  });
+  return {median(ms[0]), median(ms[1]), median(ms[2]), median(ms[3]), median(ms[4])};
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    ZEST_CHECK(i + 1 < argc, "step_bench: {} needs a value", flag);
+    const std::string value = argv[i + 1];
+    if (flag == "--params") o.params = std::stoull(value);
+    else if (flag == "--ranks") o.ranks = std::stoi(value);
+    else if (flag == "--units") o.units = std::stoi(value);
+    else if (flag == "--steps") o.steps = std::stoi(value);
+    else if (flag == "--dtype") o.dtype = zest::parse_dtype(value);
+    else ZEST_FAIL("step_bench: unknown option {} (--params N, --ranks W, --units U, --steps N, --dtype bf16|fp32)", flag);
+  }
+  ZEST_CHECK(o.ranks >= 1 && o.units >= 1 && o.steps >= 1 && o.params >= static_cast<size_t>(o.units),
+             "step_bench: --ranks, --units and --steps must be at least 1 and --params at least --units");
+  ZEST_CHECK(o.dtype == zest::DType::kBFloat16 || o.dtype == zest::DType::kFloat32,
+             "step_bench: --dtype is bf16 or fp32, not {}", zest::dtype_name(o.dtype));
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options opt = parse(argc, argv);
+    const double P = static_cast<double>(opt.params);
+    const double W = opt.ranks;
+    const double b = static_cast<double>(zest::elem_size(opt.dtype));
+    const double master = opt.dtype == zest::DType::kFloat32 ? 0.0 : 8.0;  // fp32 copy read + written
+    fmt::print("step_bench: P = {} parameters in {} units, W = {} in-process ranks, {}, AdamW, {} steps "
+               "(median; {} build)\n",
+               opt.params, opt.units, opt.ranks, zest::dtype_name(opt.dtype), opt.steps, ZEST_BENCH_BUILD_TYPE);
+    fmt::print("{:>6} {:>9} | {:>17} {:>17} {:>17} {:>17} | {:>9} {:>7}\n", "stage", "step ms", "reduce ms (bound)",
+               "norm ms (bound)", "optim ms (bound)", "gather ms (bound)", "bound ms", "x bound");
+    double stage2 = 0, stage3 = 0;
+    for (int stage = 0; stage <= 3; ++stage) {
+      const double parts = stage == 0 ? 1.0 : W;
+      const double s = P / parts;  // owned elements
+      const double reduce_bytes = (stage == 0 ? 2.0 : 1.0) * (W + 1) * (P / W) * b;
+      const double norm_bytes = s * b;
+      const double optim_bytes = s * (16.0 + master + 2 * b);
+      const double gather_bytes = stage == 0 ? 0.0 : (stage == 3 ? 2.0 : 1.0) * 2 * P * b;
+      const double bounds[] = {memcpy_ms(static_cast<size_t>(reduce_bytes / 2)),
+                               memcpy_ms(static_cast<size_t>(norm_bytes / 2)),
+                               memcpy_ms(static_cast<size_t>(optim_bytes / 2)),
+                               memcpy_ms(static_cast<size_t>(gather_bytes / 2))};
+      const double bound = bounds[0] + bounds[1] + bounds[2] + bounds[3];
+      const Phases p = run_stage(opt, stage);
+      if (stage == 2) stage2 = p.step;
+      if (stage == 3) stage3 = p.step;
+      const auto cell = [](double t, double bnd) { return fmt::format("{:8.2f} ({:6.2f})", t, bnd); };
+      fmt::print("{:>6} {:9.2f} | {:>17} {:>17} {:>17} {:>17} | {:9.2f} {:7.2f}\n", stage, p.step,
+                 cell(p.reduce, bounds[0]), cell(p.norm, bounds[1]), cell(p.optimizer, bounds[2]),
+                 cell(p.gather, bounds[3]), bound, p.step / bound);
+    }
+    fmt::print("stage 3 / stage 2 step: {:.2f} (target <= 1.3)\n", stage3 / stage2);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "step_bench: %s\n", e.what());
+    return 1;
+  }
+}
