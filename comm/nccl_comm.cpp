@@ -20,6 +20,7 @@
 
 #include "zest/core/cuda_check.h"
 #include "zest/core/cuda_stream.h"
+#include "zest/core/deadline.h"
 #include "zest/core/logging.h"
 #include "zest/core/nccl_check.h"
 #include "zest/core/rank_context.h"
@@ -27,7 +28,6 @@
 namespace zest {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 static_assert(sizeof(ncclUniqueId) == sizeof(NcclUniqueId),
@@ -59,8 +59,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   ZEST_INTERNAL_ASSERT(false, "unhandled reduce op {}", static_cast<int>(op));
   return ncclSum;
 }
-
-
 
 std::string nccl_text(ncclResult_t r) {
   const char* last = ncclGetLastError(nullptr);
@@ -97,13 +95,13 @@ class Backoff {
 // Polls a non-blocking communicator until it leaves ncclInProgress or the
 // deadline passes (ncclInProgress then). Returns the state, or the error of
 // the query itself. Never throws: destructors use it.
-ncclResult_t poll_ready(ncclComm_t comm, Clock::time_point deadline) {
+ncclResult_t poll_ready(ncclComm_t comm, const Deadline& deadline) {
   Backoff backoff;
   for (;;) {
     ncclResult_t state = ncclInProgress;
     const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
     if (r != ncclSuccess) return r;
-    if (state != ncclInProgress || Clock::now() >= deadline) return state;
+    if (state != ncclInProgress || deadline.passed()) return state;
     backoff.wait();
   }
 }
@@ -142,7 +140,7 @@ struct NcclCommunicator::State {
   struct Watched {
     cudaEvent_t event;
     CollectiveDesc desc;
-    Clock::time_point deadline;
+    Deadline deadline;
   };
   std::deque<Watched> watched;      // recorded after their collective, oldest first
   std::vector<cudaEvent_t> spare;   // completed, ready to record again
@@ -193,7 +191,6 @@ struct NcclCommunicator::State {
     while (!stop) {
       cv.wait_for(lock, kWatchdogPeriod, [&] { return stop; });
       if (stop) break;
-      const Clock::time_point now = Clock::now();
       for (auto it = watched.begin(); it != watched.end();) {
         const cudaError_t q = cudaEventQuery(it->event);
         if (q == cudaSuccess) {
@@ -206,7 +203,7 @@ struct NcclCommunicator::State {
                              fmt::format("NCCL {} on {} failed on the GPU: {}; the communicator "
                                          "was aborted",
                                          it->desc.str(), where(), cuda_text(q)));
-        } else if (now >= it->deadline) {
+        } else if (it->deadline.passed()) {
           set_failure_locked(CommError::Reason::kTimeout, timeout_text(it->desc));
         }
         ++it;
@@ -273,7 +270,7 @@ NcclCommunicator::~NcclCommunicator() {
     const ncclResult_t r = ncclCommFinalize(comm);
     ZEST_NCCL_WARN(r);
     if (r == ncclSuccess || r == ncclInProgress) {
-      const ncclResult_t state = poll_ready(comm, Clock::now() + state_->timeout);
+      const ncclResult_t state = poll_ready(comm, Deadline(state_->timeout));
       if (state == ncclSuccess) {
         ZEST_NCCL_WARN(ncclCommDestroy(comm));
         done = true;
@@ -358,7 +355,7 @@ void NcclCommunicator::issue_data(const CollectiveDesc& desc, const Stream& stre
 }
 
 void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc) {
-  const Clock::time_point deadline = Clock::now() + state_->timeout;
+  const Deadline deadline(state_->timeout);
   Backoff backoff;
   for (;;) {
     check();
@@ -375,7 +372,7 @@ void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc) {
       fail(CommError::Reason::kBackend, fmt::format("NCCL reported an error queueing {} on {}: {}",
                                                     desc.str(), state_->where(), nccl_text(state)));
     }
-    if (Clock::now() >= deadline) {
+    if (deadline.passed()) {
       fail(CommError::Reason::kTimeout,
            fmt::format("NCCL {} on {} was not even queued within {} ms, so the communicator was "
                        "aborted: NCCL was still connecting to the other ranks, and one of them "
@@ -413,7 +410,7 @@ void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream) {
                                            state_->where(), cuda_text(e)));
     return;  // the next call (or check()) reports it
   }
-  state_->watched.push_back({event, desc, Clock::now() + state_->timeout});
+  state_->watched.push_back({event, desc, Deadline(state_->timeout)});
   state_->last_watched = desc;
 }
 
@@ -465,7 +462,7 @@ void NcclCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& stre
                                                   desc.str(), state_->where(), cuda_text(e)));
   }
   // The host waits, by the same deadline as the watchdog, and never longer.
-  const Clock::time_point deadline = Clock::now() + state_->timeout;
+  const Deadline deadline(state_->timeout);
   Backoff backoff;
   for (;;) {
     check();
@@ -475,7 +472,7 @@ void NcclCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& stre
       fail(CommError::Reason::kBackend,
            fmt::format("NCCL {} on {} failed on the GPU: {}", desc.str(), state_->where(), cuda_text(q)));
     }
-    if (Clock::now() >= deadline) fail(CommError::Reason::kTimeout, state_->timeout_text(desc));
+    if (deadline.passed()) fail(CommError::Reason::kTimeout, state_->timeout_text(desc));
     backoff.wait();
   }
 }
@@ -552,7 +549,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
     return nullptr;
   }
   ZEST_INTERNAL_ASSERT(child != nullptr, "ncclCommSplit with color {} returned no communicator", color);
-  const ncclResult_t state = poll_ready(child, Clock::now() + state_->timeout);
+  const ncclResult_t state = poll_ready(child, Deadline(state_->timeout));
   int child_rank = -1;
   int child_size = 0;
   ncclResult_t info = ncclSuccess;
@@ -611,7 +608,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
     ZEST_FAIL("creating the NCCL communicator failed on rank {} of {} ({}): {}", rank, world_size,
               dev.str(), text);
   }
-  const ncclResult_t state = poll_ready(comm, Clock::now() + options.timeout);
+  const ncclResult_t state = poll_ready(comm, Deadline(options.timeout));
   if (state != ncclSuccess) {
     const std::string text = nccl_text(state);
     ZEST_NCCL_WARN(ncclCommAbort(comm));

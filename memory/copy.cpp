@@ -27,9 +27,7 @@ bool overlaps(const void* a, const void* b, size_t bytes) {
   return x < y ? y - x < bytes : x - y < bytes;
 }
 
-#if ZEST_WITH_CUDA
-
-#else
+#if !ZEST_WITH_CUDA
 [[noreturn]] void no_cuda(const char* what, const Stream& stream) {
   ZEST_FAIL("{} on {}: this build of ZEST has no CUDA backend; reconfigure with -DZEST_CUDA=ON",
             what, stream.device().str());
