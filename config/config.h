@@ -75,6 +75,11 @@ struct EngineConfig {
   bool bf16 = false;
   OptimizerConfig optimizer;
   LrScheduleConfig scheduler;
+  // DeepSpeed's data_types.grad_accum_dtype: the dtype gradients are
+  // accumulated in across micro-steps (fp32, fp16 or bf16). Unset:
+  // DeepSpeed's default, which is fp32 for bf16 without ZeRO (stage 0) and
+  // the compute dtype otherwise.
+  std::optional<DType> grad_accum_dtype;
 
   // fp16, bf16 or fp32: what parameters and gradients are stored in. Throws
   // when fp16 and bf16 are both enabled.

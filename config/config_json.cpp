@@ -318,6 +318,14 @@ EngineConfig parse_config_json(std::string_view json_text) {
     s->read_bool("enabled", cfg.bf16);
     s->finish();
   }
+  if (auto s = top.sub("data_types")) {
+    // DeepSpeed's DtypeEnum spellings of the three floating dtypes.
+    const int t = s->read_choice("grad_accum_dtype", {"fp32", "float32", "torch.float32", "float", "fp16",
+                                                      "float16", "torch.float16", "half", "bf16",
+                                                      "bfloat16", "torch.bfloat16"});
+    if (t >= 0) cfg.grad_accum_dtype = t < 4 ? DType::kFloat32 : t < 8 ? DType::kFloat16 : DType::kBFloat16;
+    s->finish();
+  }
   if (auto s = top.sub("optimizer")) read_optimizer(*s, cfg.optimizer);
   if (auto s = top.sub("scheduler")) read_scheduler(*s, cfg.scheduler);
   top.finish();

@@ -106,6 +106,18 @@ TEST_CASE("unknown keys and bad values name the key and what is allowed") {
   CHECK(error_of("[1, 2]") == "config: the top level must be an object ({...}), got array");
 }
 
+TEST_CASE("data_types.grad_accum_dtype takes DeepSpeed's spellings") {
+  CHECK_FALSE(parse_config_json("{}").grad_accum_dtype.has_value());
+  CHECK(parse_config_json(R"({"data_types": {"grad_accum_dtype": "fp32"}})").grad_accum_dtype ==
+        DType::kFloat32);
+  CHECK(parse_config_json(R"({"data_types": {"grad_accum_dtype": "bf16"}})").grad_accum_dtype ==
+        DType::kBFloat16);
+  CHECK(parse_config_json(R"({"data_types": {"grad_accum_dtype": "half"}})").grad_accum_dtype ==
+        DType::kFloat16);
+  CHECK_THROWS_WITH_AS(parse_config_json(R"({"data_types": {"grad_accum_dtype": "int8"}})"),
+                       doctest::Contains("data_types.grad_accum_dtype is \"int8\""), Error);
+}
+
 TEST_CASE("batch sizes resolve like DeepSpeed's") {
   EngineConfig a = parse_config_json(R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})");
   a.resolve_batch(4);
