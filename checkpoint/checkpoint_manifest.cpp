@@ -4,6 +4,7 @@
 
 #include "zest/core/check.h"
 #include "zest/checkpoint/checkpoint.h"
+#include "zest/config/json_parse.h"
 
 namespace zest {
 namespace {
@@ -23,8 +24,11 @@ class Reader {
   }
   int64_t integer(const json& obj, const char* key, const std::string& where, int64_t min, int64_t max) const {
     const json& v = field(obj, key, where);
-    ZEST_CHECK(v.is_number_integer(), "checkpoint manifest '{}': {}.{} must be an integer", path_, where, key);
-    const int64_t x = v.get<int64_t>();
+    std::string why;
+    const std::optional<int64_t> parsed = detail::json_int64(v, &why);
+    ZEST_CHECK(parsed, "checkpoint manifest '{}': {}.{} {}; it must be an integer from {} to {}", path_, where, key,
+               why, min, max);
+    const int64_t x = *parsed;
     ZEST_CHECK(x >= min && x <= max, "checkpoint manifest '{}': {}.{} is {}, outside {}..{}", path_, where, key, x,
                min, max);
     return x;
@@ -90,12 +94,8 @@ std::string manifest_to_json(const CheckpointManifest& m) {
 }
 
 CheckpointManifest parse_manifest(const std::string& json_text, const std::string& path) {
-  json doc;
-  try {
-    doc = json::parse(json_text);
-  } catch (const json::exception& e) {
-    ZEST_FAIL("checkpoint manifest '{}' is not valid JSON: {}", path, e.what());
-  }
+  // A manifest nests 6 levels (units[].params[].shape[]).
+  const json doc = detail::parse_json(json_text, fmt::format("checkpoint manifest '{}'", path), {.max_depth = 8});
   const Reader r(path);
   ZEST_CHECK(doc.is_object() && doc.contains("format") && doc["format"] == "zest-checkpoint",
              "'{}' is not a ZEST checkpoint manifest (no \"format\": \"zest-checkpoint\")", path);

@@ -7,9 +7,9 @@
 //    dtype, shape and offsets, that the offsets agree with dtype and shape,
 //    and that the tensors tile the data region exactly. After open() succeeds
 //    a read can fail only through I/O (a file truncated while open).
-//  - Duplicate JSON keys are errors (nlohmann keeps the last one silently; a
-//    parser callback sees them), and so is any nesting deeper than a header
-//    has, so a hostile header cannot recurse deep into the parser.
+//  - Duplicate JSON keys are errors (nlohmann keeps the last one silently),
+//    and so is any nesting deeper than a header has, so a hostile header
+//    cannot recurse deep into the parser (config/json_parse.h).
 //  - Reads are positioned (pread) and const: one SafetensorsFile may serve
 //    several threads at once. Conversions stream through a bounded staging
 //    buffer, so converting a 10 GB tensor costs kStagingElems of extra memory.
@@ -26,6 +26,7 @@
 #include <cstring>
 #include <set>
 
+#include "zest/config/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/core/system_error.h"
 #include "zest/checkpoint/safetensors.h"
@@ -128,52 +129,19 @@ class MemorySource final : public SafetensorsSource {
 
 // ---- header -----------------------------------------------------------------
 
-// Text for an error message: a hostile header's values (and the parser's
-// quotes of them) can be megabytes long, and the start says enough.
-std::string clip(std::string text, size_t max_chars) {
-  if (text.size() > max_chars) text = text.substr(0, max_chars) + "...";
-  return text;
-}
-std::string brief(const json& v) { return clip(v.dump(), 64); }
+// Text for an error message: a hostile header's values can be megabytes
+// long, and the start says enough.
+std::string brief(const json& v) { return detail::json_brief(v, 64); }
 
 // Objects in objects holding arrays of numbers: a header is 3 levels deep
-// (top object 0, tensor entry 1, shape array 2).
-constexpr int kMaxJsonDepth = 2;
-
+// (top object, tensor entry, shape array); parse_json refuses duplicate
+// keys (nlohmann would keep the last silently) and deeper nesting.
 json parse_header_json(const std::string& text, const std::string& path) {
-  std::vector<std::set<std::string>> keys;  // one set per object being parsed
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        ZEST_CHECK(depth <= kMaxJsonDepth,
-                   "safetensors file '{}': the header nests {} levels deep; a header is an object of tensor "
-                   "entries whose values are strings or arrays of integers",
-                   path, depth + 1);
-        if (event == json::parse_event_t::object_start) keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end: keys.pop_back(); break;
-      case json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!keys.back().insert(key).second) {
-          ZEST_CHECK(keys.size() != 1,
-                     "safetensors file '{}': tensor '{}' appears twice in the header; names must be unique", path,
-                     key);
-          ZEST_FAIL("safetensors file '{}': key \"{}\" appears twice in one header entry; keys must be unique", path,
-                    key);
-        }
-        break;
-      }
-      default: break;
-    }
-    return true;
-  };
   try {
-    return json::parse(text, callback);
-  } catch (const json::exception& e) {
-    ZEST_FAIL("safetensors file '{}': the header is not valid JSON ({}); expected a JSON object of tensor name -> "
-              "{{\"dtype\", \"shape\", \"data_offsets\"}}",
-              path, clip(e.what(), 240));
+    return detail::parse_json(text, fmt::format("safetensors file '{}': the header", path), {.max_depth = 3});
+  } catch (const Error& e) {
+    ZEST_FAIL("{}; expected a JSON object of tensor name -> {{\"dtype\", \"shape\", \"data_offsets\"}}",
+              e.message());
   }
 }
 

@@ -25,6 +25,9 @@ foreach(layer ${_zest_layers})
     PATTERN "host_convert.h" EXCLUDE
     PATTERN "engine_state.h" EXCLUDE
     PATTERN "on_every_rank.h" EXCLUDE
+    PATTERN "json_parse.h" EXCLUDE
+    PATTERN "config_reader.h" EXCLUDE
+    PATTERN "config_sections.h" EXCLUDE
     PATTERN "optim_cuda.h" EXCLUDE
     PATTERN "dtype_dispatch.h" EXCLUDE
     PATTERN "cuda_elementwise.cuh" EXCLUDE)

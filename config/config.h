@@ -1,19 +1,46 @@
 // The engine's configuration, with DeepSpeed's key names and defaults, so
-// that a DeepSpeed JSON file that uses only what ZEST supports runs unchanged.
+// that a DeepSpeed (or Hugging Face) ds_config.json runs unchanged wherever
+// ZEST has the features it uses.
 //
-//   EngineConfig cfg = load_config_file("ds_config.json");
-//   EngineConfig cfg = parse_config_json(R"({"zero_optimization": {"stage": 2}})");
+//   #include "zest/config/config.h"
 //
-// A key ZEST does not know, a value of the wrong type, or one out of range is
-// a zest::Error naming the key (as a path, "zero_optimization.stage") and the
-// values allowed.
+//   zest::AutoValues program;                 // what "auto" entries take
+//   program.micro_batch_size = 8;
+//   program.compute_dtype = zest::DType::kBFloat16;
+//   program.hidden_size = 4096;
+//   program.learning_rate = 2e-5;
+//   zest::EngineConfig cfg = zest::parse_config_json(R"({
+//       "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+//       "bf16": {"enabled": "auto"}, "steps_per_print": 10,
+//       "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})", program);
+//   // cfg.bf16 == true, cfg.zero.reduce_bucket_size == 4096 * 4096,
+//   // cfg.ignored == {{"steps_per_print", "..."}}; the Engine derives the
+//   // batch sizes it lacks from the world size (resolve_batch) and logs both
+//   // lists once, from rank 0. load_config_file(path, program) reads a file.
+//
+// What a file may hold is DeepSpeed's own schema (deepspeed/runtime/config.py
+// and its zero, offload, monitor and comms models, with their aliases and
+// deprecated names, such as "bfloat16" for "bf16" and "max_live_parameters"
+// for "stage3_max_live_parameters"):
+//   - a key ZEST honours sets the field below;
+//   - a key about something ZEST does not do (logging cadence, profilers,
+//     monitors, autotuning, NVMe I/O tuning, stage-3 fetch heuristics...) is
+//     accepted, and listed in `ignored` with the reason;
+//   - a key that asks for a feature ZEST lacks (offload to CPU or NVMe,
+//     LAMB or 1-bit optimizers, curriculum learning, activation
+//     checkpointing, pipeline or tensor parallelism, compression...) is
+//     refused with the feature's name;
+//   - a key DeepSpeed itself would refuse is refused with the names allowed
+//     there and the nearest one ("did you mean").
+// Every problem of a file is found before anything is thrown: one zest::Error
+// lists them all, each with its key path ("zero_optimization.stage").
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
-
+#include <vector>
 #include "zest/core/dtype.h"
 #include "zest/optim/loss_scaler.h"
 #include "zest/optim/lr_schedule.h"
@@ -65,10 +92,56 @@ struct Fp16Config {
   LossScalerConfig scaler() const;
 };
 
+// A key of a config file and what became of it.
+struct ConfigNote {
+  std::string key;   // its path: "zero_optimization.sub_group_size"
+  std::string text;  // why it is ignored, or the value "auto" became and why
+};
+
+// Values the program knows, for a file's "auto" entries, filled after
+// Hugging Face's Trainer (transformers/integrations/deepspeed.py):
+//   train_micro_batch_size_per_gpu   micro_batch_size
+//   gradient_accumulation_steps      gradient_accumulation_steps
+//   train_batch_size                 world_size x micro x accumulation (when
+//                                    world_size is given; otherwise left for
+//                                    the Engine to derive at the real size)
+//   fp16.enabled, bf16.enabled       compute_dtype
+//   zero_optimization.reduce_bucket_size                 hidden_size^2
+//   zero_optimization.stage3_prefetch_bucket_size        0.9 x hidden_size^2
+//   zero_optimization.stage3_param_persistence_threshold 10 x hidden_size
+//   gradient_clipping                gradient_clipping
+//   optimizer.params lr, betas, eps, weight_decay
+//                                    learning_rate, betas, eps, weight_decay
+//   scheduler.params warmup_min_lr   0; warmup_max_lr: learning_rate
+//   scheduler.params warmup_num_steps, total_num_steps
+//                                    warmup_steps, total_steps
+// An "auto" the program leaves unfilled takes the key's default (what
+// DeepSpeed does with one), noted in EngineConfig::auto_filled; one without
+// a default (total_num_steps) is an error naming the field to set. Where
+// the file writes a value and the program gives another, the file's is used
+// and the difference is listed in EngineConfig::mismatched (Hugging Face
+// refuses the file instead; ZEST loads it and the Engine warns, because a
+// file that names every value is complete as it stands).
+struct AutoValues {
+  std::optional<int64_t> micro_batch_size;
+  std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<int> world_size;
+  std::optional<DType> compute_dtype;  // kFloat32, kFloat16 or kBFloat16
+  std::optional<int64_t> hidden_size;
+  std::optional<double> learning_rate;
+  std::optional<double> weight_decay;
+  std::optional<double> beta1, beta2;  // Adam's betas, both or neither
+  std::optional<double> eps;
+  std::optional<double> gradient_clipping;
+  std::optional<int64_t> warmup_steps;
+  std::optional<int64_t> total_steps;
+};
+
 struct EngineConfig {
+  // DeepSpeed's batch triple; any two determine the third (resolve_batch).
   std::optional<int64_t> train_batch_size;
   std::optional<int64_t> train_micro_batch_size_per_gpu;
-  int64_t gradient_accumulation_steps = 1;
+  std::optional<int64_t> gradient_accumulation_steps;
   double gradient_clipping = 0.0;  // 0: off
   ZeroConfig zero;
   Fp16Config fp16;
@@ -81,17 +154,46 @@ struct EngineConfig {
   // the compute dtype otherwise.
   std::optional<DType> grad_accum_dtype;
 
+
+  // Keys of the file that ZEST accepted without acting on them, with the
+  // reason, and the values its "auto" entries became: the Engine logs both
+  // once, from rank 0, when it is constructed.
+  std::vector<ConfigNote> ignored;
+  std::vector<ConfigNote> auto_filled;
+  // Written values that differ from the program's AutoValues (the written
+  // one is used): logged as a warning, once, from rank 0.
+  std::vector<ConfigNote> mismatched;
+
   // fp16, bf16 or fp32: what parameters and gradients are stored in. Throws
   // when fp16 and bf16 are both enabled.
   DType compute_dtype() const;
 
-  // Fills in whichever of train_batch_size, train_micro_batch_size_per_gpu
-  // and gradient_accumulation_steps is missing, as DeepSpeed does, and checks
-  // that train_batch_size = micro x accumulation x world_size.
+  // Micro-steps per optimizer step: gradient_accumulation_steps once
+  // resolve_batch has run (the Engine runs it), 1 when unset.
+  int64_t accumulation_steps() const { return gradient_accumulation_steps.value_or(1); }
+
+  // DeepSpeed's batch rules (runtime/config.py, _configure_train_batch_size)
+  // at `world_size` data-parallel ranks, with its integer divisions:
+  //   all three given        checked as they are
+  //   batch and micro        accumulation = batch / micro / world
+  //   batch and accumulation micro = batch / world / accumulation
+  //   micro and accumulation batch = micro x accumulation x world
+  //   batch alone            accumulation 1, micro = batch / world
+  //   micro alone            accumulation 1, batch = micro x world
+  // then batch == micro x accumulation x world, each at least 1, or an Error
+  // with the arithmetic. Where DeepSpeed refuses a config with neither batch
+  // nor micro (its data loader needs one), ZEST, which loads no data, takes
+  // accumulation as given (1 when unset) and leaves the two unset.
   void resolve_batch(int world_size);
+  // "train_batch_size 32 = micro 8 x accumulation 4 x 1 rank", after
+  // resolve_batch; empty when neither batch size is known.
+  std::string batch_summary(int world_size) const;
 };
 
-EngineConfig parse_config_json(std::string_view json_text);
-EngineConfig load_config_file(const std::string& path);
+// `json_text` holds a DeepSpeed config; `program` fills its "auto" entries.
+// Throws a zest::Error listing every problem.
+EngineConfig parse_config_json(std::string_view json_text, const AutoValues& program = {});
+// The same for a file; errors name it.
+EngineConfig load_config_file(const std::string& path, const AutoValues& program = {});
 
 }  // namespace zest

@@ -15,17 +15,34 @@
 namespace zest {
 namespace {
 
-EngineConfig checked(EngineConfig c) {
+// The config as the engine runs it: checked, and with DeepSpeed's batch
+// triple resolved at the real data-parallel world size, so that the
+// accumulation a file implies (32 / 8 on one rank: 4 micro-steps per
+// optimizer step) is the one the engine takes.
+EngineConfig checked(EngineConfig c, const Communicator& comm) {
   ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
              "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
-  ZEST_CHECK(c.gradient_accumulation_steps >= 1,
-             "gradient_accumulation_steps is {}: it must be at least 1",
-             c.gradient_accumulation_steps);
+  c.resolve_batch(comm.size());
   ZEST_CHECK(c.gradient_clipping >= 0.0, "gradient_clipping is {}: it must be >= 0 (0: off)",
              c.gradient_clipping);
   c.optimizer.validate();
   c.scheduler.validate();
   return c;
+}
+
+// What the config file's keys became, said once, by rank 0: the keys ZEST
+// ignores and why, the values "auto" took, and the batch arithmetic.
+void log_config_notes(const EngineConfig& c, const Communicator& comm) {
+  if (comm.rank() != 0) return;
+  auto list = [](const std::vector<ConfigNote>& notes) {
+    std::string s;
+    for (const ConfigNote& n : notes) s += fmt::format("{}{}: {}", s.empty() ? "" : "; ", n.key, n.text);
+    return s;
+  };
+  if (!c.ignored.empty()) ZEST_LOG_INFO("config: ignored (ZEST does not do what they control): {}", list(c.ignored));
+  if (!c.auto_filled.empty()) ZEST_LOG_INFO("config: \"auto\" values: {}", list(c.auto_filled));
+  if (!c.mismatched.empty()) ZEST_LOG_WARN("config: the file differs from the program's values: {}", list(c.mismatched));
+  if (const std::string batch = c.batch_summary(comm.size()); !batch.empty()) ZEST_LOG_INFO("config: {}", batch);
 }
 
 }  // namespace
@@ -38,7 +55,7 @@ int64_t MemoryReport::model_states() const {
 }
 
 Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, Stream stream)
-    : config_(checked(std::move(config))),
+    : config_(checked(std::move(config), comm)),
       comm_(comm),
       allocator_(allocator),
       stream_(stream),
@@ -52,6 +69,7 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
              comm.device().str(), allocator.device().str(), stream.device().str());
   impl_->groups.push_back({"default", config_.optimizer.weight_decay});
   impl_->part = config_.zero.stage == 0 ? 0 : comm.rank();
+  log_config_notes(config_, comm);
 }
 
 Engine::~Engine() {
@@ -140,7 +158,7 @@ std::string describe_hyperparameters(const EngineConfig& c) {
   const Fp16Config& f = c.fp16;
   std::string out;
   out += fmt::format("config stage {} compute {} gradient_accumulation_steps {} gradient_clipping {}\n",
-                     c.zero.stage, dtype_name(c.compute_dtype()), c.gradient_accumulation_steps,
+                     c.zero.stage, dtype_name(c.compute_dtype()), c.accumulation_steps(),
                      c.gradient_clipping);
   out += fmt::format("config optimizer {} lr {} weight_decay {} betas [{}, {}] eps {} "
                      "bias_correction {} momentum {} dampening {} nesterov {}\n",
@@ -232,7 +250,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
 
   const size_t bc = elem_size(compute_dtype_);
   const bool fp32 = compute_dtype_ == DType::kFloat32;
-  const bool accumulating = config_.gradient_accumulation_steps > 1;
+  const bool accumulating = config_.accumulation_steps() > 1;
   if (!fp32) {
     im.master = allocator_.allocate_buffer(L.owned() * 4, stream_, MemoryCategory::kMasterWeights);
   }
@@ -398,7 +416,7 @@ void Engine::restore(const Progress& progress) {
   ZEST_CHECK(im.micro == 0 && im.pending.empty(),
              "restore() in the middle of a gradient accumulation ({} of {} micro-steps done): "
              "restore between optimizer steps",
-             im.micro, config_.gradient_accumulation_steps);
+             im.micro, config_.accumulation_steps());
   im.applied = progress.applied_steps;
   im.skipped = progress.skipped_steps;
   im.scaler.load_state(progress.loss_scaler);

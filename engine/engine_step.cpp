@@ -91,7 +91,7 @@ StepResult Engine::step() {
   result.applied_steps = im.applied;
   result.skipped_steps = im.skipped;
   result.loss_scale = loss_scale();
-  if (im.micro < config_.gradient_accumulation_steps) return result;
+  if (im.micro < config_.accumulation_steps()) return result;
   im.micro = 0;
   // The gather order: recorded over the first iteration, replayed after.
   // When an iteration departed from it (an evaluation pass before training,
@@ -107,7 +107,7 @@ StepResult Engine::step() {
   result.boundary = true;
 
   const ModelLayout& L = *im.layout;
-  const double unscale = 1.0 / (static_cast<double>(config_.gradient_accumulation_steps) * loss_scale());
+  const double unscale = 1.0 / (static_cast<double>(config_.accumulation_steps()) * loss_scale());
   const double sumsq = global_sum_of_squares(static_cast<float>(unscale));
   result.grad_norm = std::sqrt(sumsq);
   const bool finite = std::isfinite(sumsq);

@@ -270,7 +270,10 @@ EstimateOptions EstimateOptions::from_config(const EngineConfig& config, int wor
   o.zero = config.zero;
   o.compute_dtype = config.compute_dtype();
   o.optimizer = config.optimizer;
-  o.gradient_accumulation_steps = config.gradient_accumulation_steps;
+  // The accumulation the engine would take at this world size.
+  EngineConfig resolved = config;
+  if (world_size >= 1) resolved.resolve_batch(world_size);
+  o.gradient_accumulation_steps = resolved.accumulation_steps();
   return o;
 }
 

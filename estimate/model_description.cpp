@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "zest/config/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/estimate/memory_estimate.h"
 
@@ -64,12 +65,12 @@ ModelDescription parse_lines(std::string_view text) {
 }
 
 size_t json_count(const nlohmann::json& v, const std::string& where) {
-  ZEST_CHECK(v.is_number(), "{}: expected a number, got {}", where, v.dump());
+  ZEST_CHECK(v.is_number(), "{}: expected a number, got {}", where, detail::json_brief(v));
   return whole_count(v.get<double>(), where);
 }
 
 std::vector<size_t> json_numels(const nlohmann::json& list, const std::string& where) {
-  ZEST_CHECK(list.is_array(), "{}: expected a list of parameter counts, got {}", where, list.dump());
+  ZEST_CHECK(list.is_array(), "{}: expected a list of parameter counts, got {}", where, detail::json_brief(list));
   std::vector<size_t> out;
   for (const nlohmann::json& v : list) out.push_back(json_count(v, where));
   return out;
@@ -77,12 +78,8 @@ std::vector<size_t> json_numels(const nlohmann::json& list, const std::string& w
 
 // [[numel, ...], {"name": "block", "params": [numel, ...], "count": 48}, ...]
 ModelDescription parse_json(std::string_view text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    ZEST_FAIL("units: not valid JSON ({})", e.what());
-  }
+  // A units file nests 3 levels ([{"params": [...]}]).
+  const nlohmann::json j = detail::parse_json(text, "units", {.max_depth = 4});
   ZEST_CHECK(j.is_array(), "units: a JSON units file is a list of units, got {}", j.type_name());
   ModelDescription m;
   for (size_t i = 0; i < j.size(); ++i) {
@@ -93,7 +90,7 @@ ModelDescription parse_json(std::string_view text) {
       u.param_numels = json_numels(item, where);
     } else {
       ZEST_CHECK(item.is_object(), "{}: expected a list of counts or an object, got {}", where,
-                 item.dump());
+                 detail::json_brief(item));
       for (const auto& [key, value] : item.items()) {
         if (key == "name") {
           ZEST_CHECK(value.is_string(), "{}: \"name\" must be a string", where);

@@ -77,7 +77,7 @@ RunResult train(const gpt::Options& opt, const gpt::Corpus& corpus, const zest::
     first = engine.progress().applied_steps + engine.progress().skipped_steps;
     if (printer) fmt::print("resumed from {} at step {}\n", opt.load_dir, first);
   }
-  const int64_t accum = config.gradient_accumulation_steps;
+  const int64_t accum = engine.config().accumulation_steps();  // as the engine resolved it
   const int64_t rows_per_rank = opt.batch / world, rows_per_micro = rows_per_rank / accum;
   const int64_t context = opt.model.context;
   const int64_t windows = std::min(opt.val_windows, corpus.validation_window_count(context, opt.val_windows)) /

@@ -84,9 +84,9 @@ zest::EngineConfig engine_config(const Options& opt, int stage, int world) {
   c.zero.stage = stage;
   if (opt.accum > 0) c.gradient_accumulation_steps = opt.accum;
   if (!opt.dtype.empty()) examples::set_compute_dtype(c, opt.dtype);
-  if (opt.batch % (world * c.gradient_accumulation_steps) != 0) {
+  if (opt.batch % (world * c.accumulation_steps()) != 0) {
     throw UsageError(fmt::format("--batch {} does not divide into {} ranks x {} micro-steps", opt.batch, world,
-                                 c.gradient_accumulation_steps));
+                                 c.accumulation_steps()));
   }
   return c;
 }

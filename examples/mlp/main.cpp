@@ -57,7 +57,7 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
 
   const mlp::Teacher teacher(opt.shape, opt.seed + 1);
   const int world = comm.size();
-  const int accum = static_cast<int>(config.gradient_accumulation_steps);
+  const int accum = static_cast<int>(engine.config().accumulation_steps());  // as the engine resolved it
   const int rows_per_rank = opt.batch / world;
   const int rows_per_micro = rows_per_rank / accum;
   const mlp::Batch held_out = teacher.batch(-1, 0, 256);

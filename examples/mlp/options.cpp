@@ -70,9 +70,9 @@ zest::EngineConfig engine_config(const Options& opt, int stage) {
   if (opt.accum > 0) c.gradient_accumulation_steps = opt.accum;
   if (!opt.dtype.empty()) examples::set_compute_dtype(c, opt.dtype);
   const int world = opt.launch ? 0 : opt.ranks;
-  if (world > 0 && opt.batch % (world * c.gradient_accumulation_steps) != 0) {
+  if (world > 0 && opt.batch % (world * c.accumulation_steps()) != 0) {
     throw UsageError(fmt::format("--batch {} does not divide into {} ranks x {} micro-steps", opt.batch,
-                                 world, c.gradient_accumulation_steps));
+                                 world, c.accumulation_steps()));
   }
   return c;
 }

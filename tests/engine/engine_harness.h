@@ -120,7 +120,7 @@ inline void run_steps(Engine& engine, Communicator& comm, const RunOptions& opt,
   Backward bw = opt.backward;
   for (int64_t s = first; s < last; ++s) {
     comm.reset_counters();
-    for (int m = 0; m < engine.config().gradient_accumulation_steps; ++m) {
+    for (int m = 0; m < static_cast<int>(engine.config().accumulation_steps()); ++m) {
       bw.scale = static_cast<float>(engine.loss_scale());
       if (opt.forward_then_backward && !(opt.change_order && s > first)) {
         for (int u = 0; u < units; ++u) UnitHandle h = engine.gather(u);  // forward

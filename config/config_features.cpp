@@ -1,0 +1,118 @@
+// The rest of DeepSpeed's top level (runtime/config.py, _initialize_params):
+// keys about what ZEST does not do, accepted and listed as ignored with the
+// reason, and keys that ask for a feature ZEST lacks, refused by name. The
+// sections DeepSpeed validates (its pydantic models) keep their key checks
+// even when ignored, so a misspelt key inside one is still refused.
+#include <fmt/format.h>
+
+#include "zest/config/config_sections.h"
+
+namespace zest::config_detail {
+namespace {
+
+// An ignored section whose keys DeepSpeed checks: they are checked too.
+void ignore_section(Section& top, const char* key, std::initializer_list<const char*> keys, const std::string& reason) {
+  std::optional<Section> s = top.sub(key, Unknown::kRefuse);
+  if (!s) return;
+  for (const char* k : keys) s->get(k);
+  s->finish();
+  top.ignore(key, reason);
+}
+
+// Any "enabled": true inside `v` (compression_training nests its switches).
+bool any_enabled(const json& v, int depth = 0) {
+  if (depth > 16 || !(v.is_object() || v.is_array())) return false;
+  if (v.is_object() && v.contains("enabled") && is_on(v.at("enabled"))) return true;
+  for (const json& child : v) {
+    if (any_enabled(child, depth + 1)) return true;
+  }
+  return false;
+}
+
+// DeepSpeed's activation checkpointing does something when one of these is
+// set (and the model calls deepspeed.checkpointing).
+bool checkpointing_on(const json& v) {
+  if (!v.is_object()) return is_on(v);
+  for (const char* k : {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing"}) {
+    if (v.contains(k) && is_on(v.at(k))) return true;
+  }
+  return v.contains("number_checkpoints") && !v.at("number_checkpoints").is_null();
+}
+
+bool tensor_parallel_on(const json& v) {
+  if (!v.is_object()) return is_on(v);
+  auto over_one = [](const json& n) { return n.is_number() && n.get<double>() > 1; };
+  if (v.contains("autotp_size") && over_one(v.at("autotp_size"))) return true;
+  for (const char* tp : {"tp", "tensor_parallel"}) {
+    if (v.contains(tp) && v.at(tp).is_object() && v.at(tp).contains("tp_size") && over_one(v.at(tp).at("tp_size")))
+      return true;
+  }
+  return false;
+}
+
+void read_ignored(Section& top) {
+  top.ignore("steps_per_print", "logging cadence: ZEST prints nothing per step (StepResult has each step's numbers)");
+  top.ignore("wall_clock_breakdown", "a timing printout: StepResult::times has each step's phase times");
+  top.ignore("memory_breakdown", "a memory printout: Engine::memory_report() gives it");
+  top.ignore("dump_state", "prints DeepSpeed's state at start-up");
+  top.ignore("flops_profiler", "DeepSpeed's FLOPs profiler of the model's forward, which ZEST does not run");
+  top.ignore("autotuning", "DeepSpeed's autotuner, which its launcher runs before training");
+  top.ignore("zero_allow_untested_optimizer", "lets DeepSpeed run a client optimizer under ZeRO; ZEST runs its own");
+  top.ignore("zero_force_ds_cpu_optimizer", "chooses the optimizer for CPU offload, which ZEST does not do");
+  top.ignore("checkpoint", "DeepSpeed's checkpoint tag and storage options; ZEST's checkpoints are its own "
+                           "(checkpoint/checkpoint.h)");
+  top.ignore("dataloader_drop_last", "for DeepSpeed's data loader; ZEST loads no data");
+  top.ignore("graph_harvesting", "CUDA-graph capture of DeepSpeed's kernels, a matter of speed");
+  top.ignore("disable_allgather", "read by DeepSpeed but no longer used");
+  top.ignore("seq_parallel_comm_data_type", "for sequence parallelism, which ZEST does not do");
+  top.ignore("use_data_before_expert_parallelism", "for expert (MoE) parallelism, which ZEST does not do");
+  top.ignore("timers", "DeepSpeed's throughput timers");
+  top.ignore("nebula", "DeepSpeed's Nebula checkpoint service");
+  top.ignore("aio", "NVMe I/O settings, used only by NVMe offload, which ZEST does not do");
+  top.ignore("compile", "torch.compile settings; ZEST does not compile the model");
+  const std::string monitor = "a training monitor's output; ZEST writes none (log StepResult yourself)";
+  ignore_section(top, "tensorboard", {"enabled", "output_path", "job_name"}, monitor);
+  ignore_section(top, "wandb", {"enabled", "group", "team", "project"}, monitor);
+  ignore_section(top, "csv_monitor", {"enabled", "output_path", "job_name"}, monitor);
+  ignore_section(top, "comet",
+                 {"enabled", "samples_log_interval", "project", "workspace", "api_key", "experiment_name",
+                  "experiment_key", "online", "mode"},
+                 monitor);
+  ignore_section(top, "comms_logger", {"enabled", "prof_all", "prof_ops", "verbose", "debug"},
+                 "DeepSpeed's communication logger; CommCounters counts ZEST's collectives");
+}
+
+void read_refused(Section& top) {
+  top.refuse_if("prescale_gradients", is_on, "gradient prescaling (division by the world size before the "
+                "reduction)", "false: gradients are averaged after the reduction, as in ZEST");
+  top.refuse_if("gradient_predivide_factor",
+                [](const json& v) { return !(v.is_number() && v.get<double>() == 1.0); },
+                "a gradient predivide factor other than 1", "1: no predivision, as in ZEST");
+  top.refuse_if("sparse_gradients", is_on, "sparse gradients (torch.sparse embedding gradients)", "false, as in ZEST");
+  top.refuse_if("activation_checkpointing", checkpointing_on, "DeepSpeed's activation checkpointing",
+                "none of its switches is on");
+  top.refuse_if("curriculum_learning", is_on, "curriculum learning", "curriculum learning is off");
+  top.refuse_if("data_efficiency", is_on, "DeepSpeed's data efficiency library (curriculum learning, random-LTD)",
+                "data efficiency is off");
+  top.refuse_if("progressive_layer_drop", is_on, "progressive layer drop", "progressive layer drop is off");
+  top.refuse_if("eigenvalue", is_on, "eigenvalue computation (for MoQ)", "eigenvalue computation is off");
+  top.refuse_if("quantize_training", is_on, "quantization-aware training (MoQ)", "quantize_training is off");
+  top.refuse_if("compression_training", [](const json& v) { return any_enabled(v); },
+                "compression training (quantization, pruning, layer reduction)", "no compression is enabled");
+  top.refuse_if("sparse_attention", [](const json& v) { return !v.is_null(); }, "DeepSpeed's sparse attention",
+                "");
+  top.refuse_if("pipeline", [](const json& v) { return !v.is_null(); }, "pipeline parallelism (pipeline)", "");
+  top.refuse_if("elasticity", is_on, "elastic training (elasticity)", "elasticity is off");
+  top.refuse_if("hybrid_engine", is_on, "the hybrid engine (RLHF generation)", "the hybrid engine is off");
+  top.refuse_if("tensor_parallel", tensor_parallel_on, "tensor parallelism (AutoTP)", "tensor parallel size 1");
+  top.refuse_if("weight_quantization", [](const json& v) { return !v.is_null(); }, "weight quantization", "");
+}
+
+}  // namespace
+
+void read_other_features(Section& top, FileState&) {
+  read_ignored(top);
+  read_refused(top);
+}
+
+}  // namespace zest::config_detail

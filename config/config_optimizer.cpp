@@ -1,0 +1,251 @@
+// optimizer and scheduler, as DeepSpeed builds them (runtime/engine.py,
+// _configure_basic_optimizer and _scheduler_from_config): a type it knows
+// (its own optimizers and schedules, or any of torch.optim's), and params
+// passed as keyword arguments, so that an unknown one is refused.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "zest/config/config_sections.h"
+#include "zest/config/json_parse.h"
+#include "zest/core/check.h"
+
+namespace zest::config_detail {
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+struct Named {
+  const char* name;
+  const char* feature;
+};
+
+// Optimizers DeepSpeed builds that ZEST does not have (DEEPSPEED_OPTIMIZERS
+// in runtime/config.py), and torch.optim's, which DeepSpeed looks up by name.
+constexpr Named kOtherOptimizers[] = {
+    {"Lamb", "the LAMB optimizer"},
+    {"OneBitAdam", "1-bit Adam (compressed communication)"},
+    {"ZeroOneAdam", "0/1 Adam (compressed communication)"},
+    {"OneBitLamb", "1-bit LAMB (compressed communication)"},
+    {"Adagrad", "the Adagrad optimizer"},
+    {"Lion", "the Lion optimizer"},
+    {"MuAdam", "muP's MuAdam optimizer"},
+    {"MuAdamW", "muP's MuAdamW optimizer"},
+    {"MuSGD", "muP's MuSGD optimizer"},
+    {"Adadelta", "torch.optim.Adadelta"},
+    {"Adafactor", "torch.optim.Adafactor"},
+    {"Adamax", "torch.optim.Adamax"},
+    {"ASGD", "torch.optim.ASGD"},
+    {"LBFGS", "torch.optim.LBFGS"},
+    {"NAdam", "torch.optim.NAdam"},
+    {"RAdam", "torch.optim.RAdam"},
+    {"RMSprop", "torch.optim.RMSprop"},
+    {"Rprop", "torch.optim.Rprop"},
+    {"SparseAdam", "torch.optim.SparseAdam"},
+};
+
+// Schedules DeepSpeed builds that ZEST does not have: its own (runtime/
+// lr_schedules.py) and torch.optim.lr_scheduler's, looked up by name.
+constexpr Named kOtherSchedules[] = {
+    {"LRRangeTest", "DeepSpeed's LRRangeTest schedule"},
+    {"OneCycle", "DeepSpeed's OneCycle schedule (with momentum cycling)"},
+    {"LambdaLR", "torch.optim.lr_scheduler.LambdaLR"},
+    {"MultiplicativeLR", "torch.optim.lr_scheduler.MultiplicativeLR"},
+    {"StepLR", "torch.optim.lr_scheduler.StepLR"},
+    {"MultiStepLR", "torch.optim.lr_scheduler.MultiStepLR"},
+    {"ConstantLR", "torch.optim.lr_scheduler.ConstantLR"},
+    {"LinearLR", "torch.optim.lr_scheduler.LinearLR"},
+    {"ExponentialLR", "torch.optim.lr_scheduler.ExponentialLR"},
+    {"SequentialLR", "torch.optim.lr_scheduler.SequentialLR"},
+    {"CosineAnnealingLR", "torch.optim.lr_scheduler.CosineAnnealingLR"},
+    {"ChainedScheduler", "torch.optim.lr_scheduler.ChainedScheduler"},
+    {"ReduceLROnPlateau", "torch.optim.lr_scheduler.ReduceLROnPlateau"},
+    {"CyclicLR", "torch.optim.lr_scheduler.CyclicLR"},
+    {"CosineAnnealingWarmRestarts", "torch.optim.lr_scheduler.CosineAnnealingWarmRestarts"},
+    {"OneCycleLR", "torch.optim.lr_scheduler.OneCycleLR"},
+    {"PolynomialLR", "torch.optim.lr_scheduler.PolynomialLR"},
+};
+
+// The type of an optimizer or scheduler section: the index into `ours`, or
+// -1 (absent, a problem, or a known type ZEST lacks: a problem naming it).
+template <size_t N>
+int read_type(Section& s, const std::vector<std::string>& ours, const Named (&others)[N], const char* what) {
+  const json* v = s.get("type");
+  if (!v) {
+    s.problem("type", fmt::format("is required: DeepSpeed builds no {} without one; ZEST has {}", what,
+                                  fmt::join(ours, ", ")));
+    return -1;
+  }
+  if (!v->is_string()) {
+    s.problem("type", fmt::format("must be a string, got {}", detail::json_brief(*v)));
+    return -1;
+  }
+  const std::string name = v->get<std::string>();
+  for (size_t i = 0; i < ours.size(); ++i) {
+    if (lower(ours[i]) == lower(name)) return static_cast<int>(i);
+  }
+  for (const Named& o : others) {
+    if (lower(o.name) == lower(name)) {
+      s.problem("type", fmt::format("is \"{}\": that asks for {}, which ZEST does not have; it has {}", name,
+                                    o.feature, fmt::join(ours, ", ")));
+      return -1;
+    }
+  }
+  std::vector<std::string> all = ours;
+  for (const Named& o : others) all.emplace_back(o.name);
+  const auto near = did_you_mean(name, all);
+  s.problem("type", fmt::format("is \"{}\", which is no {} DeepSpeed knows{}; ZEST has {}", name, what,
+                                near ? fmt::format(" (did you mean \"{}\"?)", *near) : "", fmt::join(ours, ", ")));
+  return -1;
+}
+
+// torch's keyword arguments that choose an implementation, not the values.
+void ignore_torch_impl(Section& p) {
+  for (const char* k : {"foreach", "capturable", "differentiable", "fused"})
+    p.ignore(k, "selects torch's implementation of the update, not its values");
+  p.refuse_if("maximize", is_on, "maximizing the objective (maximize)", "false, as in ZEST");
+}
+
+void read_adam_params(Section& p, FileState& file, OptimizerConfig& o, bool adamw_type) {
+  const AutoValues& a = file.program;
+  // DeepSpeed's Adam is FusedAdam with adam_w_mode on unless it is false;
+  // the type "AdamW" is AdamW whatever adam_w_mode says.
+  bool adam_w_mode = true;
+  p.read_bool("adam_w_mode", adam_w_mode);
+  o.kind = adamw_type || adam_w_mode ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+  if (const json* b = p.get("betas")) {
+    const bool is_auto = b->is_string() && b->get<std::string>() == "auto";
+    if (is_auto && a.beta1 && a.beta2) {
+      o.beta1 = static_cast<float>(*a.beta1);
+      o.beta2 = static_cast<float>(*a.beta2);
+      file.filled(p.where("betas"), fmt::format("[{}, {}] (from AutoValues::beta1, beta2)", *a.beta1, *a.beta2));
+    } else if (is_auto) {
+      file.filled(p.where("betas"), "[0.9, 0.999] (the default; set AutoValues::beta1 and beta2 to choose them)");
+    } else if (!(b->is_array() && b->size() == 2 && (*b)[0].is_number() && (*b)[1].is_number())) {
+      p.problem("betas", fmt::format("must be a list of two numbers, got {}", detail::json_brief(*b)));
+    } else {
+      const double b1 = (*b)[0].get<double>(), b2 = (*b)[1].get<double>();
+      if (a.beta1 && a.beta2 && (b1 != *a.beta1 || b2 != *a.beta2)) {
+        file.mismatch(p.where("betas"), fmt::format("[{}, {}] in the file, [{}, {}] from AutoValues::beta1, beta2: "
+                                                    "the file's values are used (write \"auto\" to take the "
+                                                    "program's)",
+                                                    b1, b2, *a.beta1, *a.beta2));
+      }
+      o.beta1 = static_cast<float>(b1);
+      o.beta2 = static_cast<float>(b2);
+    }
+  }
+  const AutoRule<double> eps{a.eps, "eps"};
+  p.read_float("eps", o.eps, 1e-38, 1.0, &eps);
+  p.read_bool("bias_correction", o.bias_correction);
+  p.ignore("torch_adam", "selects torch's Adam over DeepSpeed's fused one: the same update");
+  p.ignore("set_grad_none", "how DeepSpeed's FusedAdam clears gradients; ZEST manages its own");
+  p.refuse_if("amsgrad", is_on, "the AMSGrad variant of Adam", "false, as in ZEST");
+  if (const json* v = p.get("max_grad_norm")) {
+    p.problem("max_grad_norm", fmt::format("is {}: DeepSpeed refuses max_grad_norm as an optimizer parameter; "
+                                           "write it as the top-level gradient_clipping",
+                                           detail::json_brief(*v)));
+  }
+}
+
+void read_sgd_params(Section& p, OptimizerConfig& o) {
+  p.read_float("momentum", o.momentum, 0.0, 0.999999);
+  p.read_float("dampening", o.dampening, 0.0, 1.0);
+  p.read_bool("nesterov", o.nesterov);
+}
+
+}  // namespace
+
+void read_optimizer(Section& top, FileState& file) {
+  std::optional<Section> s = top.sub("optimizer", Unknown::kIgnoreUnlessTypo);
+  if (!s) return;
+  OptimizerConfig& o = file.out.optimizer;
+  const size_t problems_before = file.problems.size();
+  s->ignore("legacy_fusion", "selects DeepSpeed's older fused kernels: the same update");
+  const int type = read_type(*s, {"AdamW", "Adam", "SGD"}, kOtherOptimizers, "optimizer");
+  std::optional<Section> p = s->sub("params", Unknown::kRefuse);
+  s->finish();
+  if (type < 0) return;  // its params belong to an optimizer ZEST does not have
+  const AutoValues& a = file.program;
+  o.kind = type == 2 ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
+  // DeepSpeed's defaults: FusedAdam's (lr 1e-3, weight_decay 0, unlike
+  // torch.optim.AdamW's 0.01) and torch SGD's.
+  o.weight_decay = 0.0f;
+  if (!p) return;
+  // torch.optim.SGD has no default lr: "auto" needs the program's.
+  const AutoRule<double> lr{a.learning_rate, "learning_rate", "", true, type != 2};
+  const AutoRule<double> wd{a.weight_decay, "weight_decay"};
+  p->read_float("lr", o.lr, 0.0, 1e6, &lr);
+  p->read_float("weight_decay", o.weight_decay, 0.0, 1e6, &wd);
+  p->read_int("host_threads", o.host_threads, 1, 1024);  // ZEST's own: OptimizerConfig::host_threads
+  if (type == 2) {
+    read_sgd_params(*p, o);
+  } else {
+    read_adam_params(*p, file, o, type == 0);
+  }
+  ignore_torch_impl(*p);
+  p->finish();
+  if (file.problems.size() != problems_before) return;  // validate() would only repeat them
+  try {
+    o.validate();
+  } catch (const Error& e) {
+    file.problem("optimizer: " + e.message());
+  }
+}
+
+void read_scheduler(Section& top, FileState& file) {
+  std::optional<Section> s = top.sub("scheduler", Unknown::kIgnoreUnlessTypo);
+  if (!s) return;
+  LrScheduleConfig& c = file.out.scheduler;
+  const size_t problems_before = file.problems.size();
+  const int type = read_type(*s, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}, kOtherSchedules, "schedule");
+  std::optional<Section> p = s->sub("params", Unknown::kRefuse);
+  s->finish();
+  if (type < 0) return;
+  c.kind = type == 0 ? LrScheduleKind::kWarmupLR : type == 1 ? LrScheduleKind::kWarmupDecayLR
+                                                             : LrScheduleKind::kWarmupCosineLR;
+  const AutoValues& a = file.program;
+  // Hugging Face fills warmup_min_lr with 0 whatever the program says.
+  const AutoRule<double> min_lr{0.0, "(none)", "0, as Hugging Face fills it", false};
+  const AutoRule<double> max_lr{a.learning_rate, "learning_rate"};
+  const AutoRule<int64_t> warmup{a.warmup_steps, "warmup_steps"};
+  const AutoRule<int64_t> total{a.total_steps, "total_steps", "", true, false};
+  if (p) {
+    if (c.kind == LrScheduleKind::kWarmupCosineLR) {
+      p->read_double("warmup_min_ratio", c.warmup_min_ratio, 0.0, 1.0);
+      p->read_double("cos_min_ratio", c.cos_min_ratio, 0.0, 1.0);
+    } else {
+      p->read_double("warmup_min_lr", c.warmup_min_lr, 0.0, 1e6, &min_lr);
+      p->read_double("warmup_max_lr", c.warmup_max_lr, 0.0, 1e6, &max_lr);
+    }
+    p->read_int("warmup_num_steps", c.warmup_num_steps, 0, kMaxCount, &warmup);
+    if (c.kind != LrScheduleKind::kWarmupLR) p->read_int("total_num_steps", c.total_num_steps, 1, kMaxCount, &total);
+    const int wt = p->read_choice("warmup_type", {"log", "linear"});
+    if (wt >= 0) c.warmup_type = wt == 0 ? WarmupType::kLog : WarmupType::kLinear;
+    p->refuse_if("last_batch_iteration",
+                 [](const json& v) { return !(v.is_number() && v.get<double>() == -1.0); },
+                 "starting the schedule part-way (last_batch_iteration; ZEST resumes schedules from its "
+                 "checkpoints)",
+                 "-1: the schedule starts at its beginning, as in ZEST");
+    p->finish();
+  }
+  // DeepSpeed's WarmupDecayLR and WarmupCosineLR take total_num_steps as a
+  // required argument.
+  if (c.kind != LrScheduleKind::kWarmupLR && !(p && p->get("total_num_steps"))) {
+    file.problem(fmt::format("scheduler.params.total_num_steps is required by {}",
+                             type == 1 ? "WarmupDecayLR" : "WarmupCosineLR"));
+    return;
+  }
+  if (file.problems.size() != problems_before) return;  // validate() would only repeat them
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    file.problem("scheduler: " + e.message());
+  }
+}
+
+}  // namespace zest::config_detail

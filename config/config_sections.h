@@ -1,0 +1,27 @@
+// The readers of a DeepSpeed file's sections (config_*.cpp), each taking
+// the top-level Section and reading its own keys from it. Internal (not
+// installed).
+#pragma once
+
+#include <cstdint>
+
+#include "zest/config/config_reader.h"
+
+namespace zest::config_detail {
+
+// Counts and sizes: large enough for any model, small enough that products
+// of two stay far from overflow.
+constexpr int64_t kMaxCount = int64_t{1} << 50;
+
+// zero_optimization, in either of DeepSpeed's forms (an object, or the
+// deprecated true/false with a top-level allgather_size).
+void read_zero(Section& top, FileState& file);
+// fp16, bf16 (or bfloat16), amp, communication_data_type, data_types.
+void read_precision(Section& top, FileState& file);
+void read_optimizer(Section& top, FileState& file);
+void read_scheduler(Section& top, FileState& file);
+// The top-level keys of DeepSpeed's that are about something ZEST does not
+// do (ignored, with the reason) or ask for a feature it lacks (refused).
+void read_other_features(Section& top, FileState& file);
+
+}  // namespace zest::config_detail
