@@ -41,6 +41,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
 #include "zest/core/dtype.h"
 #include "zest/optim/loss_scaler.h"
 #include "zest/optim/lr_schedule.h"
@@ -153,7 +154,6 @@ struct EngineConfig {
   // DeepSpeed's default, which is fp32 for bf16 without ZeRO (stage 0) and
   // the compute dtype otherwise.
   std::optional<DType> grad_accum_dtype;
-
 
   // Keys of the file that ZEST accepted without acting on them, with the
   // reason, and the values its "auto" entries became: the Engine logs both

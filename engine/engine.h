@@ -83,6 +83,12 @@ class Engine {
   // count only parameters and gradients). `stream` is the stream of the
   // user's compute; it and the allocator must be on comm's device.
   //
+  // The config's batch triple is resolved here at comm.size() ranks, by
+  // DeepSpeed's rules (EngineConfig::resolve_batch): config() then holds all
+  // three, and step() applies the optimizer every accumulation_steps()
+  // calls. An inconsistent triple throws. Rank 0 logs, once, the config
+  // keys ignored, the "auto" values filled and the batch arithmetic.
+  //
   // The engine borrows `comm` and `allocator`, as a std::span borrows its
   // elements: declare them before the engine so that they outlive it. Using
   // the engine after either was destroyed throws an Error saying which;
