@@ -4,9 +4,11 @@
 #include <doctest/doctest.h>
 
 #include <mutex>
+#include <string_view>
 
 #include "engine/engine_harness.h"
 #include "zest/config/config.h"
+#include "zest/core/logging.h"
 
 using namespace zest;
 using namespace zest::test;
@@ -170,4 +172,37 @@ TEST_CASE("30 / 8 / 1 is refused by the Engine on every rank, at every world siz
                                 "gradient_accumulation_steps 1 x "));
     }
   }
+}
+
+namespace {
+
+std::mutex g_log_mutex;
+std::vector<std::string> g_log_lines;
+void capture(LogLevel, std::string_view line) {
+  const std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log_lines.emplace_back(line);
+}
+
+}  // namespace
+
+TEST_CASE("the Engine logs what became of the config once, from rank 0") {
+  const EngineConfig c = parse_config_json(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+      "steps_per_print": 10, "zero_optimization": {"stage": 1, "sub_group_size": 1e9}})");
+  g_log_lines.clear();
+  const LogLevel level = log_level();
+  set_log_level(LogLevel::kInfo);
+  set_log_sink(capture);
+  (void)drive(c, 2, 2);
+  set_log_sink(nullptr);
+  set_log_level(level);
+  std::vector<std::string> config_lines;
+  for (const std::string& l : g_log_lines)
+    if (l.find("] config: ") != std::string::npos) config_lines.push_back(l);
+  REQUIRE(config_lines.size() == 2);
+  CHECK(config_lines[0].find(" r0/2] config: ignored (ZEST does not do what they control): "
+                             "zero_optimization.sub_group_size: the tile size of DeepSpeed's offloaded optimizer "
+                             "step; ZEST steps each shard whole; steps_per_print: logging cadence: ZEST prints "
+                             "nothing per step (StepResult has each step's numbers)") != std::string::npos);
+  CHECK(config_lines[1].find(" r0/2] config: train_batch_size 16 = micro 4 x accumulation 2 x 2 ranks") !=
+        std::string::npos);
 }
