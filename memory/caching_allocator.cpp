@@ -25,6 +25,7 @@
 #include <map>
 #include <utility>
 
+#include "zest/core/leak_check.h"
 #include "zest/core/logging.h"
 
 namespace zest {
@@ -60,6 +61,12 @@ CachingAllocator::~CachingAllocator() {
                   "their allocator",
                   device_.str(), allocated_.size(),
                   format_bytes(at(stats_.allocated_bytes, StatPool::kAggregate).current));
+    for (const auto& [ptr, block] : allocated_) {
+      Block* first = block;
+      while (first->prev != nullptr) first = first->prev;
+      if (device_.is_host()) keep_on_purpose(first->ptr);  // the segment's base
+      for (Block* b = first; b != nullptr; b = b->next) keep_on_purpose(b);
+    }
   }
   for (Block* b : spare_blocks_) delete b;
 }
