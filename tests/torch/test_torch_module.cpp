@@ -1,0 +1,319 @@
+// zest::TorchModule's contract: units and names, parameters as views of the
+// engine's memory, reductions during backward, stage 3's release and
+// re-gather, bf16, gradient accumulation, checkpoints, safetensors export,
+// and the forms of module code it refuses.
+#include <cstdio>
+#include <filesystem>
+
+#include "torch_harness.h"
+#include "torch_doctest.h"
+#include "zest/checkpoint/safetensors.h"
+#include "zest/comm/inprocess_comm.h"
+
+using namespace zest;
+using namespace zest::test;
+
+namespace {
+
+struct OneRank {
+  CachingAllocator alloc{make_host_allocator()};
+  std::unique_ptr<Communicator> comm = std::move(make_inprocess_group(1)[0]);
+  Engine engine;
+  explicit OneRank(int stage = 0, TrainSpec spec = {})
+      : engine(zest_config(spec, stage), *comm, alloc, Stream::default_for(Device::host())) {}
+};
+
+std::vector<std::string> unit_names(const Engine& e) {
+  std::vector<std::string> out;
+  for (const UnitLayout& u : e.layout().units()) out.push_back(u.name);
+  return out;
+}
+
+std::string temp_dir(const std::string& name) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() / ("zest_torch_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+struct Holder : torch::nn::Module {
+  explicit Holder(const torch::Tensor& w) { register_parameter("weight", w); register_parameter("bias", torch::zeros({3})); }
+};
+
+// One tensor registered in two top-level children (tied weights).
+struct Shared : torch::nn::Module {
+  Shared() {
+    const torch::Tensor w = torch::randn({3, 3});
+    register_module("a", std::make_shared<Holder>(w));
+    register_module("b", std::make_shared<Holder>(w));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("default units: one per top-level child, the root's own parameters as <root>") {
+  OneRank r;
+  auto model = std::static_pointer_cast<TinyTransformer>(make_model(Model::kTransformer));
+  std::vector<std::string> names;
+  for (const auto& p : model->named_parameters()) names.push_back(p.key());
+  TorchModule zt(r.engine, model);
+  const bool default_units = unit_names(r.engine) == std::vector<std::string>{"<root>", "tok", "b0", "b1", "ln_f", "head"};
+  CHECK(default_units);
+  CHECK(r.engine.layout().unit(0).params.at(0).name == "pos");
+  CHECK(r.engine.layout().numel() == static_cast<size_t>([&] {
+          int64_t n = 0;
+          for (const auto& p : model->parameters()) n += p.numel();
+          return n;
+        }()));
+  // Every parameter is the engine's memory under its own name.
+  for (int u = 0; u < r.engine.layout().num_units(); ++u) {
+    const UnitHandle h = r.engine.gather(u);
+    for (const ParamLayout& p : r.engine.layout().unit(u).params) {
+      CAPTURE(p.name);
+      CHECK(model->named_parameters()[p.name].data_ptr() == h.param_data(p.name));
+    }
+  }
+  CHECK(zt.unit_of(*model->b1) == 3);
+  CHECK(zt.unit_of(*model) == 0);
+  CHECK_THROWS_WITH_AS(zt.unit_of(*model->b1->ln1), doctest::Contains("is not a unit of this TorchModule"), Error);
+  size_t registered = 0;
+  for (const UnitLayout& u : r.engine.layout().units()) registered += u.params.size();
+  CHECK(registered == names.size());  // every parameter, once
+  CHECK(registered == 28);
+}
+
+TEST_CASE("reductions start during backward, and .grad is the engine's outside no backward") {
+  run_inprocess(2, [](Communicator& comm) {
+    for (int stage : {0, 2, 3}) {
+      CAPTURE(stage);
+      CachingAllocator alloc(make_host_allocator());
+      Engine engine(zest_config({}, stage), comm, alloc, Stream::default_for(Device::host()));
+      auto model = std::make_shared<Mlp>();
+      TorchModule zt(engine, model);
+      const auto [x, y] = batch(Model::kMlp, 0);
+      torch::Tensor loss = model->loss(x, y, [&](const torch::nn::Module& m, const std::function<torch::Tensor()>& f) {
+        return zt.call(m, f);
+      });
+      if (stage == 3) {
+        // Released after the forward: 0 elements until backward gathers.
+        CHECK(model->fc1->weight.numel() == 0);
+      }
+      comm.reset_counters();
+      zt.scale(loss).backward();
+      // fc3 and fc2 fill the 200-element bucket before fc1 is done: reduced
+      // during backward (fc1 too, when padding makes it 200 elements).
+      const CollectiveKind kind = stage == 0 ? CollectiveKind::kAllReduce : CollectiveKind::kReduceScatter;
+      CHECK(comm.counters()[kind].calls >= 2);
+      CHECK_FALSE(model->fc2->weight.grad().defined());
+      const StepResult res = zt.step();
+      CHECK(res.applied);
+      CHECK(comm.counters()[kind].calls == 3);
+      CHECK(model->fc1->weight.numel() == (stage == 3 ? 0 : 128));
+    }
+  });
+}
+
+TEST_CASE("refused: shared parameters across units, buffers, frozen parameters") {
+  {
+    OneRank r;
+    CHECK_THROWS_WITH_AS(TorchModule(r.engine, std::make_shared<Shared>()),
+                         doctest::Contains("parameter 'a.weight' is in unit 'a' and in unit 'b'"), Error);
+  }
+  {
+    // In one unit the tied tensor is one parameter, under its first name.
+    OneRank r;
+    auto model = std::make_shared<Shared>();
+    TorchModuleOptions o;
+    o.units = {model};
+    CHECK_THROWS_WITH_AS(TorchModule(r.engine, model, o), doctest::Contains("is not a descendant"), Error);
+  }
+  {
+    OneRank r;
+    auto model = std::make_shared<torch::nn::Module>();
+    auto outer = model->register_module("outer", std::make_shared<Shared>());
+    TorchModuleOptions o;
+    o.units = {outer};
+    TorchModule zt(r.engine, model, o);
+    const bool one_unit = unit_names(r.engine) == std::vector<std::string>{"outer"};
+    CHECK(one_unit);
+    CHECK(r.engine.layout().unit(0).params.size() == 3);  // a.weight, a.bias, b.bias
+  }
+  {
+    OneRank r;
+    auto model = std::make_shared<torch::nn::Module>();
+    model->register_module("fc", torch::nn::Linear(2, 2));
+    model->register_buffer("mask", torch::ones({2}));
+    CHECK_THROWS_WITH_AS(TorchModule(r.engine, model), doctest::Contains("1 buffer(s), the first 'mask'"), Error);
+    OneRank r2;
+    TorchModuleOptions o;
+    o.allow_buffers = true;
+    TorchModule zt(r2.engine, model, o);
+    CHECK(model->named_buffers()["mask"].numel() == 2);
+  }
+  {
+    OneRank r;
+    auto model = std::make_shared<torch::nn::Module>();
+    auto fc = model->register_module("fc", torch::nn::Linear(2, 2));
+    fc->bias.set_requires_grad(false);
+    CHECK_THROWS_WITH_AS(TorchModule(r.engine, model), doctest::Contains("'fc.bias' does not require grad"), Error);
+  }
+}
+
+TEST_CASE("refused: step without backward, two backwards in one micro-step, stage 3 use outside call") {
+  {
+    OneRank r;
+    auto model = std::make_shared<Mlp>();
+    TorchModule zt(r.engine, model);
+    CHECK_THROWS_WITH_AS(zt.step(), doctest::Contains("without gradients"), Error);
+    const auto [x, y] = batch(Model::kMlp, 0);
+    model->loss(x, y, run_directly).backward();
+    CHECK_THROWS_WITH_AS(model->loss(x, y, run_directly).backward(),
+                         doctest::Contains("call zt.step() after each backward"), std::exception);
+  }
+  {
+    OneRank r(3);
+    auto model = std::make_shared<Mlp>();
+    TorchModule zt(r.engine, model);
+    const auto [x, y] = batch(Model::kMlp, 0);
+    // The parameters are empty outside zt.call: torch's shape checks fail,
+    // nothing reads freed memory.
+    CHECK_THROWS_AS((void)model->loss(x, y, run_directly), std::exception);
+    // fc1 called through zt.call, its output used after (as it should be):
+    // but fc2's parameters used directly are refused.
+    torch::Tensor h = zt.call(*model->fc1, [&] { return model->fc1->forward(x); });
+    CHECK_THROWS_AS((void)model->fc2->forward(h), std::exception);
+  }
+}
+
+TEST_CASE("bf16 compute: the module becomes bf16, trains, and stages 0 and 3 agree bit for bit") {
+  std::vector<std::vector<float>> finals;
+  for (int stage : {0, 3}) {
+    std::vector<float> final_w;
+    std::vector<double> losses;
+    run_inprocess(2, [&](Communicator& comm) {
+      CachingAllocator alloc(make_host_allocator());
+      EngineConfig c = zest_config({}, stage);
+      c.bf16 = true;
+      Engine engine(c, comm, alloc, Stream::default_for(Device::host()));
+      auto model = make_model(Model::kMlp);
+      TorchModule zt(engine, model);
+      const auto run = [&](const torch::nn::Module& m, const std::function<torch::Tensor()>& f) { return zt.call(m, f); };
+      for (int s = 0; s < 20; ++s) {
+        const auto [x, y] = batch(Model::kMlp, s);
+        torch::Tensor loss = model->loss(x.narrow(0, 4 * comm.rank(), 4).to(torch::kBFloat16),
+                                         y.narrow(0, 4 * comm.rank(), 4).to(torch::kBFloat16), run);
+        CHECK((model->parameters()[0].scalar_type() == torch::kBFloat16));
+        zt.scale(loss).backward();
+        CHECK(zt.step().applied);
+        if (comm.rank() == 0) losses.push_back(loss.item<double>());
+      }
+      std::vector<float> w = engine.param_master("fc2.weight");
+      if (comm.rank() == 0) final_w = w;
+    });
+    CHECK((losses[15] + losses[16] + losses[17] + losses[18] + losses[19]) <
+          0.95 * (losses[0] + losses[1] + losses[2] + losses[3] + losses[4]));
+    finals.push_back(final_w);
+  }
+  CHECK(finals[0] == finals[1]);
+}
+
+TEST_CASE("gradient accumulation: two micro-steps of half the batch match torch on the whole batch") {
+  TrainSpec spec;
+  spec.steps = 10;
+  const Trace ref = train_torch(spec);
+  std::vector<float> zest_w;
+  run_inprocess(2, [&](Communicator& comm) {
+    torch::set_num_threads(1);
+    CachingAllocator alloc(make_host_allocator());
+    EngineConfig c = zest_config(spec, 2);
+    c.gradient_accumulation_steps = 2;
+    Engine engine(c, comm, alloc, Stream::default_for(Device::host()));
+    auto model = make_model(Model::kMlp);
+    TorchModule zt(engine, model);
+    for (int s = 0; s < spec.steps; ++s) {
+      const auto [x, y] = batch(Model::kMlp, s);
+      for (int m = 0; m < 2; ++m) {
+        const int64_t row = 4 * comm.rank() + 2 * m;  // rank's half of the batch, in two micro-batches
+        zt.scale(model->loss(x.narrow(0, row, 2), y.narrow(0, row, 2), run_directly)).backward();
+        CHECK(zt.step().boundary == (m == 1));
+      }
+    }
+    std::vector<float> w = engine.param_master("fc2.weight");
+    if (comm.rank() == 0) zest_w = w;
+  });
+  const std::vector<float>& want = ref.params.back().at("fc2.weight");
+  REQUIRE(zest_w.size() == want.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(double(zest_w[i]) - want[i]));
+  CHECK(worst <= 5e-6);  // the tolerance of test_torch_equivalence.cpp, for the same reasons
+  CHECK(worst > 0.0);    // a different summation order: not the same bits (so this compares something)
+}
+
+TEST_CASE("checkpoints: a run resumed from step 3 (at another stage) ends with the same bits") {
+  const std::string dir = temp_dir("ckpt");
+  const auto train = [&](int stage, int from, int to, bool save_at_3, bool load) {
+    std::vector<float> out;
+    run_inprocess(2, [&](Communicator& comm) {
+      CachingAllocator alloc(make_host_allocator());
+      Engine engine(zest_config({}, stage), comm, alloc, Stream::default_for(Device::host()));
+      auto model = make_model(Model::kTransformer);
+      TorchModuleOptions o;
+      o.units = model->units();
+      TorchModule zt(engine, model, o);
+      if (load) zt.load(dir);
+      const auto run = [&](const torch::nn::Module& m, const std::function<torch::Tensor()>& f) { return zt.call(m, f); };
+      for (int s = from; s < to; ++s) {
+        const auto [x, y] = batch(Model::kTransformer, s);
+        zt.scale(model->loss(x.narrow(0, 4 * comm.rank(), 4), y.narrow(0, 4 * comm.rank(), 4), run)).backward();
+        CHECK(zt.step().applied_steps == s + 1);
+        if (save_at_3 && s == 2) zt.save(dir);
+      }
+      std::vector<float> w = engine.param_master("b1.up.weight");
+      if (comm.rank() == 0) out = w;
+    });
+    return out;
+  };
+  const std::vector<float> straight = train(1, 0, 6, true, false);
+  const std::vector<float> resumed = train(3, 3, 6, false, true);
+  CHECK(straight == resumed);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("safetensors export: the module's own parameter names and shapes, the engine's values") {
+  const std::string dir = temp_dir("export");
+  std::filesystem::create_directories(dir);
+  OneRank r(0);
+  auto model = make_model(Model::kTransformer);
+  TorchModuleOptions o;
+  o.units = model->units();
+  TorchModule zt(r.engine, model, o);
+  zt.export_safetensors(dir + "/model.safetensors");
+  const SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
+  CHECK(f.tensors().size() == model->parameters().size());
+  for (const auto& p : model->named_parameters()) {
+    CAPTURE(p.key());
+    const SafetensorsTensor& t = f.tensor(p.key());
+    CHECK(t.shape == p.value().sizes().vec());
+    std::vector<float> v(t.numel);
+    f.read_as(p.key(), DType::kFloat32, std::as_writable_bytes(std::span(v)));
+    CHECK(v == values(p.value()));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("after the TorchModule, the module keeps its trained values in memory of its own") {
+  auto model = std::static_pointer_cast<Mlp>(make_model(Model::kMlp));
+  std::vector<float> trained;
+  {
+    OneRank r(1);
+    TorchModule zt(r.engine, model);
+    const auto [x, y] = batch(Model::kMlp, 0);
+    zt.scale(model->loss(x, y, run_directly)).backward();
+    zt.step();
+    trained = r.engine.param_master("fc1.weight");
+  }
+  CHECK(values(model->fc1->weight) == trained);
+  // Still trainable by torch itself.
+  const auto [x, y] = batch(Model::kMlp, 1);
+  model->loss(x, y, run_directly).backward();
+  CHECK(model->fc1->weight.grad().defined());
+}
