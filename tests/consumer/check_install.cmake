@@ -1,6 +1,8 @@
 # Installs the built ZEST into a scratch prefix, then configures, builds and
 # runs tests/consumer against that prefix alone.
-# Inputs: ZEST_BINARY_DIR, CONSUMER_SOURCE_DIR, WORK_DIR, GENERATOR.
+# Inputs: ZEST_BINARY_DIR, CONSUMER_SOURCE_DIR, WORK_DIR, GENERATOR; optional
+# CONSUMER (the executable, zest_consumer) and EXPECT (a regex its output
+# must match).
 function(run_step what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -15,8 +17,14 @@ run_step("install" ${CMAKE_COMMAND} --install ${ZEST_BINARY_DIR} --prefix ${pref
 run_step("configure consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
          -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
 run_step("build consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run_step("run consumer" ${WORK_DIR}/build/zest_consumer)
+if(NOT CONSUMER)
+  set(CONSUMER zest_consumer)
+endif()
+if(NOT EXPECT)
+  set(EXPECT "zest consumer ok: 1.5, 2000 parameter bytes")
+endif()
+run_step("run consumer" ${WORK_DIR}/build/${CONSUMER})
 message(STATUS "${step_output}")
-if(NOT step_output MATCHES "zest consumer ok: 1.5, 2000 parameter bytes")
+if(NOT step_output MATCHES "${EXPECT}")
   message(FATAL_ERROR "unexpected consumer output: ${step_output}")
 endif()
