@@ -79,6 +79,19 @@ struct ZeroConfig {
   // bucket.
   int64_t reduce_bucket(size_t padded_numel) const;
 
+  // Note [reduce at the accumulation boundary]. Stages 0-1 only, off by
+  // default. On, each rank adds its micro-steps' gradients locally (in a
+  // second full-size gradient buffer, in the compute dtype) and reduces once,
+  // at the optimizer step's last micro-step: gradient_accumulation_steps times
+  // fewer reductions and bytes, as DDP's no_sync() and DeepSpeed's stages 0-1
+  // (which always do this, and have no key for it). Off, every micro-step is
+  // averaged over the ranks and then added, as at stages 2-3. The two compute
+  // avg(sum) and sum(avg): equal in exact arithmetic, not bit-identical in
+  // floating point (and so not bit-identical to stages 2-3), except where
+  // every sum is exact (integer-valued gradients and a power-of-two world).
+  // No DeepSpeed key maps to it. An Error at stages 2-3, which keep only the
+  // owned shard of the gradients between micro-steps.
+  bool reduce_at_accumulation_boundary = false;
 };
 
 struct Fp16Config {

@@ -23,6 +23,11 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
   ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
              "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
   c.resolve_batch(comm.size());
+  ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.zero.stage <= 1,
+             "zero.reduce_at_accumulation_boundary is on at stage {}: stages 2-3 keep only the owned "
+             "shard of the gradients between micro-steps, so they reduce every micro-step; turn it "
+             "off or use stage 0 or 1",
+             c.zero.stage);
   ZEST_CHECK(c.gradient_clipping >= 0.0, "gradient_clipping is {}: it must be >= 0 (0: off)",
              c.gradient_clipping);
   c.optimizer.validate();
@@ -160,6 +165,8 @@ std::string describe_hyperparameters(const EngineConfig& c) {
   out += fmt::format("config stage {} compute {} gradient_accumulation_steps {} gradient_clipping {}\n",
                      c.zero.stage, dtype_name(c.compute_dtype()), c.accumulation_steps(),
                      c.gradient_clipping);
+  // Ranks that disagree would wait in different reductions.
+  out += fmt::format("config reduce_at_accumulation_boundary {}\n", c.zero.reduce_at_accumulation_boundary);
   out += fmt::format("config optimizer {} lr {} weight_decay {} betas [{}, {}] eps {} "
                      "bias_correction {} momentum {} dampening {} nesterov {}\n",
                      optimizer_name(o.kind), o.lr, o.weight_decay, o.beta1, o.beta2, o.eps,
@@ -251,6 +258,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   const size_t bc = elem_size(compute_dtype_);
   const bool fp32 = compute_dtype_ == DType::kFloat32;
   const bool accumulating = config_.accumulation_steps() > 1;
+  im.local_accumulation = accumulating && config_.zero.reduce_at_accumulation_boundary;
   if (!fp32) {
     im.master = allocator_.allocate_buffer(L.owned() * 4, stream_, MemoryCategory::kMasterWeights);
   }
@@ -277,7 +285,10 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       st.grads_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kGradients);
     }
     if (stage >= 2 || accumulating) {
-      st.grad_acc = allocator_.allocate_buffer(unit.shard * bc, stream_, MemoryCategory::kGradients);
+      // Local accumulation adds whole unreduced gradients; otherwise the
+      // accumulator holds reduced owned shards.
+      const size_t numel = im.local_accumulation ? unit.padded : unit.shard;
+      st.grad_acc = allocator_.allocate_buffer(numel * bc, stream_, MemoryCategory::kGradients);
     }
     const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
     st.master = fp32 ? reinterpret_cast<float*>(owned_params(u)) : im.master.as<float>() + L.owned_offset(u);

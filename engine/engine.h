@@ -30,6 +30,15 @@
 // sums (optim/grad_norm.h), so all stages give bit-identical parameters on
 // the in-process backend.
 //
+// With zero.reduce_at_accumulation_boundary (stages 0-1; off by default) the
+// ranks instead add their micro-steps' gradients locally and reduce the sum
+// once, at the last micro-step, as DDP's no_sync() and DeepSpeed's stages
+// 0-1 do: accumulation-steps times fewer reductions and bytes, one more
+// full-size gradient buffer, and results that are NOT bit-identical to
+// stages 2-3 (or to the option off): averaging the sums and summing the
+// averages round differently, by a few ulps of the gradients (config.h,
+// Note [reduce at the accumulation boundary]).
+//
 // Memory is allocated from the given allocator under the categories of
 // memory_category.h, so allocator.stats() reports it in the ZeRO paper's
 // terms: see memory_report().

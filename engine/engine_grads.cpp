@@ -9,7 +9,9 @@
 // added to the previous micro-steps' (in the compute dtype): the same
 // elementwise arithmetic at every stage, which is what keeps the stages
 // bit-identical. Stage 0 all-reduces; stages 1-3 reduce-scatter, so only the
-// owned shard is reduced.
+// owned shard is reduced. ZeroConfig::reduce_at_accumulation_boundary
+// (stages 0-1) trades that identity for fewer reductions: grads_done() adds
+// the micro-steps locally and queues only the last one's.
 #include <utility>
 
 #include "zest/core/check.h"
@@ -66,6 +68,20 @@ void Engine::grads_done(int unit) {
              U.name);
   st.grads = UnitState::Grads::kDone;
   Impl& im = *impl_;
+  if (im.local_accumulation) {
+    // Note [reduce at the accumulation boundary] (config.h): the
+    // micro-steps' gradients are added here, on the compute stream, and only
+    // the last micro-step's done() queues a reduction, of their sum.
+    const bool last = im.micro + 1 == config_.accumulation_steps();
+    if (im.micro == 0) {
+      std::swap(st.grad_acc, st.grads_full);  // the sum so far is this micro-step's; grads() zeroes the other
+    } else if (!last) {
+      accumulate(stream_, st.grad_acc.data(), st.grads_full.data(), compute_dtype_, U.padded);
+    }
+    if (!last) return;
+    // g_last + sum: the bits of sum + g_last, since a rounded add commutes.
+    accumulate(stream_, st.grads_full.data(), st.grad_acc.data(), compute_dtype_, U.padded);
+  }
   im.pending.push_back(unit);
   im.pending_numel += U.padded;
   if (static_cast<int64_t>(im.pending_numel) >= config_.zero.reduce_bucket(im.layout->padded())) flush_reductions();
@@ -87,12 +103,14 @@ void Engine::flush_reductions() {
   const int stage = config_.zero.stage;
 
   comm_.group_start();
+  // Under local accumulation the reduced sum stays in grads_full (in place).
+  const bool into_acc = !im.local_accumulation;
   for (int u : im.pending) {
     UnitState& st = im.units[static_cast<size_t>(u)];
     const UnitLayout& U = im.layout->unit(u);
     // The first micro-step reduces straight into the accumulator; later ones
     // reduce in place and add.
-    void* dst = st.grad_acc && first_micro ? st.grad_acc.data() : owned_part(st.grads_full, u);
+    void* dst = into_acc && st.grad_acc && first_micro ? st.grad_acc.data() : owned_part(st.grads_full, u);
     if (stage == 0) {
       comm_.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, ReduceOp::kAvg, comm);
     } else {
@@ -104,7 +122,7 @@ void Engine::flush_reductions() {
   for (int u : im.pending) {
     UnitState& st = im.units[static_cast<size_t>(u)];
     const UnitLayout& U = im.layout->unit(u);
-    if (st.grad_acc && !first_micro) {
+    if (into_acc && st.grad_acc && !first_micro) {
       accumulate(comm, st.grad_acc.data(), owned_part(st.grads_full, u), compute_dtype_, U.shard);
     }
     if (stage >= 2) {

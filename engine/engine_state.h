@@ -25,7 +25,9 @@ struct Engine::UnitState {
   // What backward writes: persistent at stages 0-1, per micro-step at 2-3.
   Buffer grads_full;
   // The reduced gradients of the owned shard, accumulated over micro-steps.
-  // Always at stages 2-3; at stages 0-1 only when accumulating.
+  // Always at stages 2-3; at stages 0-1 only when accumulating. Under
+  // Impl::local_accumulation instead the sum of the micro-steps' unreduced
+  // gradients, full size: it and grads_full trade places each micro-step.
   Buffer grad_acc;
   // fp32 master shard: into Impl::master, or (fp32 compute) into the
   // parameters themselves.
@@ -70,6 +72,9 @@ struct Engine::Impl {
 
   int part = 0;  // this rank's shard index (0 at stage 0)
   int micro = 0; // micro-steps done in this accumulation
+  // ZeroConfig::reduce_at_accumulation_boundary with more than one
+  // micro-step: gradients are added locally and reduced at the last.
+  bool local_accumulation = false;
   int64_t applied = 0;
   int64_t skipped = 0;
 

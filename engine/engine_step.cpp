@@ -55,7 +55,7 @@ void Engine::end_micro_step() {
 // The reduced, accumulated gradient of unit u's owned shard.
 const void* Engine::reduced_grad(int unit) const {
   const UnitState& st = impl_->units[static_cast<size_t>(unit)];
-  return st.grad_acc ? st.grad_acc.data() : owned_part(st.grads_full, unit);
+  return st.grad_acc && !impl_->local_accumulation ? st.grad_acc.data() : owned_part(st.grads_full, unit);
 }
 
 // The square of the global norm of the gradients times `scale`: each rank

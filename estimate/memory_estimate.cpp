@@ -6,7 +6,8 @@
 //               the owned elements; per unit the full parameters (or the
 //               shard, stage 3 above the persistence threshold), the full
 //               gradients at stages 0-1, an owned-shard accumulator at
-//               stages 2-3 or when accumulating
+//               stages 2-3 or when accumulating (full size under
+//               reduce_at_accumulation_boundary)
 //   transient   engine_gather.cpp (stage 3 prefetch window),
 //               engine_grads.cpp (reduce buckets), engine_step.cpp (norm
 //               chunk sums), finalize() (fp32 staging of one unit, at most kInitStagingNumel elements)
@@ -70,6 +71,8 @@ StateBytes<T> state_bytes(const std::vector<UnitSize>& units, const EstimateOpti
   // The accumulator: always at stages 2-3 (reduced shards are summed over
   // micro-steps there), at stages 0-1 only when there is more than one.
   const bool acc = stage >= 2 || o.gradient_accumulation_steps > 1;
+  // ...full size when the micro-steps are added before they are reduced.
+  const bool local = stage <= 1 && o.gradient_accumulation_steps > 1 && o.zero.reduce_at_accumulation_boundary;
   StateBytes<T> s;
   for (const UnitSize& u : units) {
     const T n = static_cast<T>(u.count);
@@ -77,7 +80,7 @@ StateBytes<T> state_bytes(const std::vector<UnitSize>& units, const EstimateOpti
     const T shard = padded ? static_cast<T>(u.shard)
                            : static_cast<T>(u.numel) / static_cast<T>(o.partitions());
     s.params += n * b * (u.resident ? full : shard);
-    s.grads += n * b * ((stage < 2 ? full : T{}) + (acc ? shard : T{}));
+    s.grads += n * b * ((stage < 2 ? full : T{}) + (acc ? (local ? full : shard) : T{}));
     if (master) s.master += n * 4 * shard;
     s.optimizer += n * 4 * states * shard;
   }

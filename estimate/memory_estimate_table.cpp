@@ -148,8 +148,10 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
                       o.zero.stage3_param_persistence_threshold));
   t.bytes("gradients", [](const MemoryEstimate& e) { return category(e, C::kGradients, false); },
           fmt::format("{}Ψ' at stages 0-1, {}s at 2-3{}", b, b,
-                      o.gradient_accumulation_steps > 1 ? fmt::format("; + {}s accumulator at 0-1", b)
-                                                        : std::string()));
+                      o.gradient_accumulation_steps <= 1 ? std::string()
+                      : o.zero.reduce_at_accumulation_boundary
+                          ? fmt::format("; + {}Ψ' accumulator at 0-1 (reduced at the boundary)", b)
+                          : fmt::format("; + {}s accumulator at 0-1", b)));
   t.bytes("master_weights",
           [](const MemoryEstimate& e) { return category(e, C::kMasterWeights, false); },
           o.compute_dtype == DType::kFloat32 ? "none: the fp32 parameters are the master copy"

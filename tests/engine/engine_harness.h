@@ -58,6 +58,9 @@ struct Backward {
   // Every rank computes rank 0's gradients, so the average is the same for
   // every world size (exactly so when W is a power of two).
   bool same_on_every_rank = false;
+  // Whole numbers in [-8, 8] (times scale), independent of the parameters:
+  // every sum and power-of-two average of them is exact in fp32 and bf16.
+  bool integer_valued = false;
 };
 
 // Reads the parameters and writes the gradients through host copies, so the
@@ -76,7 +79,8 @@ void write_grads(Engine& engine, int u, int rank, int64_t step, int micro, const
       const uint32_t id = static_cast<uint32_t>(p.offset + i + 1000u * static_cast<uint32_t>(u));
       const float a = noise(id, static_cast<uint32_t>(rank), static_cast<uint32_t>(step * 8 + micro));
       const float b = 0.1f * noise(id, static_cast<uint32_t>(rank) + 17u, static_cast<uint32_t>(micro));
-      gw[i] = T((static_cast<float>(w[i]) * a + b) * bw.scale);
+      gw[i] = bw.integer_valued ? T(std::round(8.0f * a) * bw.scale)
+                                : T((static_cast<float>(w[i]) * a + b) * bw.scale);
     }
     if (bw.poison && bw.poison(step, micro) && p.name == "b.w") gw[2] = T(INFINITY);
     copy_bytes(stream, g.grad<T>(p.name).data(), gw.data(), p.numel * sizeof(T));
