@@ -1,6 +1,7 @@
 // Sharded checkpoints of an engine: every rank writes its own shard, rank 0 a
 // manifest, and a `latest` pointer moves only once everything is on disk.
 //
+//   // zest-example: prelude=engine
 //   zest::save_checkpoint(engine, "ckpt");        // ckpt/step_000100/, ckpt/latest
 //   zest::load_checkpoint(engine, "ckpt");        // the one `latest` names
 //

@@ -18,6 +18,7 @@
 // caller's memory, whole, by byte range (to stream a large tensor through a
 // bounded buffer), or converted to a ZEST DType:
 //
+//   // zest-example
 //   SafetensorsFile f = SafetensorsFile::open("model.safetensors");
 //   for (const SafetensorsTensor& t : f.tensors()) fmt::print("{} {}\n", t.name, t.dtype);
 //   std::vector<float> w(f.tensor("w").numel);
@@ -29,6 +30,8 @@
 // finish() (fsync, then an atomic rename of path + ".tmp"), so a crash or an
 // exception never leaves a partial file where a complete one is expected:
 //
+//   // zest-example: run
+//   std::vector<float> first_half{1, 2, 3}, second_half{4, 5, 6};
 //   SafetensorsWriter out("model.safetensors", {{"w", "F32", {2, 3}}}, {{"format", "pt"}});
 //   out.begin_tensor("w");
 //   out.write(std::as_bytes(std::span(first_half)));

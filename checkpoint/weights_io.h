@@ -1,7 +1,8 @@
 // The model's weights as one safetensors file, out and in, with the names and
 // shapes registered:
 //
-//   zest::export_weights(engine, "model.safetensors", zest::DType::kBFloat16);
+//   // zest-example: prelude=engine
+//   zest::export_weights(engine, "model.safetensors", {.dtype = zest::DType::kBFloat16});
 //   zest::import_weights(engine, "pretrained.safetensors");   // after finalize()
 //
 // Export never holds the whole model: one unit is gathered at a time and
@@ -23,7 +24,7 @@ struct WeightsExportOptions {
   DType dtype = DType::kFloat32;  // fp32, bf16 or fp16
   // Called on rank 0 with (bytes written, total), after each parameter.
   // Unset: files of 1 GiB or more log every tenth at info level.
-  std::function<void(uint64_t, uint64_t)> progress;
+  std::function<void(uint64_t, uint64_t)> progress{};
 };
 
 // The file's tensors: every registered parameter in layout order.

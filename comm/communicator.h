@@ -2,6 +2,7 @@
 // MPI (host buffers across processes) and in-process ranks (threads of one
 // process, host buffers or device buffers on one GPU).
 //
+//   // zest-example: prelude=buffers
 //   comm.reduce_scatter(grads, grad_shard, shard_numel, DType::kFloat32, ReduceOp::kAvg, stream);
 //   comm.all_gather(param_shard, params, shard_numel, DType::kBFloat16, stream);
 //

@@ -2,8 +2,13 @@
 // world sizes on one machine without a launcher. Buffers are host memory, or
 // device memory of one GPU shared by all ranks.
 //
+//   // zest-example: run
 //   zest::run_inprocess(4, [](zest::Communicator& comm) {
-//     ... the per-rank program, with comm.rank() in 0..3 ...
+//     // the per-rank program, with comm.rank() in 0..3
+//     float x = static_cast<float>(comm.rank());
+//     comm.all_reduce(&x, &x, 1, zest::DType::kFloat32, zest::ReduceOp::kSum,
+//                     zest::Stream::default_for(comm.device()));
+//     ZEST_CHECK(x == 6.0f, "0 + 1 + 2 + 3 is 6, not {}", x);
 //   });
 //
 // Every collective is a rendezvous of all ranks: each rank posts its buffers,

@@ -1,9 +1,10 @@
 // The MPI backend: one process per rank, buffers in host memory.
 //
+//   // zest-example: needs=mpi
 //   int main(int argc, char** argv) {
 //     zest::MpiEnvironment mpi(&argc, &argv);
 //     std::unique_ptr<zest::Communicator> world = zest::make_mpi_world();
-//     ... the per-rank program ...
+//     // the per-rank program, with world->rank() in 0..world->size()-1
 //   }
 //
 //   mpirun -np 4 ./trainer
@@ -65,8 +66,14 @@ namespace zest {
 // passing through its scope does the same, and main's own catch block should
 // call abort_job():
 //
-//   } catch (const std::exception& e) {
-//     zest::MpiEnvironment::abort_job(fmt::format("trainer: {}", e.what()));
+//   // zest-example: needs=mpi
+//   int main(int argc, char** argv) {
+//     zest::MpiEnvironment mpi(&argc, &argv);
+//     try {
+//       auto world = zest::make_mpi_world();  // and the training
+//     } catch (const std::exception& e) {
+//       zest::MpiEnvironment::abort_job(fmt::format("trainer: {}", e.what()));
+//     }
 //   }
 class MpiEnvironment {
  public:

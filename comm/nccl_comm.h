@@ -1,8 +1,13 @@
 // The NCCL backend: one process per GPU, buffers in that GPU's memory, work
 // queued on the caller's stream.
 //
-//   std::array<char, 128> id = ...;  // nccl_unique_id() on rank 0, shared (bootstrap.h)
+//   // zest-example
+//   int rank = 0, world = 1, local_rank = 0;
+//   zest::NcclUniqueId id = zest::nccl_unique_id();  // on rank 0, then shared (bootstrap.h)
 //   auto comm = zest::make_nccl_communicator(rank, world, id, local_rank);
+//   zest::Stream stream = zest::Stream::default_for(comm->device());
+//   float* grads = nullptr;  // n elements on this rank's GPU
+//   size_t n = 0;
 //   comm->all_reduce(grads, grads, n, DType::kBFloat16, ReduceOp::kAvg, stream);
 //
 // Most programs get one from init_distributed (bootstrap.h) instead.

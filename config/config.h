@@ -2,8 +2,8 @@
 // that a DeepSpeed (or Hugging Face) ds_config.json runs unchanged wherever
 // ZEST has the features it uses.
 //
+//   // zest-example: run
 //   #include "zest/config/config.h"
-//
 //   zest::AutoValues program;                 // what "auto" entries take
 //   program.micro_batch_size = 8;
 //   program.compute_dtype = zest::DType::kBFloat16;
@@ -13,10 +13,11 @@
 //       "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
 //       "bf16": {"enabled": "auto"}, "steps_per_print": 10,
 //       "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})", program);
-//   // cfg.bf16 == true, cfg.zero.reduce_bucket_size == 4096 * 4096,
-//   // cfg.ignored == {{"steps_per_print", "..."}}; the Engine derives the
-//   // batch sizes it lacks from the world size (resolve_batch) and logs both
-//   // lists once, from rank 0. load_config_file(path, program) reads a file.
+//   ZEST_CHECK(cfg.bf16 && cfg.zero.reduce_bucket_size == 4096 * 4096, "as filled from program");
+//   ZEST_CHECK(cfg.ignored.size() == 1 && cfg.ignored[0].key == "steps_per_print", "with the reason");
+//   // The Engine derives the batch sizes it lacks from the world size
+//   // (resolve_batch) and logs both lists once, from rank 0.
+//   // load_config_file(path, program) reads a file.
 //
 // What a file may hold is DeepSpeed's own schema (deepspeed/runtime/config.py
 // and its zero, offload, monitor and comms models, with their aliases and

@@ -2,6 +2,8 @@
 // files, checkpoint manifests, safetensors headers and zest-estimate's units
 // files. Internal (not installed): callers include nlohmann's json.hpp.
 //
+//   // zest-example
+//   std::string text = R"({"format": 1})";
 //   nlohmann::json doc = detail::parse_json(text, "checkpoint manifest 'ck/manifest.json'",
 //                                           {.max_depth = 8});
 //

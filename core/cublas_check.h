@@ -4,8 +4,11 @@
 // NCCL checks (core/library_errors.cpp), the reporting is inline here and
 // compiled into the code that calls cuBLAS.
 //
-//   ZEST_CUBLAS_CHECK(cublasGemmEx(...));    throws zest::Error on failure
-//   ZEST_CUBLAS_WARN(cublasDestroy(handle)); for destructors: logs, never throws
+//   // zest-example: needs=cuda prelude=cuda
+//   cublasHandle_t handle = nullptr;
+//   ZEST_CUBLAS_CHECK(cublasCreate(&handle));       // throws zest::Error on failure
+//   ZEST_CUBLAS_CHECK(cublasSetStream(handle, stream));
+//   ZEST_CUBLAS_WARN(cublasDestroy(handle));        // for destructors: logs, never throws
 //
 // The message names the expression, cuBLAS's status name and text, the current
 // device and (through zest::Error) rank and file:line.

@@ -1,10 +1,11 @@
 // Checks for CUDA runtime calls and kernel launches. Include only from code
 // compiled with the CUDA toolkit (ZEST_WITH_CUDA).
 //
-//   ZEST_CUDA_CHECK(cudaMemcpyAsync(...));   throws zest::Error on failure
-//   kernel<<<grid, block, 0, stream>>>(...);
-//   ZEST_CUDA_KERNEL_CHECK();                catches launch-configuration errors
-//   ZEST_CUDA_WARN(cudaFree(p));             for destructors: logs, never throws
+//   // zest-example: needs=cuda prelude=cuda
+//   ZEST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));  // throws zest::Error
+//   fill<<<grid, block, 0, stream>>>(dst_floats, n);
+//   ZEST_CUDA_KERNEL_CHECK();                // catches launch-configuration errors
+//   ZEST_CUDA_WARN(cudaFree(p));             // for destructors: logs, never throws
 //
 // The message names the expression, the CUDA error's name and text, the current
 // device and (through zest::Error) rank and file:line.

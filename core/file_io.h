@@ -2,6 +2,9 @@
 // final name, and read with positioned reads that fail loudly on a short
 // file. Used by checkpoints.
 //
+//   // zest-example: run
+//   std::filesystem::create_directories("dir");
+//   std::vector<std::byte> bytes(64, std::byte{1});
 //   AtomicFile f("dir/rank_00000.bin");   // writes "dir/rank_00000.bin.tmp"
 //   f.write(bytes);
 //   f.commit();                            // fsync, rename, fsync the directory

@@ -4,9 +4,12 @@
 // object, or skip giving back what it already let go, instead of touching
 // freed memory.
 //
-//   class Engine { Lifetime lifetime_; ... };                 // the object
-//   std::weak_ptr<const void> watch = engine.lifetime_.watch();  // a borrower
-//   if (watch.expired()) ... the engine is gone ...
+//   // zest-example: run
+//   struct Model { Lifetime lifetime; };                          // the object
+//   auto model = std::make_unique<Model>();
+//   std::weak_ptr<const void> watch = model->lifetime.watch();    // a borrower
+//   model.reset();
+//   if (!watch.expired()) throw std::logic_error("the model is gone: the borrower must see it");
 //
 // The check is one atomic load. It tells destruction apart, not concurrent
 // destruction: an object destroyed while another thread uses it is a race

@@ -1,5 +1,8 @@
 // Rank-prefixed logging through fmt.
 //
+//   // zest-example: run
+//   int step = 10;
+//   double loss = 0.1234;
 //   ZEST_LOG_INFO("step {} loss {:.4f}", step, loss);
 //
 // prints "[zest 12:03:04.512 I r1/4] step 10 loss 0.1234" to stderr, one whole

@@ -1,6 +1,8 @@
 // Checks for MPI calls. Include only from code compiled with MPI.
 //
-//   ZEST_MPI_CHECK(MPI_Allreduce(...));
+//   // zest-example: needs=mpi
+//   double local = 1.0, total = 0.0;
+//   ZEST_MPI_CHECK(MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
 //
 // MPI's default handler aborts the job on error; ZEST's communicators switch
 // their communicators to MPI_ERRORS_RETURN so that failures come back here and

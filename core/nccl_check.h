@@ -1,6 +1,8 @@
 // Checks for NCCL calls. Include only from code compiled with NCCL.
 //
-//   ZEST_NCCL_CHECK(ncclAllReduce(...));
+//   // zest-example: needs=cuda prelude=cuda
+//   ncclComm_t comm = nullptr;
+//   ZEST_NCCL_CHECK(ncclAllReduce(src, dst, n, ncclFloat, ncclSum, comm, stream));
 //
 // The message names the expression, NCCL's error string and its last-error
 // detail (ncclGetLastError), the current device and, through zest::Error,

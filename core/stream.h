@@ -6,6 +6,9 @@
 // streams still have distinct identities, because the caching allocator keeps
 // blocks per stream whatever the device.
 //
+//   // zest-example: run
+//   Device device = Device::host();             // or Device::cuda(0)
+//   Stream compute_stream = Stream::default_for(device);
 //   OwnedStream comm(device);                 // a new stream, destroyed with it
 //   Event grads_ready(device);
 //   grads_ready.record(compute_stream);       // after the backward kernels

@@ -3,13 +3,14 @@
 // communicator, around a training loop whose forward and backward are the
 // user's own.
 //
+//   // zest-example: prelude=training
 //   zest::Engine engine(config, comm, allocator, stream);
 //   engine.add_param_group("no_decay", 0.0f);
 //   int fc1 = engine.add_unit("fc1", {{"fc1.w", {256, 128}}, {"fc1.b", {256}, "no_decay"}});
 //   engine.finalize(my_initializer);                 // or values broadcast from rank 0
 //   for (;;) {
-//     ...forward with engine.gather(unit) views, loss x engine.loss_scale()...
-//     ...backward into engine.grads(unit) views, done() per unit...
+//     // forward with engine.gather(fc1) views, loss x engine.loss_scale();
+//     // backward into engine.grads(fc1) views, done() per unit
 //     zest::StepResult r = engine.step();
 //   }
 //

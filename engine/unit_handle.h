@@ -1,16 +1,17 @@
 // Scoped access to one unit's parameters and gradients during forward and
 // backward.
 //
+//   // zest-example: prelude=engine
 //   {
 //     zest::UnitHandle fc = engine.gather(unit);          // stage 3: all-gathered here
 //     const float* w = fc.param<float>("fc1.weight").data();
-//     ...forward...
+//     (void)w;  // forward
 //   }                                                    // stage 3: released here
-//
 //   {
 //     zest::UnitHandle fc = engine.gather(unit);
 //     zest::GradHandle g = engine.grads(unit);           // zeroed at a micro-step's first use
-//     ...backward: accumulate into g.grad<float>("fc1.weight")...
+//     std::span<float> dw = g.grad<float>("fc1.weight"); // backward: accumulate into dw
+//     (void)dw;
 //     g.done();                                          // reduced from here on
 //   }
 //

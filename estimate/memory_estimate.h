@@ -3,12 +3,14 @@
 // same layout rules (layout_constants.h) and the same allocation policy, so
 // that Engine::memory_report() of a run measures what this estimates.
 //
+//   // zest-example: run
 //   zest::ModelDescription model = zest::ModelDescription::from_total(7'500'000'000);
 //   zest::EstimateOptions opt;
 //   opt.world_size = 64;
 //   opt.zero.stage = 3;
 //   zest::MemoryEstimate e = zest::estimate_memory(model, opt);
-//   e.model_state_bytes;  // ~1.88e9, the ZeRO paper's figure plus padding
+//   // 16 bytes x 7.5e9 / 64 ranks, the ZeRO paper's 1.875e9, plus padding:
+//   ZEST_CHECK(e.model_state_bytes >= 1'875'000'000 && e.model_state_bytes < 1'876'000'000, "per rank");
 //   std::puts(zest::format_estimate_table(model, opt).c_str());  // every stage
 //
 // What is counted (requested bytes, as the allocator's category stats count

@@ -1,6 +1,7 @@
 // One call from a training program's main to its world communicator,
 // whatever started the processes:
 //
+//   // zest-example
 //   auto comm = zest::init_distributed(zest::Device::cuda(0));   // or Device::host()
 //
 //   mpirun -np 8 ./trainer

@@ -29,7 +29,7 @@ struct RendezvousMember {
   int world_size = 1;
   // Names the run (LaunchEnv::job_id); empty when the launcher gives none.
   // Ranks with different non-empty ids never take each other's data.
-  std::string job_id;
+  std::string job_id{};
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
 };
 

@@ -3,6 +3,9 @@
 // hello with its rank, world size and job id, and once all world_size - 1
 // have, rank 0 sends every one of them the blob.
 //
+//   // zest-example
+//   RendezvousMember me{.rank = 1, .world_size = 8};
+//   std::string id_on_rank0;  // rank 0's blob; ignored on the others
 //   std::string id = tcp_rendezvous("node17", 29501, me, id_on_rank0);
 //
 // Rank 0 checks every hello: a rank started with another world size, or two

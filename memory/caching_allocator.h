@@ -5,9 +5,14 @@
 // microseconds and cudaFree synchronizes the device; a cache hit costs a
 // lookup in a sorted set.
 //
+//   // zest-example: run
+//   size_t n = 1024;
+//   Stream stream = Stream::default_for(Device::host());
+//   OwnedStream comm_stream(Device::host());
 //   CachingAllocator alloc(make_host_allocator());
 //   Buffer grads = alloc.allocate_buffer(n * sizeof(float), stream, MemoryCategory::kGradients);
-//   ... use grads.as<float>() on `stream` ...
+//   float* g = grads.as<float>();                    // used on `stream`
+//   g[0] = 1.0f;
 //   alloc.record_stream(grads.data(), comm_stream);  // also used on another stream
 //   grads.reset();  // reused only after comm_stream's work queued so far is done
 //

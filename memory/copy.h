@@ -5,8 +5,9 @@
 // ordered after everything queued on that stream before it; on a host stream
 // it runs now, as all host-stream work does (see core/stream.h).
 //
-//   copy_bytes(stream, shard.data(), host_weights.data(), numel * sizeof(float));
-//   fill_zero(stream, grads.data(), grads.size());
+//   // zest-example: prelude=buffers
+//   copy_bytes(stream, shard, host_weights.data(), numel * sizeof(float));
+//   fill_zero(stream, grads, n * sizeof(float));
 //
 // Ranges must not overlap, except that dst == src is a no-op (memcpy and
 // cudaMemcpy both leave overlap undefined, so it is refused, not guessed at).

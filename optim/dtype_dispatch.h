@@ -3,9 +3,12 @@
 // side, so both accept exactly the same dtypes and refuse the rest with the
 // same message.
 //
-//   visit_float_dtype(shard.grad_dtype, "AdamW", "gradients", [&](auto tag) {
+//   // zest-example
+//   DType grad_dtype = DType::kBFloat16;
+//   size_t element_bytes = 0;
+//   detail::visit_float_dtype(grad_dtype, "AdamW", "gradients", [&](auto tag) {
 //     using TG = typename decltype(tag)::type;  // float, fp16 or bf16
-//     ...
+//     element_bytes = sizeof(TG);
 //   });
 #pragma once
 

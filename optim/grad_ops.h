@@ -2,8 +2,9 @@
 // bf16, ordered on a stream: what the engine does between its collectives and
 // the optimizer step.
 //
-//   accumulate(comm, grad_acc.data(), reduced_shard, DType::kBFloat16, shard_numel);
-//   convert(stream, master, DType::kFloat32, params.data(), DType::kBFloat16, numel);
+//   // zest-example: prelude=buffers
+//   accumulate(comm_stream, grad_acc, reduced_shard, DType::kBFloat16, shard_numel);
+//   convert(stream, master, DType::kFloat32, params, DType::kBFloat16, numel);
 //
 // Both compute in float and round once to the destination's dtype, to nearest
 // even, on the host and in CUDA kernels alike, with the same bits on both

@@ -2,6 +2,7 @@
 // libtorch training loop, with a few added lines (target zest::torch,
 // find_package(zest COMPONENTS torch)).
 //
+//   // zest-example: prelude=torch_training
 //   auto model = std::make_shared<Net>();                 // any torch::nn::Module
 //   zest::Engine engine(config, *comm, alloc, zest::Stream::default_for(comm->device()));
 //   zest::TorchModule zt(engine, model);                  // one unit per top-level child
@@ -16,6 +17,7 @@
 // Stage 3 additionally needs each unit called through the wrapper, so that
 // it is gathered for its forward and again for its backward:
 //
+//   // zest-example: prelude=torch_module
 //   for (auto& block : blocks) x = zt.forward(block, x);  // was: x = block->forward(x)
 //   x = zt.call(*head, [&] { return head->forward(x); });  // any code using one unit
 //

@@ -1,0 +1,21 @@
+# ctest's doc_examples: builds the target doc_examples (the documentation's
+# code examples) and runs it. A block that does not compile fails here, with
+# the compiler's messages, which name README.md or the header and the
+# block's line (the generated code carries #line directives).
+# Inputs: BUILD_DIR, EXE, WORK_DIR.
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target doc_examples
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  set(all "${out}\n${err}")
+  string(REGEX MATCHALL "[^\n ]+\\.(md|h|cuh):[0-9]+:[0-9]+: error[^\n]*" errors "${all}")
+  list(REMOVE_DUPLICATES errors)
+  list(JOIN errors "\n  " listed)
+  message(FATAL_ERROR "${all}\n\ndoc_examples: code examples that do not compile:\n  ${listed}\n"
+                      "(the file and line are the example's; see README.md, Code examples in the docs)")
+endif()
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+execute_process(COMMAND ${EXE} WORKING_DIRECTORY ${WORK_DIR} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "doc_examples: an example marked `run` failed (above)")
+endif()
