@@ -20,10 +20,22 @@ README.md or the header and the block's line. Comment lines in the scanned
 headers that look like code but are in no marked block are an error here, so
 an example cannot silently escape the test.
 
+Programs are also written one to a file, with only their own #includes (and
+their preludes'), and compiled alone (syntax only) by the test, so that a
+program copied out of the docs has every include it needs.
+
 Usage: doc_examples.py SOURCE_DIR OUT_DIR FEATURE...   (features: torch cuda mpi)
-Writes OUT_DIR/host.cpp, torch.cpp (with torch), cuda.cu (with cuda), main.cpp;
-a file is rewritten only when its text changes.
+  Writes OUT_DIR/host.cpp, torch.cpp (with torch), cuda.cu (with cuda),
+  main.cpp, and OUT_DIR/alone/*.cpp; a file is rewritten only when its text
+  changes.
+doc_examples.py --alone BUILD_DIR OUT_DIR
+  Compiles each OUT_DIR/alone/*.cpp with the flags of its group's unit in
+  BUILD_DIR/compile_commands.json.
 """
+import json
+import shlex
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 import os
 import re
 import sys
@@ -34,7 +46,7 @@ KNOWN_NEEDS = {"torch", "cuda", "mpi"}
 MARKER = re.compile(r"^(\s*)//(\s+)// zest-example(?::\s*(.*?))?\s*$")
 COMMENT = re.compile(r"^\s*//(.*)$")
 FENCE = re.compile(r"^```(\S*)\s*(.*?)\s*$")
-INCLUDE = re.compile(r'^\s*#\s*include\s*[<"].*[>"]\s*$')
+INCLUDE = re.compile(r'^\s*#\s*include\s*(<[^>]*>|"[^"]*")\s*(//.*)?$')
 MAIN = re.compile(r"\bint\s+main\s*\(")
 
 
@@ -217,6 +229,59 @@ def translation_unit(blocks, start_idx, preludes, root, fn):
     return text
 
 
+def standalone(b, preludes):
+    """Block b (a program) as a file of its own: its includes and its
+    preludes' only, then its code at its own lines."""
+    lines = ['#include "doc_example_support.h"']
+    if b.header:
+        lines.append(f"#include <{b.header}>")
+    for p in b.preludes:
+        lines += preludes[p]["scope"] if p in preludes else []
+    lines.append(f'#line {b.line} "{b.path}"')
+    lines += b.code
+    return "\n".join(lines) + "\n"
+
+
+def compile_alone(build_dir, out_dir):
+    commands = json.load(open(os.path.join(build_dir, "compile_commands.json"), encoding="utf-8"))
+    alone = os.path.abspath(os.path.join(out_dir, "alone"))
+    jobs = []
+    for name in sorted(os.listdir(alone)):
+        group = name.split("-")[0]  # host-..., torch-...
+        unit = os.path.join(out_dir, f"{group}.cpp")
+        entry = next((c for c in commands if os.path.samefile(c["file"], unit)), None) \
+            if os.path.exists(unit) else None
+        if entry is None:
+            sys.exit(f"doc_examples: no compile command for {unit} in compile_commands.json")
+        args = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
+        cmd, skip = [], False
+        for a in args:
+            if skip:
+                skip = False
+            elif a in ("-o", "-MF", "-MT", "-c"):
+                skip = True
+            elif a != "-MD" and a != entry["file"]:
+                cmd.append(a)
+        jobs.append((name, cmd + ["-fsyntax-only", os.path.join(alone, name)], entry["directory"]))
+
+    def run(job):
+        name, cmd, cwd = job
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        return name, r.returncode, r.stdout + r.stderr
+
+    failed = 0
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for name, rc, output in pool.map(run, jobs):
+            print(f"alone {name}: {'ok' if rc == 0 else 'does NOT compile on its own'}")
+            if rc != 0:
+                failed += 1
+                sys.stdout.write(output)
+    if failed:
+        print(f"doc_examples: {failed} program(s) do not compile on their own: an #include is missing "
+              "(the errors above name the block's file and line)")
+    return 1 if failed else 0
+
+
 def write_if_changed(path, text):
     if os.path.exists(path) and open(path, encoding="utf-8").read() == text:
         return
@@ -227,6 +292,8 @@ def write_if_changed(path, text):
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
+    if sys.argv[1] == "--alone":
+        sys.exit(compile_alone(sys.argv[2], sys.argv[3]))
     root, out_dir, features = sys.argv[1], sys.argv[2], set(sys.argv[3:])
     blocks = readme_blocks(root)
     for d in HEADER_DIRS:
@@ -261,9 +328,19 @@ def main():
         sys.stderr.write("doc_examples: " + "\ndoc_examples: ".join(errors) + "\n")
         sys.exit(1)
 
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(os.path.join(out_dir, "alone"), exist_ok=True)
     for name, text in units.items():
         write_if_changed(os.path.join(out_dir, name), text)
+    wanted = set()
+    for g in ("host", "torch"):
+        for b in groups[g] if (g == "host" or g in features) else []:
+            if b.program:
+                name = f"{g}-" + re.sub(r"[^\w]", "_", b.where()) + ".cpp"
+                wanted.add(name)
+                write_if_changed(os.path.join(out_dir, "alone", name), standalone(b, preludes))
+    for name in os.listdir(os.path.join(out_dir, "alone")):
+        if name not in wanted:
+            os.remove(os.path.join(out_dir, "alone", name))
     compiled = sum(len(groups[g]) for g in groups if g == "host" or g in features)
     main_cpp = ['#include "doc_example_support.h"', ""]
     main_cpp += [f"void run_{g}(zest_doc::Runner& r);" for g in groups if g == "host" or g in features]
