@@ -24,6 +24,7 @@ foreach(layer ${_zest_layers})
     PATTERN "optimizer_impl.h" EXCLUDE
     PATTERN "host_convert.h" EXCLUDE
     PATTERN "engine_state.h" EXCLUDE
+    PATTERN "optimizer_offload.h" EXCLUDE
     PATTERN "on_every_rank.h" EXCLUDE
     PATTERN "json_parse.h" EXCLUDE
     PATTERN "config_reader.h" EXCLUDE

@@ -95,6 +95,24 @@ struct ZeroConfig {
   bool reduce_at_accumulation_boundary = false;
 };
 
+// zero_optimization.offload_optimizer / offload_param (DeepSpeed's
+// DeepSpeedZeroOffloadOptimizerConfig and ...ParamConfig): where the fp32
+// master weights and optimizer state, or the parameters not in use, live.
+enum class OffloadDevice { kNone, kCpu };
+
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  bool pin_memory = false;
+  double ratio = 1.0;
+  bool delayed_update = false;
+};
+
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  bool pin_memory = false;
+  int64_t buffer_count = 5, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;
+};
+
 struct Fp16Config {
   bool enabled = false;
   double loss_scale = 0.0;  // 0: dynamic
@@ -168,6 +186,8 @@ struct EngineConfig {
   // DeepSpeed's default, which is fp32 for bf16 without ZeRO (stage 0) and
   // the compute dtype otherwise.
   std::optional<DType> grad_accum_dtype;
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
 
   // Keys of the file that ZEST accepted without acting on them, with the
   // reason, and the values its "auto" entries became: the Engine logs both

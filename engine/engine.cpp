@@ -32,6 +32,19 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
              c.gradient_clipping);
   c.optimizer.validate();
   c.scheduler.validate();
+  if (c.offload_optimizer.device == OffloadDevice::kCpu) {
+    ZEST_CHECK(c.zero.stage >= 1,
+               "zero_optimization.offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3; this config "
+               "is stage 0: set zero_optimization.stage, or offload_optimizer.device to \"none\"");
+    (void)offloaded_numel(0, c.offload_optimizer.ratio);  // checks the ratio
+    ZEST_CHECK(!c.offload_optimizer.delayed_update,
+               "zero_optimization.offload_optimizer.delayed_update is not yet supported by ZEST's engine: "
+               "set it to false (the update then uses this step's gradients, as without offload)");
+  }
+  ZEST_CHECK(c.offload_param.device == OffloadDevice::kNone || c.zero.stage < 3,
+             "zero_optimization.offload_param (device cpu) is not yet supported by ZEST's engine: set "
+             "offload_param.device to \"none\" (offload_optimizer is supported, and stage 3 already shards "
+             "the parameters over the ranks)");
   return c;
 }
 
@@ -51,6 +64,11 @@ void log_config_notes(const EngineConfig& c, const Communicator& comm) {
 }
 
 }  // namespace
+
+int64_t MemoryReport::host_model_states() const {
+  return host(MemoryCategory::kParameters).current + host(MemoryCategory::kGradients).current +
+         host(MemoryCategory::kMasterWeights).current + host(MemoryCategory::kOptimizerState).current;
+}
 
 int64_t MemoryReport::model_states() const {
   return (*this)[MemoryCategory::kParameters].current +
@@ -75,6 +93,27 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
   impl_->groups.push_back({"default", config_.optimizer.weight_decay});
   impl_->part = config_.zero.stage == 0 ? 0 : comm.rank();
   log_config_notes(config_, comm);
+  if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
+    const bool pinned = config_.offload_optimizer.pin_memory && comm.device().is_cuda();
+    own_host_allocator_ = std::make_unique<CachingAllocator>(pinned ? make_cuda_pinned_allocator() : make_host_allocator());
+    host_allocator_ = own_host_allocator_.get();
+  }
+  if (config_.offload_param.device == OffloadDevice::kCpu && comm.rank() == 0) {
+    ZEST_LOG_INFO("config: offload_param ignored: DeepSpeed offloads parameters only at stage 3; this is stage {}",
+                  config_.zero.stage);
+  }
+}
+
+Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator,
+               CachingAllocator& host_allocator, Stream stream)
+    : Engine(std::move(config), comm, allocator, stream) {
+  ZEST_CHECK(host_allocator.device().is_host(),
+             "engine: the host allocator allocates memory of {}; offloaded state needs host memory "
+             "(make_host_allocator, or make_cuda_pinned_allocator on a GPU)",
+             host_allocator.device().str());
+  own_host_allocator_.reset();
+  host_allocator_ = &host_allocator;
+  host_allocator_alive_ = host_allocator.lifetime();
 }
 
 Engine::~Engine() {
@@ -97,6 +136,10 @@ void Engine::check_borrowed(const char* what) const {
   ZEST_CHECK(!allocator_alive_.expired(),
              "{}: the CachingAllocator this Engine was created with has been destroyed; keep the "
              "allocator alive until the engine is destroyed (declare it first)",
+             what);
+  ZEST_CHECK(own_host_allocator_ != nullptr || host_allocator_ == nullptr || !host_allocator_alive_.expired(),
+             "{}: the host CachingAllocator this Engine was created with has been destroyed; keep it "
+             "alive until the engine is destroyed (declare it first)",
              what);
 }
 
@@ -259,12 +302,20 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   const bool fp32 = compute_dtype_ == DType::kFloat32;
   const bool accumulating = config_.accumulation_steps() > 1;
   im.local_accumulation = accumulating && config_.zero.reduce_at_accumulation_boundary;
-  if (!fp32) {
-    im.master = allocator_.allocate_buffer(L.owned() * 4, stream_, MemoryCategory::kMasterWeights);
+  if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
+    im.host_numel = offloaded_numel(L.owned(), config_.offload_optimizer.ratio);
   }
-  for (int s = 0; s < config_.optimizer.state_buffers(); ++s) {
-    im.state[s] = allocator_.allocate_buffer(L.owned() * 4, stream_, MemoryCategory::kOptimizerState);
-    fill_zero(stream_, im.state[s].data(), L.owned() * 4);
+  const size_t on_device = L.owned() - im.host_numel;
+  if (!fp32 && on_device > 0) {
+    im.master = allocator_.allocate_buffer(on_device * 4, stream_, MemoryCategory::kMasterWeights);
+  }
+  for (int s = 0; s < config_.optimizer.state_buffers() && on_device > 0; ++s) {
+    im.state[s] = allocator_.allocate_buffer(on_device * 4, stream_, MemoryCategory::kOptimizerState);
+    fill_zero(stream_, im.state[s].data(), on_device * 4);
+  }
+  if (im.host_numel > 0) {
+    im.offload = std::make_unique<OptimizerOffload>(*host_allocator_, comm_.device(), im.host_numel,
+                                                    config_.optimizer.state_buffers(), compute_dtype_);
   }
 
   im.units.resize(static_cast<size_t>(L.num_units()));
@@ -291,8 +342,9 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       st.grad_acc = allocator_.allocate_buffer(numel * bc, stream_, MemoryCategory::kGradients);
     }
     const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
-    st.master = fp32 ? reinterpret_cast<float*>(owned_params(u)) : im.master.as<float>() + L.owned_offset(u);
+    st.host_numel = std::min(unit.shard, im.host_numel - std::min(im.host_numel, L.owned_offset(u)));
     st.runs = L.shard_runs(u, im.part);
+    const std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
 
     // Initial values: the initializer fills fp32 values on the host; they
     // reach the device through a staging buffer of at most
@@ -325,7 +377,12 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
           convert(stream_, src, DType::kFloat32, st.params_shard.as<std::byte>() + (lo - shard_begin) * bc,
                   compute_dtype_, hi - lo);
         }
-        if (!fp32) copy_bytes(stream_, st.master + (lo - shard_begin), src, (hi - lo) * 4);
+        for (const ShardPiece& m : masters) {
+          if (fp32 && !m.host) continue;  // the master is the parameters
+          const size_t a = std::max(lo - shard_begin, m.begin);
+          const size_t b = std::min(hi - shard_begin, m.end);
+          if (a < b) copy_bytes(stream_, m.data + (a - m.begin), src + (a + shard_begin - lo), (b - a) * 4);
+        }
       }
     }
     stream_.synchronize();  // `host` is reused for the next unit
@@ -340,15 +397,23 @@ double Engine::loss_scale() const {
 }
 
 std::vector<float> Engine::unit_master(int unit) {
-  UnitState& st = state(unit);
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
   const UnitLayout& U = impl_->layout->unit(unit);
   std::vector<float> out(U.padded);
   if (impl_->layout->partitions() == 1) {
     // The master is the whole unit: no gather, so no staging buffer.
-    copy_bytes(stream_, out.data(), st.master, U.padded * 4);
+    for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
   } else {
     Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
-    impl_->control->all_gather(st.master, full.data(), U.shard, DType::kFloat32, stream_);
+    // The collective reads device memory: an offloaded part comes through
+    // this rank's slot of `full` first.
+    const float* mine = pieces[1].data;
+    if (pieces[0].end > 0) {
+      float* slot = full.as<float>() + U.shard * static_cast<size_t>(impl_->part);
+      for (const ShardPiece& p : pieces) copy_bytes(stream_, slot + p.begin, p.data, (p.end - p.begin) * 4);
+      mine = slot;
+    }
+    impl_->control->all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
     copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
   }
   stream_.synchronize();
@@ -395,29 +460,44 @@ std::byte* Engine::owned_params(int unit) const {
   return st.resident ? owned_part(st.params_full, unit) : st.params_shard.as<std::byte>();
 }
 
-// Where buffer `buffer` of unit u's owned shard lives.
-float* Engine::shard_ptr(int unit, int buffer) {
+std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
   UnitState& st = state(unit);
   ZEST_CHECK(buffer >= 0 && buffer < shard_buffers(), "shard buffer {} is out of range: this optimizer has {}",
              buffer, shard_buffers());
-  if (buffer == 0) return st.master;
-  return impl_->state[buffer - 1].as<float>() + impl_->layout->owned_offset(unit);
+  const Impl& im = *impl_;
+  const size_t shard = im.layout->unit(unit).shard;
+  const size_t offset = im.layout->owned_offset(unit);
+  std::array<ShardPiece, 2> pieces;
+  if (st.host_numel > 0) pieces[0] = {im.offload->buffer(buffer) + offset, 0, st.host_numel, true};
+  pieces[1] = {nullptr, st.host_numel, shard, false};
+  if (st.host_numel < shard) {
+    // Device elements are indexed from im.host_numel in the owned region.
+    const size_t at = offset + st.host_numel - im.host_numel;
+    if (buffer > 0) {
+      pieces[1].data = im.state[buffer - 1].as<float>() + at;
+    } else if (compute_dtype_ == DType::kFloat32) {
+      pieces[1].data = reinterpret_cast<float*>(owned_params(unit)) + st.host_numel;
+    } else {
+      pieces[1].data = im.master.as<float>() + at;
+    }
+  }
+  return pieces;
 }
 
 std::vector<float> Engine::read_shard(int unit, int buffer) {
-  const float* src = shard_ptr(unit, buffer);
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
   std::vector<float> out(impl_->layout->unit(unit).shard);
-  copy_bytes(stream_, out.data(), src, out.size() * sizeof(float));
+  for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
   stream_.synchronize();
   return out;
 }
 
 void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
-  float* dst = shard_ptr(unit, buffer);
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
   const size_t shard = impl_->layout->unit(unit).shard;
   ZEST_CHECK(values.size() == shard, "write_shard of unit '{}': {} values for a shard of {}",
              impl_->layout->unit(unit).name, values.size(), shard);
-  copy_bytes(stream_, dst, values.data(), shard * sizeof(float));
+  for (const ShardPiece& p : pieces) copy_bytes(stream_, p.data, values.data() + p.begin, (p.end - p.begin) * 4);
   stream_.synchronize();
 }
 
@@ -432,11 +512,27 @@ void Engine::restore(const Progress& progress) {
   im.skipped = progress.skipped_steps;
   im.scaler.load_state(progress.loss_scaler);
   const ModelLayout& L = *im.layout;
+  const size_t bc = elem_size(compute_dtype_);
+  const Stream host = Stream::default_for(Device::host());
   for (int u = 0; u < L.num_units(); ++u) {
-    UnitState& st = im.units[static_cast<size_t>(u)];
-    const UnitLayout& U = L.unit(u);
-    if (compute_dtype_ == DType::kFloat32) continue;  // the master is the parameters
-    convert(stream_, st.master, DType::kFloat32, owned_params(u), compute_dtype_, U.shard);
+    const std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
+    std::byte* params = owned_params(u);
+    for (const ShardPiece& m : masters) {
+      const size_t n = m.end - m.begin;
+      if (n == 0) continue;
+      if (compute_dtype_ == DType::kFloat32) {
+        // On the device the master is the parameters; from the host it is copied.
+        if (m.host) copy_bytes(stream_, params, m.data, n * 4);
+      } else if (!m.host) {
+        convert(stream_, m.data, DType::kFloat32, params + m.begin * bc, compute_dtype_, n);
+      } else {
+        // Narrowed on the host (the same rounding), then copied.
+        Buffer narrow = host_allocator_->allocate_buffer(n * bc, host, MemoryCategory::kCommBuffers);
+        convert(host, m.data, DType::kFloat32, narrow.data(), compute_dtype_, n);
+        copy_bytes(stream_, params + m.begin * bc, narrow.data(), n * bc);
+        stream_.synchronize();  // before `narrow` is freed
+      }
+    }
   }
   gather_updated_params();
   stream_.synchronize();
@@ -451,6 +547,14 @@ MemoryReport Engine::memory_report() const {
   }
   r.reserved = at(s.reserved_bytes, StatPool::kAggregate).current;
   r.allocated = at(s.allocated_bytes, StatPool::kAggregate).current;
+  if (host_allocator_ != nullptr) {
+    const AllocatorStats h = host_allocator_->stats();
+    for (MemoryCategory c : kAllMemoryCategories) {
+      r.host_by_category[category_index(c)] = {h.category_requested(c).current, h.category_requested(c).peak};
+    }
+    r.host_reserved = at(h.reserved_bytes, StatPool::kAggregate).current;
+    r.host_allocated = at(h.allocated_bytes, StatPool::kAggregate).current;
+  }
   return r;
 }
 

@@ -43,8 +43,28 @@
 // Memory is allocated from the given allocator under the categories of
 // memory_category.h, so allocator.stats() reports it in the ZeRO paper's
 // terms: see memory_report().
+//
+// Offload (zero_optimization.offload_optimizer, device "cpu", stages 1-3,
+// as DeepSpeed's ZeRO-Offload): the fp32 master weights and optimizer state
+// of the owned shard live in host memory, from a second, host allocator
+// (given, or the engine's own: pinned with pin_memory on CUDA). step()
+// copies the reduced gradients to the host, updates there with the host
+// optimizer (OptimizerConfig::host_threads threads), and copies the new
+// compute-dtype parameters back, in chunks whose copies overlap the updates
+// (a copy stream and events on CUDA, a copy thread on the host backend; see
+// memory/copy_queue.h). offload_optimizer.ratio < 1 keeps the rest of the
+// state on the device, updated there. The arithmetic is the device's, so an
+// offloaded run has the bits of one that is not.
+//
+//   zest::CachingAllocator device(zest::make_limited_allocator(zest::make_host_allocator(), 64 << 20));
+//   zest::CachingAllocator host(zest::make_host_allocator());
+//   zest::EngineConfig config;
+//   config.zero.stage = 2;
+//   config.offload_optimizer.device = zest::OffloadDevice::kCpu;
+//   zest::Engine engine(config, comm, device, host, stream);  // a device of 64 MiB
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <span>
@@ -84,6 +104,15 @@ struct MemoryReport {
   const Entry& operator[](MemoryCategory c) const { return by_category[category_index(c)]; }
   // current bytes of parameters, gradients, master weights and optimizer state
   int64_t model_states() const;
+
+  // The same from the host allocator (offload_optimizer): the offloaded
+  // master weights and optimizer state, and the copies' staging
+  // (comm_buffers). All zero without offload.
+  std::array<Entry, kNumMemoryCategories> host_by_category{};
+  int64_t host_reserved = 0;
+  int64_t host_allocated = 0;
+  const Entry& host(MemoryCategory c) const { return host_by_category[category_index(c)]; }
+  int64_t host_model_states() const;
 };
 
 class Engine {
@@ -106,6 +135,13 @@ class Engine {
   // allocator leaked, with a warning, at its destruction). UnitHandle and
   // GradHandle borrow the engine the same way.
   Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, Stream stream);
+  // With offload_optimizer, the offloaded state comes from `host_allocator`
+  // (host memory: make_host_allocator, or make_cuda_pinned_allocator for
+  // asynchronous CUDA copies), borrowed like `allocator`. Without it (the
+  // constructor above) an offloading engine makes its own: pinned when
+  // offload_optimizer.pin_memory is set and the device is a GPU.
+  Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, CachingAllocator& host_allocator,
+         Stream stream);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -168,7 +204,8 @@ class Engine {
   // optimizer's state buffers.
   int shard_buffers() const { return 1 + config_.optimizer.state_buffers(); }
   // Host copies of this rank's owned shard of one buffer of unit u
-  // (layout().unit(u).shard elements). Not collective.
+  // (layout().unit(u).shard elements), wherever it lives (device or, with
+  // offload, host memory). Not collective.
   std::vector<float> read_shard(int unit, int buffer);
   void write_shard(int unit, int buffer, std::span<const float> values);
   // Sets the progress, and rebuilds the compute-dtype parameters from the
@@ -201,7 +238,16 @@ class Engine {
   const ParamLayout& view_param(int unit, const std::string& name, DType dtype, const char* what) const;
   void release(int unit);
   void grads_done(int unit);
-  float* shard_ptr(int unit, int buffer);
+  // Unit u's shard of buffer b (0: master weights, 1..: optimizer state)
+  // in at most two pieces, [begin, end) of the shard each: its first
+  // elements in host memory (offload), the rest on the device.
+  struct ShardPiece {
+    float* data = nullptr;
+    size_t begin = 0;
+    size_t end = 0;
+    bool host = false;
+  };
+  std::array<ShardPiece, 2> shard_pieces(int unit, int buffer);
   // This rank's part of a full unit-sized buffer (parameters or gradients).
   std::byte* owned_part(const Buffer& full, int unit) const;
   // Where this rank's shard of unit u's compute-dtype parameters lives: in
@@ -223,11 +269,14 @@ class Engine {
   EngineConfig config_;
   Communicator& comm_;
   CachingAllocator& allocator_;
+  CachingAllocator* host_allocator_ = nullptr;  // offload: given or own_host_allocator_
+  std::unique_ptr<CachingAllocator> own_host_allocator_;
   Stream stream_;
   DType compute_dtype_;
   std::unique_ptr<Impl> impl_;
   std::weak_ptr<const void> comm_alive_;
   std::weak_ptr<const void> allocator_alive_;
+  std::weak_ptr<const void> host_allocator_alive_;  // expired: none borrowed
   Lifetime lifetime_;  // watched by the handles
 };
 

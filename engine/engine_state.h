@@ -9,6 +9,7 @@
 
 #include "zest/core/stream.h"
 #include "zest/engine/engine.h"
+#include "zest/engine/optimizer_offload.h"
 #include "zest/memory/caching_allocator.h"
 
 namespace zest {
@@ -29,9 +30,9 @@ struct Engine::UnitState {
   // Impl::local_accumulation instead the sum of the micro-steps' unreduced
   // gradients, full size: it and grads_full trade places each micro-step.
   Buffer grad_acc;
-  // fp32 master shard: into Impl::master, or (fp32 compute) into the
-  // parameters themselves.
-  float* master = nullptr;
+  // The shard's first host_numel elements keep their master weights and
+  // optimizer state in host memory (Impl::offload); the rest on the device.
+  size_t host_numel = 0;
   // ModelLayout::shard_runs of this rank's shard: fixed by finalize(), and
   // read every optimizer step.
   std::vector<GroupRun> runs;
@@ -66,8 +67,12 @@ struct Engine::Impl {
   std::optional<Event> handoff;  // compute -> comm ordering
   std::vector<UnitState> units;
 
-  Buffer master;    // fp32, layout->owned() elements (16-bit compute only)
-  Buffer state[2];  // optimizer state, same size
+  // The owned region's elements [0, host_numel) are offloaded; the device
+  // holds [host_numel, owned()) in these.
+  Buffer master;    // fp32 (16-bit compute only; fp32: the parameters)
+  Buffer state[2];  // optimizer state
+  size_t host_numel = 0;
+  std::unique_ptr<OptimizerOffload> offload;  // with host_numel > 0
   LossScaler scaler;
 
   int part = 0;  // this rank's shard index (0 at stage 0)

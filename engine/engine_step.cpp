@@ -2,6 +2,7 @@
 // optimizer step: global gradient norm (which also detects overflow and
 // non-finite values, agreed across ranks), loss-scale update, clipping, the
 // optimizer on the owned shards, and the all-gather of updated parameters.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -150,26 +151,49 @@ StepResult Engine::step() {
   const bool fp32 = compute_dtype_ == DType::kFloat32;
   const size_t bc = elem_size(compute_dtype_);
   std::optional<PhaseTimer> optimizer_timer(std::in_place, im.times.optimizer_ms);
+  // The device's part first: on a GPU it is queued, and runs while the host
+  // updates the offloaded part.
   for (int u = 0; u < L.num_units(); ++u) {
-    // Base pointers once per unit, so shard_ptr's checks do not run per run;
-    // each run is an offset into them.
+    const UnitState& st = im.units[static_cast<size_t>(u)];
+    if (st.host_numel == L.unit(u).shard) continue;
+    // Base pointers once per unit, so shard_pieces's checks do not run per
+    // run; each run is an offset into them (from the first device element).
     std::byte* out = owned_params(u);
     const auto* grad = static_cast<const std::byte*>(reduced_grad(u));
+    const size_t first = st.host_numel;
     ShardBuffers base;
-    base.master = shard_ptr(u, 0);
-    for (int s = 1; s < shard_buffers(); ++s) base.state[s - 1] = shard_ptr(u, s);
-    for (const GroupRun& run : im.units[static_cast<size_t>(u)].runs) {
+    base.master = shard_pieces(u, 0)[1].data;
+    for (int s = 1; s < shard_buffers(); ++s) base.state[s - 1] = shard_pieces(u, s)[1].data;
+    for (const GroupRun& run : st.runs) {
+      const size_t lo = std::max(run.begin, first);
+      if (lo >= run.end) continue;
       ShardBuffers b;
-      b.master = base.master + run.begin;
-      for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = base.state[s - 1] + run.begin;
-      b.grad = grad + run.begin * bc;
+      b.master = base.master + (lo - first);
+      for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = base.state[s - 1] + (lo - first);
+      b.grad = grad + lo * bc;
       b.grad_dtype = compute_dtype_;
-      b.param_out = fp32 ? nullptr : out + run.begin * bc;
+      b.param_out = fp32 ? nullptr : out + lo * bc;
       b.param_dtype = compute_dtype_;
-      b.numel = run.end - run.begin;
+      b.numel = run.end - lo;
       scalars.weight_decay = L.groups()[static_cast<size_t>(run.group)].weight_decay;
       optimizer_step(stream_, config_.optimizer, b, scalars);
     }
+  }
+  if (im.offload) {
+    std::vector<OffloadUnit> units(static_cast<size_t>(L.num_units()));
+    for (int u = 0; u < L.num_units(); ++u) {
+      const UnitState& st = im.units[static_cast<size_t>(u)];
+      units[static_cast<size_t>(u)] = {L.owned_offset(u), st.host_numel, static_cast<const std::byte*>(reduced_grad(u)),
+                                       owned_params(u), &st.runs};
+    }
+    std::vector<float> decay;
+    for (const ParamGroupSpec& g : L.groups()) decay.push_back(g.weight_decay);
+    im.offload->step(stream_, config_.optimizer, units, decay, scalars);
+    const OffloadTimes t = im.offload->take_times();
+    im.times.offload_d2h_ms += t.d2h_ms;
+    im.times.offload_update_ms += t.update_ms;
+    im.times.offload_h2d_ms += t.h2d_ms;
+    im.times.offload_ms += t.total_ms;
   }
   optimizer_timer.reset();
   gather_updated_params();

@@ -17,6 +17,16 @@ struct StepTimes {
   double norm_ms = 0.0;
   double optimizer_ms = 0.0;
   double gather_ms = 0.0;
+  // offload_optimizer: within optimizer_ms, the host part's pipeline
+  // (offload_ms, start to end) and the time each of its three stages was
+  // busy: the copy queues copying gradients to the host and parameters back
+  // (on CUDA measured by events around each chunk's copies), and the host
+  // optimizer updating. Their sum minus offload_ms is the time they ran at
+  // once (bench/offload_bench).
+  double offload_d2h_ms = 0.0;
+  double offload_update_ms = 0.0;
+  double offload_h2d_ms = 0.0;
+  double offload_ms = 0.0;
 };
 
 struct StepResult {

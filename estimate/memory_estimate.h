@@ -80,8 +80,6 @@ struct ModelDescription {
 // item and what was expected.
 ModelDescription parse_model_description(std::string_view text);
 
-enum class OffloadDevice : uint8_t { kNone, kCpu };
-
 struct EstimateOptions {
   int world_size = 1;
   // stage, stage3_param_persistence_threshold, reduce_bucket_size,

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "checkpoint/temp_dir.h"
 #include "engine/engine_harness.h"
 #include "zest/core/crc32.h"
 #include "zest/checkpoint/checkpoint.h"
@@ -23,19 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under the system's temp dir, removed at scope end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / fmt::format("zest_ckpt_{:08x}", rd());
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string str() const { return path.string(); }
-};
-
-using Params = std::map<std::string, std::vector<float>>;
 
 // Runs steps [first, last) on `world` ranks; loads `load_from` first and
 // saves to `save_to` at the end when given. Returns rank 0's parameters and
@@ -58,14 +46,6 @@ Params run(EngineConfig config, int world, int64_t first, int64_t last, const st
     for (const auto& [name, values] : p) CHECK(same_bits(values, out[0].at(name)));
   }
   return out[0];
-}
-
-void check_same(const Params& a, const Params& b) {
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, values] : a) {
-    CAPTURE(name);
-    CHECK(same_bits(values, b.at(name)));
-  }
 }
 
 EngineConfig adam_config(int stage) {

@@ -107,6 +107,11 @@ struct RunOptions {
   // (stage 3 then stops prefetching; results must not change).
   bool change_order = false;
   Device device = Device::host();
+  // Bytes the device allocator may hold (0: no limit), as a smaller device
+  // would (make_limited_allocator).
+  size_t device_capacity = 0;
+  // Registers the model (register_model's unless set).
+  std::function<void(Engine&)> model;
 };
 
 inline RunOptions runs(int world, int steps) {
@@ -151,24 +156,40 @@ inline std::map<std::string, std::vector<float>> master_params(Engine& engine) {
   return out;
 }
 
-// An allocator for the device a run uses.
-inline std::unique_ptr<CachingAllocator> allocator_for(Device device) {
-  return std::make_unique<CachingAllocator>(device.is_cuda() ? make_cuda_allocator(device.index())
-                                                             : make_host_allocator());
+// An allocator for the device a run uses, of at most `capacity` bytes (0:
+// the device's own).
+inline std::unique_ptr<CachingAllocator> allocator_for(Device device, size_t capacity = 0) {
+  std::unique_ptr<RawAllocator> raw = device.is_cuda() ? make_cuda_allocator(device.index()) : make_host_allocator();
+  if (capacity > 0) raw = make_limited_allocator(std::move(raw), capacity);
+  return std::make_unique<CachingAllocator>(std::move(raw));
+}
+
+// The engine of a run; with offload_optimizer, its offloaded state in `host`.
+inline std::unique_ptr<Engine> make_engine(const EngineConfig& config, Communicator& comm, CachingAllocator& alloc,
+                                           CachingAllocator& host, const Stream& stream) {
+  if (config.offload_optimizer.device == OffloadDevice::kCpu) {
+    return std::make_unique<Engine>(config, comm, alloc, host, stream);
+  }
+  return std::make_unique<Engine>(config, comm, alloc, stream);
 }
 
 // One rank's part of a run: `steps` optimizer steps (x accumulation
 // micro-steps) on `comm`.
 inline RankResult run_rank(const EngineConfig& config, const RunOptions& opt, Communicator& comm) {
-  const auto alloc = allocator_for(opt.device);
+  const auto alloc = allocator_for(opt.device, opt.device_capacity);
+  CachingAllocator host(make_host_allocator());
   const OwnedStream stream(opt.device);
-  Engine engine(config, comm, *alloc, stream);
-  register_model(engine);
-  engine.finalize(init_values);
+  const std::unique_ptr<Engine> engine = make_engine(config, comm, *alloc, host, stream);
+  if (opt.model) {
+    opt.model(*engine);
+  } else {
+    register_model(*engine);
+  }
+  engine->finalize(init_values);
   RankResult out;
-  run_steps(engine, comm, opt, 0, opt.steps, out);
-  out.params = master_params(engine);
-  out.memory = engine.memory_report();
+  run_steps(*engine, comm, opt, 0, opt.steps, out);
+  out.params = master_params(*engine);
+  out.memory = engine->memory_report();
   return out;
 }
 
@@ -196,6 +217,17 @@ inline EngineConfig base_config(int stage) {
 // The checks below use doctest's macros: include this after doctest.h.
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+using Params = std::map<std::string, std::vector<float>>;
+
+// Every parameter of `a` has the bits of `b`'s.
+inline void check_same(const Params& a, const Params& b) {
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, values] : a) {
+    CAPTURE(name);
+    CHECK(same_bits(values, b.at(name)));
+  }
 }
 
 // Runs stage 0 and then stages 1-3 on `world` ranks and checks that every

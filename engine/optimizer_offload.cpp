@@ -1,0 +1,184 @@
+#include "zest/engine/optimizer_offload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "zest/core/check.h"
+#include "zest/core/logging.h"
+#include "zest/engine/layout_constants.h"
+#include "zest/memory/copy.h"
+
+namespace zest {
+namespace {
+
+// At most this many elements per chunk (16 MiB of fp32 state per buffer),
+// and at least 16 chunks where the host part allows, so that filling and
+// draining the pipeline (one chunk's copy at each end) is a small part of it.
+constexpr size_t kMaxChunkNumel = size_t{1} << 22;
+constexpr size_t kMinChunks = 16;
+
+size_t chunk_for(size_t host_numel) {
+  if (host_numel == 0) return 0;
+  const size_t per = (host_numel + kMinChunks - 1) / kMinChunks;
+  const size_t aligned = (per + kParamAlign - 1) / kParamAlign * kParamAlign;
+  return std::clamp(aligned, kParamAlign, kMaxChunkNumel);
+}
+
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+size_t offloaded_numel(size_t owned, double ratio) {
+  ZEST_CHECK(ratio >= 0.0 && ratio <= 1.0,
+             "zero_optimization.offload_optimizer.ratio is {}: it must be in [0, 1] (the fraction of "
+             "the optimizer state kept in host memory; 1 offloads all of it)",
+             ratio);
+  if (ratio >= 1.0) return owned;
+  const auto n = static_cast<size_t>(std::floor(ratio * static_cast<double>(owned)));
+  return std::min(owned, n / kParamAlign * kParamAlign);
+}
+
+OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers,
+                                   DType compute)
+    : host_(host),
+      host_numel_(host_numel),
+      state_buffers_(state_buffers),
+      compute_(compute),
+      chunk_(chunk_for(host_numel)),
+      d2h_(device, /*timing=*/true),
+      h2d_(device, /*timing=*/true) {
+  ZEST_CHECK(host.device().is_host(),
+             "offload_optimizer: the host allocator allocates memory of {}; it must allocate host "
+             "memory (make_host_allocator or make_cuda_pinned_allocator)",
+             host.device().str());
+  ZEST_INTERNAL_ASSERT(state_buffers >= 0 && state_buffers <= 2, "{} optimizer state buffers", state_buffers);
+  if (host_numel == 0) return;
+  const Stream hs = Stream::default_for(Device::host());
+  master_ = host.allocate_buffer(host_numel * 4, hs, MemoryCategory::kMasterWeights);
+  for (int s = 0; s < state_buffers; ++s) {
+    state_[s] = host.allocate_buffer(host_numel * 4, hs, MemoryCategory::kOptimizerState);
+    fill_zero(hs, state_[s].data(), host_numel * 4);
+  }
+  const size_t slot_bytes = chunk_ * elem_size(compute);
+  for (int i = 0; i < 2; ++i) {
+    grad_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
+    // fp32: the master is the parameters, copied back from where it lies.
+    if (compute != DType::kFloat32) param_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
+  }
+}
+
+OptimizerOffload::~OptimizerOffload() = default;
+
+float* OptimizerOffload::buffer(int b) const {
+  ZEST_INTERNAL_ASSERT(b >= 0 && b <= state_buffers_, "offload buffer {} of {}", b, state_buffers_ + 1);
+  return b == 0 ? master_.as<float>() : state_[b - 1].as<float>();
+}
+
+void OptimizerOffload::pieces_of(size_t a, size_t b, std::span<const OffloadUnit> units, size_t& cursor,
+                                 std::vector<Piece>& out) const {
+  out.clear();
+  for (size_t u = cursor; u < units.size(); ++u) {
+    const OffloadUnit& unit = units[u];
+    const size_t lo = std::max(a, unit.owned_offset);
+    const size_t hi = std::min(b, unit.owned_offset + unit.host_numel);
+    if (unit.owned_offset >= b) break;
+    if (lo < hi) out.push_back({lo, hi, &unit});
+    // A unit that ends inside this chunk is not in the next one.
+    if (unit.owned_offset + unit.host_numel <= b) cursor = u + 1;
+  }
+}
+
+void OptimizerOffload::step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
+                            std::span<const float> group_decay, StepScalars scalars) {
+  if (host_numel_ == 0) return;
+  const auto start = std::chrono::steady_clock::now();
+  const Stream hs = Stream::default_for(Device::host());
+  const size_t bc = elem_size(compute_);
+  const bool fp32 = compute_ == DType::kFloat32;
+  const size_t chunks = (host_numel_ + chunk_ - 1) / chunk_;
+
+  std::vector<std::vector<Piece>> pieces(chunks);
+  size_t cursor = 0;
+  for (size_t i = 0; i < chunks; ++i) pieces_of(i * chunk_, std::min(host_numel_, (i + 1) * chunk_), units, cursor, pieces[i]);
+
+  std::vector<CopyQueue::Mark> fetched(chunks), stored(chunks);
+  const auto fetch = [&](size_t i) {
+    std::byte* slot = grad_slot_[i % 2].as<std::byte>();
+    const size_t a = i * chunk_;
+    for (const Piece& p : pieces[i]) {
+      d2h_.copy(slot + (p.begin - a) * bc, p.unit->grad + (p.begin - p.unit->owned_offset) * bc, (p.end - p.begin) * bc);
+    }
+    fetched[i] = d2h_.mark();
+  };
+  const auto update = [&](size_t i) {
+    const size_t a = i * chunk_;
+    const std::byte* grads = grad_slot_[i % 2].as<std::byte>();
+    std::byte* params = fp32 ? nullptr : param_slot_[i % 2].as<std::byte>();
+    for (const Piece& p : pieces[i]) {
+      const size_t off = p.unit->owned_offset;
+      for (const GroupRun& run : *p.unit->runs) {
+        const size_t lo = std::max(run.begin + off, p.begin);
+        const size_t hi = std::min(run.end + off, p.end);
+        if (lo >= hi) continue;
+        ShardBuffers b;
+        b.master = master_.as<float>() + lo;
+        for (int s = 0; s < state_buffers_; ++s) b.state[s] = state_[s].as<float>() + lo;
+        b.grad = grads + (lo - a) * bc;
+        b.grad_dtype = compute_;
+        b.param_out = fp32 ? nullptr : params + (lo - a) * bc;
+        b.param_dtype = compute_;
+        b.numel = hi - lo;
+        scalars.weight_decay = group_decay[static_cast<size_t>(run.group)];
+        optimizer_step(hs, config, b, scalars);
+      }
+    }
+  };
+  const auto store = [&](size_t i) {
+    const size_t a = i * chunk_;
+    for (const Piece& p : pieces[i]) {
+      const void* src = fp32 ? static_cast<const void*>(master_.as<float>() + p.begin)
+                             : static_cast<const void*>(param_slot_[i % 2].as<std::byte>() + (p.begin - a) * bc);
+      h2d_.copy(p.unit->params + (p.begin - p.unit->owned_offset) * bc, src, (p.end - p.begin) * bc);
+    }
+    stored[i] = h2d_.mark();
+  };
+
+  try {
+    d2h_.wait_for(compute);  // the reduced gradients are complete
+    for (size_t i = 0; i < std::min<size_t>(2, chunks); ++i) fetch(i);
+    for (size_t i = 0; i < chunks; ++i) {
+      d2h_.synchronize(fetched[i]);
+      // The slot's parameters from two chunks ago have left.
+      if (i >= 2 && !fp32) h2d_.synchronize(stored[i - 2]);
+      const auto t = std::chrono::steady_clock::now();
+      update(i);
+      times_.update_ms += ms_since(t);
+      store(i);
+      if (i + 2 < chunks) fetch(i + 2);  // into the slot update(i) has finished reading
+    }
+    h2d_.join(compute);
+    // Every copy done: the host memory is quiet between steps (checkpoints
+    // read it; the next step's update writes it).
+    h2d_.synchronize();
+  } catch (...) {
+    // No copy may be left touching the slots or the state.
+    for (CopyQueue* q : {&d2h_, &h2d_}) {
+      try {
+        q->synchronize();
+      } catch (const std::exception&) {
+        ZEST_LOG_WARN("offload_optimizer: after a failed step: {}", current_exception_text());
+      }
+    }
+    throw;
+  }
+  times_.total_ms += ms_since(start);
+  times_.d2h_ms += d2h_.take_busy_ms();
+  times_.h2d_ms += h2d_.take_busy_ms();
+}
+
+OffloadTimes OptimizerOffload::take_times() { return std::exchange(times_, OffloadTimes{}); }
+
+}  // namespace zest

@@ -1,0 +1,109 @@
+// Internal (not installed): ZeRO-Offload's optimizer side. The first
+// host_numel() elements of a rank's owned region (the concatenation of its
+// units' shards, ModelLayout::owned_offset) keep their fp32 master weights
+// and optimizer state in host memory; the rest, when offload_optimizer.ratio
+// < 1, stay on the device with the engine.
+//
+// step() updates the host part in chunks of chunk_numel() elements, three
+// stages in a pipeline over two staging slots:
+//
+//   d2h queue     [grad 0][grad 1]        [grad 2]        [grad 3] ...
+//   host threads          [update 0]      [update 1]      [update 2] ...
+//   h2d queue                     [params 0]      [params 1]     ...
+//
+// d2h copies chunk i+2's reduced gradients (compute dtype) into a host slot
+// while the host optimizer updates chunk i+1 from its slot and the h2d queue
+// copies chunk i's new compute-dtype parameters back. A slot's gradients are
+// overwritten only after their update; its parameters only after their copy
+// is done. The update is optimizer_step() on the host, the same per-element
+// arithmetic the device runs, so an offloaded step has the bits of one that
+// is not (fp32 compute: the master is the parameters, and it is copied back
+// whole).
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "zest/core/dtype.h"
+#include "zest/core/stream.h"
+#include "zest/engine/layout.h"
+#include "zest/memory/caching_allocator.h"
+#include "zest/memory/copy_queue.h"
+#include "zest/optim/optimizer.h"
+
+namespace zest {
+
+// One unit as the host pipeline sees it.
+struct OffloadUnit {
+  size_t owned_offset = 0;          // its shard's start in the owned region
+  size_t host_numel = 0;            // its shard's first elements that live on the host
+  const std::byte* grad = nullptr;  // device: the reduced gradient shard
+  std::byte* params = nullptr;      // device: the compute-dtype parameter shard
+  const std::vector<GroupRun>* runs = nullptr;  // shard-relative
+};
+
+// Host wall-clock milliseconds of the pipeline's parts, summed over steps.
+struct OffloadTimes {
+  double d2h_ms = 0.0;     // the d2h queue copying
+  double update_ms = 0.0;  // the host optimizer
+  double h2d_ms = 0.0;     // the h2d queue copying
+  double total_ms = 0.0;   // the whole pipeline, start to end
+};
+
+class OptimizerOffload {
+ public:
+  // `host` gives the host memory (pinned, for asynchronous CUDA copies);
+  // `device` is the engine's.
+  OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers,
+                   DType compute);
+  ~OptimizerOffload();
+  OptimizerOffload(const OptimizerOffload&) = delete;
+  OptimizerOffload& operator=(const OptimizerOffload&) = delete;
+
+  size_t host_numel() const { return host_numel_; }
+  size_t chunk_numel() const { return chunk_; }
+  // Buffer b of the host part: 0 the fp32 master weights, 1.. the state.
+  float* buffer(int b) const;
+
+  // Steps the host part of every unit (`units` in owned order), with the
+  // weight decay of each parameter group. Reads the gradients after the work
+  // queued on `compute` so far; `compute`'s later work sees the new
+  // parameters. Returns with every copy done.
+  void step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
+            std::span<const float> group_decay, StepScalars scalars);
+
+  OffloadTimes take_times();
+
+ private:
+  struct Piece {
+    size_t begin;  // in the owned region
+    size_t end;
+    const OffloadUnit* unit;
+  };
+  // The pieces of units that chunk [a, b) covers, from units[*cursor] on.
+  void pieces_of(size_t a, size_t b, std::span<const OffloadUnit> units, size_t& cursor,
+                 std::vector<Piece>& out) const;
+
+  CachingAllocator& host_;
+  size_t host_numel_;
+  int state_buffers_;
+  DType compute_;
+  size_t chunk_;
+  Buffer master_;
+  Buffer state_[2];
+  // Two slots, each a chunk of gradients and (16-bit compute) of parameters.
+  Buffer grad_slot_[2];
+  Buffer param_slot_[2];
+  OffloadTimes times_;
+  // Declared last: destroyed first, so no copy is left reading a slot.
+  CopyQueue d2h_;
+  CopyQueue h2d_;
+};
+
+// The elements of the owned region kept on the host for offload_optimizer
+// `ratio` (in [0, 1]) of `owned` elements: all at 1, else a multiple of
+// kParamAlign.
+size_t offloaded_numel(size_t owned, double ratio);
+
+}  // namespace zest

@@ -1,0 +1,71 @@
+// Checkpoints of an offloading engine are those of one that does not
+// offload: saved by either, loaded by either, training resumes with the
+// bits of a run that never stopped.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include "checkpoint/temp_dir.h"
+#include "engine/engine_harness.h"
+#include "zest/checkpoint/checkpoint.h"
+#include "zest/core/file_io.h"
+
+using namespace zest;
+using namespace zest::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Steps [first, last) on `world` ranks, loading `load_from` first and saving
+// to `save_to` last when given; rank 0's parameters.
+Params run(const EngineConfig& config, int world, int64_t first, int64_t last, const std::string& load_from = "",
+           const std::string& save_to = "") {
+  std::vector<Params> out(static_cast<size_t>(world));
+  run_inprocess(world, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    CachingAllocator host(make_host_allocator());
+    const std::unique_ptr<Engine> engine = make_engine(config, comm, alloc, host, Stream::default_for(Device::host()));
+    register_model(*engine);
+    engine->finalize(init_values);
+    if (!load_from.empty()) load_checkpoint(*engine, load_from);
+    RankResult r;
+    run_steps(*engine, comm, runs(world, 0), first, last, r);
+    if (!save_to.empty()) save_checkpoint(*engine, save_to);
+    out[static_cast<size_t>(comm.rank())] = master_params(*engine);
+  });
+  return out[0];
+}
+
+}  // namespace
+
+TEST_CASE("checkpoints with and without offload are the same files, and resume each other bit for bit") {
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    EngineConfig plain = base_config(stage);
+    plain.bf16 = true;
+    plain.gradient_clipping = 0.5;
+    EngineConfig off = plain;
+    off.offload_optimizer.device = OffloadDevice::kCpu;
+    EngineConfig half = off;
+    half.offload_optimizer.ratio = 0.5;
+    const int world = 2;
+    const Params straight = run(plain, world, 0, 4);
+
+    TempDir a, b, c;
+    run(plain, world, 0, 2, "", a.str());
+    run(off, world, 0, 2, "", b.str());
+    run(half, world, 0, 2, "", c.str());
+    // The shard files hold the same bytes, wherever the state lived.
+    for (const char* file : {"rank_00000.bin", "rank_00001.bin"}) {
+      CAPTURE(file);
+      const std::string want = read_text_file((a.path / "step_000002" / file).string());
+      CHECK(read_text_file((b.path / "step_000002" / file).string()) == want);
+      CHECK(read_text_file((c.path / "step_000002" / file).string()) == want);
+    }
+    // Either loads into either, and training goes on as if it never stopped.
+    check_same(run(off, world, 2, 4, a.str()), straight);
+    check_same(run(plain, world, 2, 4, b.str()), straight);
+    check_same(run(half, world, 2, 4, b.str()), straight);
+    check_same(run(off, world, 2, 4, c.str()), straight);
+  }
+}

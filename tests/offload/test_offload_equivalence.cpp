@@ -1,0 +1,148 @@
+// offload_optimizer: runs whose master weights and optimizer state live in
+// the host allocator give the bits of runs that keep them on the device, at
+// stages 1-3 on 1, 2 and 4 in-process ranks, with all of the state offloaded
+// and with part of it (ratio < 1, split inside a unit); the state is in the
+// host allocator's report; bad offload settings are clear errors.
+#include <doctest/doctest.h>
+
+#include "engine/engine_harness.h"
+
+using namespace zest;
+using namespace zest::test;
+
+namespace {
+
+EngineConfig offloaded(EngineConfig c, double ratio = 1.0) {
+  c.offload_optimizer.device = OffloadDevice::kCpu;
+  c.offload_optimizer.ratio = ratio;
+  return c;
+}
+
+// Runs `config` at stages 1-3 on `world` ranks with and without offload and
+// checks every rank's parameters and every step's results bit for bit.
+void check_offload_equivalence(EngineConfig config, int world, RunOptions opt = runs(1, 4)) {
+  CAPTURE(world);
+  opt.world = world;
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    config.zero.stage = stage;
+    const std::vector<RankResult> reference = run_engine(config, opt);
+    // The run moved the parameters: equality of runs that did nothing would pass too.
+    std::vector<float> initial(reference[0].params.at("a.w").size());
+    init_values(ParamLayout{"a.w", {7, 13}, 91, 0, 0}, initial);
+    CHECK_FALSE(same_bits(initial, reference[0].params.at("a.w")));
+    for (double ratio : {1.0, 0.5}) {
+      CAPTURE(ratio);
+      const std::vector<RankResult> got = run_engine(offloaded(config, ratio), opt);
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(r);
+        const RankResult& g = got[static_cast<size_t>(r)];
+        const RankResult& want = reference[static_cast<size_t>(r)];
+        for (const auto& [name, values] : g.params) {
+          CAPTURE(name);
+          CHECK(same_bits(values, want.params.at(name)));
+        }
+        REQUIRE(g.steps.size() == want.steps.size());
+        for (size_t s = 0; s < g.steps.size(); ++s) {
+          CHECK(g.steps[s].grad_norm == want.steps[s].grad_norm);
+          CHECK(g.steps[s].applied == want.steps[s].applied);
+          CHECK(g.steps[s].loss_scale == want.steps[s].loss_scale);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("offloaded fp32 AdamW equals the device run bit for bit: stages 1-3, 1, 2 and 4 ranks") {
+  EngineConfig config = base_config(1);
+  config.gradient_accumulation_steps = 2;
+  config.gradient_clipping = 0.5;
+  for (int world : {1, 2, 4}) check_offload_equivalence(config, world);
+}
+
+TEST_CASE("offloaded bf16 AdamW on two host threads equals the device run bit for bit") {
+  EngineConfig config = base_config(1);
+  config.bf16 = true;
+  config.optimizer.host_threads = 2;
+  config.gradient_clipping = 1.0;
+  for (int world : {1, 2, 4}) check_offload_equivalence(config, world);
+}
+
+TEST_CASE("offloaded fp16 Adam with a skipped overflow step, and SGD with and without momentum") {
+  EngineConfig config = base_config(1);
+  config.optimizer.kind = OptimizerKind::kAdam;
+  config.fp16.enabled = true;
+  config.fp16.initial_scale_power = 8;
+  RunOptions opt = runs(1, 4);
+  opt.backward.poison = [](int64_t step, int) { return step == 1; };
+  check_offload_equivalence(config, 2, opt);
+
+  config = base_config(1);
+  config.optimizer.kind = OptimizerKind::kSgd;
+  config.optimizer.momentum = 0.9f;
+  config.optimizer.nesterov = true;
+  check_offload_equivalence(config, 2);
+  config.optimizer.momentum = 0.0f;  // no state buffers at all
+  config.optimizer.nesterov = false;
+  check_offload_equivalence(config, 4);
+}
+
+TEST_CASE("memory_report: the offloaded master weights and optimizer state are in the host allocator") {
+  EngineConfig config = base_config(1);
+  config.bf16 = true;
+  // One rank: the owned region is the whole model, 3 units of 256 elements.
+  const size_t owned = 768;
+  const RankResult plain = run_engine(config, runs(1, 1))[0];
+  CHECK(plain.memory[MemoryCategory::kMasterWeights].current == static_cast<int64_t>(owned * 4));
+  CHECK(plain.memory[MemoryCategory::kOptimizerState].current == static_cast<int64_t>(2 * owned * 4));
+  CHECK(plain.memory.host_model_states() == 0);
+
+  const RankResult all = run_engine(offloaded(config), runs(1, 1))[0];
+  CHECK(all.memory[MemoryCategory::kMasterWeights].current == 0);
+  CHECK(all.memory[MemoryCategory::kOptimizerState].current == 0);
+  CHECK(all.memory.host(MemoryCategory::kMasterWeights).current == static_cast<int64_t>(owned * 4));
+  CHECK(all.memory.host(MemoryCategory::kOptimizerState).current == static_cast<int64_t>(2 * owned * 4));
+  // The device keeps the parameters and gradients as before.
+  CHECK(all.memory[MemoryCategory::kParameters].current == plain.memory[MemoryCategory::kParameters].current);
+  CHECK(all.memory[MemoryCategory::kGradients].current == plain.memory[MemoryCategory::kGradients].current);
+  CHECK(all.memory.model_states() == plain.memory.model_states() - static_cast<int64_t>(3 * owned * 4));
+  // Two staging slots of gradients and of parameters, one chunk each: 768 /
+  // 16 rounded up to 64 elements of bf16.
+  CHECK(all.memory.host(MemoryCategory::kCommBuffers).current == 4 * 64 * 2);
+  CHECK(all.memory.host_reserved >= all.memory.host_allocated);
+
+  // ratio 0.4: 307 elements, down to a multiple of 64, on the host.
+  const RankResult part = run_engine(offloaded(config, 0.4), runs(1, 1))[0];
+  CHECK(part.memory.host(MemoryCategory::kMasterWeights).current == 256 * 4);
+  CHECK(part.memory[MemoryCategory::kMasterWeights].current == static_cast<int64_t>((owned - 256) * 4));
+  CHECK(part.memory.host(MemoryCategory::kOptimizerState).current == 2 * 256 * 4);
+  CHECK(part.memory[MemoryCategory::kOptimizerState].current == static_cast<int64_t>(2 * (owned - 256) * 4));
+}
+
+TEST_CASE("offload settings the engine cannot honour are errors naming the key") {
+  CachingAllocator alloc(make_host_allocator());
+  const Stream stream = Stream::default_for(Device::host());
+  const auto construct = [&](const EngineConfig& config) {
+    run_inprocess(1, [&](Communicator& comm) { Engine engine(config, comm, alloc, stream); });
+  };
+  EngineConfig config = offloaded(base_config(0));
+  CHECK_THROWS_WITH_AS(construct(config),
+                       doctest::Contains("offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3; this config is stage 0"),
+                       Error);
+  config = offloaded(base_config(2), 1.5);
+  CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("offload_optimizer.ratio is 1.5: it must be in [0, 1]"),
+                       Error);
+  config = offloaded(base_config(2));
+  config.offload_optimizer.delayed_update = true;
+  CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("offload_optimizer.delayed_update is not yet supported"),
+                       Error);
+  config = base_config(3);
+  config.offload_param.device = OffloadDevice::kCpu;
+  CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("zero_optimization.offload_param (device cpu) is not yet supported"),
+                       Error);
+  // Below stage 3 DeepSpeed ignores offload_param, and so does ZEST.
+  config.zero.stage = 2;
+  CHECK_NOTHROW(construct(config));
+}
