@@ -56,12 +56,13 @@
 // state on the device, updated there. The arithmetic is the device's, so an
 // offloaded run has the bits of one that is not.
 //
-//   zest::CachingAllocator device(zest::make_limited_allocator(zest::make_host_allocator(), 64 << 20));
-//   zest::CachingAllocator host(zest::make_host_allocator());
-//   zest::EngineConfig config;
+//   // zest-example: prelude=training
+//   // A "device" of 64 MiB, as the host backend's tests model one.
+//   zest::CachingAllocator small(zest::make_limited_allocator(zest::make_host_allocator(), 64 << 20));
+//   zest::CachingAllocator host_memory(zest::make_host_allocator());
 //   config.zero.stage = 2;
 //   config.offload_optimizer.device = zest::OffloadDevice::kCpu;
-//   zest::Engine engine(config, comm, device, host, stream);  // a device of 64 MiB
+//   zest::Engine engine(config, comm, small, host_memory, stream);
 #pragma once
 
 #include <array>

@@ -2,12 +2,15 @@
 // copies between device and host memory overlap the caller's own work (the
 // host optimizer of an offloaded step, say).
 //
-//   CopyQueue d2h(device);
-//   d2h.wait_for(compute);                       // after the gradients exist
-//   d2h.copy(host_chunk, device_grads, bytes);   // copy_bytes, queued
-//   const CopyQueue::Mark m = d2h.mark();
-//   ...other work...
-//   d2h.synchronize(m);                          // host_chunk holds the bytes
+//   // zest-example: run
+//   const zest::Device device = zest::Device::host();  // or zest::Device::cuda(0)
+//   std::vector<float> grads(1024, 1.0f), host_chunk(grads.size());
+//   zest::CopyQueue d2h(device);
+//   d2h.wait_for(zest::Stream::default_for(device));  // after the work queued there so far
+//   d2h.copy(host_chunk.data(), grads.data(), grads.size() * sizeof(float));
+//   const zest::CopyQueue::Mark m = d2h.mark();
+//   // ...other work, while the copy runs...
+//   d2h.synchronize(m);  // host_chunk holds the bytes
 //
 // On a CUDA device the queue is a stream of its own: copies are
 // cudaMemcpyAsync on it (asynchronous for pinned host memory; see copy.h),
