@@ -37,9 +37,6 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
                "zero_optimization.offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3; this config "
                "is stage 0: set zero_optimization.stage, or offload_optimizer.device to \"none\"");
     (void)offloaded_numel(0, c.offload_optimizer.ratio);  // checks the ratio
-    ZEST_CHECK(!c.offload_optimizer.delayed_update,
-               "zero_optimization.offload_optimizer.delayed_update is not yet supported by ZEST's engine: "
-               "set it to false (the update then uses this step's gradients, as without offload)");
   }
   ZEST_CHECK(c.offload_param.device == OffloadDevice::kNone || c.zero.stage < 3,
              "zero_optimization.offload_param (device cpu) is not yet supported by ZEST's engine: set "
@@ -315,7 +312,8 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   }
   if (im.host_numel > 0) {
     im.offload = std::make_unique<OptimizerOffload>(*host_allocator_, comm_.device(), im.host_numel,
-                                                    config_.optimizer.state_buffers(), compute_dtype_);
+                                                    config_.optimizer.state_buffers(), compute_dtype_,
+                                                    config_.offload_optimizer.delayed_update);
   }
 
   im.units.resize(static_cast<size_t>(L.num_units()));
@@ -396,7 +394,13 @@ double Engine::loss_scale() const {
   return config_.fp16.enabled ? impl_->scaler.scale() : 1.0;
 }
 
+void Engine::settle_offload() {
+  if (impl_->offload) impl_->offload->settle(stream_);
+}
+
 std::vector<float> Engine::unit_master(int unit) {
+  check_finalized("unit_master()");
+  settle_offload();
   const std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
   const UnitLayout& U = impl_->layout->unit(unit);
   std::vector<float> out(U.padded);
@@ -485,6 +489,8 @@ std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
 }
 
 std::vector<float> Engine::read_shard(int unit, int buffer) {
+  check_finalized("read_shard()");
+  settle_offload();
   const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
   std::vector<float> out(impl_->layout->unit(unit).shard);
   for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
@@ -493,6 +499,8 @@ std::vector<float> Engine::read_shard(int unit, int buffer) {
 }
 
 void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
+  check_finalized("write_shard()");
+  settle_offload();
   const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
   const size_t shard = impl_->layout->unit(unit).shard;
   ZEST_CHECK(values.size() == shard, "write_shard of unit '{}': {} values for a shard of {}",
@@ -511,6 +519,7 @@ void Engine::restore(const Progress& progress) {
   im.applied = progress.applied_steps;
   im.skipped = progress.skipped_steps;
   im.scaler.load_state(progress.loss_scaler);
+  settle_offload();
   const ModelLayout& L = *im.layout;
   const size_t bc = elem_size(compute_dtype_);
   const Stream host = Stream::default_for(Device::host());

@@ -56,6 +56,17 @@
 // state on the device, updated there. The arithmetic is the device's, so an
 // offloaded run has the bits of one that is not.
 //
+// offload_optimizer.delayed_update (off by default) is ZeRO-Offload's
+// one-step delayed parameter update: step() starts the host update of its
+// gradients on a thread of its own and returns, the update running while the
+// next forward and backward do; its parameters reach the device at the next
+// step() (or a skipped one). So the forward of step t+1 sees the parameters
+// updated through step t-1's gradients, not step t's: training takes its
+// gradients at parameters one step old (a part kept on the device by ratio <
+// 1 is not delayed). read_shard, write_shard, unit_master, param_master,
+// restore and so checkpoints first wait for the update in flight: what they
+// see includes every applied step.
+//
 //   // zest-example: prelude=training
 //   // A "device" of 64 MiB, as the host backend's tests model one.
 //   zest::CachingAllocator small(zest::make_limited_allocator(zest::make_host_allocator(), 64 << 20));
@@ -249,6 +260,9 @@ class Engine {
     bool host = false;
   };
   std::array<ShardPiece, 2> shard_pieces(int unit, int buffer);
+  // offload_optimizer.delayed_update: waits for the update in flight and
+  // brings its parameters in, before shards are read or written.
+  void settle_offload();
   // This rank's part of a full unit-sized buffer (parameters or gradients).
   std::byte* owned_part(const Buffer& full, int unit) const;
   // Where this rank's shard of unit u's compute-dtype parameters lives: in

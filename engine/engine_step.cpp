@@ -127,6 +127,9 @@ StepResult Engine::step() {
     ZEST_LOG_WARN("step {}: {}", im.applied + im.skipped + 1, result.skip_reason);
   }
   if (!finite) {
+    // A delayed update in flight still lands: the parameters trail the
+    // master by at most one applied step.
+    settle_offload();
     result.skipped_steps = ++im.skipped;
     result.times = std::exchange(im.times, StepTimes{});
     return result;

@@ -42,12 +42,13 @@ size_t offloaded_numel(size_t owned, double ratio) {
 }
 
 OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers,
-                                   DType compute)
+                                   DType compute, bool delayed)
     : host_(host),
       host_numel_(host_numel),
       state_buffers_(state_buffers),
       compute_(compute),
       chunk_(chunk_for(host_numel)),
+      delayed_(delayed),
       d2h_(device, /*timing=*/true),
       h2d_(device, /*timing=*/true) {
   ZEST_CHECK(host.device().is_host(),
@@ -62,6 +63,11 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
     state_[s] = host.allocate_buffer(host_numel * 4, hs, MemoryCategory::kOptimizerState);
     fill_zero(hs, state_[s].data(), host_numel * 4);
   }
+  if (delayed) {
+    grads_all_ = host.allocate_buffer(host_numel * elem_size(compute), hs, MemoryCategory::kCommBuffers);
+    params_all_ = host.allocate_buffer(host_numel * elem_size(compute), hs, MemoryCategory::kCommBuffers);
+    return;
+  }
   const size_t slot_bytes = chunk_ * elem_size(compute);
   for (int i = 0; i < 2; ++i) {
     grad_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
@@ -70,7 +76,13 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
   }
 }
 
-OptimizerOffload::~OptimizerOffload() = default;
+OptimizerOffload::~OptimizerOffload() {
+  try {
+    join_update();
+  } catch (const std::exception&) {
+    ZEST_LOG_WARN("offload_optimizer teardown: the delayed update failed: {}", current_exception_text());
+  }
+}
 
 float* OptimizerOffload::buffer(int b) const {
   ZEST_INTERNAL_ASSERT(b >= 0 && b <= state_buffers_, "offload buffer {} of {}", b, state_buffers_ + 1);
@@ -91,11 +103,60 @@ void OptimizerOffload::pieces_of(size_t a, size_t b, std::span<const OffloadUnit
   }
 }
 
+void OptimizerOffload::update(const std::vector<Piece>& pieces, const OptimizerConfig& config,
+                              std::span<const float> group_decay, StepScalars scalars, const std::byte* grads,
+                              std::byte* params, size_t base) {
+  const Stream hs = Stream::default_for(Device::host());
+  const size_t bc = elem_size(compute_);
+  for (const Piece& p : pieces) {
+    const size_t off = p.unit->owned_offset;
+    for (const GroupRun& run : *p.unit->runs) {
+      const size_t lo = std::max(run.begin + off, p.begin);
+      const size_t hi = std::min(run.end + off, p.end);
+      if (lo >= hi) continue;
+      ShardBuffers b;
+      b.master = master_.as<float>() + lo;
+      for (int s = 0; s < state_buffers_; ++s) b.state[s] = state_[s].as<float>() + lo;
+      b.grad = grads + (lo - base) * bc;
+      b.grad_dtype = compute_;
+      b.param_out = params == nullptr ? nullptr : params + (lo - base) * bc;
+      b.param_dtype = compute_;
+      b.numel = hi - lo;
+      scalars.weight_decay = group_decay[static_cast<size_t>(run.group)];
+      optimizer_step(hs, config, b, scalars);
+    }
+  }
+}
+
 void OptimizerOffload::step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
                             std::span<const float> group_decay, StepScalars scalars) {
   if (host_numel_ == 0) return;
   const auto start = std::chrono::steady_clock::now();
-  const Stream hs = Stream::default_for(Device::host());
+  try {
+    if (delayed_) {
+      delayed_step(compute, config, units, group_decay, scalars);
+    } else {
+      pipelined_step(compute, config, units, group_decay, scalars);
+    }
+  } catch (...) {
+    // No copy may be left touching the slots or the state.
+    for (CopyQueue* q : {&d2h_, &h2d_}) {
+      try {
+        q->synchronize();
+      } catch (const std::exception&) {
+        ZEST_LOG_WARN("offload_optimizer: after a failed step: {}", current_exception_text());
+      }
+    }
+    throw;
+  }
+  times_.total_ms += ms_since(start);
+  times_.d2h_ms += d2h_.take_busy_ms();
+  times_.h2d_ms += h2d_.take_busy_ms();
+}
+
+void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConfig& config,
+                                      std::span<const OffloadUnit> units, std::span<const float> group_decay,
+                                      StepScalars scalars) {
   const size_t bc = elem_size(compute_);
   const bool fp32 = compute_ == DType::kFloat32;
   const size_t chunks = (host_numel_ + chunk_ - 1) / chunk_;
@@ -113,29 +174,6 @@ void OptimizerOffload::step(const Stream& compute, const OptimizerConfig& config
     }
     fetched[i] = d2h_.mark();
   };
-  const auto update = [&](size_t i) {
-    const size_t a = i * chunk_;
-    const std::byte* grads = grad_slot_[i % 2].as<std::byte>();
-    std::byte* params = fp32 ? nullptr : param_slot_[i % 2].as<std::byte>();
-    for (const Piece& p : pieces[i]) {
-      const size_t off = p.unit->owned_offset;
-      for (const GroupRun& run : *p.unit->runs) {
-        const size_t lo = std::max(run.begin + off, p.begin);
-        const size_t hi = std::min(run.end + off, p.end);
-        if (lo >= hi) continue;
-        ShardBuffers b;
-        b.master = master_.as<float>() + lo;
-        for (int s = 0; s < state_buffers_; ++s) b.state[s] = state_[s].as<float>() + lo;
-        b.grad = grads + (lo - a) * bc;
-        b.grad_dtype = compute_;
-        b.param_out = fp32 ? nullptr : params + (lo - a) * bc;
-        b.param_dtype = compute_;
-        b.numel = hi - lo;
-        scalars.weight_decay = group_decay[static_cast<size_t>(run.group)];
-        optimizer_step(hs, config, b, scalars);
-      }
-    }
-  };
   const auto store = [&](size_t i) {
     const size_t a = i * chunk_;
     for (const Piece& p : pieces[i]) {
@@ -146,37 +184,84 @@ void OptimizerOffload::step(const Stream& compute, const OptimizerConfig& config
     stored[i] = h2d_.mark();
   };
 
-  try {
-    d2h_.wait_for(compute);  // the reduced gradients are complete
-    for (size_t i = 0; i < std::min<size_t>(2, chunks); ++i) fetch(i);
-    for (size_t i = 0; i < chunks; ++i) {
-      d2h_.synchronize(fetched[i]);
-      // The slot's parameters from two chunks ago have left.
-      if (i >= 2 && !fp32) h2d_.synchronize(stored[i - 2]);
-      const auto t = std::chrono::steady_clock::now();
-      update(i);
-      times_.update_ms += ms_since(t);
-      store(i);
-      if (i + 2 < chunks) fetch(i + 2);  // into the slot update(i) has finished reading
+  d2h_.wait_for(compute);  // the reduced gradients are complete
+  for (size_t i = 0; i < std::min<size_t>(2, chunks); ++i) fetch(i);
+  for (size_t i = 0; i < chunks; ++i) {
+    d2h_.synchronize(fetched[i]);
+    // The slot's parameters from two chunks ago have left.
+    if (i >= 2 && !fp32) h2d_.synchronize(stored[i - 2]);
+    const auto t = std::chrono::steady_clock::now();
+    update(pieces[i], config, group_decay, scalars, grad_slot_[i % 2].as<std::byte>(),
+           fp32 ? nullptr : param_slot_[i % 2].as<std::byte>(), i * chunk_);
+    times_.update_ms += ms_since(t);
+    store(i);
+    if (i + 2 < chunks) fetch(i + 2);  // into the slot update(i) has finished reading
+  }
+  h2d_.join(compute);
+  // Every copy done: the host memory is quiet between steps (checkpoints
+  // read it; the next step's update writes it).
+  h2d_.synchronize();
+}
+
+void OptimizerOffload::join_update() {
+  if (!update_thread_.joinable()) return;
+  update_thread_.join();
+  times_.update_ms += std::exchange(update_thread_ms_, 0.0);
+  if (update_error_) {
+    in_flight_ = false;
+    std::rethrow_exception(std::exchange(update_error_, nullptr));
+  }
+}
+
+void OptimizerOffload::delayed_step(const Stream& compute, const OptimizerConfig& config,
+                                    std::span<const OffloadUnit> units, std::span<const float> group_decay,
+                                    StepScalars scalars) {
+  const size_t bc = elem_size(compute_);
+  // The previous step's update has had the forward and backward to run in.
+  join_update();
+  delayed_units_.assign(units.begin(), units.end());
+  size_t cursor = 0;
+  pieces_of(0, host_numel_, delayed_units_, cursor, delayed_pieces_);
+  // This step's gradients in, the previous update's parameters out, at once.
+  d2h_.wait_for(compute);
+  for (const Piece& p : delayed_pieces_) {
+    d2h_.copy(grads_all_.as<std::byte>() + p.begin * bc, p.unit->grad + (p.begin - p.unit->owned_offset) * bc,
+              (p.end - p.begin) * bc);
+  }
+  if (in_flight_) {
+    for (const Piece& p : delayed_pieces_) {
+      h2d_.copy(p.unit->params + (p.begin - p.unit->owned_offset) * bc, params_all_.as<std::byte>() + p.begin * bc,
+                (p.end - p.begin) * bc);
     }
     h2d_.join(compute);
-    // Every copy done: the host memory is quiet between steps (checkpoints
-    // read it; the next step's update writes it).
-    h2d_.synchronize();
-  } catch (...) {
-    // No copy may be left touching the slots or the state.
-    for (CopyQueue* q : {&d2h_, &h2d_}) {
-      try {
-        q->synchronize();
-      } catch (const std::exception&) {
-        ZEST_LOG_WARN("offload_optimizer: after a failed step: {}", current_exception_text());
-      }
-    }
-    throw;
   }
-  times_.total_ms += ms_since(start);
-  times_.d2h_ms += d2h_.take_busy_ms();
-  times_.h2d_ms += h2d_.take_busy_ms();
+  d2h_.synchronize();
+  h2d_.synchronize();  // params_all_ is the new update's to write
+  in_flight_ = true;
+  // By value: the caller's config and decay may be gone before the thread is.
+  update_thread_ = std::thread([this, c = config, decay = std::vector<float>(group_decay.begin(), group_decay.end()),
+                                scalars] {
+    const auto t = std::chrono::steady_clock::now();
+    try {
+      update(delayed_pieces_, c, decay, scalars, grads_all_.as<std::byte>(), params_all_.as<std::byte>(), 0);
+    } catch (...) {
+      update_error_ = std::current_exception();
+    }
+    update_thread_ms_ = ms_since(t);
+  });
+}
+
+void OptimizerOffload::settle(const Stream& compute) {
+  if (!delayed_ || !in_flight_) return;
+  join_update();
+  const size_t bc = elem_size(compute_);
+  for (const Piece& p : delayed_pieces_) {
+    h2d_.copy(p.unit->params + (p.begin - p.unit->owned_offset) * bc, params_all_.as<std::byte>() + p.begin * bc,
+              (p.end - p.begin) * bc);
+  }
+  h2d_.join(compute);
+  h2d_.synchronize();
+  in_flight_ = false;
 }
 
 OffloadTimes OptimizerOffload::take_times() { return std::exchange(times_, OffloadTimes{}); }

@@ -19,10 +19,23 @@
 // arithmetic the device runs, so an offloaded step has the bits of one that
 // is not (fp32 compute: the master is the parameters, and it is copied back
 // whole).
+//
+// delayed_update (off by default): ZeRO-Offload's one-step delayed parameter
+// update. step() copies this step's gradients to the host, copies back the
+// parameters of the update started at the previous step, and starts the
+// update of this step's gradients on a host thread of its own, to run while
+// the caller's next forward and backward do: the forward of step t+1 sees
+// the parameters updated through step t-1's gradients. The master weights
+// and optimizer state are those of the undelayed run once settle() has
+// waited for the update in flight (the engine settles before it reads or
+// writes shards, so checkpoints hold every applied step); the gradients
+// differ, being taken at parameters one step older.
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "zest/core/dtype.h"
@@ -56,7 +69,7 @@ class OptimizerOffload {
   // `host` gives the host memory (pinned, for asynchronous CUDA copies);
   // `device` is the engine's.
   OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers,
-                   DType compute);
+                   DType compute, bool delayed);
   ~OptimizerOffload();
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
@@ -72,6 +85,10 @@ class OptimizerOffload {
   // parameters. Returns with every copy done.
   void step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
             std::span<const float> group_decay, StepScalars scalars);
+  // Delayed: waits for the update in flight and copies its parameters to
+  // the device (`compute`'s later work sees them). A no-op otherwise, or
+  // with no update in flight.
+  void settle(const Stream& compute);
 
   OffloadTimes take_times();
 
@@ -84,6 +101,17 @@ class OptimizerOffload {
   // The pieces of units that chunk [a, b) covers, from units[*cursor] on.
   void pieces_of(size_t a, size_t b, std::span<const OffloadUnit> units, size_t& cursor,
                  std::vector<Piece>& out) const;
+  void pipelined_step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
+                      std::span<const float> group_decay, StepScalars scalars);
+  void delayed_step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
+                    std::span<const float> group_decay, StepScalars scalars);
+  // Updates pieces [first, last) of `pieces` from gradients at `grads` (in
+  // the host part's indexing, minus `base`), new parameters into `params`
+  // the same way (null: fp32 in the pipeline, where the master is copied).
+  void update(const std::vector<Piece>& pieces, const OptimizerConfig& config, std::span<const float> group_decay,
+              StepScalars scalars, const std::byte* grads, std::byte* params, size_t base);
+  // Waits for the delayed update's thread; rethrows its error.
+  void join_update();
 
   CachingAllocator& host_;
   size_t host_numel_;
@@ -95,6 +123,17 @@ class OptimizerOffload {
   // Two slots, each a chunk of gradients and (16-bit compute) of parameters.
   Buffer grad_slot_[2];
   Buffer param_slot_[2];
+  // delayed_update: the whole host part's gradients, and its parameters as
+  // the update in flight leaves them; the units it updates.
+  bool delayed_;
+  Buffer grads_all_;
+  Buffer params_all_;
+  std::vector<Piece> delayed_pieces_;
+  std::vector<OffloadUnit> delayed_units_;
+  std::thread update_thread_;
+  std::exception_ptr update_error_;
+  double update_thread_ms_ = 0.0;
+  bool in_flight_ = false;
   OffloadTimes times_;
   // Declared last: destroyed first, so no copy is left reading a slot.
   CopyQueue d2h_;

@@ -9,7 +9,7 @@
 namespace gpt {
 
 std::string usage() {
-  return "usage: gpt [--ranks N] [--stage S | --stages 0,1,2,3] [--launch] [--dtype fp32|bf16|fp16]\n"
+  return "usage: gpt [--ranks N] [--stage S | --stages 0,1,2,3] [--launch] [--dtype fp32|bf16|fp16] [--offload]\n"
          "           [--config ds_config.json] [--steps N] [--batch ROWS] [--accum N] [--lr X]\n"
          "           [--warmup N] [--schedule-steps N] [--seed N] [--threads N]\n"
          "           [--layers N] [--heads N] [--d-model N] [--context N] [--vocab N] [--untied]\n"
@@ -27,6 +27,7 @@ Options parse_options(int argc, char** argv) {
   bool untied = false;
   app.add_flag("--launch", o.launch);
   app.add_flag("--untied", untied);
+  app.add_flag("--offload", o.offload);
   app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 16));
   CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
   app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);
@@ -82,6 +83,12 @@ zest::EngineConfig engine_config(const Options& opt, int stage, int world) {
     c = zest::load_config_file(opt.config_path);
   }
   c.zero.stage = stage;
+  if (opt.offload) {
+    // ZeRO-Offload moves the owned shard of the optimizer state; stage 0
+    // owns no shard (DeepSpeed refuses it too).
+    if (stage == 0) throw UsageError("--offload needs --stage 1, 2 or 3: stage 0 shards no optimizer state to offload");
+    c.offload_optimizer.device = zest::OffloadDevice::kCpu;
+  }
   if (opt.accum > 0) c.gradient_accumulation_steps = opt.accum;
   if (!opt.dtype.empty()) examples::set_compute_dtype(c, opt.dtype);
   if (opt.batch % (world * c.accumulation_steps()) != 0) {

@@ -21,6 +21,9 @@ struct Options {
   std::vector<int> stages{2};
   bool launch = false;  // one process per rank, from the launcher (mpirun)
   std::string dtype;    // empty: fp32, or what the config file says
+  // --offload: the fp32 master weights and optimizer state in host memory,
+  // stepped there (zero_optimization.offload_optimizer.device "cpu").
+  bool offload = false;
   std::string config_path;
   int64_t steps = 200;
   int64_t batch = 16;  // global rows (sequences of `context` bytes) per step

@@ -32,6 +32,7 @@ std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine) {
   }
   mine.push_back(m.reserved);
   mine.push_back(m.allocated);
+  for (const auto& e : m.host_by_category) mine.push_back(e.current);
   const std::vector<int64_t> all = engine.all_gather_scalars(mine);
   std::vector<zest::MemoryReport> ranks(all.size() / mine.size());
   for (size_t r = 0; r < ranks.size(); ++r) {
@@ -39,6 +40,9 @@ std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine) {
     for (size_t c = 0; c < zest::kNumMemoryCategories; ++c) ranks[r].by_category[c] = {v[2 * c], v[2 * c + 1]};
     ranks[r].reserved = v[2 * zest::kNumMemoryCategories];
     ranks[r].allocated = v[2 * zest::kNumMemoryCategories + 1];
+    for (size_t c = 0; c < zest::kNumMemoryCategories; ++c) {
+      ranks[r].host_by_category[c].current = v[2 * zest::kNumMemoryCategories + 2 + c];
+    }
   }
   return ranks;
 }
@@ -58,15 +62,16 @@ bool memory_matches(const std::vector<zest::MemoryReport>& ranks, const zest::Me
 }
 
 std::string format_memory(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& e) {
-  std::string out = fmt::format("{:<10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}\n", "KiB", "params", "grads",
-                                "master", "optim", "model states", "comm peak");
+  std::string out = fmt::format("{:<10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>13}\n", "KiB", "params",
+                                "grads", "master", "optim", "model states", "comm peak", "host offload");
   for (size_t r = 0; r < ranks.size(); ++r) {
     const zest::MemoryReport& m = ranks[r];
-    out += fmt::format("{:<10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}  {}\n", fmt::format("rank {}", r),
+    out += fmt::format("{:<10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>13}  {}\n", fmt::format("rank {}", r),
                        kib(m[MemoryCategory::kParameters].current), kib(m[MemoryCategory::kGradients].current),
                        kib(m[MemoryCategory::kMasterWeights].current),
                        kib(m[MemoryCategory::kOptimizerState].current), kib(m.model_states()),
-                       kib(m[MemoryCategory::kCommBuffers].peak), rank_matches(m, e) ? "= estimate" : "differs");
+                       kib(m[MemoryCategory::kCommBuffers].peak), kib(m.host_model_states()),
+                       rank_matches(m, e) ? "= estimate" : "differs");
   }
   out += fmt::format("{:<10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11}\n", "estimate",
                      kib(e[MemoryCategory::kParameters].persistent), kib(e[MemoryCategory::kGradients].persistent),

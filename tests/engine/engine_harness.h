@@ -164,13 +164,22 @@ inline std::unique_ptr<CachingAllocator> allocator_for(Device device, size_t cap
   return std::make_unique<CachingAllocator>(std::move(raw));
 }
 
-// The engine of a run; with offload_optimizer, its offloaded state in `host`.
-inline std::unique_ptr<Engine> make_engine(const EngineConfig& config, Communicator& comm, CachingAllocator& alloc,
-                                           CachingAllocator& host, const Stream& stream) {
-  if (config.offload_optimizer.device == OffloadDevice::kCpu) {
-    return std::make_unique<Engine>(config, comm, alloc, host, stream);
+// The engine of a run, finalized with init_values: `model` registered
+// (register_model's when empty), and with offload_optimizer its offloaded
+// state in `host`.
+inline std::unique_ptr<Engine> finalized_engine(const EngineConfig& config, Communicator& comm, CachingAllocator& alloc,
+                                                CachingAllocator& host, const Stream& stream,
+                                                const std::function<void(Engine&)>& model = {}) {
+  auto engine = config.offload_optimizer.device == OffloadDevice::kCpu
+                    ? std::make_unique<Engine>(config, comm, alloc, host, stream)
+                    : std::make_unique<Engine>(config, comm, alloc, stream);
+  if (model) {
+    model(*engine);
+  } else {
+    register_model(*engine);
   }
-  return std::make_unique<Engine>(config, comm, alloc, stream);
+  engine->finalize(init_values);
+  return engine;
 }
 
 // One rank's part of a run: `steps` optimizer steps (x accumulation
@@ -179,13 +188,7 @@ inline RankResult run_rank(const EngineConfig& config, const RunOptions& opt, Co
   const auto alloc = allocator_for(opt.device, opt.device_capacity);
   CachingAllocator host(make_host_allocator());
   const OwnedStream stream(opt.device);
-  const std::unique_ptr<Engine> engine = make_engine(config, comm, *alloc, host, stream);
-  if (opt.model) {
-    opt.model(*engine);
-  } else {
-    register_model(*engine);
-  }
-  engine->finalize(init_values);
+  const std::unique_ptr<Engine> engine = finalized_engine(config, comm, *alloc, host, stream, opt.model);
   RankResult out;
   run_steps(*engine, comm, opt, 0, opt.steps, out);
   out.params = master_params(*engine);

@@ -24,9 +24,8 @@ Params run(const EngineConfig& config, int world, int64_t first, int64_t last, c
   run_inprocess(world, [&](Communicator& comm) {
     CachingAllocator alloc(make_host_allocator());
     CachingAllocator host(make_host_allocator());
-    const std::unique_ptr<Engine> engine = make_engine(config, comm, alloc, host, Stream::default_for(Device::host()));
-    register_model(*engine);
-    engine->finalize(init_values);
+    const std::unique_ptr<Engine> engine =
+        finalized_engine(config, comm, alloc, host, Stream::default_for(Device::host()));
     if (!load_from.empty()) load_checkpoint(*engine, load_from);
     RankResult r;
     run_steps(*engine, comm, runs(world, 0), first, last, r);

@@ -134,10 +134,6 @@ TEST_CASE("offload settings the engine cannot honour are errors naming the key")
   config = offloaded(base_config(2), 1.5);
   CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("offload_optimizer.ratio is 1.5: it must be in [0, 1]"),
                        Error);
-  config = offloaded(base_config(2));
-  config.offload_optimizer.delayed_update = true;
-  CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("offload_optimizer.delayed_update is not yet supported"),
-                       Error);
   config = base_config(3);
   config.offload_param.device = OffloadDevice::kCpu;
   CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("zero_optimization.offload_param (device cpu) is not yet supported"),

@@ -39,8 +39,9 @@ gpt::Config tiny() {
 constexpr int64_t kRows = 8;  // global batch
 constexpr uint64_t kSeed = 7;
 
-zest::EngineConfig config(int stage) {
+zest::EngineConfig config(int stage, bool offload) {
   zest::EngineConfig c;
+  if (offload) c.offload_optimizer.device = zest::OffloadDevice::kCpu;
   c.zero.stage = stage;
   c.zero.stage3_param_persistence_threshold = 0;  // every unit sharded
   c.zero.reduce_bucket_size = 3000;               // several buckets
@@ -59,13 +60,16 @@ struct Run {
 
 // Steps [first, last) at `stage` on 2 ranks, loading `load` first and saving
 // to `save` after, when given.
-Run train(int stage, int64_t first, int64_t last, const std::string& load = "", const std::string& save = "") {
+// With `offload`, the optimizer state lives in host memory (the example's
+// --offload).
+Run train(int stage, int64_t first, int64_t last, const std::string& load = "", const std::string& save = "",
+          bool offload = false) {
   const gpt::Corpus corpus = gpt::Corpus::from_text(text());
   std::vector<Run> runs(2);
   zest::run_inprocess(2, [&](zest::Communicator& comm) {
     torch::set_num_threads(1);
     zest::CachingAllocator alloc(zest::make_host_allocator());
-    zest::Engine engine(config(stage), comm, alloc, zest::Stream::default_for(comm.device()));
+    zest::Engine engine(config(stage, offload), comm, alloc, zest::Stream::default_for(comm.device()));
     gpt::Gpt model(tiny(), kSeed);
     const auto zt = gpt::wrap(engine, model);
     if (!load.empty()) zt->load(load);
@@ -100,7 +104,7 @@ std::vector<uint32_t> bits(const std::vector<float>& v) {
 
 }  // namespace
 
-TEST_CASE("gpt example: stages 0-3 on 2 ranks agree bit for bit, and the loss falls") {
+TEST_CASE("gpt example: stages 0-3 on 2 ranks, and 1-3 with --offload, agree bit for bit, and the loss falls") {
   constexpr int64_t kSteps = 12;
   const Run s0 = train(0, 0, kSteps);
   // The loss falls: the last steps' mean well under the first's, and under
@@ -112,13 +116,16 @@ TEST_CASE("gpt example: stages 0-3 on 2 ranks agree bit for bit, and the loss fa
   CHECK(tail < s0.losses[0] - 1.0f);
   CHECK(s0.val_loss < static_cast<double>(s0.losses[0]) - 0.5);
   for (int stage = 1; stage <= 3; ++stage) {
-    CAPTURE(stage);
-    const Run s = train(stage, 0, kSteps);
-    CHECK(bits(s.losses) == bits(s0.losses));
-    CHECK(std::bit_cast<uint64_t>(s.val_loss) == std::bit_cast<uint64_t>(s0.val_loss));
-    REQUIRE(s.masters.size() == s0.masters.size());
-    for (size_t u = 0; u < s.masters.size(); ++u) CHECK(bits(s.masters[u]) == bits(s0.masters[u]));
-    CHECK(s.sample == s0.sample);
+    for (bool offload : {false, true}) {
+      CAPTURE(stage);
+      CAPTURE(offload);
+      const Run s = train(stage, 0, kSteps, "", "", offload);
+      CHECK(bits(s.losses) == bits(s0.losses));
+      CHECK(std::bit_cast<uint64_t>(s.val_loss) == std::bit_cast<uint64_t>(s0.val_loss));
+      REQUIRE(s.masters.size() == s0.masters.size());
+      for (size_t u = 0; u < s.masters.size(); ++u) CHECK(bits(s.masters[u]) == bits(s0.masters[u]));
+      CHECK(s.sample == s0.sample);
+    }
   }
 }
 
