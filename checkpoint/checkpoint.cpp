@@ -1,12 +1,15 @@
 #include "zest/checkpoint/checkpoint.h"
 
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/checkpoint/checkpoint_manifest.h"
+#include "zest/checkpoint/checkpoint_paths.h"
+#include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
 #include "zest/checkpoint/on_every_rank.h"
 #include "zest/core/file_io.h"
@@ -14,16 +17,6 @@
 namespace zest {
 namespace fs = std::filesystem;
 namespace {
-
-constexpr const char* kManifest = "manifest.json";
-constexpr const char* kLatest = "latest";
-
-
-void check_tag(const std::string& tag) {
-  ZEST_CHECK(!tag.empty() && tag != kLatest && tag[0] != '.' && tag.find('/') == std::string::npos,
-             "checkpoint tag '{}' must be a plain directory name, not '{}' and not starting with '.'", tag,
-             kLatest);
-}
 
 // Registration lines (units and parameters) of a layout; group weight decay
 // may change between runs (fine-tuning), the model may not.
@@ -44,35 +37,10 @@ std::string model_lines(const ModelLayout& layout) {
 
 std::string shard_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
 
-std::string partial_checkpoint_dir(const std::string& root, const std::string& tag) {
-  check_tag(tag);
-  return (fs::path(root) / ("." + tag + ".partial")).string();
-}
-
 void write_manifest(const std::string& dir, const CheckpointManifest& manifest) {
-  AtomicFile file((fs::path(dir) / kManifest).string());
+  AtomicFile file((fs::path(dir) / kManifestFileName).string());
   file.write(manifest_to_json(manifest));
   file.commit();
-}
-
-void publish_checkpoint(const std::string& root, const std::string& tag) {
-  const fs::path partial = partial_checkpoint_dir(root, tag);
-  const fs::path dir = fs::path(root) / tag;
-  // Replace a checkpoint of the same tag only now that the new one is
-  // complete; `latest` moves last.
-  if (fs::exists(dir)) {
-    const fs::path old = fs::path(root) / ("." + tag + ".old");
-    fs::remove_all(old);
-    fs::rename(dir, old);
-    fs::rename(partial, dir);
-    fs::remove_all(old);
-  } else {
-    fs::rename(partial, dir);
-  }
-  fsync_directory(root);
-  AtomicFile latest((fs::path(root) / kLatest).string());
-  latest.write(tag + "\n");
-  latest.commit();
 }
 
 std::string save_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
@@ -83,8 +51,12 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
   const int rank = engine.comm().rank();
   const int world = engine.comm().size();
   const bool rank0 = rank == 0;
+  ZEST_CHECK(engine.micro_steps_pending() == 0,
+             "save_checkpoint('{}') after {} of the {} micro-steps of a gradient accumulation: the partial "
+             "gradients are not saved, so save at an accumulation boundary (after the step() that applies the "
+             "optimizer step)",
+             root, engine.micro_steps_pending(), engine.config().accumulation_steps());
   const fs::path dir = fs::path(root) / tag;
-  const fs::path partial = partial_checkpoint_dir(root, tag);
   // Without a callback, large saves (the shards at 1 GiB or more) log their
   // progress, so a long save is not mistaken for a hang.
   const bool large = static_cast<uint64_t>(engine.shard_buffers()) * layout.owned() * sizeof(float) >= (uint64_t{1} << 30);
@@ -97,12 +69,15 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
     }
   };
 
+  // Rank 0 locks the root and makes the partial directory, whose unique name
+  // the others learn from its nonce.
+  std::optional<CheckpointPublisher> publisher;
   on_every_rank(engine, "preparing the checkpoint directory", [&] {
-    if (!rank0) return;
-    fs::create_directories(root);
-    fs::remove_all(partial);  // what a save killed earlier left
-    fs::create_directory(partial);
+    if (rank0) publisher.emplace(root, tag);
   });
+  const int64_t nonce[1] = {rank0 ? static_cast<int64_t>(publisher->nonce()) : 0};
+  const fs::path partial =
+      partial_checkpoint_dir(root, tag, static_cast<uint64_t>(engine.all_gather_scalars(nonce)[0]));
 
   // Every rank that owns a shard writes it: the master weights of every unit
   // in order, then each optimizer state buffer the same way.
@@ -149,9 +124,14 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
                          static_cast<uint32_t>(files[2 * static_cast<size_t>(r) + 1])});
     }
     write_manifest(partial.string(), m);
-    publish_checkpoint(root, tag);
-    say(fmt::format("checkpoint {} saved: {} shard files, {} bytes", dir.string(), m.partitions,
-                    m.partitions * files[0]));
+    publisher->publish();
+    // Published: a failing progress callback must not turn it into an error.
+    try {
+      say(fmt::format("checkpoint {} saved: {} shard files, {} bytes", dir.string(), m.partitions,
+                      m.partitions * files[0]));
+    } catch (const std::exception& e) {
+      ZEST_LOG_WARN("checkpoint {} saved; its progress callback failed: {}", dir.string(), e.what());
+    }
   });
   return dir.string();
 }
@@ -168,7 +148,7 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
   std::vector<std::vector<std::vector<float>>> shards(static_cast<size_t>(layout.num_units()));
   Engine::Progress progress;
   on_every_rank(engine, "loading the checkpoint", [&] {
-    if (dir.empty()) dir = CheckpointReader::latest_dir(root);
+    if (dir.empty()) dir = latest_checkpoint_dir(root);
     CheckpointReader reader(dir);
     const CheckpointManifest& m = reader.manifest();
     const std::string mine = model_lines(layout);

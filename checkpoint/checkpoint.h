@@ -13,10 +13,17 @@
 //                     unit in order, then each optimizer state buffer the same
 //                     way (stage 0: rank 0's file holds everything)
 //
-// A save is atomic: each file is written under a temporary name, fsynced and
-// renamed, inside a directory that is itself renamed into place by rank 0
-// after every rank finished; `latest` is replaced the same way last. A
-// process killed at any moment leaves the previous checkpoint loadable.
+// A save is atomic (Note [crash-safe publish] in checkpoint_publish.h): rank
+// 0 locks the root, every file is written under a unique temporary name into
+// a partial directory with a unique name, and rank 0 moves the directory into
+// place (atomically exchanging it with a checkpoint of the same tag) and
+// `latest` last. A process killed at any moment leaves the previous
+// checkpoint loadable; a second save to the same root fails at once, naming
+// the holder of the lock. The manifest carries a CRC-32 of its own content.
+//
+// A save happens at a gradient accumulation boundary, as in DeepSpeed: a
+// save after some micro-steps of an accumulation and before its step() is
+// an error (the partial gradients are not part of a checkpoint).
 //
 // Loading works on another world size or stage: a unit's flat layout does
 // not depend on the number of shards (only its padding does), so each rank
@@ -32,7 +39,8 @@
 
 namespace zest {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: the manifest holds its own checksum (1 is still read).
+inline constexpr int kCheckpointFormatVersion = 2;
 
 struct CheckpointOptions {
   // The checkpoint's directory name under the root; empty: step_<applied
@@ -50,15 +58,12 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
 // Returns the checkpoint's directory.
 std::string load_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options = {});
 
-// The steps of a save, for tools that write checkpoints without an engine
-// (zest-ckpt reshard): shard files go into partial_checkpoint_dir(root, tag),
-// then write_manifest() there, then publish_checkpoint() renames the
-// directory into place and moves `latest`.
+// For tools that write checkpoints without an engine (zest-ckpt reshard):
+// shard files go into a CheckpointPublisher's partial directory
+// (checkpoint_publish.h), then write_manifest() there, then publish().
 struct CheckpointManifest;
-std::string partial_checkpoint_dir(const std::string& root, const std::string& tag);
 // The name of partition `rank`'s shard file: rank_00003.bin.
 std::string shard_file_name(int rank);
 void write_manifest(const std::string& dir, const CheckpointManifest& manifest);
-void publish_checkpoint(const std::string& root, const std::string& tag);
 
 }  // namespace zest

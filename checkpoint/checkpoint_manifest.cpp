@@ -1,9 +1,14 @@
 #include "zest/checkpoint/checkpoint_manifest.h"
 
+#include <initializer_list>
+
 #include <nlohmann/json.hpp>
 
-#include "zest/core/check.h"
 #include "zest/checkpoint/checkpoint.h"
+#include "zest/checkpoint/checkpoint_paths.h"
+#include "zest/core/check.h"
+#include "zest/core/crc32.h"
+#include "zest/core/file_io.h"
 #include "zest/config/json_parse.h"
 
 namespace zest {
@@ -55,6 +60,28 @@ class Reader {
 
 constexpr int64_t kMaxCount = int64_t{1} << 40;
 
+// The manifest's own checksum: CRC-32 of the document without this field,
+// in nlohmann's compact form (keys sorted), which a parse and a dump give
+// back unchanged; so the check does not depend on the file's whitespace.
+constexpr const char* kChecksumKey = "manifest_crc32";
+
+std::string canonical_crc(const json& doc_without_checksum) {
+  const std::string text = doc_without_checksum.dump();
+  return fmt::format("{:08x}", crc32(text.data(), text.size()));
+}
+
+// The names a save writes (dtype_name, optimizer_name); `allowed` lists them.
+void check_known(const std::string& value, std::initializer_list<const char*> allowed, const char* field,
+                 const std::string& path) {
+  std::string names;
+  for (const char* a : allowed) {
+    if (value == a) return;
+    names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", a);
+  }
+  ZEST_FAIL("checkpoint manifest '{}': {} is \"{}\", which ZEST does not know; expected one of {}", path, field,
+            value, names);
+}
+
 }  // namespace
 
 std::string manifest_to_json(const CheckpointManifest& m) {
@@ -69,7 +96,7 @@ std::string manifest_to_json(const CheckpointManifest& m) {
   json files = json::array();
   for (const ShardFile& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}});
   const LossScalerState& s = m.progress.loss_scaler;
-  const json doc = {
+  json doc = {
       {"format", "zest-checkpoint"},
       {"format_version", m.format_version},
       {"world_size", m.world_size},
@@ -90,6 +117,7 @@ std::string manifest_to_json(const CheckpointManifest& m) {
       {"units", units},
       {"files", files},
   };
+  doc[kChecksumKey] = canonical_crc(doc);
   return doc.dump(1) + "\n";
 }
 
@@ -112,7 +140,9 @@ CheckpointManifest parse_manifest(const std::string& json_text, const std::strin
              "checkpoint manifest '{}': {} partitions do not fit stage {} on {} ranks", path, m.partitions, m.stage,
              m.world_size);
   m.compute_dtype = r.text(doc, "compute_dtype", "manifest");
+  check_known(m.compute_dtype, {"fp32", "fp16", "bf16"}, "compute_dtype", path);
   m.optimizer = r.text(doc, "optimizer", "manifest");
+  check_known(m.optimizer, {"AdamW", "Adam", "SGD"}, "optimizer", path);
   m.shard_buffers = static_cast<int>(r.integer(doc, "shard_buffers", "manifest", 1, 3));
 
   const json& progress = r.field(doc, "progress", "manifest");
@@ -156,9 +186,26 @@ CheckpointManifest parse_manifest(const std::string& json_text, const std::strin
     ShardFile f{r.text(files[i], "name", where),
                 static_cast<uint64_t>(r.integer(files[i], "bytes", where, 0, int64_t{1} << 50)),
                 static_cast<uint32_t>(r.integer(files[i], "crc32", where, 0, 0xFFFFFFFFll))};
-    ZEST_CHECK(!f.name.empty() && f.name.find('/') == std::string::npos && f.name[0] != '.',
-               "checkpoint manifest '{}': {}.name '{}' must be a plain file name", path, where, f.name);
+    ZEST_CHECK(is_plain_name(f.name) && f.name != kManifestFileName,
+               "checkpoint manifest '{}': {}.name '{}' must be a plain file name", path, where,
+               escape_for_message(f.name));
     m.files.push_back(std::move(f));
+  }
+  // Last, so that the fields' own checks (which name the field) come first;
+  // this one catches what they cannot: entries swapped, a value changed
+  // within its range. Format 1 predates the checksum.
+  if (m.format_version >= 2) {
+    ZEST_CHECK(doc.contains(kChecksumKey) && doc[kChecksumKey].is_string(),
+               "checkpoint manifest '{}' has no \"{}\"; it was damaged or edited: restore it from a copy", path,
+               kChecksumKey);
+    json rest = doc;
+    const std::string stored = rest[kChecksumKey].get<std::string>();
+    rest.erase(kChecksumKey);
+    const std::string actual = canonical_crc(rest);
+    ZEST_CHECK(stored == actual,
+               "checkpoint manifest '{}' is corrupt: its content has CRC-32 {} but it says {}; it was damaged or "
+               "edited (a field changed, shard files reordered): restore it from a copy",
+               path, actual, escape_for_message(stored));
   }
   // The layout must be constructible: names unique, groups declared...
   try {

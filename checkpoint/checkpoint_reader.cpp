@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "zest/checkpoint/checkpoint_paths.h"
 #include "zest/core/check.h"
 
 namespace zest {
@@ -18,10 +19,11 @@ std::string shard_buffer_name(int buffer) {
 namespace {
 
 CheckpointManifest read_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "manifest.json").string();
-  ZEST_CHECK(fs::exists(path), "'{}' is not a checkpoint: it has no manifest.json (an unfinished save leaves none)",
-             dir);
-  return parse_manifest(read_text_file(path), path);
+  const std::string path = (fs::path(dir) / kManifestFileName).string();
+  std::optional<ReadOnlyFile> file = ReadOnlyFile::open_if_exists(path, {.max_bytes = kMaxManifestBytes});
+  ZEST_CHECK(file.has_value(), "'{}' is not a checkpoint: it has no {} (an unfinished save leaves none)", dir,
+             kManifestFileName);
+  return parse_manifest(file->read_all(), path);
 }
 
 }  // namespace
@@ -29,22 +31,14 @@ CheckpointManifest read_manifest(const std::string& dir) {
 CheckpointReader::CheckpointReader(std::string dir)
     : dir_(std::move(dir)), manifest_(read_manifest(dir_)), layout_(manifest_.layout()) {}
 
-std::string CheckpointReader::latest_dir(const std::string& root) {
-  const std::string latest = (fs::path(root) / "latest").string();
-  ZEST_CHECK(fs::exists(latest), "no checkpoint to load in '{}': '{}' does not exist", root, latest);
-  std::string tag = read_text_file(latest);
-  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
-  ZEST_CHECK(!tag.empty() && tag[0] != '.' && tag.find('/') == std::string::npos,
-             "'{}' names '{}', which is not a checkpoint directory name", latest, tag);
-  return (fs::path(root) / tag).string();
-}
-
 const ReadOnlyFile& CheckpointReader::file(int partition) {
   auto& f = open_[partition];
   if (!f) {
     const ShardFile& sf = manifest_.files.at(static_cast<size_t>(partition));
-    f = std::make_unique<ReadOnlyFile>((fs::path(dir_) / sf.name).string());
     const uint64_t expected = static_cast<uint64_t>(manifest_.shard_buffers) * layout_.owned() * sizeof(float);
+    // Capped by what the manifest says, so a huge file is refused unread.
+    f = std::make_unique<ReadOnlyFile>((fs::path(dir_) / sf.name).string(),
+                                       ReadLimits{.max_bytes = std::max(sf.bytes, expected)});
     ZEST_CHECK(f->size() == sf.bytes && sf.bytes == expected,
                "checkpoint file '{}' has {} bytes; the manifest says {} and the model needs {} (truncated or "
                "from another save)",

@@ -22,9 +22,6 @@ class CheckpointReader {
   // `dir` is a checkpoint directory (root/step_000100), not the root.
   explicit CheckpointReader(std::string dir);
 
-  // The checkpoint `root/latest` names.
-  static std::string latest_dir(const std::string& root);
-
   const std::string& dir() const { return dir_; }
   const CheckpointManifest& manifest() const { return manifest_; }
   const ModelLayout& layout() const { return layout_; }

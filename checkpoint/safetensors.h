@@ -27,7 +27,7 @@
 // Writing streams: the writer is told every tensor up front (so it can write
 // the header first), then takes each tensor's bytes in that order, in as many
 // pieces as the caller likes. The file appears under its name only on
-// finish() (fsync, then an atomic rename of path + ".tmp"), so a crash or an
+// finish() (fsync, then an atomic rename of a temp file next to it), so a crash or an
 // exception never leaves a partial file where a complete one is expected:
 //
 //   // zest-example: run
@@ -55,6 +55,8 @@
 #include "zest/core/dtype.h"
 
 namespace zest {
+
+class AtomicFile;
 
 // The format is little-endian and ZEST copies bytes as they are.
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
@@ -164,8 +166,8 @@ using SafetensorsProgress = std::function<void(uint64_t bytes_done, uint64_t byt
 class SafetensorsWriter {
  public:
   // Validates the entries (known dtypes, non-negative dims, unique names, no
-  // "__metadata__"), creates path + ".tmp" (replacing a stale one) and writes
-  // the header.
+  // "__metadata__"), refuses a `path` that exists as anything but a regular
+  // file, creates a unique temp file next to it and writes the header.
   SafetensorsWriter(std::string path, std::vector<SafetensorsEntry> tensors,
                     std::map<std::string, std::string> metadata = {}, SafetensorsProgress progress = {});
   // Without finish(): closes and removes the temp file; `path` is untouched.
@@ -188,7 +190,8 @@ class SafetensorsWriter {
   void finish();
 
   const std::string& path() const { return path_; }
-  std::string temp_path() const { return path_ + ".tmp"; }
+  // The temporary file being written (a unique name next to `path`).
+  std::string temp_path() const;
   uint64_t bytes_written() const { return file_offset_ + buffer_.size(); }
   uint64_t bytes_total() const { return bytes_total_; }
 
@@ -206,7 +209,7 @@ class SafetensorsWriter {
   std::string path_;
   std::vector<Slot> slots_;
   SafetensorsProgress progress_;
-  int fd_ = -1;
+  std::unique_ptr<AtomicFile> file_;
   bool finished_ = false;
   bool failed_ = false;        // an I/O error: the temp file is not to be trusted
   size_t next_ = 0;            // slots_ before this are complete or skipped

@@ -15,10 +15,7 @@
 //    buffer, so converting a 10 GB tensor costs kStagingElems of extra memory.
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <fmt/ranges.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -28,6 +25,7 @@
 
 #include "zest/config/json_parse.h"
 #include "zest/core/check.h"
+#include "zest/core/file_io.h"
 #include "zest/core/system_error.h"
 #include "zest/checkpoint/safetensors.h"
 
@@ -68,48 +66,17 @@ std::string known_dtypes() {
 
 // ---- sources ----------------------------------------------------------------
 
+// Opened through ReadOnlyFile, which refuses FIFOs and devices; links are
+// followed, since a user names the file (and Hugging Face caches link to
+// blobs).
 class FileSource final : public SafetensorsSource {
  public:
-  explicit FileSource(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    ZEST_CHECK(fd_ >= 0, "safetensors file '{}': cannot open it: {}", path_, errno_text(errno));
-    struct stat st {};
-    const int rc = ::fstat(fd_, &st);
-    const int err = errno;
-    if (rc != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd_);
-      ZEST_CHECK(rc == 0, "safetensors file '{}': cannot stat it: {}", path_, errno_text(err));
-      ZEST_FAIL("safetensors file '{}': not a regular file; expected a .safetensors file", path_);
-    }
-    size_ = static_cast<uint64_t>(st.st_size);
-  }
-  ~FileSource() override { ::close(fd_); }
-  FileSource(const FileSource&) = delete;
-  FileSource& operator=(const FileSource&) = delete;
-
-  uint64_t size() const override { return size_; }
-
-  void read_at(uint64_t offset, std::span<std::byte> out) const override {
-    size_t done = 0;
-    while (done < out.size()) {
-      // pread takes at most SSIZE_MAX and Linux returns at most ~2 GiB: loop.
-      const size_t want = std::min<size_t>(out.size() - done, size_t{1} << 30);
-      const ssize_t got = ::pread(fd_, out.data() + done, want, static_cast<off_t>(offset + done));
-      if (got < 0 && errno == EINTR) continue;
-      ZEST_CHECK(got >= 0, "safetensors file '{}': reading {} bytes at offset {} failed: {}", path_, out.size(),
-                 offset, errno_text(errno));
-      ZEST_CHECK(got > 0,
-                 "safetensors file '{}': short read: the file ends at byte {} but {} bytes at offset {} were "
-                 "expected; it was truncated or replaced while open",
-                 path_, offset + done, out.size(), offset);
-      done += static_cast<size_t>(got);
-    }
-  }
+  explicit FileSource(const std::string& path) : file_(path, {.follow_links = true}) {}
+  uint64_t size() const override { return file_.size(); }
+  void read_at(uint64_t offset, std::span<std::byte> out) const override { file_.read_at(offset, out); }
 
  private:
-  std::string path_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
+  ReadOnlyFile file_;
 };
 
 class MemorySource final : public SafetensorsSource {
@@ -144,7 +111,6 @@ json parse_header_json(const std::string& text, const std::string& path) {
               e.message());
   }
 }
-
 
 // A JSON value that must be a non-negative integer; `what` names it in errors.
 uint64_t read_count(const json& v, const std::string& where, const std::string& what) {

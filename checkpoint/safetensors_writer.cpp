@@ -3,10 +3,10 @@
 // gives it its name.
 //
 // Policies:
-//  - Crash safety: the final name appears only through rename(2), after the
-//    file's fsync; the directory is fsynced after the rename so that the new
-//    entry survives a power loss too. Until then a previous file under `path`
-//    stays intact, and the destructor removes an abandoned writer's temp file.
+//  - Crash safety: the bytes go through an AtomicFile (core/file_io.h): a
+//    temp file of a unique name, created O_EXCL|O_NOFOLLOW, fsynced and
+//    renamed to `path`, then the directory fsynced. Until then a previous file
+//    under `path` stays intact, and an abandoned writer's temp file is removed.
 //  - The header is written as compact JSON with __metadata__ first and the
 //    tensors in data order, each as {"dtype", "shape", "data_offsets"} (the
 //    order the Hugging Face writer uses), padded with spaces to a multiple of
@@ -17,13 +17,9 @@
 //    calls refuse instead of writing after a gap.
 #include <nlohmann/json.hpp>
 
-#include <fcntl.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <filesystem>
 #include <set>
 
 #include "zest/core/check.h"
@@ -89,8 +85,9 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsEn
   bytes_total_ = 8 + header.size() + offset;
 
   buffer_.reserve(kBufferBytes);
-  fd_ = ::open(temp_path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ZEST_CHECK(fd_ >= 0, "safetensors writer '{}': cannot create '{}': {}", path_, temp_path(), errno_text(errno));
+  // AtomicFile refuses an existing `path` that is not a regular file (a
+  // device, a directory, a link) before anything is written.
+  file_ = std::make_unique<AtomicFile>(path_);
   try {
     const uint64_t length = header.size();  // little-endian: the host's order (safetensors.h)
     append(std::as_bytes(std::span(&length, 1)));
@@ -106,16 +103,9 @@ SafetensorsWriter::~SafetensorsWriter() {
   if (!finished_) abandon();
 }
 
-void SafetensorsWriter::abandon() noexcept {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
-  if (::unlink(temp_path().c_str()) != 0 && errno != ENOENT) {
-    ZEST_LOG_WARN("safetensors writer '{}': cannot remove the unfinished '{}': {}", path_, temp_path(),
-                  errno_text(errno));
-  }
-}
+void SafetensorsWriter::abandon() noexcept { file_.reset(); }  // removes the temp file
+
+std::string SafetensorsWriter::temp_path() const { return file_ ? file_->temp_path() : std::string(); }
 
 void SafetensorsWriter::check_usable(const char* what) const {
   ZEST_CHECK(!finished_, "safetensors writer '{}': {}() after finish()", path_, what);
@@ -183,22 +173,13 @@ void SafetensorsWriter::finish() {
   }
   flush_buffer();
   ZEST_INTERNAL_ASSERT(file_offset_ == bytes_total_, "wrote {} of {} bytes", file_offset_, bytes_total_);
-  if (::fsync(fd_) != 0) {
+  try {
+    file_->commit();
+  } catch (const std::exception& e) {
     failed_ = true;
-    ZEST_FAIL("safetensors writer '{}': fsync of '{}' failed: {}", path_, temp_path(), errno_text(errno));
-  }
-  const int rc = ::close(fd_);
-  fd_ = -1;
-  if (rc != 0) {
-    failed_ = true;
-    ZEST_FAIL("safetensors writer '{}': closing '{}' failed: {}", path_, temp_path(), errno_text(errno));
-  }
-  if (::rename(temp_path().c_str(), path_.c_str()) != 0) {
-    failed_ = true;
-    ZEST_FAIL("safetensors writer '{}': renaming '{}' to it failed: {}", path_, temp_path(), errno_text(errno));
+    ZEST_FAIL("safetensors writer '{}': {}", path_, e.what());
   }
   finished_ = true;
-  fsync_directory(std::filesystem::path(path_).parent_path().string());
 }
 
 void SafetensorsWriter::append(std::span<const std::byte> bytes) {
@@ -216,20 +197,14 @@ void SafetensorsWriter::flush_buffer() {
 }
 
 void SafetensorsWriter::write_fully(std::span<const std::byte> bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd_, bytes.data() + done, std::min<size_t>(bytes.size() - done, size_t{1} << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : 0;
-      failed_ = true;
-      ZEST_FAIL("safetensors writer '{}': writing '{}' failed at byte {} of {}: {}{}", path_, temp_path(),
-                file_offset_ + done, bytes_total_, err ? errno_text(err) : "the system wrote nothing (short write)",
-                err == ENOSPC || err == EDQUOT ? "; free space on that disk or write elsewhere" : "");
-    }
-    done += static_cast<size_t>(n);
+  try {
+    file_->write(bytes);
+  } catch (const std::exception& e) {
+    failed_ = true;
+    ZEST_FAIL("safetensors writer '{}': writing failed at byte {} of {}: {}", path_, file_offset_, bytes_total_,
+              e.what());
   }
-  file_offset_ += done;
+  file_offset_ += bytes.size();
 }
 
 }  // namespace zest

@@ -3,6 +3,7 @@
 #include "zest/engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "zest/core/check.h"
@@ -505,8 +506,25 @@ void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
   const size_t shard = impl_->layout->unit(unit).shard;
   ZEST_CHECK(values.size() == shard, "write_shard of unit '{}': {} values for a shard of {}",
              impl_->layout->unit(unit).name, values.size(), shard);
+  for (size_t i = 0; i < shard; ++i) {
+    if (std::isfinite(values[i])) continue;
+    const UnitLayout& U = impl_->layout->unit(unit);
+    const size_t at = shard * static_cast<size_t>(partition()) + i;  // in the unit's flat layout
+    std::string param = "padding";
+    for (const ParamLayout& p : U.params) {
+      if (at >= p.offset && at < p.offset + p.numel) param = fmt::format("parameter '{}' element {}", p.name, at - p.offset);
+    }
+    ZEST_FAIL("write_shard of unit '{}', shard buffer {}: value {} at shard element {} ({}) is not finite; "
+              "the shard is left as it was: write finite values",
+              U.name, buffer, values[i], i, param);
+  }
   for (const ShardPiece& p : pieces) copy_bytes(stream_, p.data, values.data() + p.begin, (p.end - p.begin) * 4);
   stream_.synchronize();
+}
+
+int Engine::micro_steps_pending() const {
+  check_finalized("micro_steps_pending()");
+  return impl_->micro;
 }
 
 void Engine::restore(const Progress& progress) {

@@ -212,6 +212,9 @@ class Engine {
     LossScalerState loss_scaler;
   };
   Progress progress() const;
+  // Micro-steps taken since the last optimizer step: 0 at a gradient
+  // accumulation boundary, where a checkpoint may be saved.
+  int micro_steps_pending() const;
   // Shard buffers per unit: 0 is the fp32 master weights, 1.. the
   // optimizer's state buffers.
   int shard_buffers() const { return 1 + config_.optimizer.state_buffers(); }
@@ -219,6 +222,8 @@ class Engine {
   // (layout().unit(u).shard elements), wherever it lives (device or, with
   // offload, host memory). Not collective.
   std::vector<float> read_shard(int unit, int buffer);
+  // Refuses a NaN or Inf (naming the unit, the parameter and the element)
+  // and leaves the shard as it was then.
   void write_shard(int unit, int buffer, std::span<const float> values);
   // Sets the progress, and rebuilds the compute-dtype parameters from the
   // master shards written with write_shard (all-gathering them where ranks

@@ -1,6 +1,5 @@
 #include "zest/launch/file_rendezvous.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,12 +8,12 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <vector>
 
 #include "zest/comm/communicator.h"
 #include "zest/launch/rendezvous_wire.h"
 #include "zest/core/check.h"
+#include "zest/core/file_io.h"
 #include "zest/core/logging.h"
 #include "zest/core/system_error.h"
 
@@ -112,46 +111,19 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
-uint64_t fresh_nonce() {
-  uint64_t n = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  n ^= static_cast<uint64_t>(::getpid()) << 32;
-  try {
-    std::random_device rd;
-    n ^= (uint64_t{rd()} << 32) ^ rd();
-  } catch (const std::exception&) {
-    // No entropy source: the clock and pid still differ between runs.
-  }
-  return n == 0 ? 1 : n;
-}
+uint64_t fresh_nonce() { return random_u64(); }
 
-void close_checked(int fd, const std::string& path) {
-  ZEST_CHECK(::close(fd) == 0 || errno == EINTR, "file rendezvous: closing {} failed: {}", path,
-             errno_text(errno));
-}
-
-// The file's bytes, or nullopt when it does not exist (yet).
+// The file's bytes, or nullopt when it does not exist (yet). A FIFO or
+// device there is an error at once (ReadOnlyFile); a file too large to be a
+// rendezvous file reads as empty, which decode takes for not ours.
 std::optional<std::string> read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::nullopt;
-    ZEST_FAIL("file rendezvous: cannot open {}: {}; ZEST_RENDEZVOUS_FILE must be readable by every "
-              "rank", path, errno_text(errno));
+  try {
+    const std::optional<ReadOnlyFile> file = ReadOnlyFile::open_if_exists(path, {.follow_links = true});
+    if (!file) return std::nullopt;
+    return file->size() > kMaxFileBytes ? std::string() : file->read_all();
+  } catch (const Error& e) {
+    ZEST_FAIL("file rendezvous: {}; ZEST_RENDEZVOUS_FILE must name a regular file every rank can read", e.what());
   }
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    const ssize_t r = ::read(fd, buf, sizeof(buf));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int err = errno;
-      ::close(fd);
-      ZEST_FAIL("file rendezvous: reading {} failed: {}", path, errno_text(err));
-    }
-    if (r == 0 || out.size() > kMaxFileBytes) break;  // too big: not ours, decode says so
-    out.append(buf, static_cast<size_t>(r));
-  }
-  close_checked(fd, path);
-  return out;
 }
 
 // Removes `path` if it is there.
@@ -166,46 +138,16 @@ void remove_file(const std::string& path, bool must) {
 // Writes `bytes` to `path` whole or not at all: a temporary file in the same
 // directory, fsynced, renamed over `path`, and the directory fsynced so the
 // name survives a crash and is seen by other hosts' next lookup.
-void write_atomically(const std::string& path, const std::string& bytes, uint64_t nonce, int rank) {
-  const std::string tmp = fmt::format("{}.tmp.{}.{}.{:x}", path, rank, ::getpid(), nonce);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  ZEST_CHECK(fd >= 0, "file rendezvous: rank {} cannot create {}: {}; ZEST_RENDEZVOUS_FILE must name "
-                      "a file in an existing directory that every rank can write, on a filesystem "
-                      "every rank sees", rank, tmp, errno_text(errno));
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    ZEST_FAIL("file rendezvous: rank {} could not {} {}: {}", rank, what, tmp, errno_text(err));
-  };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) fail("write");
-    done += static_cast<size_t>(w);
+void write_atomically(const std::string& path, const std::string& bytes, int rank) {
+  try {
+    AtomicFile file(path);
+    file.write(bytes);
+    file.commit();
+  } catch (const Error& e) {
+    ZEST_FAIL("file rendezvous: rank {}: {}; ZEST_RENDEZVOUS_FILE must name a file in an existing directory that "
+              "every rank can write, on a filesystem every rank sees",
+              rank, e.what());
   }
-  if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0 && errno != EINTR) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    ZEST_FAIL("file rendezvous: rank {} could not close {}: {}", rank, tmp, errno_text(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    ZEST_FAIL("file rendezvous: rank {} could not rename {} to {}: {}", rank, tmp, path, errno_text(err));
-  }
-  const std::string dir = parent_dir(path);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ZEST_CHECK(dfd >= 0, "file rendezvous: cannot open the directory {}: {}", dir, errno_text(errno));
-  // Some filesystems cannot fsync a directory (EINVAL); the rename stands.
-  if (::fsync(dfd) != 0 && errno != EINVAL && errno != EROFS) {
-    const int err = errno;
-    ::close(dfd);
-    ZEST_FAIL("file rendezvous: fsync of the directory {} failed: {}", dir, errno_text(err));
-  }
-  close_checked(dfd, dir);
 }
 
 void check_dir(const std::string& path, int rank) {
@@ -237,7 +179,7 @@ std::string publish(const std::string& path, const RendezvousMember& me, std::st
   // An earlier run's leftovers go first (see the stale-file rule in the header).
   remove_file(path, true);
   for (int r = 1; r < me.world_size; ++r) remove_file(ack_path(path, r), true);
-  write_atomically(path, encode(Published{me.world_size, nonce, me.job_id, std::string(blob)}), nonce, 0);
+  write_atomically(path, encode(Published{me.world_size, nonce, me.job_id, std::string(blob)}), 0);
 
   // Whatever happens next, the file must not outlive this run.
   struct Cleanup {
@@ -310,8 +252,7 @@ std::string fetch(const std::string& path, const RendezvousMember& me) {
       } else if (file->world_size != me.world_size) {
         if (!me.job_id.empty()) {
           // Same job, so not stale: the ranks disagree. Tell rank 0 too.
-          write_atomically(ack_path(path, me.rank),
-                           encode(Ack{me.rank, me.world_size, file->nonce}), file->nonce, me.rank);
+          write_atomically(ack_path(path, me.rank), encode(Ack{me.rank, me.world_size, file->nonce}), me.rank);
           throw CommError(CommError::Reason::kMismatch,
                           fmt::format("file rendezvous at {}: rank 0 was started for a world of {} "
                                       "ranks but rank {} for {}: every rank must be started with "
@@ -322,8 +263,7 @@ std::string fetch(const std::string& path, const RendezvousMember& me) {
         seen = fmt::format("only a file for a world of {} ranks was there (an earlier run's?), and "
                            "this rank expects {}", file->world_size, me.world_size);
       } else {
-        write_atomically(ack_path(path, me.rank), encode(Ack{me.rank, me.world_size, file->nonce}),
-                         file->nonce, me.rank);
+        write_atomically(ack_path(path, me.rank), encode(Ack{me.rank, me.world_size, file->nonce}), me.rank);
         return file->blob;
       }
     }

@@ -18,8 +18,11 @@
 #include <fmt/format.h>
 
 #include "common/cli.h"
+#include "zest/core/check.h"
 #include "zest/core/units.h"
 #include "zest/checkpoint/checkpoint.h"
+#include "zest/checkpoint/checkpoint_paths.h"
+#include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
 #include "zest/core/file_io.h"
 #include "zest/checkpoint/safetensors.h"
@@ -41,8 +44,9 @@ const char* kUsage =
     "CKPT: a checkpoint directory, or a root holding a `latest` pointer\n";
 
 std::string resolve(const std::string& path) {
-  if (fs::exists(fs::path(path) / "manifest.json")) return path;
-  return CheckpointReader::latest_dir(path);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(fs::path(path) / kManifestFileName, ec))) return path;
+  return latest_checkpoint_dir(path);
 }
 
 // Calls fn(begin, count) over [begin, end) in pieces of at most kPiece.
@@ -63,9 +67,20 @@ int inspect(const std::string& path) {
   fmt::print("progress    {} steps applied, {} skipped, loss scale {}\n", m.progress.applied_steps,
              m.progress.skipped_steps, m.progress.loss_scaler.scale);
   fmt::print("model       {} parameters in {} units ({} with padding)\n", L.numel(), L.num_units(), L.padded());
+  // The manifest's sizes, and what is on disk: a missing file shows as such.
+  int missing = 0;
   for (const ShardFile& f : m.files) {
-    fmt::print("  {}  {:>12} bytes ({})  crc32 {:08x}\n", f.name, f.bytes, format_bytes(static_cast<int64_t>(f.bytes)),
-               f.crc32);
+    std::error_code ec;
+    const fs::file_status st = fs::symlink_status(fs::path(r.dir()) / f.name, ec);
+    const char* state = !fs::exists(st) ? "MISSING" : !fs::is_regular_file(st) ? "NOT A REGULAR FILE" : "";
+    missing += *state != '\0';
+    fmt::print("  {}  {:>12} bytes ({})  crc32 {:08x}{}{}\n", f.name, f.bytes,
+               format_bytes(static_cast<int64_t>(f.bytes)), f.crc32, *state ? "  " : "", state);
+  }
+  if (missing > 0) {
+    fmt::print(stderr, "zest-ckpt: {} of {} shard files of '{}' are missing or not regular files; the checkpoint "
+                       "cannot be loaded\n", missing, m.files.size(), r.dir());
+    return 1;
   }
   return 0;
 }
@@ -89,6 +104,7 @@ int verify(const std::string& path) {
 
 int export_safetensors(const std::string& path, const std::string& out, DType dtype) {
   CheckpointReader r(resolve(path));
+  check_output_apart(out, r.dir(), "zest-ckpt export: the output");
   const ModelLayout& L = r.layout();
   const std::vector<SafetensorsEntry> entries = weights_entries(L, dtype);
   uint64_t last_report = 0;
@@ -123,15 +139,34 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
   m.partitions = stage == 0 ? 1 : world;
   m.files.clear();
   const ModelLayout L = m.layout();
-  const std::string tag = fs::path(r.dir()).filename().string();
-  fs::create_directories(out_root);
-  const std::string partial = partial_checkpoint_dir(out_root, tag);
-  fs::remove_all(partial);
-  fs::create_directory(partial);
+  // Beyond one rank per parameter every added rank holds only padding, and
+  // each is a file: a --world that large is a typo.
+  ZEST_CHECK(static_cast<size_t>(world) <= L.numel(),
+             "reshard --world {}: the checkpoint holds {} parameters, so at most {} ranks can each own one; give "
+             "a world size no larger than that",
+             world, L.numel(), L.numel());
+  // Each unit is padded to a multiple of the world size: past the point
+  // where the files would hold more padding than parameters, the world size
+  // is a typo, not a plan.
+  ZEST_CHECK(L.padded() <= 2 * L.numel(),
+             "reshard --world {}: the checkpoint's {} parameters would be padded to {} (each of its {} units to a "
+             "multiple of the world size), more padding than parameters in {} files; give a smaller world size",
+             world, L.numel(), L.padded(), L.num_units(), m.partitions);
+  std::string tag = fs::path(r.dir()).filename().string();
+  if (tag.starts_with('.') && tag.ends_with(".old")) tag = tag.substr(1, tag.size() - 5);  // latest_checkpoint_dir
+  const fs::path out_dir = fs::path(out_root) / tag;
+  // In place (`reshard ck ck`) every byte is read before publish() swaps the
+  // new directory with the old one; anything else that overlaps the input
+  // is refused before a byte is written.
+  std::error_code ec;
+  if (!fs::equivalent(out_dir, r.dir(), ec)) {
+    check_output_apart(out_dir.string(), r.dir(), "zest-ckpt reshard: the output checkpoint");
+  }
+  CheckpointPublisher publisher(out_root, tag);
   std::vector<float> piece;
   for (int q = 0; q < m.partitions; ++q) {
     const std::string name = shard_file_name(q);
-    AtomicFile file((fs::path(partial) / name).string());
+    AtomicFile file((fs::path(publisher.partial_dir()) / name).string());
     for (int b = 0; b < m.shard_buffers; ++b) {
       for (int u = 0; u < L.num_units(); ++u) {
         const size_t begin = L.unit(u).shard * static_cast<size_t>(q);
@@ -146,8 +181,8 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
     m.files.push_back({name, file.bytes_written(), file.crc32()});
     fmt::print("reshard: {} written\n", name);
   }
-  write_manifest(partial, m);
-  publish_checkpoint(out_root, tag);
+  write_manifest(publisher.partial_dir(), m);
+  publisher.publish();
   fmt::print("{}: {} ranks, stage {}\n", (fs::path(out_root) / tag).string(), world, stage);
   return 0;
 }
