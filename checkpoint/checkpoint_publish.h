@@ -2,9 +2,13 @@
 // and zest-ckpt reshard write through (a single file, such as an export,
 // goes through AtomicFile, which this builds on).
 //
-//   CheckpointPublisher pub(root, "step_000100");  // locks root
-//   ... write files into pub.partial_dir() with AtomicFile ...
-//   pub.publish();                                 // root/step_000100, then root/latest
+//   // zest-example: run
+//   #include "zest/core/file_io.h"
+//   CheckpointPublisher pub("ckpt_root", "step_000100");  // locks ckpt_root
+//   AtomicFile shard(pub.partial_dir() + "/rank_00000.bin");
+//   shard.write(std::string("the shard's bytes"));
+//   shard.commit();
+//   pub.publish();  // ckpt_root/step_000100 appears, then ckpt_root/latest names it
 //
 // Other ranks of a save write into partial_checkpoint_dir(root, tag,
 // pub.nonce()), the nonce having travelled from the publishing rank.
