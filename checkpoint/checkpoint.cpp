@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "zest/core/check.h"
+#include "zest/core/crc32.h"
 #include "zest/core/logging.h"
 #include "zest/checkpoint/checkpoint_manifest.h"
 #include "zest/checkpoint/checkpoint_paths.h"
@@ -170,6 +171,19 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
     }
     progress = m.progress;
   });
+  // Each rank resolved `latest` itself: a save moving it meanwhile (another
+  // job on the same root) would have ranks load different checkpoints.
+  // The tag, not the path: nodes may mount the root at different paths.
+  const std::string tag = fs::path(dir).filename().string();
+  const int64_t resolved[2] = {static_cast<int64_t>(crc32(tag.data(), tag.size())), progress.applied_steps};
+  const std::vector<int64_t> all = engine.all_gather_scalars(resolved);
+  for (size_t r = 1; 2 * r < all.size(); ++r) {
+    ZEST_CHECK(all[2 * r] == all[0] && all[2 * r + 1] == all[1],
+               "ranks loaded different checkpoints from '{}' (rank 0 one at step {}, rank {} one at step {}; this "
+               "rank read '{}'): `latest` moved while they read it. Is another job saving to this root? Load again when "
+               "it has finished, or name the checkpoint with a tag",
+               root, all[1], r, all[2 * r + 1], dir);
+  }
   for (int u = 0; u < layout.num_units(); ++u) {
     for (int b = 0; b < buffers; ++b) engine.write_shard(u, b, shards[static_cast<size_t>(u)][static_cast<size_t>(b)]);
   }

@@ -99,6 +99,11 @@ void check_output_apart(const std::string& output, const std::string& input_dir,
   if (within(out, in)) refuse(fmt::format("inside the input checkpoint '{}'", in.string()));
   if (within(in, out)) refuse(fmt::format("a directory holding the input checkpoint '{}'", in.string()));
   if (out == root / kLatestFileName) refuse("the checkpoint root's `latest`");
+  // Another checkpoint of the root (or of any root): its files are listed
+  // in its manifest, and a file added or replaced there is not a checkpoint.
+  if (fs::exists(out.parent_path() / kManifestFileName, ec)) {
+    refuse(fmt::format("inside the checkpoint directory '{}'", out.parent_path().string()));
+  }
   struct stat st {};
   if (::stat(out.c_str(), &st) != 0) return;
   std::vector<fs::path> inputs = {in, root, root / kLatestFileName};

@@ -42,7 +42,8 @@ std::string latest_checkpoint_dir(const std::string& root);
 // Refuses an output that would overwrite what is being read from the
 // checkpoint directory `input_dir`: the directory itself or anything inside
 // it, its root, the root's `latest`, a directory holding the input, or any
-// of these under another name (the same inode: a hard link, a bind mount).
+// of these under another name (the same inode: a hard link, a bind mount);
+// and a file inside any checkpoint directory (one holding a manifest).
 // `what` names the output in the message ("zest-ckpt export: the output").
 void check_output_apart(const std::string& output, const std::string& input_dir, const std::string& what);
 

@@ -20,6 +20,11 @@ LossScaler::LossScaler(LossScalerConfig config) : config_(config) {
     ZEST_CHECK(std::isfinite(config_.static_scale) && config_.static_scale > 0,
                "fp16.loss_scale must be a positive number (or 0 for dynamic scaling), got {}",
                config_.static_scale);
+    // Note [static loss scale bound].
+    ZEST_CHECK(config_.static_scale <= kMaxStaticLossScale,
+               "fp16.loss_scale is {:g}: a static loss scale above {:.4g} (65504 / 2^-24) overflows every gradient "
+               "fp16 can hold, so every step would be skipped; use 0 (dynamic) or a scale such as 2^16",
+               config_.static_scale, kMaxStaticLossScale);
     state_.scale = config_.static_scale;
   }
   state_.hysteresis_left = config_.hysteresis;

@@ -16,6 +16,15 @@
 
 namespace zest {
 
+// The bound on a static fp16 loss scale. Note [static loss scale bound]:
+// fp16 holds magnitudes up to 65504, and its smallest step is 2^-24. Scaled
+// by more than 65504 / 2^-24 (about 1.1e12), every gradient element that
+// fp16 could represent unscaled overflows, so every step with any such
+// element is skipped, forever (a static scale never backs off). DeepSpeed's
+// dynamic scaler starts at 2^16 and the largest initial scales in use are
+// about 2^32, far below.
+inline constexpr double kMaxStaticLossScale = 65504.0 * 16777216.0;
+
 struct LossScalerConfig {
   bool dynamic = true;
   double static_scale = 1.0;       // used when !dynamic

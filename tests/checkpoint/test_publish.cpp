@@ -245,6 +245,40 @@ TEST_CASE("a save reports a failure only before it publishes, and then leaves th
   CHECK(leftovers(root.path).empty());
 }
 
+TEST_CASE("finding 1: ranks that resolve their root to different checkpoints fail, naming both steps") {
+  // A save moving `latest` while ranks read it has the same effect as ranks
+  // given different roots; the roots' paths may differ (mounts), the
+  // checkpoint may not.
+  TempDir a, b;
+  save_small(a.str(), 1);
+  save_small(b.str(), 2);
+  std::vector<std::string> errors(2);
+  run_inprocess(2, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(1), comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    errors[static_cast<size_t>(comm.rank())] =
+        error_text([&] { load_checkpoint(engine, comm.rank() == 0 ? a.str() : b.str()); });
+  });
+  for (const std::string& err : errors) {
+    CAPTURE(err);
+    CHECK(err.find("ranks loaded different checkpoints from '") != std::string::npos);
+    CHECK(err.find("(rank 0 one at step 1, rank 1 one at step 2;") != std::string::npos);
+    CHECK(err.find("Is another job saving to this root?") != std::string::npos);
+  }
+  // The same checkpoint under two paths is fine.
+  fs::create_directory_symlink(a.path, b.path / "alias");
+  run_inprocess(2, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(1), comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    load_checkpoint(engine, comm.rank() == 0 ? a.str() : b / "alias");
+    CHECK(engine.progress().applied_steps == 1);
+  });
+}
+
 TEST_CASE("finding 7: a save in the middle of gradient accumulation is refused, writing nothing") {
   TempDir root;
   with_engine(

@@ -23,6 +23,18 @@ std::vector<double> run(LossScalerConfig cfg, const std::vector<int>& overflows)
 
 }  // namespace
 
+TEST_CASE("a static loss scale that overflows every fp16 gradient is refused (issue 12)") {
+  LossScalerConfig c;
+  c.dynamic = false;
+  c.static_scale = 1e38;
+  CHECK_THROWS_WITH_AS(LossScaler{c},
+                       doctest::Contains("fp16.loss_scale is 1e+38: a static loss scale above 1.099e+12 (65504 / "
+                                         "2^-24) overflows every gradient fp16 can hold"),
+                       Error);
+  c.static_scale = kMaxStaticLossScale;
+  CHECK(LossScaler(c).scale() == kMaxStaticLossScale);
+}
+
 TEST_CASE("defaults: 2^16, hysteresis 2, doubling after a clean window") {
   LossScaler s;
   CHECK(s.scale() == 65536.0);
