@@ -1,5 +1,6 @@
 // The engine on one GPU with in-process ranks: stages 1-3 match stage 0 bit
-// for bit on the CUDA path too, and the CUDA engine matches the host engine.
+// for bit on the CUDA path too, the CUDA engine matches the host engine, and
+// offload_optimizer (pinned host memory, copy streams) matches the device.
 #include <doctest/doctest.h>
 
 #include "engine/engine_harness.h"
@@ -44,5 +45,30 @@ TEST_CASE("CUDA and host engines agree bit for bit without clipping") {
       CHECK(same_bits(cuda[1].params.at(name), values));
     }
     CHECK(cuda[0].steps.back().grad_norm == doctest::Approx(host[0].steps.back().grad_norm).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("CUDA, offload_optimizer: the pinned-host pipeline equals the device run bit for bit, stages 1-3") {
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    EngineConfig config = base_config(stage);
+    config.bf16 = true;
+    config.gradient_clipping = 0.5;
+    RunOptions opt = runs(2, 3);
+    opt.device = kCuda0;
+    const std::vector<RankResult> device = run_engine(config, opt);
+    config.offload_optimizer.device = OffloadDevice::kCpu;
+    for (double ratio : {1.0, 0.5}) {
+      CAPTURE(ratio);
+      config.offload_optimizer.ratio = ratio;
+      const std::vector<RankResult> offloaded = run_engine(config, opt);
+      for (int r = 0; r < 2; ++r) {
+        CAPTURE(r);
+        check_same(offloaded[static_cast<size_t>(r)].params, device[static_cast<size_t>(r)].params);
+        CHECK(offloaded[static_cast<size_t>(r)].memory[MemoryCategory::kOptimizerState].current <
+              device[static_cast<size_t>(r)].memory[MemoryCategory::kOptimizerState].current);
+        CHECK(offloaded[static_cast<size_t>(r)].memory.host(MemoryCategory::kOptimizerState).current > 0);
+      }
+    }
   }
 }

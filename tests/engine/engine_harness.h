@@ -186,7 +186,8 @@ inline std::unique_ptr<Engine> finalized_engine(const EngineConfig& config, Comm
 // micro-steps) on `comm`.
 inline RankResult run_rank(const EngineConfig& config, const RunOptions& opt, Communicator& comm) {
   const auto alloc = allocator_for(opt.device, opt.device_capacity);
-  CachingAllocator host(make_host_allocator());
+  // Offloaded state: pinned on a GPU, so the copies are asynchronous.
+  CachingAllocator host(opt.device.is_cuda() ? make_cuda_pinned_allocator() : make_host_allocator());
   const OwnedStream stream(opt.device);
   const std::unique_ptr<Engine> engine = finalized_engine(config, comm, *alloc, host, stream, opt.model);
   RankResult out;
