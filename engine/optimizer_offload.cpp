@@ -43,8 +43,7 @@ size_t offloaded_numel(size_t owned, double ratio) {
 
 OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers,
                                    DType compute, bool delayed)
-    : host_(host),
-      host_numel_(host_numel),
+    : host_numel_(host_numel),
       state_buffers_(state_buffers),
       compute_(compute),
       chunk_(chunk_for(host_numel)),

@@ -113,7 +113,6 @@ class OptimizerOffload {
   // Waits for the delayed update's thread; rethrows its error.
   void join_update();
 
-  CachingAllocator& host_;
   size_t host_numel_;
   int state_buffers_;
   DType compute_;
