@@ -27,7 +27,7 @@
 //   - a key about something ZEST does not do (logging cadence, profilers,
 //     monitors, autotuning, NVMe I/O tuning, stage-3 fetch heuristics...) is
 //     accepted, and listed in `ignored` with the reason;
-//   - a key that asks for a feature ZEST lacks (offload to CPU or NVMe,
+//   - a key that asks for a feature ZEST lacks (offload to NVMe,
 //     LAMB or 1-bit optimizers, curriculum learning, activation
 //     checkpointing, pipeline or tensor parallelism, compression...) is
 //     refused with the feature's name;
@@ -96,21 +96,36 @@ struct ZeroConfig {
 };
 
 // zero_optimization.offload_optimizer / offload_param (DeepSpeed's
-// DeepSpeedZeroOffloadOptimizerConfig and ...ParamConfig): where the fp32
-// master weights and optimizer state, or the parameters not in use, live.
+// DeepSpeedZeroOffloadOptimizerConfig and ...ParamConfig, with their
+// defaults): where the fp32 master weights and optimizer state, or the
+// parameters not in use, live. A file's "nvme" device (ZeRO-Infinity) is
+// refused by name; its NVMe-only keys (nvme_path, the optimizer's
+// buffer_count, pipeline_read/write, fast_init) are noted as ignored with any
+// other device, as DeepSpeed reads them only for "nvme". The deprecated
+// cpu_offload / cpu_offload_param (true) are read as {"device": "cpu"};
+// cpu_offload_use_pin_memory, which DeepSpeed no longer applies, is ignored.
 enum class OffloadDevice { kNone, kCpu };
 
 struct OffloadOptimizerConfig {
+  // kCpu: ZeRO-Offload, at stages 1-3 (a file's cpu at stage 0 is ignored,
+  // as DeepSpeed ignores it; set in code, the Engine refuses it).
   OffloadDevice device = OffloadDevice::kNone;
-  bool pin_memory = false;
+  bool pin_memory = false;  // DeepSpeed's default; page-locked host memory on CUDA
+  // The fraction of the owned optimizer state offloaded, in [0, 1]. A file
+  // may set it below 1 only at stage 3, as DeepSpeed checks
+  // (offload_ratio_check); in code the Engine takes it at stages 1-3.
   double ratio = 1.0;
+  // ZeRO-Offload's one-step delayed parameter update (DPU); off by default.
+  // No DeepSpeed key sets it: DeepSpeed has no DPU.
   bool delayed_update = false;
 };
 
 struct OffloadParamConfig {
+  // kCpu: parameters offloaded at stage 3 (a file's cpu at stages 0-2 is
+  // ignored, as DeepSpeed ignores it).
   OffloadDevice device = OffloadDevice::kNone;
   bool pin_memory = false;
-  int64_t buffer_count = 5, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;
+  int64_t buffer_count = 5, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements
 };
 
 struct Fp16Config {

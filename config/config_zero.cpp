@@ -13,61 +13,173 @@ namespace {
 
 const char* const kSameValues = "an implementation choice of DeepSpeed's; ZEST computes the same values its own way";
 
-// offload_param / offload_optimizer: "none" is what ZEST does; "cpu" and
-// "nvme" are ZeRO-Offload and ZeRO-Infinity, which it does not have.
-void read_offload(Section& z, FileState& file, const char* key, int stage) {
-  const bool params = std::string_view(key) == "offload_param";
-  std::optional<Section> o = z.sub(key, Unknown::kRefuse);
-  if (!o) return;
-  std::string device = "none";
-  if (const json* d = o->get("device")) {
-    if (d->is_string() && d->get<std::string>() == "auto") {
-      file.filled(o->where("device"), "none (the default)");
-    } else {
-      const int i = o->read_choice("device", {"none", "cpu", "nvme"});
-      if (i > 0) device = i == 1 ? "cpu" : "nvme";
+// offload_optimizer / offload_param (DeepSpeedZeroOffloadOptimizerConfig /
+// ...ParamConfig): device "none" or "cpu" (ZeRO-Offload) set the config;
+// "nvme" (ZeRO-Infinity) is refused by name. The keys that tune only
+// DeepSpeed's NVMe swapping are accepted and noted with any other device, as
+// DeepSpeed reads them only for "nvme".
+struct OffloadSection {
+  bool present = false;
+  bool cpu = false;
+  bool nvme = false;
+};
+
+// Reads `device`; "auto" is the default ("none"), as DeepSpeed's models drop
+// an unfilled "auto".
+void read_device(Section& o, FileState& file, OffloadSection& s) {
+  const json* d = o.get("device");
+  if (!d) return;
+  if (d->is_string() && d->get<std::string>() == "auto") {
+    file.filled(o.where("device"), "none (the default)");
+    return;
+  }
+  const int i = o.read_choice("device", {"none", "cpu", "nvme"});
+  s.cpu = i == 1;
+  s.nvme = i == 2;
+}
+
+// The NVMe-only keys present in `o`, comma-separated; each noted as ignored
+// unless the device is nvme (then the device's error lists them).
+std::string nvme_keys(Section& o, FileState& file, const std::vector<const char*>& keys, bool nvme) {
+  std::string named;
+  for (const char* k : keys) {
+    if (!o.get(k)) continue;
+    named += (named.empty() ? "" : ", ") + std::string(k);
+    if (!nvme) {
+      file.ignored(o.where(k), "an NVMe offload setting: DeepSpeed reads it only with device \"nvme\", and ZEST "
+                               "has no NVMe offload");
     }
   }
-  // The other fields tune the transfers of an offload; they are checked by
-  // name (DeepSpeed refuses others) and have nothing to tune when it is off.
-  for (const char* k : {"nvme_path", "buffer_count", "pin_memory"}) o->get(k);
-  if (params) {
-    for (const char* k : {"buffer_size", "max_in_cpu"}) o->get(k);
-  } else {
-    for (const char* k : {"pipeline_read", "pipeline_write", "fast_init", "ratio"}) o->get(k);
-  }
-  o->finish();
-  const std::string what = device == "cpu" ? "CPU memory (ZeRO-Offload)" : "NVMe (ZeRO-Infinity)";
-  if (device == "none") {
-    file.ignored(z.where(key), "device \"none\": nothing is offloaded, as in ZEST");
-  } else if (params && stage < 3) {
-    file.ignored(z.where(key), fmt::format("DeepSpeed offloads parameters only at stage 3; this is stage {}", stage));
-  } else {
-    file.problem(fmt::format("{}.device is \"{}\": that asks for offloading {} to {}, which ZEST does not have (it "
-                             "keeps them in GPU memory, sharded by the stage); set the device to \"none\" or "
-                             "remove {}",
-                             z.where(key), device, params ? "parameters" : "optimizer state", what, key));
+  return named;
+}
+
+// Opens `key`'s section and reads what both kinds have: device, pin_memory.
+std::optional<Section> open_offload(Section& z, FileState& file, const char* key, OffloadSection& s,
+                                    bool& pin_memory) {
+  std::optional<Section> o = z.sub(key, Unknown::kRefuse);
+  if (!o) return o;
+  s.present = true;
+  read_device(*o, file, s);
+  o->read_bool("pin_memory", pin_memory);
+  return o;
+}
+
+// After the section's keys: "nvme" refused, naming the NVMe keys nothing
+// will read; "cpu" where DeepSpeed does not act on it (`inert` says why, empty
+// where it acts) noted and dropped; "none" noted.
+void settle_offload(Section& z, FileState& file, const Section& o, const char* key, const char* what,
+                    const std::string& named, const std::string& inert, OffloadSection& s) {
+  if (s.nvme) {
+    file.problem(fmt::format("{} is \"nvme\": that asks for offloading {} to NVMe (ZeRO-Infinity), which ZEST does "
+                             "not have (it offloads to CPU memory only){}; set the device to \"cpu\" or \"none\"",
+                             o.where("device"), what,
+                             named.empty() ? "" : fmt::format(", and so nothing reads {}", named)));
+  } else if (!s.cpu) {
+    file.ignored(z.where(key), "device \"none\": nothing is offloaded");
+  } else if (!inert.empty()) {
+    file.ignored(z.where(key), inert);
+    s.cpu = false;
   }
 }
 
-// The deprecated booleans that stand for an offload section.
-void read_deprecated_offload(Section& z, FileState& file, int stage) {
-  if (const json* v = z.get("cpu_offload")) {
-    if (is_on(*v)) {
-      z.feature_problem("cpu_offload", *v, "optimizer-state offload to CPU memory (ZeRO-Offload; cpu_offload is the "
-                                           "old name of offload_optimizer)");
+OffloadSection read_offload_optimizer(Section& z, FileState& file, int stage) {
+  OffloadSection s;
+  OffloadOptimizerConfig& c = file.out.offload_optimizer;
+  std::optional<Section> o = open_offload(z, file, "offload_optimizer", s, c.pin_memory);
+  if (!o) return s;
+  o->read_double("ratio", c.ratio, 0.0, 1.0);
+  const std::string named =
+      nvme_keys(*o, file, {"nvme_path", "buffer_count", "pipeline_read", "pipeline_write", "fast_init"}, s.nvme);
+  // Newer DeepSpeed's keys for Superchips (Grace Hopper) and CPU Adam.
+  o->refuse_if("super_offload", is_on, "DeepSpeed's SuperOffload for Superchips", "false, as in ZEST");
+  o->ignore("convert_grad_on_cpu", "where DeepSpeed converts offloaded gradients to fp32; ZEST's host update reads "
+                                   "the compute dtype and computes the same values");
+  o->ignore("cpuadam_cores_perc", "the share of cores DeepSpeed's SuperOffload CPU Adam uses");
+  o->finish();
+  // DeepSpeedZeroConfig.offload_ratio_check: the section with a ratio < 1 is
+  // an error at stages 0-2, whatever its device.
+  if (c.ratio < 1.0 && stage != 3) {
+    file.problem(fmt::format("{} is {} at stage {}: DeepSpeed allows partial offload only at stage 3 and refuses "
+                             "this file; set stage 3, or ratio 1 (in code, EngineConfig::offload_optimizer.ratio "
+                             "below 1 works at stages 1-3)",
+                             o->where("ratio"), c.ratio, stage));
+  }
+  // ZeRO off: DeepSpeed's fp16/bf16 optimizers never offload.
+  settle_offload(z, file, *o, "offload_optimizer", "optimizer state", named,
+                 stage == 0 ? "device \"cpu\" at stage 0: DeepSpeed offloads the optimizer only under ZeRO (stages "
+                              "1-3), and so does ZEST; nothing is offloaded"
+                            : "",
+                 s);
+  if (s.cpu) c.device = OffloadDevice::kCpu;
+  return s;
+}
+
+OffloadSection read_offload_param(Section& z, FileState& file, int stage) {
+  OffloadSection s;
+  OffloadParamConfig& c = file.out.offload_param;
+  std::optional<Section> o = open_offload(z, file, "offload_param", s, c.pin_memory);
+  if (!o) return s;
+  o->read_int("buffer_count", c.buffer_count, 0, kMaxCount);
+  o->read_int("buffer_size", c.buffer_size, 0, kMaxCount);
+  o->read_int("max_in_cpu", c.max_in_cpu, 0, kMaxCount);
+  const std::string named = nvme_keys(*o, file, {"nvme_path"}, s.nvme);
+  o->finish();
+  settle_offload(z, file, *o, "offload_param", "parameters", named,
+                 stage < 3 ? fmt::format("DeepSpeed offloads parameters only at stage 3; this is stage {}, so nothing "
+                                         "is offloaded",
+                                         stage)
+                           : "",
+                 s);
+  if (s.cpu) c.device = OffloadDevice::kCpu;
+  return s;
+}
+
+// DeepSpeed's deprecated booleans (DeepSpeedZeroConfig's deprecated fields):
+// cpu_offload true is offload_optimizer {"device": "cpu"} and
+// cpu_offload_param true is offload_param {"device": "cpu"}, each with the
+// section's defaults (pin_memory false); false is no section. Written
+// together with the section they stand for, DeepSpeed refuses the file.
+// cpu_offload_use_pin_memory is deprecated without a replacement that it
+// sets: DeepSpeed warns and pins nothing.
+void read_deprecated_offload(Section& z, FileState& file, int stage, const OffloadSection& opt,
+                             const OffloadSection& param) {
+  struct Old {
+    const char* key;
+    const char* section;
+    bool written;
+  };
+  for (const Old& old : {Old{"cpu_offload", "offload_optimizer", opt.present},
+                         Old{"cpu_offload_param", "offload_param", param.present}}) {
+    bool on = false;
+    if (!z.read_bool(old.key, on)) continue;
+    if (old.written) {
+      z.problem(old.key, fmt::format("is the deprecated form of {}, and the file writes both: DeepSpeed refuses "
+                                     "that; keep only {}",
+                                     z.where(old.section), z.where(old.section)));
+      continue;
+    }
+    const bool params = std::string_view(old.section) == "offload_param";
+    if (!on) {
+      file.ignored(z.where(old.key), "false: nothing is offloaded");
+    } else if (params && stage < 3) {
+      file.ignored(z.where(old.key), fmt::format("DeepSpeed offloads parameters only at stage 3; this is stage {}, "
+                                                 "so nothing is offloaded",
+                                                 stage));
+    } else if (!params && stage == 0) {
+      file.ignored(z.where(old.key), "true at stage 0: DeepSpeed offloads the optimizer only under ZeRO (stages "
+                                     "1-3), and so does ZEST; nothing is offloaded");
     } else {
-      file.ignored(z.where("cpu_offload"), "false: nothing is offloaded, as in ZEST");
+      file.ignored(z.where(old.key), fmt::format("deprecated: read as {} {{\"device\": \"cpu\"}}", old.section));
+      if (params) file.out.offload_param.device = OffloadDevice::kCpu;
+      else file.out.offload_optimizer.device = OffloadDevice::kCpu;
     }
   }
-  if (const json* v = z.get("cpu_offload_param")) {
-    if (is_on(*v) && stage == 3) {
-      z.feature_problem("cpu_offload_param", *v, "parameter offload to CPU memory (ZeRO-Offload)");
-    } else {
-      file.ignored(z.where("cpu_offload_param"), "parameters are offloaded only at stage 3, and only when true");
-    }
+  bool pin = false;
+  if (z.read_bool("cpu_offload_use_pin_memory", pin)) {
+    file.ignored(z.where("cpu_offload_use_pin_memory"),
+                 "deprecated, and DeepSpeed no longer applies it (it warns and pins nothing): write pin_memory in "
+                 "offload_optimizer or offload_param");
   }
-  z.ignore("cpu_offload_use_pin_memory", "pinning of offloaded memory; ZEST does not offload");
 }
 
 // ZeRO++ and MiCS: other partitionings and quantized communication.
@@ -141,7 +253,8 @@ void read_zero_object(Section& z, FileState& file) {
            "the old name of gather_16bit_weights_on_model_save: ZEST's checkpoints and zest-ckpt export always give "
            "the whole weights");
   z.ignore("sub_group_size", "the tile size of DeepSpeed's offloaded optimizer step; ZEST steps each shard whole");
-  z.ignore("round_robin_gradients", "a copy schedule for CPU offload, which ZEST does not do");
+  z.ignore("round_robin_gradients", "a schedule of DeepSpeed's stage 1-2 gradient copies to the host under CPU "
+                                    "offload; ZEST copies each rank's owned shard in chunks");
   z.ignore("load_from_fp32_weights", "ZEST's checkpoints always restore the fp32 master weights");
   z.ignore("elastic_checkpoint", "no longer supported by DeepSpeed; zest-ckpt reshard changes a checkpoint's ranks");
   z.ignore("ignore_unused_parameters", "a check on DeepSpeed's gradient hooks; ZEST has none (done() per unit)");
@@ -151,9 +264,9 @@ void read_zero_object(Section& z, FileState& file) {
   z.ignore("override_module_apply", "a stage-3 module hook of DeepSpeed's; ZEST does not run the model");
   z.ignore("pipeline_loading_checkpoint", "checkpoint loading for DeepSpeed's pipeline engine");
   z.ignore("log_trace_cache_warnings", "logging of DeepSpeed's stage-3 trace cache");
-  read_offload(z, file, "offload_param", c.stage);
-  read_offload(z, file, "offload_optimizer", c.stage);
-  read_deprecated_offload(z, file, c.stage);
+  const OffloadSection param = read_offload_param(z, file, c.stage);
+  const OffloadSection opt = read_offload_optimizer(z, file, c.stage);
+  read_deprecated_offload(z, file, c.stage, opt, param);
   read_zero_variants(z);
   z.finish();
 }

@@ -9,19 +9,13 @@
 
 #include "zest/config/config.h"
 #include "zest/core/check.h"
+#include "config_test_helpers.h"
 
 using namespace zest;
+using zest::test::error_of;
+using zest::test::ignored_reason;
 
 namespace {
-
-std::string error_of(const std::string& text, const AutoValues& program = {}) {
-  try {
-    (void)parse_config_json(text, program);
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "no error";
-}
 
 std::string file_error(const std::string& path) {
   try {
@@ -30,13 +24,6 @@ std::string file_error(const std::string& path) {
     return e.message();
   }
   return "no error";
-}
-
-// The reason noted for an ignored key, or "" when it was not ignored.
-std::string ignored_reason(const EngineConfig& c, const std::string& key) {
-  for (const ConfigNote& n : c.ignored)
-    if (n.key == key) return n.text;
-  return "";
 }
 
 }  // namespace
@@ -158,11 +145,10 @@ TEST_CASE("a feature ZEST lacks is refused by name, never as an unknown key") {
     const char* feature;
   };
   const Case cases[] = {
-      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})",
-       "offloading optimizer state to CPU memory (ZeRO-Offload)"},
+      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})",
+       "offloading optimizer state to NVMe (ZeRO-Infinity)"},
       {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
        "offloading parameters to NVMe (ZeRO-Infinity)"},
-      {R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})", "optimizer-state offload to CPU memory"},
       {R"({"optimizer": {"type": "Lamb", "params": {"lr": 0.1, "max_coeff": 0.3}}})", "the LAMB optimizer"},
       {R"({"optimizer": {"type": "OneBitAdam"}})", "1-bit Adam"},
       {R"({"optimizer": {"type": "RMSprop"}})", "torch.optim.RMSprop"},
@@ -195,17 +181,20 @@ TEST_CASE("a feature ZEST lacks is refused by name, never as an unknown key") {
   // false, DeepSpeed's default values.
   const EngineConfig off = parse_config_json(R"({
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none", "pin_memory": true},
-                          "offload_param": {"device": "none"}, "cpu_offload": false},
+                          "offload_param": {"device": "none"}, "cpu_offload_use_pin_memory": false},
     "curriculum_learning": {"enabled": false}, "prescale_gradients": false, "gradient_predivide_factor": 1.0,
     "activation_checkpointing": {"partition_activations": false, "profile": true},
     "communication_data_type": null, "sparse_gradients": false})");
   CHECK(off.zero.stage == 3);
-  CHECK(ignored_reason(off, "zero_optimization.offload_optimizer") == "device \"none\": nothing is offloaded, as in ZEST");
+  CHECK(ignored_reason(off, "zero_optimization.offload_optimizer") == "device \"none\": nothing is offloaded");
+  CHECK(off.offload_optimizer.device == OffloadDevice::kNone);
+  CHECK(off.offload_optimizer.pin_memory);  // read, though nothing is offloaded
   CHECK(ignored_reason(off, "curriculum_learning") == "curriculum learning is off");
   // DeepSpeed offloads parameters only at stage 3.
   const EngineConfig z0 = parse_config_json(R"({"zero_optimization": {"stage": 0, "offload_param": {"device": "cpu"}}})");
   CHECK(ignored_reason(z0, "zero_optimization.offload_param") ==
-        "DeepSpeed offloads parameters only at stage 3; this is stage 0");
+        "DeepSpeed offloads parameters only at stage 3; this is stage 0, so nothing is offloaded");
+  CHECK(z0.offload_param.device == OffloadDevice::kNone);
 }
 
 TEST_CASE("keys about what ZEST does not do are accepted and listed with the reason") {
@@ -262,14 +251,14 @@ TEST_CASE("aliases and DeepSpeed's older names") {
 TEST_CASE("every problem of a file is listed in one error, each with its key path") {
   const std::string e = error_of(R"({
     "train_batch_size": "lots", "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": -1,
-    "offload_param": {"device": "cpu"}, "stgae": 1}, "fp16": {"enabled": 1}, "optimizer": {"type": "Lamb"},
+    "offload_param": {"device": "nvme"}, "stgae": 1}, "fp16": {"enabled": 1}, "optimizer": {"type": "Lamb"},
     "steps_per_print": 10})");
   CHECK(e == "config: 6 problems:\n"
              "  - train_batch_size must be a whole number, got \"lots\"\n"
              "  - zero_optimization.stage3_prefetch_bucket_size is -1; allowed: 0 to 1125899906842624\n"
-             "  - zero_optimization.offload_param.device is \"cpu\": that asks for offloading parameters to CPU "
-             "memory (ZeRO-Offload), which ZEST does not have (it keeps them in GPU memory, sharded by the stage); "
-             "set the device to \"none\" or remove offload_param\n"
+             "  - zero_optimization.offload_param.device is \"nvme\": that asks for offloading parameters to "
+             "NVMe (ZeRO-Infinity), which ZEST does not have (it offloads to CPU memory only); set the device to "
+             "\"cpu\" or \"none\"\n"
              "  - " + error_of(R"({"zero_optimization": {"stgae": 1}})").substr(8) + "\n"
              "  - fp16.enabled must be true or false, got 1\n"
              "  - optimizer.type is \"Lamb\": that asks for the LAMB optimizer, which ZEST does not have; it has "

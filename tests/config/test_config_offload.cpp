@@ -1,0 +1,172 @@
+// zero_optimization.offload_optimizer / offload_param and their deprecated
+// forms, read with DeepSpeed's semantics (deepspeed/runtime/zero/config.py
+// and offload_config.py): defaults, the stages at which each acts, the ratio
+// check, "nvme" refused by name, NVMe-only keys noted.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <string>
+
+#include "zest/config/config.h"
+#include "config_test_helpers.h"
+
+using namespace zest;
+using zest::test::error_of;
+using zest::test::ignored_reason;
+
+TEST_CASE("offload defaults are DeepSpeed's") {
+  // DeepSpeedZeroOffloadOptimizerConfig: pin_memory False, ratio 1.0;
+  // DeepSpeedZeroOffloadParamConfig: buffer_count 5, buffer_size 1e8,
+  // max_in_cpu 1e9, pin_memory False; device "none" in both.
+  const EngineConfig c = parse_config_json("{}");
+  CHECK(c.offload_optimizer.device == OffloadDevice::kNone);
+  CHECK_FALSE(c.offload_optimizer.pin_memory);
+  CHECK(c.offload_optimizer.ratio == 1.0);
+  CHECK_FALSE(c.offload_optimizer.delayed_update);
+  CHECK(c.offload_param.device == OffloadDevice::kNone);
+  CHECK_FALSE(c.offload_param.pin_memory);
+  CHECK(c.offload_param.buffer_count == 5);
+  CHECK(c.offload_param.buffer_size == 100'000'000);
+  CHECK(c.offload_param.max_in_cpu == 1'000'000'000);
+  // A section with only a device takes the defaults for the rest.
+  const EngineConfig cpu = parse_config_json(R"({"zero_optimization": {"stage": 2,
+    "offload_optimizer": {"device": "cpu"}}})");
+  CHECK(cpu.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK_FALSE(cpu.offload_optimizer.pin_memory);
+  CHECK(cpu.offload_optimizer.ratio == 1.0);
+  CHECK(cpu.ignored.empty());
+}
+
+TEST_CASE("offload sections set the config with the values written") {
+  const EngineConfig c = parse_config_json(R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "CPU", "pin_memory": true, "ratio": 0.25},
+    "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 7, "buffer_size": 2e7,
+                      "max_in_cpu": 3e8}}})");
+  CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK(c.offload_optimizer.pin_memory);
+  CHECK(c.offload_optimizer.ratio == 0.25);
+  CHECK(c.offload_param.device == OffloadDevice::kCpu);
+  CHECK(c.offload_param.pin_memory);
+  CHECK(c.offload_param.buffer_count == 7);
+  CHECK(c.offload_param.buffer_size == 20'000'000);
+  CHECK(c.offload_param.max_in_cpu == 300'000'000);
+  CHECK(c.ignored.empty());
+  // "auto" for the device is its default, as DeepSpeed drops an unfilled "auto".
+  const EngineConfig a = parse_config_json(R"({"zero_optimization": {"stage": 2,
+    "offload_optimizer": {"device": "auto"}}})");
+  CHECK(a.offload_optimizer.device == OffloadDevice::kNone);
+  REQUIRE(a.auto_filled.size() == 1);
+  CHECK(a.auto_filled[0].key == "zero_optimization.offload_optimizer.device");
+}
+
+TEST_CASE("offload acts at DeepSpeed's stages only") {
+  // offload_optimizer: ZeRO's optimizers (stages 1-3) offload; at stage 0
+  // DeepSpeed's fp16/bf16 optimizers never do.
+  for (int stage : {1, 2, 3}) {
+    const EngineConfig c = parse_config_json(fmt::format(
+        R"({{"zero_optimization": {{"stage": {}, "offload_optimizer": {{"device": "cpu"}}}}}})", stage));
+    CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
+  }
+  const EngineConfig z0 = parse_config_json(R"({"zero_optimization": {"stage": 0,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true}}})");
+  CHECK(z0.offload_optimizer.device == OffloadDevice::kNone);
+  CHECK(ignored_reason(z0, "zero_optimization.offload_optimizer") ==
+        "device \"cpu\" at stage 0: DeepSpeed offloads the optimizer only under ZeRO (stages 1-3), and so does "
+        "ZEST; nothing is offloaded");
+  // offload_param: stage 3 only.
+  for (int stage : {0, 1, 2}) {
+    const EngineConfig c = parse_config_json(fmt::format(
+        R"({{"zero_optimization": {{"stage": {}, "offload_param": {{"device": "cpu"}}}}}})", stage));
+    CHECK(c.offload_param.device == OffloadDevice::kNone);
+    CHECK(ignored_reason(c, "zero_optimization.offload_param") ==
+          fmt::format("DeepSpeed offloads parameters only at stage 3; this is stage {}, so nothing is offloaded",
+                      stage));
+  }
+}
+
+TEST_CASE("offload_optimizer.ratio: [0, 1], and below 1 only at stage 3") {
+  CHECK(parse_config_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
+    "ratio": 0}}})").offload_optimizer.ratio == 0.0);
+  CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}})") ==
+        "config: zero_optimization.offload_optimizer.ratio is 1.5; allowed: 0 to 1");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"ratio": -0.1}}})") ==
+        "config: zero_optimization.offload_optimizer.ratio is -0.1; allowed: 0 to 1");
+  // DeepSpeedZeroConfig.offload_ratio_check, whatever the device.
+  for (const char* device : {"cpu", "none"}) {
+    CAPTURE(device);
+    CHECK(error_of(fmt::format(R"({{"zero_optimization": {{"stage": 2, "offload_optimizer": {{"device": "{}",
+      "ratio": 0.5}}}}}})", device)) ==
+          "config: zero_optimization.offload_optimizer.ratio is 0.5 at stage 2: DeepSpeed allows partial offload "
+          "only at stage 3 and refuses this file; set stage 3, or ratio 1 (in code, "
+          "EngineConfig::offload_optimizer.ratio below 1 works at stages 1-3)");
+  }
+}
+
+TEST_CASE("nvme is refused by name; NVMe-only keys are noted with any other device") {
+  CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+    "nvme_path": "/local_nvme", "buffer_count": 4, "fast_init": false}}})") ==
+        "config: zero_optimization.offload_optimizer.device is \"nvme\": that asks for offloading optimizer state "
+        "to NVMe (ZeRO-Infinity), which ZEST does not have (it offloads to CPU memory only), and so nothing reads "
+        "nvme_path, buffer_count, fast_init; set the device to \"cpu\" or \"none\"");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})") ==
+        "config: zero_optimization.offload_param.device is \"nvme\": that asks for offloading parameters to NVMe "
+        "(ZeRO-Infinity), which ZEST does not have (it offloads to CPU memory only); set the device to \"cpu\" or "
+        "\"none\"");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})") ==
+        "config: zero_optimization.offload_param.device is \"gpu\" (did you mean \"cpu\"?); allowed: none, cpu, nvme");
+  // DeepSpeed's docs write the NVMe keys next to device "cpu": they load,
+  // noted by name.
+  const EngineConfig c = parse_config_json(R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme", "buffer_count": 4, "pipeline_read": false,
+                          "pipeline_write": false, "fast_init": false},
+    "offload_param": {"device": "cpu", "nvme_path": "/local_nvme"}}})");
+  CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK(c.offload_param.device == OffloadDevice::kCpu);
+  const char* const nvme = "an NVMe offload setting: DeepSpeed reads it only with device \"nvme\", and ZEST has no "
+                           "NVMe offload";
+  for (const char* key : {"offload_optimizer.nvme_path", "offload_optimizer.buffer_count",
+                          "offload_optimizer.pipeline_read", "offload_optimizer.pipeline_write",
+                          "offload_optimizer.fast_init", "offload_param.nvme_path"}) {
+    CAPTURE(key);
+    CHECK(ignored_reason(c, std::string("zero_optimization.") + key) == nvme);
+  }
+  CHECK(c.ignored.size() == 6);
+  // An unknown key in a section is refused, as DeepSpeed's models forbid extras.
+  CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memroy": true}}})")
+            .find("unknown key 'zero_optimization.offload_param.pin_memroy' in zero_optimization.offload_param "
+                  "(did you mean 'pin_memory'?)") != std::string::npos);
+}
+
+TEST_CASE("the deprecated cpu_offload, cpu_offload_param and cpu_offload_use_pin_memory") {
+  // true stands for the section with device "cpu" and its defaults.
+  const EngineConfig c = parse_config_json(R"({"zero_optimization": {"stage": 3, "cpu_offload": true,
+    "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}})");
+  CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK(c.offload_param.device == OffloadDevice::kCpu);
+  // DeepSpeed marks cpu_offload_use_pin_memory set_new_param False: it warns
+  // and pins nothing.
+  CHECK_FALSE(c.offload_optimizer.pin_memory);
+  CHECK_FALSE(c.offload_param.pin_memory);
+  CHECK(ignored_reason(c, "zero_optimization.cpu_offload") ==
+        "deprecated: read as offload_optimizer {\"device\": \"cpu\"}");
+  CHECK(ignored_reason(c, "zero_optimization.cpu_offload_use_pin_memory") ==
+        "deprecated, and DeepSpeed no longer applies it (it warns and pins nothing): write pin_memory in "
+        "offload_optimizer or offload_param");
+  // The same stage rules as the sections.
+  const EngineConfig z2 = parse_config_json(R"({"zero_optimization": {"stage": 2, "cpu_offload": true,
+    "cpu_offload_param": true}})");
+  CHECK(z2.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK(z2.offload_param.device == OffloadDevice::kNone);
+  const EngineConfig z0 = parse_config_json(R"({"zero_optimization": {"stage": 0, "cpu_offload": true}})");
+  CHECK(z0.offload_optimizer.device == OffloadDevice::kNone);
+  const EngineConfig off = parse_config_json(R"({"zero_optimization": {"stage": 3, "cpu_offload": false}})");
+  CHECK(off.offload_optimizer.device == OffloadDevice::kNone);
+  CHECK(ignored_reason(off, "zero_optimization.cpu_offload") == "false: nothing is offloaded");
+  // With the section it stands for, DeepSpeed asserts.
+  CHECK(error_of(R"({"zero_optimization": {"stage": 2, "cpu_offload": false,
+    "offload_optimizer": {"device": "cpu"}}})") ==
+        "config: zero_optimization.cpu_offload is the deprecated form of zero_optimization.offload_optimizer, and "
+        "the file writes both: DeepSpeed refuses that; keep only zero_optimization.offload_optimizer");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 2, "cpu_offload": 1}})") ==
+        "config: zero_optimization.cpu_offload must be true or false, got 1");
+}
