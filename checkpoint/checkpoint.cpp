@@ -13,6 +13,7 @@
 #include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
 #include "zest/checkpoint/on_every_rank.h"
+#include "zest/checkpoint/weights_io.h"
 #include "zest/core/file_io.h"
 
 namespace zest {
@@ -158,12 +159,12 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
                "checkpoint '{}' is of another model: {} (the checkpoint's first). Register the same units and "
                "parameters to load it",
                dir, first_difference(theirs, mine));
-    ZEST_CHECK(m.shard_buffers == buffers,
+    ZEST_CHECK(options.weights_only || m.shard_buffers == buffers,
                "checkpoint '{}' was saved with {} ({} optimizer state buffers); this engine's {} has {}", dir,
                m.optimizer, m.shard_buffers - 1, optimizer_name(engine.config().optimizer.kind), buffers - 1);
     for (int u = 0; u < layout.num_units(); ++u) {
       const UnitLayout& U = layout.unit(u);
-      for (int b = 0; b < buffers; ++b) {
+      for (int b = 0; b < (options.weights_only ? 1 : buffers); ++b) {
         std::vector<float> values(U.shard);
         reader.read(b, u, U.shard * static_cast<size_t>(part), values);
         shards[static_cast<size_t>(u)].push_back(std::move(values));
@@ -183,6 +184,12 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
                "rank read '{}'): `latest` moved while they read it. Is another job saving to this root? Load again when "
                "it has finished, or name the checkpoint with a tag",
                root, all[1], r, all[2 * r + 1], dir);
+  }
+  if (options.weights_only) {
+    std::vector<std::vector<float>> masters;
+    for (auto& unit : shards) masters.push_back(std::move(unit[0]));
+    start_from_weights(engine, masters);
+    return dir;
   }
   for (int u = 0; u < layout.num_units(); ++u) {
     for (int b = 0; b < buffers; ++b) engine.write_shard(u, b, shards[static_cast<size_t>(u)][static_cast<size_t>(b)]);

@@ -49,6 +49,11 @@ struct CheckpointOptions {
   // Called on rank 0 with a line of progress (large models take a while).
   // Unset: saves of 1 GiB of shards or more log the lines at info level.
   std::function<void(const std::string&)> progress;
+  // load_checkpoint only: read the master weights alone, for fine-tuning
+  // (DeepSpeed's load_module_only): the optimizer state is zeroed, the step
+  // counts restart at 0, the loss scaler and learning rate stay this
+  // engine's, and the checkpoint may have been saved with another optimizer.
+  bool weights_only = false;
 };
 
 // Collective. Returns the checkpoint's directory.

@@ -108,6 +108,7 @@ std::string manifest_to_json(const CheckpointManifest& m) {
       {"progress",
        {{"applied_steps", m.progress.applied_steps},
         {"skipped_steps", m.progress.skipped_steps},
+        {"lr_override", m.progress.lr_override ? json(*m.progress.lr_override) : json(nullptr)},
         {"loss_scaler",
          {{"scale", s.scale},
           {"iteration", s.iteration},
@@ -148,6 +149,12 @@ CheckpointManifest parse_manifest(const std::string& json_text, const std::strin
   const json& progress = r.field(doc, "progress", "manifest");
   m.progress.applied_steps = r.integer(progress, "applied_steps", "progress", 0, kMaxCount);
   m.progress.skipped_steps = r.integer(progress, "skipped_steps", "progress", 0, kMaxCount);
+  // Absent in checkpoints saved before set_lr() existed.
+  if (progress.contains("lr_override") && !progress["lr_override"].is_null()) {
+    m.progress.lr_override = r.number(progress, "lr_override", "progress");
+    ZEST_CHECK(std::isfinite(*m.progress.lr_override) && *m.progress.lr_override >= 0,
+               "checkpoint manifest '{}': progress.lr_override must be a finite number of 0 or more", path);
+  }
   const json& ls = r.field(progress, "loss_scaler", "progress");
   m.progress.loss_scaler.scale = r.number(ls, "scale", "progress.loss_scaler");
   ZEST_CHECK(std::isfinite(m.progress.loss_scaler.scale) && m.progress.loss_scaler.scale > 0,

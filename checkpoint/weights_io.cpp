@@ -117,12 +117,22 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
       }
     }
   });
+  start_from_weights(engine, masters);
+}
+
+void start_from_weights(Engine& engine, const std::vector<std::vector<float>>& masters) {
+  const ModelLayout& layout = engine.layout();
+  ZEST_INTERNAL_ASSERT(masters.size() == static_cast<size_t>(layout.num_units()));
   for (int u = 0; u < layout.num_units(); ++u) {
     const std::vector<float> zeros(layout.unit(u).shard, 0.0f);
     engine.write_shard(u, 0, masters[static_cast<size_t>(u)]);
     for (int b = 1; b < engine.shard_buffers(); ++b) engine.write_shard(u, b, zeros);
   }
-  engine.restore(Engine::Progress{0, 0, engine.progress().loss_scaler});
+  // The loss scaler and a set_lr() value stay this engine's.
+  Engine::Progress fresh = engine.progress();
+  fresh.applied_steps = 0;
+  fresh.skipped_steps = 0;
+  engine.restore(fresh);
 }
 
 }  // namespace zest

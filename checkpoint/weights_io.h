@@ -52,4 +52,10 @@ struct WeightsImportOptions {
 // starting point.
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options = {});
 
+// Collective. What import_weights and a weights-only load_checkpoint do with
+// the values they read: `masters[u]` (this rank's shard of unit u) become the
+// master weights and parameters, the optimizer state is zeroed and the step
+// counts restart at 0; the loss scaler and a set_lr() value are kept.
+void start_from_weights(Engine& engine, const std::vector<std::vector<float>>& masters);
+
 }  // namespace zest

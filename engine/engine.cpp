@@ -442,7 +442,7 @@ bool Engine::persistent(int unit) const {
 }
 
 Engine::Progress Engine::progress() const {
-  return {impl_->applied, impl_->skipped, impl_->scaler.state()};
+  return {impl_->applied, impl_->skipped, impl_->scaler.state(), impl_->lr_override};
 }
 
 std::vector<int64_t> Engine::all_gather_scalars(std::span<const int64_t> mine) {
@@ -538,6 +538,11 @@ void Engine::restore(const Progress& progress) {
   im.skipped = progress.skipped_steps;
   im.scaler.load_state(progress.loss_scaler);
   settle_offload();
+  if (progress.lr_override) {
+    set_lr(*progress.lr_override);
+  } else {
+    im.lr_override.reset();
+  }
   const ModelLayout& L = *im.layout;
   const size_t bc = elem_size(compute_dtype_);
   const Stream host = Stream::default_for(Device::host());

@@ -79,6 +79,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -182,6 +183,28 @@ class Engine {
   // Call once per micro-step, after every unit's gradients are done.
   StepResult step();
 
+  // --- learning rate ---
+  //
+  // An optimizer step's learning rate is, first found: the value of the
+  // last set_lr(); else the set_lr_schedule() callback at the number of
+  // steps applied before it (0 for the first step); else the config's
+  // scheduler (lr_schedule.h). StepResult::lr reports the one used.
+  //
+  // Checkpoints: a set_lr() value is saved and restored with the progress
+  // (a fine-tuning run that loaded one calls clear_lr() to return to its
+  // schedule). A callback is code, not state: it is not saved; set it again
+  // after loading, and since it is a function of the applied steps, which
+  // are restored, it resumes where it left off.
+  using LrSchedule = std::function<double(int64_t applied_steps)>;
+  // Every following step uses `lr` (finite, >= 0) until clear_lr().
+  void set_lr(double lr);
+  void clear_lr();
+  // Replaces the config's scheduler; an empty function restores it. A
+  // callback returning a negative or non-finite value fails the step.
+  void set_lr_schedule(LrSchedule schedule);
+  // The learning rate the next optimizer step will use.
+  double next_lr() const;
+
   // --- inspection ---
 
   const EngineConfig& config() const { return config_; }
@@ -210,6 +233,7 @@ class Engine {
     int64_t applied_steps = 0;
     int64_t skipped_steps = 0;
     LossScalerState loss_scaler;
+    std::optional<double> lr_override;  // set_lr()'s value, when set
   };
   Progress progress() const;
   // Micro-steps taken since the last optimizer step: 0 at a gradient

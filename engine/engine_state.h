@@ -82,6 +82,8 @@ struct Engine::Impl {
   bool local_accumulation = false;
   int64_t applied = 0;
   int64_t skipped = 0;
+  std::optional<double> lr_override;  // set_lr()
+  LrSchedule lr_schedule;             // set_lr_schedule()
 
   // Units whose gradients are done and not yet reduced, and their size.
   std::vector<int> pending;

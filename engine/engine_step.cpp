@@ -145,7 +145,7 @@ StepResult Engine::step() {
       result.clipped = true;
     }
   }
-  result.lr = lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied);
+  result.lr = next_lr();
   StepScalars scalars;
   scalars.lr = static_cast<float>(result.lr);
   scalars.step = im.applied + 1;
@@ -204,6 +204,27 @@ StepResult Engine::step() {
   result.applied_steps = ++im.applied;
   result.times = std::exchange(im.times, StepTimes{});
   return result;
+}
+
+void Engine::set_lr(double lr) {
+  ZEST_CHECK(std::isfinite(lr) && lr >= 0.0, "set_lr({}): the learning rate must be finite and 0 or more", lr);
+  impl_->lr_override = lr;
+}
+
+void Engine::clear_lr() { impl_->lr_override.reset(); }
+
+void Engine::set_lr_schedule(LrSchedule schedule) { impl_->lr_schedule = std::move(schedule); }
+
+double Engine::next_lr() const {
+  const Impl& im = *impl_;
+  if (im.lr_override) return *im.lr_override;
+  if (!im.lr_schedule) return lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied);
+  const double lr = im.lr_schedule(im.applied);
+  ZEST_CHECK(std::isfinite(lr) && lr >= 0.0,
+             "the lr schedule set with set_lr_schedule() returned {} after {} applied steps; it must return a finite "
+             "learning rate of 0 or more",
+             lr, im.applied);
+  return lr;
 }
 
 // Stages 1-2 (and persistent units at stage 3): every rank updated its part
