@@ -13,7 +13,9 @@
 #include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
 #include "zest/checkpoint/on_every_rank.h"
+#include "zest/checkpoint/user_state_files.h"
 #include "zest/checkpoint/weights_io.h"
+#include "zest/core/crc32.h"
 #include "zest/core/file_io.h"
 
 namespace zest {
@@ -71,10 +73,18 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
     }
   };
 
+  // The program's state, serialized on every rank: the global set too, so
+  // that every rank can check it is the same everywhere.
+  const UserState* user = options.user_state;
+  std::string user_global, user_mine;
   // Rank 0 locks the root and makes the partial directory, whose unique name
   // the others learn from its nonce.
   std::optional<CheckpointPublisher> publisher;
   on_every_rank(engine, "preparing the checkpoint directory", [&] {
+    if (user != nullptr) {
+      user_global = detail::serialize_user_blobs(user->global, "user state 'global'");
+      user_mine = detail::serialize_user_blobs(user->per_rank, fmt::format("user state 'per_rank' of rank {}", rank));
+    }
     if (rank0) publisher.emplace(root, tag);
   });
   const int64_t nonce[1] = {rank0 ? static_cast<int64_t>(publisher->nonce()) : 0};
@@ -83,9 +93,21 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
 
   // Every rank that owns a shard writes it: the master weights of every unit
   // in order, then each optimizer state buffer the same way.
-  int64_t bytes = 0, crc = 0;
+  int64_t bytes = 0, crc = 0, user_bytes = 0, user_crc = 0;
   const bool writes = rank < layout.partitions();
   on_every_rank(engine, "writing the shard files", [&] {
+    if (user != nullptr) {
+      AtomicFile mine((partial / user_rank_file_name(rank)).string());
+      mine.write(user_mine);
+      mine.commit();
+      user_bytes = static_cast<int64_t>(mine.bytes_written());
+      user_crc = mine.crc32();
+      if (rank0) {
+        AtomicFile global((partial / kUserGlobalFile).string());
+        global.write(user_global);
+        global.commit();
+      }
+    }
     if (!writes) return;
     AtomicFile file((partial / shard_file_name(rank)).string());
     for (int b = 0; b < engine.shard_buffers(); ++b) {
@@ -99,8 +121,30 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
     bytes = static_cast<int64_t>(file.bytes_written());
     crc = file.crc32();
   });
-  const int64_t mine[2] = {bytes, crc};
+  // Per rank: its shard file, whether it gave user state, its per-rank
+  // file, and its global set's size and CRC-32.
+  constexpr size_t kFields = 8;
+  const int64_t mine[kFields] = {bytes,
+                                 crc,
+                                 user != nullptr ? 1 : 0,
+                                 user_bytes,
+                                 user_crc,
+                                 user != nullptr ? static_cast<int64_t>(user->per_rank.size()) : 0,
+                                 static_cast<int64_t>(user_global.size()),
+                                 crc32(user_global.data(), user_global.size())};
   const std::vector<int64_t> files = engine.all_gather_scalars(mine);
+  const auto field = [&](int r, size_t f) { return files[static_cast<size_t>(r) * kFields + f]; };
+  // Every rank sees every rank's values, so every rank fails alike.
+  for (int r = 1; r < world; ++r) {
+    ZEST_CHECK(field(r, 2) == field(0, 2),
+               "save_checkpoint: CheckpointOptions::user_state is {} on rank 0 and {} on rank {}: set it on every "
+               "rank or on none",
+               field(0, 2) ? "set" : "unset", field(r, 2) ? "set" : "unset", r);
+    ZEST_CHECK(field(r, 6) == field(0, 6) && field(r, 7) == field(0, 7),
+               "save_checkpoint: the user state 'global' differs between rank 0 and rank {} ({} and {} bytes, "
+               "CRC-32 {:08x} and {:08x}); it must be the same on every rank: put what differs into per_rank",
+               r, field(0, 6), field(r, 6), field(0, 7), field(r, 7));
+  }
 
   on_every_rank(engine, "publishing the checkpoint", [&] {
     if (!rank0) return;
@@ -122,15 +166,22 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
       m.units.push_back(std::move(spec));
     }
     for (int r = 0; r < m.partitions; ++r) {
-      m.files.push_back({shard_file_name(r), static_cast<uint64_t>(files[2 * static_cast<size_t>(r)]),
-                         static_cast<uint32_t>(files[2 * static_cast<size_t>(r) + 1])});
+      m.files.push_back({shard_file_name(r), static_cast<uint64_t>(field(r, 0)), static_cast<uint32_t>(field(r, 1))});
+    }
+    if (user != nullptr) {
+      m.user_global = UserStateFile{kUserGlobalFile, static_cast<uint64_t>(field(0, 6)),
+                                    static_cast<uint32_t>(field(0, 7)), user->global.size()};
+      for (int r = 0; r < world; ++r) {
+        m.user_per_rank.push_back({user_rank_file_name(r), static_cast<uint64_t>(field(r, 3)),
+                                   static_cast<uint32_t>(field(r, 4)), static_cast<uint64_t>(field(r, 5))});
+      }
     }
     write_manifest(partial.string(), m);
     publisher->publish();
     // Published: a failing progress callback must not turn it into an error.
     try {
       say(fmt::format("checkpoint {} saved: {} shard files, {} bytes", dir.string(), m.partitions,
-                      m.partitions * files[0]));
+                      m.partitions * field(0, 0)));
     } catch (const std::exception& e) {
       ZEST_LOG_WARN("checkpoint {} saved; its progress callback failed: {}", dir.string(), e.what());
     }
@@ -149,6 +200,7 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
   // leaves the engine as it was.
   std::vector<std::vector<std::vector<float>>> shards(static_cast<size_t>(layout.num_units()));
   Engine::Progress progress;
+  UserState user;
   on_every_rank(engine, "loading the checkpoint", [&] {
     if (dir.empty()) dir = latest_checkpoint_dir(root);
     CheckpointReader reader(dir);
@@ -171,6 +223,9 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
       }
     }
     progress = m.progress;
+    if (options.user_state != nullptr) {
+      user = read_user_state(dir, m, engine.comm().rank(), engine.comm().size(), options.per_rank_user_state);
+    }
   });
   // Each rank resolved `latest` itself: a save moving it meanwhile (another
   // job on the same root) would have ranks load different checkpoints.
@@ -185,6 +240,7 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
                "it has finished, or name the checkpoint with a tag",
                root, all[1], r, all[2 * r + 1], dir);
   }
+  if (options.user_state != nullptr) *options.user_state = std::move(user);
   if (options.weights_only) {
     std::vector<std::vector<float>> masters;
     for (auto& unit : shards) masters.push_back(std::move(unit[0]));

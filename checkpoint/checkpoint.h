@@ -12,6 +12,8 @@
 //   rank_00003.bin    rank 3's owned fp32 shards: the master weights of every
 //                     unit in order, then each optimizer state buffer the same
 //                     way (stage 0: rank 0's file holds everything)
+//   user_global.bin   the program's own state, when it gave one
+//   user_rank_00003.bin  (CheckpointOptions::user_state, user_state.h)
 //
 // A save is atomic (Note [crash-safe publish] in checkpoint_publish.h): rank
 // 0 locks the root, every file is written under a unique temporary name into
@@ -35,6 +37,7 @@
 #include <functional>
 #include <string>
 
+#include "zest/checkpoint/user_state.h"
 #include "zest/engine/engine.h"
 
 namespace zest {
@@ -54,6 +57,13 @@ struct CheckpointOptions {
   // counts restart at 0, the loss scaler and learning rate stay this
   // engine's, and the checkpoint may have been saved with another optimizer.
   bool weights_only = false;
+  // The program's own state (user_state.h). save_checkpoint: saved with the
+  // checkpoint when set (on every rank, or on none). load_checkpoint: when
+  // set, replaced by the state saved (empty sets when the checkpoint has
+  // none), once everything was read and checked.
+  UserState* user_state = nullptr;
+  // load_checkpoint: per-rank user state saved at another world size.
+  PerRankUserState per_rank_user_state = PerRankUserState::kFail;
 };
 
 // Collective. Returns the checkpoint's directory.

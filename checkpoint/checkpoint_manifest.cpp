@@ -118,6 +118,15 @@ std::string manifest_to_json(const CheckpointManifest& m) {
       {"units", units},
       {"files", files},
   };
+  if (m.user_global) {
+    const auto entry = [](const UserStateFile& f) {
+      return json{{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}, {"blobs", f.blobs}};
+    };
+    json per_rank = json::array();
+    for (const UserStateFile& f : m.user_per_rank) per_rank.push_back(entry(f));
+    doc["user_state"] = {{"global", entry(*m.user_global)}, {"per_rank", per_rank}};
+  }
+  // Last: it covers every field, the user state's included.
   doc[kChecksumKey] = canonical_crc(doc);
   return doc.dump(1) + "\n";
 }
@@ -197,6 +206,27 @@ CheckpointManifest parse_manifest(const std::string& json_text, const std::strin
                "checkpoint manifest '{}': {}.name '{}' must be a plain file name", path, where,
                escape_for_message(f.name));
     m.files.push_back(std::move(f));
+  }
+  // Absent when the program saved no user state (and before it existed).
+  if (doc.contains("user_state")) {
+    const json& us = doc["user_state"];
+    const auto entry = [&](const json& e, const std::string& where) {
+      UserStateFile f{r.text(e, "name", where), static_cast<uint64_t>(r.integer(e, "bytes", where, 0, int64_t{1} << 50)),
+                      static_cast<uint32_t>(r.integer(e, "crc32", where, 0, 0xFFFFFFFFll)),
+                      static_cast<uint64_t>(r.integer(e, "blobs", where, 0, kMaxCount))};
+      ZEST_CHECK(is_plain_name(f.name) && f.name != kManifestFileName,
+                 "checkpoint manifest '{}': {}.name '{}' must be a plain file name", path, where,
+                 escape_for_message(f.name));
+      return f;
+    };
+    m.user_global = entry(r.field(us, "global", "user_state"), "user_state.global");
+    const json& per_rank = r.array(us, "per_rank", "user_state");
+    ZEST_CHECK(per_rank.empty() || per_rank.size() == static_cast<size_t>(m.world_size),
+               "checkpoint manifest '{}' lists {} per-rank user state files for {} ranks", path, per_rank.size(),
+               m.world_size);
+    for (size_t i = 0; i < per_rank.size(); ++i) {
+      m.user_per_rank.push_back(entry(per_rank[i], fmt::format("user_state.per_rank[{}]", i)));
+    }
   }
   // Last, so that the fields' own checks (which name the field) come first;
   // this one catches what they cannot: entries swapped, a value changed

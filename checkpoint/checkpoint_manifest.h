@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,14 @@ struct ShardFile {
   uint32_t crc32 = 0;
 };
 
+// A user state file (user_state.h); `blobs` is how many it holds.
+struct UserStateFile {
+  std::string name;
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+  uint64_t blobs = 0;
+};
+
 struct CheckpointManifest {
   int format_version = 0;
   int world_size = 1;
@@ -30,6 +39,10 @@ struct CheckpointManifest {
   std::vector<ParamGroupSpec> groups;
   std::vector<UnitSpec> units;
   std::vector<ShardFile> files;
+  // Set when the program saved user state; per-rank files, one per rank of
+  // world_size, or none (zest-ckpt reshard drops them).
+  std::optional<UserStateFile> user_global;
+  std::vector<UserStateFile> user_per_rank;
 
   // The model's layout as it was split when saved.
   ModelLayout layout() const { return ModelLayout(groups, units, partitions); }

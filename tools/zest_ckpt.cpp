@@ -24,6 +24,7 @@
 #include "zest/checkpoint/checkpoint_paths.h"
 #include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
+#include "zest/checkpoint/user_state_files.h"
 #include "zest/core/file_io.h"
 #include "zest/checkpoint/safetensors.h"
 #include "zest/checkpoint/weights_io.h"
@@ -180,6 +181,30 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
     file.commit();
     m.files.push_back({name, file.bytes_written(), file.crc32()});
     fmt::print("reshard: {} written\n", name);
+  }
+  // The program's user state: the global set travels; per-rank sets only to
+  // the same world size, since a rank's state has no owner at another.
+  const auto copy_checked = [&](const UserStateFile& f) {
+    const ReadOnlyFile from((fs::path(r.dir()) / f.name).string());
+    ZEST_CHECK(from.size() == f.bytes && from.crc32() == f.crc32,
+               "checkpoint file '{}' does not match the manifest (size or CRC-32): the checkpoint is damaged",
+               from.path());
+    std::vector<std::byte> bytes(static_cast<size_t>(from.size()));
+    from.read_at(0, bytes);
+    AtomicFile to((fs::path(publisher.partial_dir()) / f.name).string());
+    to.write(bytes);
+    to.commit();
+  };
+  if (m.user_global) {
+    copy_checked(*m.user_global);
+    if (world == r.manifest().world_size) {
+      for (const UserStateFile& f : m.user_per_rank) copy_checked(f);
+    } else if (!m.user_per_rank.empty()) {
+      fmt::print("reshard: the per-rank user state of {} ranks is dropped (a rank's state has no owner at {} "
+                 "ranks); the global user state is kept\n",
+                 r.manifest().world_size, world);
+      m.user_per_rank.clear();
+    }
   }
   write_manifest(publisher.partial_dir(), m);
   publisher.publish();

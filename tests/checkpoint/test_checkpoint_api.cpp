@@ -6,6 +6,7 @@
 #include <random>
 
 #include "engine/engine_harness.h"
+#include "temp_dir.h"
 #include "zest/checkpoint/checkpoint.h"
 
 using namespace zest;
@@ -15,17 +16,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using Params = std::map<std::string, std::vector<float>>;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / fmt::format("zest_ckapi_{:08x}", rd());
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string str() const { return path.string(); }
-};
 
 // On `world` ranks: a finalized engine (initial values from `init`), then
 // `body`; returns rank 0's master parameters after it.
@@ -59,7 +49,7 @@ void check_same(const Params& a, const Params& b) {
 }  // namespace
 
 TEST_CASE("a weights-only load takes the saved parameters bit for bit and starts the optimizer afresh") {
-  TempDir dir;
+  TempDir dir("zest_ckapi");
   EngineConfig adam = base_config(2);
   adam.fp16.enabled = true;  // a loss scaler that moved, which must not come along
   // Three Adam steps on 2 ranks, saved.

@@ -99,4 +99,7 @@ TEST_CASE("config files, checkpoint manifests and units files all go through it"
         }) == "checkpoint manifest 'm.json': manifest.format_version is 9223372036854775808, above the largest "
               "64-bit integer (9223372036854775807); it must be an integer from 1 to 1000000");
   CHECK(error_of([] { (void)parse_model_description(nested(100'000)); }).starts_with("units: byte 5 "));
+  CHECK(error_of([] { (void)parse_model_description(R"([{"name": "a", "params": [4], "name": "b"}])"); })
+            == "units: byte 36 (at [0].name): the key \"name\" appears twice in one object; each key may appear "
+               "once (which of the two was meant?)");
 }
