@@ -29,6 +29,20 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
              "shard of the gradients between micro-steps, so they reduce every micro-step; turn it "
              "off or use stage 0 or 1",
              c.zero.stage);
+  const DType compute = c.compute_dtype();
+  ZEST_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == compute || *c.grad_accum_dtype == DType::kFloat32,
+             "data_types.grad_accum_dtype is {} with {} compute: ZEST accumulates gradients in the compute dtype "
+             "or in fp32; set it to \"fp32\" or \"{}\", or remove it",
+             dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute), dtype_name(compute));
+  ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.grad_accum_dtype.value_or(compute) == compute,
+             "zero.reduce_at_accumulation_boundary with data_types.grad_accum_dtype {} under {} compute: the "
+             "local accumulation adds in the compute dtype; turn one of them off",
+             dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute));
+  ZEST_CHECK(c.offload_optimizer.device == OffloadDevice::kNone || c.grad_accum_dtype.value_or(compute) == compute,
+             "zero_optimization.offload_optimizer with data_types.grad_accum_dtype {} under {} compute is not yet "
+             "supported: the host optimizer reads gradients of the compute dtype; remove grad_accum_dtype or the "
+             "offload",
+             dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute));
   ZEST_CHECK(c.gradient_clipping >= 0.0, "gradient_clipping is {}: it must be >= 0 (0: off)",
              c.gradient_clipping);
   c.optimizer.validate();
@@ -81,6 +95,7 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
       allocator_(allocator),
       stream_(stream),
       compute_dtype_(config_.compute_dtype()),
+      grad_accum_dtype_(config_.grad_accum_dtype.value_or(compute_dtype_)),
       impl_(std::make_unique<Impl>(config_.fp16.scaler())),
       comm_alive_(comm.lifetime()),
       allocator_alive_(allocator.lifetime()) {
@@ -203,9 +218,10 @@ std::string describe_hyperparameters(const EngineConfig& c) {
   const LrScheduleConfig& s = c.scheduler;
   const Fp16Config& f = c.fp16;
   std::string out;
-  out += fmt::format("config stage {} compute {} gradient_accumulation_steps {} gradient_clipping {}\n",
+  out += fmt::format("config stage {} compute {} gradient_accumulation_steps {} grad_accum_dtype {} "
+                     "gradient_clipping {}\n",
                      c.zero.stage, dtype_name(c.compute_dtype()), c.accumulation_steps(),
-                     c.gradient_clipping);
+                     dtype_name(c.grad_accum_dtype.value_or(c.compute_dtype())), c.gradient_clipping);
   // Ranks that disagree would wait in different reductions.
   out += fmt::format("config reduce_at_accumulation_boundary {}\n", c.zero.reduce_at_accumulation_boundary);
   out += fmt::format("config optimizer {} lr {} weight_decay {} betas [{}, {}] eps {} "
@@ -335,10 +351,11 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       st.grads_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kGradients);
     }
     if (stage >= 2 || accumulating) {
-      // Local accumulation adds whole unreduced gradients; otherwise the
-      // accumulator holds reduced owned shards.
+      // Local accumulation adds whole unreduced gradients (in the compute
+      // dtype, which grad_accum_dtype then is); otherwise the accumulator
+      // holds reduced owned shards, in grad_accum_dtype.
       const size_t numel = im.local_accumulation ? unit.padded : unit.shard;
-      st.grad_acc = allocator_.allocate_buffer(numel * bc, stream_, MemoryCategory::kGradients);
+      st.grad_acc = allocator_.allocate_buffer(numel * elem_size(grad_accum_dtype_), stream_, MemoryCategory::kGradients);
     }
     const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
     st.host_numel = std::min(unit.shard, im.host_numel - std::min(im.host_numel, L.owned_offset(u)));

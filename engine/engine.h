@@ -24,8 +24,8 @@
 //      (prefetching the next one in the order recorded on the first
 //      iteration) and the handle's end releases it
 //
-// Gradients are averaged over ranks each micro-step and accumulated in the
-// compute dtype; step() divides by the accumulation steps and the loss scale,
+// Gradients are averaged over ranks each micro-step (in the compute dtype)
+// and accumulated in grad_accum_dtype(); step() divides by the accumulation steps and the loss scale,
 // clips by the global norm, and steps the owned shards. Every operation on
 // the gradients is elementwise, and the norm is an exact sum of per-chunk
 // sums (optim/grad_norm.h), so all stages give bit-identical parameters on
@@ -210,6 +210,11 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   int stage() const { return config_.zero.stage; }
   DType compute_dtype() const { return compute_dtype_; }
+  // What gradients are accumulated in across micro-steps, and kept in at
+  // stages 2-3 (data_types.grad_accum_dtype): the compute dtype, or fp32.
+  // Unset, ZEST takes the compute dtype at every stage (DeepSpeed takes fp32
+  // for bf16 at stage 0), so that the stages stay bit-identical.
+  DType grad_accum_dtype() const { return grad_accum_dtype_; }
   // The compute stream given at construction.
   Stream stream() const { return stream_; }
   const ModelLayout& layout() const;
@@ -307,6 +312,7 @@ class Engine {
   // engine_step.cpp
   void end_micro_step();
   const void* reduced_grad(int unit) const;
+  DType reduced_grad_dtype(int unit) const;
   double global_sum_of_squares(float scale);
   void gather_updated_params();
 
@@ -317,6 +323,7 @@ class Engine {
   std::unique_ptr<CachingAllocator> own_host_allocator_;
   Stream stream_;
   DType compute_dtype_;
+  DType grad_accum_dtype_;
   std::unique_ptr<Impl> impl_;
   std::weak_ptr<const void> comm_alive_;
   std::weak_ptr<const void> allocator_alive_;

@@ -5,8 +5,9 @@
 // collected into a bucket (ZeroConfig::reduce_bucket) and launched as one
 // group.
 //
-// Every micro-step's gradients are averaged over the ranks first and then
-// added to the previous micro-steps' (in the compute dtype): the same
+// Every micro-step's gradients are averaged over the ranks first (in the
+// compute dtype) and then added to the previous micro-steps' (in
+// grad_accum_dtype, widened first when that is fp32): the same
 // elementwise arithmetic at every stage, which is what keeps the stages
 // bit-identical. Stage 0 all-reduces; stages 1-3 reduce-scatter, so only the
 // owned shard is reduced. ZeroConfig::reduce_at_accumulation_boundary
@@ -101,6 +102,7 @@ void Engine::flush_reductions() {
 
   const bool first_micro = im.micro == 0;
   const int stage = config_.zero.stage;
+  const bool widening = grad_accum_dtype_ != compute_dtype_;
 
   comm_.group_start();
   // Under local accumulation the reduced sum stays in grads_full (in place).
@@ -108,9 +110,10 @@ void Engine::flush_reductions() {
   for (int u : im.pending) {
     UnitState& st = im.units[static_cast<size_t>(u)];
     const UnitLayout& U = im.layout->unit(u);
-    // The first micro-step reduces straight into the accumulator; later ones
-    // reduce in place and add.
-    void* dst = into_acc && st.grad_acc && first_micro ? st.grad_acc.data() : owned_part(st.grads_full, u);
+    // The first micro-step reduces straight into an accumulator of the
+    // compute dtype; otherwise the reduction is in place, then widened or
+    // added into the accumulator.
+    void* dst = into_acc && st.grad_acc && first_micro && !widening ? st.grad_acc.data() : owned_part(st.grads_full, u);
     if (stage == 0) {
       comm_.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, ReduceOp::kAvg, comm);
     } else {
@@ -123,7 +126,9 @@ void Engine::flush_reductions() {
     UnitState& st = im.units[static_cast<size_t>(u)];
     const UnitLayout& U = im.layout->unit(u);
     if (into_acc && st.grad_acc && !first_micro) {
-      accumulate(comm, st.grad_acc.data(), owned_part(st.grads_full, u), compute_dtype_, U.shard);
+      accumulate(comm, st.grad_acc.data(), grad_accum_dtype_, owned_part(st.grads_full, u), compute_dtype_, U.shard);
+    } else if (into_acc && st.grad_acc && widening) {
+      convert(comm, owned_part(st.grads_full, u), compute_dtype_, st.grad_acc.data(), grad_accum_dtype_, U.shard);
     }
     if (stage >= 2) {
       // The compute stream may reuse the block only after the comm stream's

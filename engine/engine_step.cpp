@@ -59,6 +59,11 @@ const void* Engine::reduced_grad(int unit) const {
   return st.grad_acc && !impl_->local_accumulation ? st.grad_acc.data() : owned_part(st.grads_full, unit);
 }
 
+DType Engine::reduced_grad_dtype(int unit) const {
+  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  return st.grad_acc && !impl_->local_accumulation ? grad_accum_dtype_ : compute_dtype_;
+}
+
 // The square of the global norm of the gradients times `scale`: each rank
 // sums its own shard's chunks and adds them exactly (grad_norm.h), and an
 // int64 all-reduce adds the ranks' exact sums, so every rank, world size and
@@ -72,7 +77,7 @@ double Engine::global_sum_of_squares(float scale) {
   Buffer sums = allocator_.allocate_buffer(chunks * 8 + kExactWords * 8, stream_, MemoryCategory::kCommBuffers);
   auto* exact = reinterpret_cast<int64_t*>(sums.as<double>() + chunks);
   for (int u = 0; u < L.num_units(); ++u) {
-    chunk_sums_of_squares(stream_, reduced_grad(u), compute_dtype_, L.unit(u).shard, kShardQuantum,
+    chunk_sums_of_squares(stream_, reduced_grad(u), reduced_grad_dtype(u), L.unit(u).shard, kShardQuantum,
                           scale, sums.as<double>() + L.owned_offset(u) / kShardQuantum);
   }
   fill_zero(stream_, exact, kExactWords * 8);
@@ -164,6 +169,8 @@ StepResult Engine::step() {
     std::byte* out = owned_params(u);
     const auto* grad = static_cast<const std::byte*>(reduced_grad(u));
     const size_t first = st.host_numel;
+    const DType grad_dtype = reduced_grad_dtype(u);
+    const size_t bg = elem_size(grad_dtype);
     ShardBuffers base;
     base.master = shard_pieces(u, 0)[1].data;
     for (int s = 1; s < shard_buffers(); ++s) base.state[s - 1] = shard_pieces(u, s)[1].data;
@@ -173,8 +180,8 @@ StepResult Engine::step() {
       ShardBuffers b;
       b.master = base.master + (lo - first);
       for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = base.state[s - 1] + (lo - first);
-      b.grad = grad + lo * bc;
-      b.grad_dtype = compute_dtype_;
+      b.grad = grad + lo * bg;
+      b.grad_dtype = grad_dtype;
       b.param_out = fp32 ? nullptr : out + lo * bc;
       b.param_dtype = compute_dtype_;
       b.numel = run.end - lo;

@@ -24,19 +24,28 @@ void add_into(float* acc, const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
-template <typename T>
-void accumulate_loop(T* dst, const T* src, size_t n) {
-  if constexpr (std::is_same_v<T, float>) {
+template <typename TD, typename TS>
+void accumulate_loop(TD* dst, const TS* src, size_t n) {
+  if constexpr (std::is_same_v<TD, float> && std::is_same_v<TS, float>) {
     add_into(dst, src, n);
   } else {
     float a[kHostBlock];
     float b[kHostBlock];
     for (size_t base = 0; base < n; base += kHostBlock) {
       const size_t len = std::min(kHostBlock, n - base);
-      detail::widen(dst + base, a, len);
-      detail::widen(src + base, b, len);
-      add_into(a, b, len);
-      detail::narrow(a, dst + base, len);
+      float* acc = a;
+      if constexpr (std::is_same_v<TD, float>) {
+        acc = dst + base;  // added in place
+      } else {
+        detail::widen(dst + base, a, len);
+      }
+      if constexpr (std::is_same_v<TS, float>) {
+        add_into(acc, src + base, len);
+      } else {
+        detail::widen(src + base, b, len);
+        add_into(acc, b, len);
+      }
+      if constexpr (!std::is_same_v<TD, float>) detail::narrow(a, dst + base, len);
     }
   }
 }
@@ -65,16 +74,24 @@ void check_float_dtype(DType dtype, std::string_view op, std::string_view role) 
 }  // namespace
 
 void accumulate(const Stream& stream, void* dst, const void* src, DType dtype, size_t n) {
-  check_float_dtype(dtype, "accumulate", "values");
+  accumulate(stream, dst, dtype, src, dtype, n);
+}
+
+void accumulate(const Stream& stream, void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n) {
+  check_float_dtype(dst_dtype, "accumulate", "destinations");
+  check_float_dtype(src_dtype, "accumulate", "sources");
   if (n == 0) return;
   ZEST_CHECK(dst != nullptr && src != nullptr,
-             "accumulate: {} pointer is null for {} elements of {} on {}",
-             dst == nullptr ? "the destination" : "the source", n, dtype_name(dtype),
+             "accumulate: {} pointer is null for {} elements ({} into {}) on {}",
+             dst == nullptr ? "the destination" : "the source", n, dtype_name(src_dtype), dtype_name(dst_dtype),
              stream.device().str());
-  if (stream.device().is_cuda()) return detail::accumulate_cuda(stream, dst, src, dtype, n);
-  detail::visit_float_dtype(dtype, "accumulate", "values", [&](auto type) {
-    using T = typename decltype(type)::type;
-    accumulate_loop(static_cast<T*>(dst), static_cast<const T*>(src), n);
+  if (stream.device().is_cuda()) return detail::accumulate_cuda(stream, dst, dst_dtype, src, src_dtype, n);
+  detail::visit_float_dtype(dst_dtype, "accumulate", "destinations", [&](auto to) {
+    detail::visit_float_dtype(src_dtype, "accumulate", "sources", [&](auto from) {
+      using TD = typename decltype(to)::type;
+      using TS = typename decltype(from)::type;
+      accumulate_loop(static_cast<TD*>(dst), static_cast<const TS*>(src), n);
+    });
   });
 }
 

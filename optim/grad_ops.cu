@@ -13,8 +13,8 @@
 namespace zest::detail {
 namespace {
 
-template <typename T>
-__global__ void accumulate_kernel(T* dst, const T* src, size_t n) {
+template <typename TD, typename TS>
+__global__ void accumulate_kernel(TD* dst, const TS* src, size_t n) {
   for (size_t i = first_index(); i < n; i += grid_stride()) {
     store_float(dst, i, load_float(dst, i) + load_float(src, i));
   }
@@ -27,14 +27,18 @@ __global__ void convert_kernel(const TS* src, TD* dst, size_t n) {
 
 }  // namespace
 
-void accumulate_cuda(const Stream& stream, void* dst, const void* src, DType dtype, size_t n) {
+void accumulate_cuda(const Stream& stream, void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                     size_t n) {
   DeviceGuard guard(stream.device());  // a kernel runs on the current device
   const auto native = cuda_stream(stream);
-  visit_float_dtype(dtype, "accumulate", "values", [&](auto type) {
-    using T = typename decltype(type)::type;
-    accumulate_kernel<T><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
-        static_cast<T*>(dst), static_cast<const T*>(src), n);
-    ZEST_CUDA_KERNEL_CHECK();
+  visit_float_dtype(dst_dtype, "accumulate", "destinations", [&](auto to) {
+    visit_float_dtype(src_dtype, "accumulate", "sources", [&](auto from) {
+      using TD = typename decltype(to)::type;
+      using TS = typename decltype(from)::type;
+      accumulate_kernel<TD, TS><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
+          static_cast<TD*>(dst), static_cast<const TS*>(src), n);
+      ZEST_CUDA_KERNEL_CHECK();
+    });
   });
 }
 

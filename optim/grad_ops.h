@@ -30,6 +30,11 @@ namespace zest {
 // stored. Accumulates reduced gradients across micro-steps. src may equal
 // dst; other overlap is not allowed.
 void accumulate(const Stream& stream, void* dst, const void* src, DType dtype, size_t n);
+// The same into a buffer of another dtype: dst (dst_dtype) += src
+// (src_dtype), added in float and rounded once to dst_dtype. The engine
+// accumulates compute-dtype gradients into grad_accum_dtype buffers with it
+// (bf16 into fp32, where each sum is exact as long as fp32 can hold it).
+void accumulate(const Stream& stream, void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n);
 
 // dst[i] = src[i] converted from src_dtype to dst_dtype, for any pair of
 // fp32, fp16 and bf16. Widening is exact; narrowing rounds to nearest even

@@ -23,7 +23,8 @@ void chunk_sums_of_squares_cuda(const Stream& stream, const void* grad, DType dt
 
 void accumulate_exact_cuda(const Stream& stream, const double* sums, size_t count, int64_t* acc);
 
-void accumulate_cuda(const Stream& stream, void* dst, const void* src, DType dtype, size_t n);
+void accumulate_cuda(const Stream& stream, void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                     size_t n);
 
 // src_dtype != dst_dtype: equal dtypes are a copy, which grad_ops.cpp queues.
 void convert_cuda(const Stream& stream, const void* src, DType src_dtype, void* dst, DType dst_dtype,

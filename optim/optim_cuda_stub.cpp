@@ -27,7 +27,7 @@ void accumulate_exact_cuda(const Stream& stream, const double*, size_t, int64_t*
   no_cuda("accumulate_exact", stream);
 }
 
-void accumulate_cuda(const Stream& stream, void*, const void*, DType, size_t) {
+void accumulate_cuda(const Stream& stream, void*, DType, const void*, DType, size_t) {
   no_cuda("accumulate", stream);
 }
 

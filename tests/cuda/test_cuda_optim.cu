@@ -219,6 +219,21 @@ void compare_accumulate() {
   check_same_bits("accumulate onto itself", gpu.download<T>(da, a.size()), a);
 }
 
+// Gradients of a 16-bit compute dtype accumulated into fp32 (the engine's
+// grad_accum_dtype), against the host's bits.
+template <typename TS>
+void compare_accumulate_into_fp32() {
+  CAPTURE(dtype_name(dtype_of_v<TS>));
+  std::mt19937 rng(11);
+  const std::vector<TS> src = all_kinds_of_values<TS>(rng);
+  std::vector<float> acc = random_values<float>(rng, src.size(), 1.0f);
+  Gpu gpu;
+  Buffer dacc = gpu.upload(acc), dsrc = gpu.upload(src);
+  accumulate(host(), acc.data(), DType::kFloat32, src.data(), dtype_of_v<TS>, acc.size());
+  accumulate(gpu.stream, dacc.data(), DType::kFloat32, dsrc.data(), dtype_of_v<TS>, acc.size());
+  check_same_bits("accumulate into fp32", gpu.download<float>(dacc, acc.size()), acc);
+}
+
 template <typename T>
 void compare_chunk_sums() {
   CAPTURE(dtype_name(dtype_of_v<T>));
@@ -302,6 +317,8 @@ TEST_CASE("CUDA accumulate matches the host bit for bit") {
   compare_accumulate<float>();
   compare_accumulate<fp16>();
   compare_accumulate<bf16>();
+  compare_accumulate_into_fp32<fp16>();
+  compare_accumulate_into_fp32<bf16>();
 }
 
 TEST_CASE("CUDA convert matches the host bit for bit for every pair of dtypes") {

@@ -51,7 +51,7 @@ TEST_CASE("ranks with different hyper-parameters fail at finalize naming the lin
 
   const std::string clip = finalize_with([](EngineConfig& c) { c.gradient_clipping = 1.0; });
   CHECK(clip.find("gradient_clipping 0' against 'config stage 2 compute fp32 "
-                  "gradient_accumulation_steps 1 gradient_clipping 1'") != std::string::npos);
+                  "gradient_accumulation_steps 1 grad_accum_dtype fp32 gradient_clipping 1'") != std::string::npos);
   const std::string betas = finalize_with([](EngineConfig& c) { c.optimizer.beta2 = 0.99f; });
   CHECK(betas.find("betas [0.9, 0.99]") != std::string::npos);
   const std::string eps = finalize_with([](EngineConfig& c) { c.optimizer.eps = 1e-6f; });

@@ -187,13 +187,45 @@ TEST_CASE("NaN stays NaN in every conversion, and equal dtypes copy the bits") {
   CHECK(convert_bits<bf16, bf16>({0xff81, 0x0001}) == std::vector<uint32_t>{0xff81, 0x0001});
 }
 
+TEST_CASE("accumulate into fp32 from bf16 and fp16 keeps the bits a 16-bit sum rounds away") {
+  // bf16 1 + 2^-9 (a quarter of bf16's spacing at 1) eight times: exact in
+  // fp32, 1 in bf16.
+  std::vector<float> wide(3, 0.0f);
+  std::vector<bf16> narrow(3, bf16(0.0f));
+  const std::vector<bf16> first = {bf16(1.0f), bf16(-2.0f), bf16(1.5f)};
+  const std::vector<bf16> small(3, bf16(1.0f / 512.0f));
+  accumulate(host(), wide.data(), DType::kFloat32, first.data(), DType::kBFloat16, 3);
+  accumulate(host(), narrow.data(), first.data(), DType::kBFloat16, 3);
+  for (int k = 0; k < 7; ++k) {
+    accumulate(host(), wide.data(), DType::kFloat32, small.data(), DType::kBFloat16, 3);
+    accumulate(host(), narrow.data(), DType::kBFloat16, small.data(), DType::kBFloat16, 3);
+  }
+  CHECK(wide == std::vector<float>{1.0f + 7.0f / 512.0f, -2.0f + 7.0f / 512.0f, 1.5f + 7.0f / 512.0f});
+  for (size_t i = 0; i < 3; ++i) CHECK(static_cast<float>(narrow[i]) == static_cast<float>(first[i]));
+  // fp16 into fp32: 65504 + 65504 overflows fp16, not fp32; a subnormal adds exactly.
+  std::vector<float> acc = {65504.0f, 0.0f};
+  const std::vector<uint32_t> h = {0x7bff, 0x0001};  // 65504, 2^-24
+  std::vector<fp16> src = {from_bits<fp16>(h[0]), from_bits<fp16>(h[1])};
+  accumulate(host(), acc.data(), DType::kFloat32, src.data(), DType::kFloat16, 2);
+  CHECK(acc == std::vector<float>{131008.0f, std::ldexp(1.0f, -24)});
+  // fp32 into bf16 rounds once, to nearest even: 1 + (2^-8 + 2^-20) is above
+  // the tie at 1 + 2^-8, so it rounds up to 1 + 2^-7.
+  std::vector<bf16> into = {bf16(1.0f)};
+  const std::vector<float> add = {std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)};
+  accumulate(host(), into.data(), DType::kBFloat16, add.data(), DType::kFloat32, 1);
+  CHECK(static_cast<float>(into[0]) == 1.0f + std::ldexp(1.0f, -7));
+}
+
 TEST_CASE("grad ops refuse other dtypes and null buffers, naming them") {
   using doctest::Contains;
   int32_t i = 0;
   float x = 0;
   CHECK_THROWS_WITH_AS(
       accumulate(host(), &i, &i, DType::kInt32, 1),
-      Contains("accumulate: values of dtype int32 are not supported (fp32, fp16 or bf16)"), Error);
+      Contains("accumulate: destinations of dtype int32 are not supported (fp32, fp16 or bf16)"), Error);
+  CHECK_THROWS_WITH_AS(
+      accumulate(host(), &x, DType::kFloat32, &i, DType::kInt32, 1),
+      Contains("accumulate: sources of dtype int32 are not supported (fp32, fp16 or bf16)"), Error);
   CHECK_THROWS_WITH_AS(
       convert(host(), &i, DType::kInt64, &x, DType::kFloat32, 1),
       Contains("convert: sources of dtype int64 are not supported (fp32, fp16 or bf16)"), Error);
@@ -204,7 +236,7 @@ TEST_CASE("grad ops refuse other dtypes and null buffers, naming them") {
   CHECK_THROWS_AS(convert(host(), nullptr, DType::kInt32, nullptr, DType::kInt32, 0), Error);
   CHECK_THROWS_WITH_AS(
       accumulate(host(), &x, nullptr, DType::kFloat32, 3),
-      Contains("accumulate: the source pointer is null for 3 elements of fp32 on host"), Error);
+      Contains("accumulate: the source pointer is null for 3 elements (fp32 into fp32) on host"), Error);
   CHECK_THROWS_WITH_AS(
       convert(host(), &x, DType::kFloat32, nullptr, DType::kFloat16, 2),
       Contains("convert: the destination pointer is null for 2 elements (fp32 to fp16) on host"), Error);
