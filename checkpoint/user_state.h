@@ -2,24 +2,19 @@
 // client_state): named byte blobs the engine stores and gives back without
 // interpreting them, such as the data position or an RNG's state.
 //
-//   #include <cstdint>
-//   #include "zest/checkpoint/checkpoint.h"
-//
-//   void save(zest::Engine& engine, int64_t position) {
-//     zest::UserState state;
-//     state.global["data.position"] = zest::to_bytes(position);
-//     zest::CheckpointOptions options;
-//     options.user_state = &state;
-//     zest::save_checkpoint(engine, "ckpt", options);
-//   }
-//
-//   int64_t resume(zest::Engine& engine) {
-//     zest::UserState state;
-//     zest::CheckpointOptions options;
-//     options.user_state = &state;
-//     zest::load_checkpoint(engine, "ckpt", options);
-//     return zest::from_bytes<int64_t>(state.global.at("data.position"));
-//   }
+//   // zest-example: prelude=engine
+//   #include <zest/checkpoint/checkpoint.h>
+//   int64_t position = 4096;  // where the data loader is
+//   zest::UserState state;
+//   state.global["data.position"] = zest::to_bytes(position);
+//   zest::CheckpointOptions options;
+//   options.user_state = &state;
+//   zest::save_checkpoint(engine, "ckpt", options);
+//   // ... later, or in the next job:
+//   zest::UserState loaded;
+//   options.user_state = &loaded;
+//   zest::load_checkpoint(engine, "ckpt", options);
+//   position = zest::from_bytes<int64_t>(loaded.global.at("data.position"));
 //
 // Two sets:
 //   global    the same on every rank (checked at save: a rank whose global
