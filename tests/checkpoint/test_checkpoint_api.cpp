@@ -15,8 +15,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Params = std::map<std::string, std::vector<float>>;
-
 // On `world` ranks: a finalized engine (initial values from `init`), then
 // `body`; returns rank 0's master parameters after it.
 Params on_ranks(const EngineConfig& config, int world, const Initializer& init,
@@ -38,18 +36,10 @@ void steps(Engine& engine, Communicator& comm, int64_t first, int64_t last) {
   run_steps(engine, comm, runs(1, 0), first, last, r);
 }
 
-void check_same(const Params& a, const Params& b) {
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, values] : a) {
-    CAPTURE(name);
-    CHECK(same_bits(values, b.at(name)));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("a weights-only load takes the saved parameters bit for bit and starts the optimizer afresh") {
-  TempDir dir("zest_ckapi");
+  TempDir dir;
   EngineConfig adam = base_config(2);
   adam.fp16.enabled = true;  // a loss scaler that moved, which must not come along
   // Three Adam steps on 2 ranks, saved.

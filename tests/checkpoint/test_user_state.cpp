@@ -83,7 +83,7 @@ TEST_CASE("user state comes back bit for bit on every rank, at 1, 2 and 4 ranks 
     for (int stage = 0; stage <= 3; ++stage) {
       CAPTURE(world);
       CAPTURE(stage);
-      TempDir dir("zest_user");
+      TempDir dir;
       on_ranks(stage, world, [&](Engine& e, int rank) { save_with(e, dir.str(), state_of_rank(rank)); });
       // Loaded at another stage of the same world size: the per-rank sets
       // still go to their ranks.
@@ -104,7 +104,7 @@ TEST_CASE("user state comes back bit for bit on every rank, at 1, 2 and 4 ranks 
 }
 
 TEST_CASE("resharding keeps the global user state; per-rank state is refused, or dropped on request") {
-  TempDir dir("zest_user"), empty_per_rank("zest_user");
+  TempDir dir, empty_per_rank;
   on_ranks(2, 4, [&](Engine& e, int rank) {
     save_with(e, dir.str(), state_of_rank(rank));
     UserState global_only = state_of_rank(rank);
@@ -147,7 +147,7 @@ TEST_CASE("resharding keeps the global user state; per-rank state is refused, or
 }
 
 TEST_CASE("user state: a global set that differs between ranks, damaged files, and none saved") {
-  TempDir dir("zest_user");
+  TempDir dir;
   CHECK_THROWS_WITH_AS(on_ranks(1, 2,
                                 [&](Engine& e, int rank) {
                                   UserState s = state_of_rank(rank);
@@ -171,7 +171,7 @@ TEST_CASE("user state: a global set that differs between ranks, damaged files, a
   }
   CHECK(load_on(1, 2, dir.str())[1].per_rank == state_of_rank(1).per_rank);
   // A checkpoint saved without user state gives empty sets.
-  TempDir plain("zest_user");
+  TempDir plain;
   on_ranks(0, 1, [&](Engine& e, int) { save_checkpoint(e, plain.str()); });
   const UserState none = load_on(0, 1, plain.str())[0];
   CHECK(none.global.empty());
