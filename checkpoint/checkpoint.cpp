@@ -23,14 +23,17 @@ namespace fs = std::filesystem;
 namespace {
 
 // Registration lines (units and parameters) of a layout; group weight decay
-// may change between runs (fine-tuning), the model may not.
-std::string model_lines(const ModelLayout& layout) {
+// may change between runs (fine-tuning), the model may not. Which units are
+// frozen may, for a weights-only load (`with_frozen` false): the master
+// weights' layout does not depend on it.
+std::string model_lines(const ModelLayout& layout, bool with_frozen) {
   std::string out;
   const std::string all = layout.describe();
   size_t start = 0;
   while (start < all.size()) {
     const size_t end = all.find('\n', start);
-    const std::string line = all.substr(start, end - start);
+    std::string line = all.substr(start, end - start);
+    if (!with_frozen && line.rfind("unit ", 0) == 0 && line.ends_with(" frozen")) line.resize(line.size() - 7);
     if (line.rfind("group ", 0) != 0) out += line + "\n";
     start = end == std::string::npos ? all.size() : end + 1;
   }
@@ -110,8 +113,10 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
     }
     if (!writes) return;
     AtomicFile file((partial / shard_file_name(rank)).string());
+    // A frozen unit has its values in buffer 0 and nothing after.
     for (int b = 0; b < engine.shard_buffers(); ++b) {
       for (int u = 0; u < layout.num_units(); ++u) {
+        if (b > 0 && layout.unit(u).frozen) continue;
         const std::vector<float> values = engine.read_shard(u, b);
         file.write(std::as_bytes(std::span(values)));
       }
@@ -161,7 +166,7 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
     for (const UnitLayout& u : layout.units()) {
       UnitSpec spec{u.name, {}};
       for (const ParamLayout& p : u.params) {
-        spec.params.push_back({p.name, p.shape, layout.groups()[static_cast<size_t>(p.group)].name});
+        spec.params.push_back({p.name, p.shape, layout.groups()[static_cast<size_t>(p.group)].name, !u.frozen});
       }
       m.units.push_back(std::move(spec));
     }
@@ -205,8 +210,8 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
     if (dir.empty()) dir = latest_checkpoint_dir(root);
     CheckpointReader reader(dir);
     const CheckpointManifest& m = reader.manifest();
-    const std::string mine = model_lines(layout);
-    const std::string theirs = model_lines(reader.layout());
+    const std::string mine = model_lines(layout, !options.weights_only);
+    const std::string theirs = model_lines(reader.layout(), !options.weights_only);
     ZEST_CHECK(mine == theirs,
                "checkpoint '{}' is of another model: {} (the checkpoint's first). Register the same units and "
                "parameters to load it",
@@ -216,7 +221,7 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
                m.optimizer, m.shard_buffers - 1, optimizer_name(engine.config().optimizer.kind), buffers - 1);
     for (int u = 0; u < layout.num_units(); ++u) {
       const UnitLayout& U = layout.unit(u);
-      for (int b = 0; b < (options.weights_only ? 1 : buffers); ++b) {
+      for (int b = 0; b < (options.weights_only || U.frozen ? 1 : buffers); ++b) {
         std::vector<float> values(U.shard);
         reader.read(b, u, U.shard * static_cast<size_t>(part), values);
         shards[static_cast<size_t>(u)].push_back(std::move(values));
@@ -248,7 +253,8 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
     return dir;
   }
   for (int u = 0; u < layout.num_units(); ++u) {
-    for (int b = 0; b < buffers; ++b) engine.write_shard(u, b, shards[static_cast<size_t>(u)][static_cast<size_t>(b)]);
+    const int saved = static_cast<int>(shards[static_cast<size_t>(u)].size());
+    for (int b = 0; b < saved; ++b) engine.write_shard(u, b, shards[static_cast<size_t>(u)][static_cast<size_t>(b)]);
   }
   engine.restore(progress);
   return dir;

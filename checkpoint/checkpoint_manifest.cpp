@@ -88,7 +88,11 @@ std::string manifest_to_json(const CheckpointManifest& m) {
   json units = json::array();
   for (const UnitSpec& u : m.units) {
     json params = json::array();
-    for (const ParamSpec& p : u.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"group", p.group}});
+    for (const ParamSpec& p : u.params) {
+      json param = {{"name", p.name}, {"shape", p.shape}, {"group", p.group}};
+      if (!p.trainable) param["trainable"] = false;  // absent: trainable (and before frozen units existed)
+      params.push_back(std::move(param));
+    }
     units.push_back({{"name", u.name}, {"params", params}});
   }
   json groups = json::array();
@@ -185,6 +189,11 @@ CheckpointManifest parse_manifest(const std::string& json_text, const std::strin
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string pw = fmt::format("{}.params[{}]", where, i);
       ParamSpec p{r.text(params[i], "name", pw), {}, r.text(params[i], "group", pw)};
+      if (params[i].contains("trainable")) {
+        ZEST_CHECK(params[i]["trainable"].is_boolean(), "checkpoint manifest '{}': {}.trainable must be true or false",
+                   path, pw);
+        p.trainable = params[i]["trainable"].get<bool>();
+      }
       for (const json& d : r.array(params[i], "shape", pw)) {
         ZEST_CHECK(d.is_number_integer() && d.get<int64_t>() > 0 && d.get<int64_t>() <= kMaxCount,
                    "checkpoint manifest '{}': {}.shape has {}, not a positive integer", path, pw, d.dump());

@@ -35,7 +35,10 @@ const ReadOnlyFile& CheckpointReader::file(int partition) {
   auto& f = open_[partition];
   if (!f) {
     const ShardFile& sf = manifest_.files.at(static_cast<size_t>(partition));
-    const uint64_t expected = static_cast<uint64_t>(manifest_.shard_buffers) * layout_.owned() * sizeof(float);
+    // Every unit's values, and the optimizer state of the trainable ones.
+    const uint64_t expected =
+        (layout_.owned() + static_cast<uint64_t>(manifest_.shard_buffers - 1) * layout_.trainable_owned()) *
+        sizeof(float);
     // Capped by what the manifest says, so a huge file is refused unread.
     f = std::make_unique<ReadOnlyFile>((fs::path(dir_) / sf.name).string(),
                                        ReadLimits{.max_bytes = std::max(sf.bytes, expected)});
@@ -58,14 +61,20 @@ void CheckpointReader::read(int buffer, int unit, size_t begin, std::span<float>
   ZEST_CHECK(buffer >= 0 && buffer < manifest_.shard_buffers, "checkpoint '{}' has no shard buffer {}", dir_,
              buffer);
   const UnitLayout& U = layout_.unit(unit);
+  ZEST_CHECK(buffer == 0 || !U.frozen, "checkpoint '{}': unit '{}' is frozen, so it has no {}", dir_, U.name,
+             shard_buffer_name(buffer));
+  // Buffer 0 covers every unit; the optimizer state buffers after it, the
+  // trainable units only.
+  const uint64_t base = buffer == 0 ? layout_.owned_offset(unit)
+                                    : layout_.owned() + static_cast<uint64_t>(buffer - 1) * layout_.trainable_owned() +
+                                          layout_.trainable_offset(unit);
   std::fill(out.begin(), out.end(), 0.0f);
   const size_t end = std::min(begin + out.size(), U.padded);
   for (size_t i = begin; i < end;) {
     const int q = static_cast<int>(i / U.shard);
     const size_t in_shard = i - static_cast<size_t>(q) * U.shard;
     const size_t n = std::min(end - i, U.shard - in_shard);
-    const uint64_t offset =
-        (static_cast<uint64_t>(buffer) * layout_.owned() + layout_.owned_offset(unit) + in_shard) * sizeof(float);
+    const uint64_t offset = (base + in_shard) * sizeof(float);
     file(q).read_at(offset, std::as_writable_bytes(out.subspan(i - begin, n)));
     i += n;
   }

@@ -126,6 +126,7 @@ void start_from_weights(Engine& engine, const std::vector<std::vector<float>>& m
   for (int u = 0; u < layout.num_units(); ++u) {
     const std::vector<float> zeros(layout.unit(u).shard, 0.0f);
     engine.write_shard(u, 0, masters[static_cast<size_t>(u)]);
+    if (layout.unit(u).frozen) continue;  // no optimizer state
     for (int b = 1; b < engine.shard_buffers(); ++b) engine.write_shard(u, b, zeros);
   }
   // The loss scaler and a set_lr() value stay this engine's.

@@ -319,7 +319,10 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
     im.host_numel = offloaded_numel(L.owned(), config_.offload_optimizer.ratio);
   }
-  const size_t on_device = L.owned() - im.host_numel;
+  ZEST_CHECK(im.host_numel == 0 || L.trainable_owned() == L.owned(),
+             "frozen units with zero_optimization.offload_optimizer are not yet supported: train every unit, or "
+             "keep the optimizer on the device");
+  const size_t on_device = L.trainable_owned() - im.host_numel;
   if (!fp32 && on_device > 0) {
     im.master = allocator_.allocate_buffer(on_device * 4, stream_, MemoryCategory::kMasterWeights);
   }
@@ -347,10 +350,10 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     } else {
       st.params_shard = allocator_.allocate_buffer(unit.shard * bc, stream_, MemoryCategory::kParameters);
     }
-    if (stage < 2) {
+    if (stage < 2 && !unit.frozen) {
       st.grads_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kGradients);
     }
-    if (stage >= 2 || accumulating) {
+    if ((stage >= 2 || accumulating) && !unit.frozen) {
       // Local accumulation adds whole unreduced gradients (in the compute
       // dtype, which grad_accum_dtype then is); otherwise the accumulator
       // holds reduced owned shards, in grad_accum_dtype.
@@ -359,8 +362,11 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     }
     const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
     st.host_numel = std::min(unit.shard, im.host_numel - std::min(im.host_numel, L.owned_offset(u)));
-    st.runs = L.shard_runs(u, im.part);
-    const std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
+    std::array<ShardPiece, 2> masters{};  // a frozen unit has none
+    if (!unit.frozen) {
+      st.runs = L.shard_runs(u, im.part);
+      masters = shard_pieces(u, 0);
+    }
 
     // Initial values: the initializer fills fp32 values on the host; they
     // reach the device through a staging buffer of at most
@@ -419,9 +425,22 @@ void Engine::settle_offload() {
 std::vector<float> Engine::unit_master(int unit) {
   check_finalized("unit_master()");
   settle_offload();
-  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
   const UnitLayout& U = impl_->layout->unit(unit);
   std::vector<float> out(U.padded);
+  if (U.frozen) {
+    // No master: this rank's compute-dtype values widened (exactly) into
+    // its place in an fp32 unit, gathered there in place.
+    (void)state(unit);
+    Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
+    const bool gathered = impl_->layout->partitions() > 1;
+    float* mine = full.as<float>() + (gathered ? U.shard * static_cast<size_t>(impl_->part) : 0);
+    convert(stream_, owned_params(unit), compute_dtype_, mine, DType::kFloat32, U.shard);
+    if (gathered) impl_->control->all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
+    copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
+    stream_.synchronize();
+    return out;
+  }
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
   if (impl_->layout->partitions() == 1) {
     // The master is the whole unit: no gather, so no staging buffer.
     for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
@@ -487,8 +506,11 @@ std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
   ZEST_CHECK(buffer >= 0 && buffer < shard_buffers(), "shard buffer {} is out of range: this optimizer has {}",
              buffer, shard_buffers());
   const Impl& im = *impl_;
+  ZEST_INTERNAL_ASSERT(!im.layout->unit(unit).frozen, "shard_pieces of frozen unit {}", unit);
   const size_t shard = im.layout->unit(unit).shard;
-  const size_t offset = im.layout->owned_offset(unit);
+  // Master and optimizer state cover the trainable units only (with offload,
+  // which frozen units do not have yet, every unit).
+  const size_t offset = im.layout->trainable_offset(unit);
   std::array<ShardPiece, 2> pieces;
   if (st.host_numel > 0) pieces[0] = {im.offload->buffer(buffer) + offset, 0, st.host_numel, true};
   pieces[1] = {nullptr, st.host_numel, shard, false};
@@ -506,11 +528,33 @@ std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
   return pieces;
 }
 
+// A frozen unit's only buffer: its compute-dtype values, through an fp32
+// staging buffer on the engine's device.
+void Engine::frozen_shard(int unit, std::span<float> read, std::span<const float> write) {
+  const UnitLayout& U = impl_->layout->unit(unit);
+  Buffer staging = allocator_.allocate_buffer(U.shard * 4, stream_, MemoryCategory::kCommBuffers);
+  if (!write.empty()) {
+    copy_bytes(stream_, staging.data(), write.data(), U.shard * 4);
+    convert(stream_, staging.data(), DType::kFloat32, owned_params(unit), compute_dtype_, U.shard);
+  } else {
+    convert(stream_, owned_params(unit), compute_dtype_, staging.data(), DType::kFloat32, U.shard);
+    copy_bytes(stream_, read.data(), staging.data(), U.shard * 4);
+  }
+  stream_.synchronize();
+}
+
 std::vector<float> Engine::read_shard(int unit, int buffer) {
   check_finalized("read_shard()");
   settle_offload();
-  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
+  (void)state(unit);  // checks the index
   std::vector<float> out(impl_->layout->unit(unit).shard);
+  if (impl_->layout->unit(unit).frozen) {
+    ZEST_CHECK(buffer == 0, "read_shard: unit '{}' is frozen: it has buffer 0 (its values) only, not {}",
+               impl_->layout->unit(unit).name, buffer);
+    frozen_shard(unit, out, {});
+    return out;
+  }
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
   for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
   stream_.synchronize();
   return out;
@@ -519,13 +563,13 @@ std::vector<float> Engine::read_shard(int unit, int buffer) {
 void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
   check_finalized("write_shard()");
   settle_offload();
-  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
-  const size_t shard = impl_->layout->unit(unit).shard;
-  ZEST_CHECK(values.size() == shard, "write_shard of unit '{}': {} values for a shard of {}",
-             impl_->layout->unit(unit).name, values.size(), shard);
+  (void)state(unit);  // checks the index
+  const UnitLayout& U = impl_->layout->unit(unit);
+  const size_t shard = U.shard;
+  ZEST_CHECK(values.size() == shard, "write_shard of unit '{}': {} values for a shard of {}", U.name,
+             values.size(), shard);
   for (size_t i = 0; i < shard; ++i) {
     if (std::isfinite(values[i])) continue;
-    const UnitLayout& U = impl_->layout->unit(unit);
     const size_t at = shard * static_cast<size_t>(partition()) + i;  // in the unit's flat layout
     std::string param = "padding";
     for (const ParamLayout& p : U.params) {
@@ -535,6 +579,13 @@ void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
               "the shard is left as it was: write finite values",
               U.name, buffer, values[i], i, param);
   }
+  if (U.frozen) {
+    ZEST_CHECK(buffer == 0, "write_shard: unit '{}' is frozen: it has buffer 0 (its values) only, not {}", U.name,
+               buffer);
+    frozen_shard(unit, {}, values);
+    return;
+  }
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
   for (const ShardPiece& p : pieces) copy_bytes(stream_, p.data, values.data() + p.begin, (p.end - p.begin) * 4);
   stream_.synchronize();
 }
@@ -564,6 +615,7 @@ void Engine::restore(const Progress& progress) {
   const size_t bc = elem_size(compute_dtype_);
   const Stream host = Stream::default_for(Device::host());
   for (int u = 0; u < L.num_units(); ++u) {
+    if (L.unit(u).frozen) continue;  // write_shard wrote its values
     const std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
     std::byte* params = owned_params(u);
     for (const ShardPiece& m : masters) {
@@ -583,7 +635,7 @@ void Engine::restore(const Progress& progress) {
       }
     }
   }
-  gather_updated_params();
+  gather_updated_params(/*frozen_too=*/true);
   stream_.synchronize();
 }
 
@@ -593,6 +645,16 @@ MemoryReport Engine::memory_report() const {
   MemoryReport r;
   for (MemoryCategory c : kAllMemoryCategories) {
     r.by_category[category_index(c)] = {s.category_requested(c).current, s.category_requested(c).peak};
+  }
+  if (impl_->layout != nullptr) {
+    const size_t bc = elem_size(compute_dtype_);
+    for (int u = 0; u < impl_->layout->num_units(); ++u) {
+      const UnitLayout& U = impl_->layout->unit(u);
+      const UnitState& st = impl_->units[static_cast<size_t>(u)];
+      if (!U.frozen) continue;
+      const size_t held = (st.resident ? U.padded : U.shard + (st.params_full ? U.padded : 0)) * bc;
+      r.frozen_parameters += static_cast<int64_t>(held);
+    }
   }
   r.reserved = at(s.reserved_bytes, StatPool::kAggregate).current;
   r.allocated = at(s.allocated_bytes, StatPool::kAggregate).current;

@@ -40,6 +40,11 @@
 // averages round differently, by a few ulps of the gradients (config.h,
 // Note [reduce at the accumulation boundary]).
 //
+// Frozen parameters (ParamSpec::trainable = false, in units of their own)
+// are held in the compute dtype and sharded at stage 3 like the others, with
+// no gradient, master weights or optimizer state; their values never change
+// and are saved with checkpoints. (Not yet with offload_optimizer.)
+//
 // Memory is allocated from the given allocator under the categories of
 // memory_category.h, so allocator.stats() reports it in the ZeRO paper's
 // terms: see memory_report().
@@ -111,6 +116,9 @@ struct MemoryReport {
     int64_t peak = 0;
   };
   std::array<Entry, kNumMemoryCategories> by_category{};
+  // Of kParameters' current bytes, those of frozen units (they have nothing
+  // in the other categories).
+  int64_t frozen_parameters = 0;
   int64_t reserved = 0;   // segments the allocator holds
   int64_t allocated = 0;  // blocks in use (rounded sizes)
 
@@ -175,12 +183,14 @@ class Engine {
   UnitHandle gather(int unit);
   // The unit must be gathered (a UnitHandle alive), at every stage, so a
   // loop that runs at stage 0 also runs at stage 3.
+  // A frozen unit has none (and needs no done()).
   GradHandle grads(int unit);
   // Multiply the loss by this before backward (the fp16 loss scale; 1
   // otherwise).
   double loss_scale() const;
 
-  // Call once per micro-step, after every unit's gradients are done.
+  // Call once per micro-step, after every trainable unit's gradients are
+  // done.
   StepResult step();
 
   // --- learning rate ---
@@ -249,7 +259,8 @@ class Engine {
   int shard_buffers() const { return 1 + config_.optimizer.state_buffers(); }
   // Host copies of this rank's owned shard of one buffer of unit u
   // (layout().unit(u).shard elements), wherever it lives (device or, with
-  // offload, host memory). Not collective.
+  // offload, host memory). Not collective. A frozen unit has buffer 0
+  // only: its values, in fp32.
   std::vector<float> read_shard(int unit, int buffer);
   // Refuses a NaN or Inf (naming the unit, the parameter and the element)
   // and leaves the shard as it was then.
@@ -294,6 +305,8 @@ class Engine {
     bool host = false;
   };
   std::array<ShardPiece, 2> shard_pieces(int unit, int buffer);
+  // Reads (read non-empty) or writes a frozen unit's owned values as fp32.
+  void frozen_shard(int unit, std::span<float> read, std::span<const float> write);
   // offload_optimizer.delayed_update: waits for the update in flight and
   // brings its parameters in, before shards are read or written.
   void settle_offload();
@@ -314,7 +327,8 @@ class Engine {
   const void* reduced_grad(int unit) const;
   DType reduced_grad_dtype(int unit) const;
   double global_sum_of_squares(float scale);
-  void gather_updated_params();
+  // `frozen_too`: also the frozen units (after write_shard changed them).
+  void gather_updated_params(bool frozen_too = false);
 
   EngineConfig config_;
   Communicator& comm_;

@@ -26,6 +26,10 @@ namespace zest {
 GradHandle Engine::grads(int unit) {
   UnitState& st = state(unit);
   const UnitLayout& U = impl_->layout->unit(unit);
+  ZEST_CHECK(!U.frozen,
+             "grads() of unit '{}', whose parameters are frozen (trainable = false): it has no gradients, and "
+             "step() needs none from it",
+             U.name);
   ZEST_CHECK(st.gathered > 0,
              "grads() of unit '{}', which is not gathered: hold a UnitHandle from gather() while "
              "writing its gradients (at stage 3 the parameters exist only then)",

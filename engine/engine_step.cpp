@@ -25,7 +25,7 @@ namespace zest {
 void Engine::end_micro_step() {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
-  int done = 0;
+  int done = 0, trainable = 0;
   for (int u = 0; u < L.num_units(); ++u) {
     const UnitState& st = im.units[static_cast<size_t>(u)];
     ZEST_CHECK(st.gathered == 0,
@@ -33,15 +33,17 @@ void Engine::end_micro_step() {
                "step() updates the shards, not a gathered copy)",
                L.unit(u).name);
     done += st.grads == UnitState::Grads::kDone ? 1 : 0;
+    trainable += L.unit(u).frozen ? 0 : 1;
   }
   ZEST_CHECK(done > 0,
              "step() without gradients: no unit's GradHandle::done() was called in this "
-             "micro-step");
+             "micro-step{}",
+             trainable == 0 ? " (every unit is frozen: there is nothing to train)" : "");
   for (int u = 0; u < L.num_units(); ++u) {
-    ZEST_CHECK(im.units[static_cast<size_t>(u)].grads == UnitState::Grads::kDone,
+    ZEST_CHECK(L.unit(u).frozen || im.units[static_cast<size_t>(u)].grads == UnitState::Grads::kDone,
                "step(): the gradients of unit '{}' are not done in this micro-step ({} of {} "
-               "units are); every unit's GradHandle::done() must be called once per micro-step",
-               L.unit(u).name, done, L.num_units());
+               "trainable units are); every trainable unit's GradHandle::done() must be called once per micro-step",
+               L.unit(u).name, done, trainable);
   }
   flush_reductions();
   // Everything after (the next micro-step's zeroing, the optimizer) reads
@@ -73,12 +75,13 @@ double Engine::global_sum_of_squares(float scale) {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
   const PhaseTimer timer(im.times.norm_ms);
-  const size_t chunks = L.owned() / kShardQuantum;
+  const size_t chunks = L.trainable_owned() / kShardQuantum;
   Buffer sums = allocator_.allocate_buffer(chunks * 8 + kExactWords * 8, stream_, MemoryCategory::kCommBuffers);
   auto* exact = reinterpret_cast<int64_t*>(sums.as<double>() + chunks);
   for (int u = 0; u < L.num_units(); ++u) {
+    if (L.unit(u).frozen) continue;
     chunk_sums_of_squares(stream_, reduced_grad(u), reduced_grad_dtype(u), L.unit(u).shard, kShardQuantum,
-                          scale, sums.as<double>() + L.owned_offset(u) / kShardQuantum);
+                          scale, sums.as<double>() + L.trainable_offset(u) / kShardQuantum);
   }
   fill_zero(stream_, exact, kExactWords * 8);
   accumulate_exact(stream_, sums.as<double>(), chunks, exact);
@@ -163,7 +166,7 @@ StepResult Engine::step() {
   // updates the offloaded part.
   for (int u = 0; u < L.num_units(); ++u) {
     const UnitState& st = im.units[static_cast<size_t>(u)];
-    if (st.host_numel == L.unit(u).shard) continue;
+    if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
     // Base pointers once per unit, so shard_pieces's checks do not run per
     // run; each run is an offset into them (from the first device element).
     std::byte* out = owned_params(u);
@@ -237,7 +240,7 @@ double Engine::next_lr() const {
 // Stages 1-2 (and persistent units at stage 3): every rank updated its part
 // of the full parameters in place; the all-gather brings the other parts,
 // in buckets of up to allgather_bucket_size elements.
-void Engine::gather_updated_params() {
+void Engine::gather_updated_params(bool frozen_too) {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
   if (L.partitions() == 1) return;
@@ -246,8 +249,8 @@ void Engine::gather_updated_params() {
   bool open = false;
   for (int u = 0; u < L.num_units(); ++u) {
     UnitState& st = im.units[static_cast<size_t>(u)];
-    if (!st.resident) continue;
     const UnitLayout& U = L.unit(u);
+    if (!st.resident || (U.frozen && !frozen_too)) continue;
     if (!open) {
       comm_.group_start();
       open = true;

@@ -60,7 +60,13 @@ ModelLayout::ModelLayout(std::vector<ParamGroupSpec> groups, std::vector<UnitSpe
 
     UnitLayout unit;
     unit.name = spec.name;
+    unit.frozen = !spec.params.front().trainable;
     for (const ParamSpec& p : spec.params) {
+      ZEST_CHECK(p.trainable != unit.frozen,
+                 "unit '{}' mixes trainable and frozen parameters ('{}' is {}, '{}' is {}): a unit's parameters are "
+                 "all trainable or all frozen; register the frozen ones in a unit of their own",
+                 spec.name, spec.params.front().name, unit.frozen ? "frozen" : "trainable", p.name,
+                 p.trainable ? "trainable" : "frozen");
       ZEST_CHECK(!p.name.empty(), "unit '{}' has a parameter without a name", spec.name);
       const auto g = group_index.find(p.group);
       ZEST_CHECK(g != group_index.end(),
@@ -94,9 +100,11 @@ ModelLayout::ModelLayout(std::vector<ParamGroupSpec> groups, std::vector<UnitSpe
                  unit.name);
     }
     owned_offsets_.push_back(owned_);
+    trainable_offsets_.push_back(trainable_owned_);
     numel_ += unit.numel;
     padded_ += unit.padded;
     owned_ += unit.shard;
+    if (!unit.frozen) trainable_owned_ += unit.shard;
     units_.push_back(std::move(unit));
   }
 }
@@ -133,7 +141,7 @@ std::string ModelLayout::describe() const {
   for (const ParamGroupSpec& g : groups_)
     out += fmt::format("group {} weight_decay {}\n", g.name, g.weight_decay);
   for (const UnitLayout& unit : units_) {
-    out += fmt::format("unit {}\n", unit.name);
+    out += fmt::format("unit {}{}\n", unit.name, unit.frozen ? " frozen" : "");
     for (const ParamLayout& p : unit.params)
       out += fmt::format("param {} [{}] group {}\n", p.name, fmt::join(p.shape, ", "),
                          groups_[static_cast<size_t>(p.group)].name);

@@ -11,6 +11,11 @@
 // padding belong to the run before them; they hold zeros that every
 // optimizer keeps at zero (a zero gradient and weight give a zero update).
 //
+// Frozen units (every parameter registered with trainable = false, like
+// torch's requires_grad=False) are laid out and sharded like the others, but
+// have no gradients, master weights or optimizer state: owned() counts them
+// (their values are saved with checkpoints), trainable_owned() does not.
+//
 // The layout depends only on the registration and the number of partitions
 // (1 for stage 0, the world size for stages 1-3), so every rank computes the
 // same one, and a checkpoint can be resharded by recomputing it.
@@ -29,6 +34,9 @@ struct ParamSpec {
   std::string name;              // unique in the model, e.g. "block0.fc1.weight"
   std::vector<int64_t> shape;    // empty: a scalar
   std::string group = "default"; // parameter group (weight decay)
+  // false: frozen (no gradient, no optimizer state; its value never changes).
+  // A unit's parameters are all trainable or all frozen.
+  bool trainable = true;
 };
 
 struct UnitSpec {
@@ -63,6 +71,7 @@ struct UnitLayout {
   size_t padded = 0;                // the flat buffer's size
   size_t shard = 0;                 // padded / partitions
   std::vector<GroupRun> runs;       // covering [0, padded)
+  bool frozen = false;              // every parameter is frozen
 };
 
 struct ParamRef {
@@ -94,6 +103,10 @@ class ModelLayout {
   size_t owned() const { return owned_; }
   // Where unit u's shard starts in a partition's concatenated owned region.
   size_t owned_offset(int u) const { return owned_offsets_.at(static_cast<size_t>(u)); }
+  // The same over the trainable units only: the master weights, optimizer
+  // state and gradient norm cover these.
+  size_t trainable_owned() const { return trainable_owned_; }
+  size_t trainable_offset(int u) const { return trainable_offsets_.at(static_cast<size_t>(u)); }
 
   // The runs of unit u that fall in partition p's shard, relative to the
   // shard's start.
@@ -110,10 +123,12 @@ class ModelLayout {
   std::vector<ParamGroupSpec> groups_;
   std::vector<UnitLayout> units_;
   std::vector<size_t> owned_offsets_;
+  std::vector<size_t> trainable_offsets_;
   std::unordered_map<std::string, ParamRef> by_name_;
   size_t numel_ = 0;
   size_t padded_ = 0;
   size_t owned_ = 0;
+  size_t trainable_owned_ = 0;
 };
 
 // The first line where two describe() texts differ, for an error message:

@@ -33,6 +33,7 @@ struct UnitSize {
   size_t shard = 0;   // padded / P
   size_t count = 1;
   bool resident = true;  // full parameters kept (not gathered on demand)
+  bool frozen = false;
 };
 
 std::vector<UnitSize> unit_sizes(const ModelDescription& model, const EstimateOptions& o) {
@@ -46,6 +47,7 @@ std::vector<UnitSize> unit_sizes(const ModelDescription& model, const EstimateOp
     s.padded = padded_unit_numel(end, P);
     s.shard = s.padded / static_cast<size_t>(P);
     s.count = u.count;
+    s.frozen = u.frozen;
     s.resident = o.zero.stage < 3 ||
                  static_cast<int64_t>(s.numel) <= o.zero.stage3_param_persistence_threshold;
     out.push_back(s);
@@ -65,6 +67,9 @@ template <typename T>
 StateBytes<T> state_bytes(const std::vector<UnitSize>& units, const EstimateOptions& o,
                           bool padded) {
   const T b = static_cast<T>(elem_size(o.compute_dtype));
+  // The accumulator of reduced shards is in grad_accum_dtype; the local
+  // one (full size) in the compute dtype, which the engine then requires.
+  const T acc_b = static_cast<T>(elem_size(o.grad_accum_dtype.value_or(o.compute_dtype)));
   const T states = static_cast<T>(o.optimizer.state_buffers());
   const bool master = o.compute_dtype != DType::kFloat32;
   const int stage = o.zero.stage;
@@ -80,7 +85,8 @@ StateBytes<T> state_bytes(const std::vector<UnitSize>& units, const EstimateOpti
     const T shard = padded ? static_cast<T>(u.shard)
                            : static_cast<T>(u.numel) / static_cast<T>(o.partitions());
     s.params += n * b * (u.resident ? full : shard);
-    s.grads += n * b * ((stage < 2 ? full : T{}) + (acc ? (local ? full : shard) : T{}));
+    if (u.frozen) continue;  // parameters only
+    s.grads += n * b * (stage < 2 ? full : T{}) + n * (acc ? (local ? b * full : acc_b * shard) : T{});
     if (master) s.master += n * 4 * shard;
     s.optimizer += n * 4 * states * shard;
   }
@@ -190,7 +196,7 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
     live = live_units(largest_first(units, [](const UnitSize& u) { return !u.resident; }), o);
   }
   Taken grads;
-  if (o.zero.stage >= 2) grads = grad_units(largest_first(units, [](const UnitSize&) { return true; }), o);
+  if (o.zero.stage >= 2) grads = grad_units(largest_first(units, [](const UnitSize& u) { return !u.frozen; }), o);
   e.live_units = live.units;
   e.grad_units_in_flight = grads.units;
 
@@ -199,7 +205,9 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   const int64_t staging = to_bytes(std::min(largest, kInitStagingNumel), 4);
   // The chunk sums of this rank's shard and one exact sum (engine_step.cpp):
   // O(shard), whatever the world size.
-  const int64_t norm_sums = to_bytes(e.owned_numel / kShardQuantum + kExactWords, 8);
+  size_t trainable_owned = 0;
+  for (const UnitSize& u : units) trainable_owned += u.frozen ? 0 : u.count * u.shard;
+  const int64_t norm_sums = to_bytes(trainable_owned / kShardQuantum + kExactWords, 8);
   e.norm_bytes = norm_sums;
   const int64_t backward = to_bytes(live.numel, b) + to_bytes(grads.numel, b);
 
@@ -272,6 +280,7 @@ EstimateOptions EstimateOptions::from_config(const EngineConfig& config, int wor
   o.world_size = world_size;
   o.zero = config.zero;
   o.compute_dtype = config.compute_dtype();
+  o.grad_accum_dtype = config.grad_accum_dtype;
   o.optimizer = config.optimizer;
   // The accumulation the engine would take at this world size.
   EngineConfig resolved = config;

@@ -51,6 +51,7 @@ struct UnitDescription {
   // parameter group, groups in declaration order), each >= 1 element.
   std::vector<size_t> param_numels;
   size_t count = 1;  // identical units, e.g. 48 transformer blocks
+  bool frozen = false;  // parameters only: no gradients, master or optimizer state
 
   size_t numel() const;  // parameters of one unit, without alignment
 };
@@ -76,8 +77,8 @@ struct ModelDescription {
 
 // Units, one per line: "name numel [numel...]" ('#' starts a comment), or a
 // JSON list whose items are lists of numels or objects
-// {"name": ..., "params": [numel, ...], "count": n}. Errors name the line or
-// item and what was expected.
+// {"name": ..., "params": [numel, ...], "count": n, "frozen": true} (count
+// and frozen optional). Errors name the line or item and what was expected.
 ModelDescription parse_model_description(std::string_view text);
 
 struct EstimateOptions {
@@ -87,6 +88,9 @@ struct EstimateOptions {
   // engine's (DeepSpeed's) defaults and meaning.
   ZeroConfig zero;
   DType compute_dtype = DType::kFloat16;  // the paper's mixed precision
+  // data_types.grad_accum_dtype: the accumulator's dtype; unset, the
+  // compute dtype (as the engine takes it).
+  std::optional<DType> grad_accum_dtype;
   OptimizerConfig optimizer;              // kind and momentum: state buffers
   int64_t gradient_accumulation_steps = 1;
   OffloadDevice offload_optimizer = OffloadDevice::kNone;

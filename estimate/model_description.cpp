@@ -99,8 +99,11 @@ ModelDescription parse_json(std::string_view text) {
           u.param_numels = json_numels(value, where + " \"params\"");
         } else if (key == "count") {
           u.count = json_count(value, where + " \"count\"");
+        } else if (key == "frozen") {
+          ZEST_CHECK(value.is_boolean(), "{}: \"frozen\" must be true or false", where);
+          u.frozen = value.get<bool>();
         } else {
-          ZEST_FAIL("{}: unknown key \"{}\"; allowed keys are name, params and count", where, key);
+          ZEST_FAIL("{}: unknown key \"{}\"; allowed keys are name, params, count and frozen", where, key);
         }
       }
     }

@@ -93,6 +93,7 @@ int verify(const std::string& path) {
   std::vector<float> piece;
   for (int b = 0; b < r.manifest().shard_buffers; ++b) {
     for (int u = 0; u < r.layout().num_units(); ++u) {
+      if (b > 0 && r.layout().unit(u).frozen) continue;  // values only
       for_each_piece(0, r.layout().unit(u).padded, [&](size_t i, size_t n) {
         piece.resize(n);
         r.read(b, u, i, piece);
@@ -170,6 +171,7 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
     AtomicFile file((fs::path(publisher.partial_dir()) / name).string());
     for (int b = 0; b < m.shard_buffers; ++b) {
       for (int u = 0; u < L.num_units(); ++u) {
+        if (b > 0 && L.unit(u).frozen) continue;  // values only
         const size_t begin = L.unit(u).shard * static_cast<size_t>(q);
         for_each_piece(begin, begin + L.unit(u).shard, [&](size_t i, size_t n) {
           piece.resize(n);

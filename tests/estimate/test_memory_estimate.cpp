@@ -305,14 +305,15 @@ TEST_CASE("the engine's measured bytes equal the estimate") {
   m.units = {{"a", {91, 7}, 1}, {"b", {35, 5, 1}, 1}, {"c", {33}, 1}};
   for (int world : {1, 3}) {
     for (int stage : {0, 1, 2, 3}) {
-      for (const bool bf16 : {false, true}) {
+      for (const int precision : {0, 1, 2}) {  // fp32; bf16; bf16 with fp32 accumulation
         for (const int64_t accum : {1, 2}) {
           CAPTURE(world);
           CAPTURE(stage);
-          CAPTURE(bf16);
+          CAPTURE(precision);
           CAPTURE(accum);
           EngineConfig config = test::base_config(stage);
-          config.bf16 = bf16;
+          config.bf16 = precision > 0;
+          if (precision == 2) config.grad_accum_dtype = DType::kFloat32;
           config.gradient_accumulation_steps = accum;
           const MemoryEstimate e = estimate_memory(m, EstimateOptions::from_config(config, world));
           const std::vector<test::RankResult> res = test::run_engine(config, test::runs(world, 2));
