@@ -80,6 +80,8 @@ struct TorchModule::Unit {
   std::string name;
   const torch::nn::Module* module = nullptr;  // the wrapped module for <root>
   std::vector<Param> params;
+  bool frozen = false;  // no gradients, hooks or grad storage
+  int companion = -1;   // a trainable unit's frozen parameters, gathered with it
   bool sharded = false;  // stage 3 and not persistent: the memory moves between gathers
   c10::Storage storage;
   c10::Storage grad_storage;
@@ -192,10 +194,29 @@ void check_param(const std::string& name, const torch::Tensor& t) {
   ZEST_CHECK(t.is_floating_point(), "parameter '{}' is {}: only floating-point parameters are trained", name,
              c10::toString(t.scalar_type()));
   ZEST_CHECK(t.layout() == torch::kStrided, "parameter '{}' is not a dense tensor", name);
-  ZEST_CHECK(t.requires_grad(),
-             "parameter '{}' does not require grad: frozen parameters are not supported (make it a "
-             "buffer, with allow_buffers, or train it)",
-             name);
+}
+
+// A unit with trainable and frozen parameters becomes two: the trainable
+// ones under the unit's name, then the frozen ones as "<name>:frozen"
+// (engine units are all trainable or all frozen). Marks which is which.
+std::vector<FoundUnit> split_frozen(std::vector<FoundUnit> found, std::vector<bool>& frozen) {
+  std::vector<FoundUnit> out;
+  for (FoundUnit& f : found) {
+    FoundUnit cold{f.name + ":frozen", f.module, {}};
+    FoundUnit warm{f.name, f.module, {}};
+    for (auto& p : f.params) (p.second.requires_grad() ? warm : cold).params.push_back(std::move(p));
+    if (warm.params.empty()) {
+      cold.name = f.name;
+    } else {
+      out.push_back(std::move(warm));
+      frozen.push_back(false);
+    }
+    if (!cold.params.empty()) {
+      out.push_back(std::move(cold));
+      frozen.push_back(true);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -211,13 +232,15 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
                "TorchModuleOptions::allow_buffers",
                buffers.size(), buffers.is_empty() ? "" : buffers.keys().front());
   }
-  std::vector<FoundUnit> found = find_units(*module_, options);
+  std::vector<bool> frozen;
+  std::vector<FoundUnit> found = split_frozen(find_units(*module_, options), frozen);
   std::map<std::string, torch::Tensor> by_name;
-  for (const FoundUnit& f : found) {
+  for (size_t i = 0; i < found.size(); ++i) {
+    const FoundUnit& f = found[i];
     std::vector<ParamSpec> specs;
     for (const auto& [name, t] : f.params) {
       check_param(name, t);
-      specs.push_back({name, t.sizes().vec(), options.group ? options.group(name, t) : "default"});
+      specs.push_back({name, t.sizes().vec(), options.group ? options.group(name, t) : "default", !frozen[i]});
       by_name.emplace(name, t);
     }
     engine_.add_unit(f.name, std::move(specs));
@@ -241,16 +264,26 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
     unit->name = UL.name;
     unit->module = found[static_cast<size_t>(u)].module;
     unit->sharded = !engine_.persistent(u);
+    unit->frozen = UL.frozen;
+    if (UL.frozen && u > 0 && found[static_cast<size_t>(u) - 1].module == unit->module && !frozen[static_cast<size_t>(u) - 1]) {
+      units_.back()->companion = u;
+    }
     const size_t bytes = UL.padded * elem_size(dtype);
     unit->storage = c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(nullptr, device), nullptr, false);
-    unit->grad_storage = c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(nullptr, device), nullptr, false);
+    if (!UL.frozen) {
+      unit->grad_storage =
+          c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(nullptr, device), nullptr, false);
+    }
     for (const ParamLayout& p : UL.params) {
       Unit::Param q;
       q.name = p.name;
       q.tensor = by_name.at(p.name);
       const std::vector<int64_t> strides = contiguous_strides(p.shape);
       q.view = torch::empty({0}, opts).set_(unit->storage, static_cast<int64_t>(p.offset), p.shape, strides);
-      q.grad_view = torch::empty({0}, opts).set_(unit->grad_storage, static_cast<int64_t>(p.offset), p.shape, strides);
+      if (!UL.frozen) {
+        q.grad_view =
+            torch::empty({0}, opts).set_(unit->grad_storage, static_cast<int64_t>(p.offset), p.shape, strides);
+      }
       q.empty = torch::empty({0}, opts);
       unit->params.push_back(std::move(q));
     }
@@ -267,7 +300,7 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
   }
   for (int u = 0; u < L.num_units(); ++u) {
     Unit& unit = *units_[static_cast<size_t>(u)];
-    for (size_t i = 0; i < unit.params.size(); ++i) {
+    for (size_t i = 0; i < unit.params.size() && !unit.frozen; ++i) {
       Unit::Param& q = unit.params[i];
       q.tensor.mutable_grad() = torch::Tensor();
       q.accumulator = torch::autograd::impl::grad_accumulator(q.tensor);
@@ -286,6 +319,10 @@ TorchModule::~TorchModule() {
   torch::NoGradGuard no_grad;
   for (const auto& unit : units_) {
     for (Unit::Param& q : unit->params) {
+      if (q.accumulator == nullptr) {  // frozen
+        q.tensor.set_data(unit->pointed != nullptr ? q.view.clone() : q.empty);
+        continue;
+      }
       auto& pre = q.accumulator->pre_hooks();
       pre.erase(std::remove_if(pre.begin(), pre.end(),
                                [](const auto& h) { return dynamic_cast<Hooks::Pre*>(h.get()) != nullptr; }),
@@ -338,22 +375,40 @@ TorchModule::Unit& TorchModule::unit(int u) {
 }
 
 TorchModule::Gathered::Gathered(TorchModule& tm, int unit) : tm_(tm), unit_(unit) {
-  Unit& u = tm.unit(unit);
-  if (u.forward_depth++ == 0) {
-    u.fwd.emplace(tm.engine_.gather(unit));
-    if (u.sharded) tm.point_params(u, u.fwd->data());
-  }
+  tm.enter_forward(unit);
+  if (const int c = tm.unit(unit).companion; c >= 0) tm.enter_forward(c);
 }
 
 TorchModule::Gathered::~Gathered() {
-  Unit& u = tm_.unit(unit_);
+  if (const int c = tm_.unit(unit_).companion; c >= 0) tm_.leave_forward(c);
+  tm_.leave_forward(unit_);
+}
+
+void TorchModule::enter_forward(int unit) {
+  Unit& u = this->unit(unit);
+  if (u.forward_depth++ == 0) {
+    u.fwd.emplace(engine_.gather(unit));
+    if (u.sharded) point_params(u, u.fwd->data());
+  }
+}
+
+void TorchModule::leave_forward(int unit) {
+  Unit& u = this->unit(unit);
   if (--u.forward_depth > 0) return;
-  if (u.sharded && !u.bwd) tm_.unpoint_params(u);
+  if (u.sharded && !u.bwd) unpoint_params(u);
   u.fwd.reset();
 }
 
+void TorchModule::release_backward(Unit& u) {
+  if (u.sharded && u.forward_depth == 0) unpoint_params(u);
+  u.bwd.reset();
+}
+
 void TorchModule::regather_for_backward(int unit, const torch::Tensor& output) {
-  if (!units_[static_cast<size_t>(unit)]->sharded) return;  // nothing to gather
+  // Nothing to gather: the unit and its frozen companion stay in memory (a
+  // companion may be sharded where its small trainable unit is not).
+  const Unit& u = *units_[static_cast<size_t>(unit)];
+  if (!u.sharded && (u.companion < 0 || !units_[static_cast<size_t>(u.companion)]->sharded)) return;
   if (!output.defined() || !output.requires_grad()) return;
   output.register_hook([this, unit](const torch::Tensor&) {
     backward_reached(unit);
@@ -366,6 +421,8 @@ void TorchModule::backward_reached(int unit) {
   if (u.bwd || u.done) return;
   u.bwd.emplace(engine_.gather(unit));
   point_params(u, u.bwd->data());
+  // The frozen parameters of the unit take part in its backward too.
+  if (u.companion >= 0) backward_reached(u.companion);
 }
 
 void TorchModule::before_accumulate(int unit, size_t param) {
@@ -409,8 +466,8 @@ void TorchModule::finish_grads(Unit& u) {
   u.grads.reset();
   for (Unit::Param& q : u.params) q.tensor.mutable_grad() = torch::Tensor();
   u.done = true;
-  if (u.sharded && u.forward_depth == 0) unpoint_params(u);
-  u.bwd.reset();
+  release_backward(u);
+  if (u.companion >= 0) release_backward(*units_[static_cast<size_t>(u.companion)]);
 }
 
 StepResult TorchModule::step() {
@@ -424,6 +481,12 @@ StepResult TorchModule::step() {
   // order (the same on every rank).
   for (int i = 0; i < num_units(); ++i) {
     Unit& u = *units_[static_cast<size_t>(i)];
+    // A frozen unit has no gradients; what backward gathered of it (a unit
+    // all frozen, which no accumulator tells the end of) goes back now.
+    if (u.frozen) {
+      if (u.bwd) release_backward(u);
+      continue;
+    }
     if (u.done) continue;
     if (!u.grads) {
       if (!u.bwd) u.bwd.emplace(engine_.gather(i));

@@ -49,6 +49,15 @@
 //   is the mean over its own micro-batch (torch's reduction 'mean'), and the
 //   update equals torch's on the global batch. zero_grad() is not needed.
 //
+// Frozen parameters: a parameter whose requires_grad() is false when the
+// TorchModule is made is registered frozen (engine.h): no gradient, no
+// optimizer state, its value fixed, saved with checkpoints. The frozen
+// parameters of a unit with trainable ones form a unit of their own,
+// "<unit>:frozen", right after it, gathered and released with it; a unit
+// whose parameters are all frozen is one frozen unit. Turning requires_grad
+// on or off afterwards changes nothing: make a new engine and TorchModule
+// (a weights-only load carries the values over).
+//
 // Supported: any forward made of torch operations on the parameters, with
 // parameters used any number of times within their unit's forward; units
 // called in any order, also more than once; modules whose buffers are
@@ -57,8 +66,7 @@
 //   tensor registered in two units' modules: put both modules in one unit);
 //   a tensor registered twice within one unit is one parameter, under its
 //   first name;
-// - parameters that are not floating-point, not dense, or that do not
-//   require grad (frozen);
+// - parameters that are not floating-point or not dense;
 // - buffers, unless options.allow_buffers (they stay the module's: not
 //   sharded, averaged or checkpointed, so they must be equal on every rank);
 // - at stage 3, a gradient reaching a sharded unit that is not gathered (its
@@ -185,6 +193,10 @@ class TorchModule {
   void after_accumulate(int unit, size_t param);
   void finish_grads(Unit& u);
   void point_params(Unit& u, const void* data);
+  // Gathered's work for one unit (a unit and its frozen companion).
+  void enter_forward(int unit);
+  void leave_forward(int unit);
+  void release_backward(Unit& u);
   void unpoint_params(Unit& u);
 
   Engine& engine_;
