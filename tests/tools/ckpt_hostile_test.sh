@@ -84,4 +84,13 @@ refused "--world '2147483648': expected a whole number" "$estimate" --params 1e9
 python3 -c 'print("[" * 100000 + "]" * 100000)' >"$work/deep.json"
 refused "units" "$estimate" --units "$work/deep.json" --world 8
 
+# Finding 10: FIFOs where the tools read a file fail at once (timeout: a hang
+# exits 124 and fails the check).
+mkfifo "$work/fifo"
+refused "is a FIFO (named pipe), not a regular file" timeout 20 "$estimate" --units "$work/fifo" --world 8
+refused "is a FIFO (named pipe), not a regular file" timeout 20 "$mlp" --config "$work/fifo"
+cp -a "$work/ck" "$work/ck3"
+rm "$work/ck3/latest" && mkfifo "$work/ck3/latest"
+refused "is a FIFO (named pipe), not a regular file" timeout 20 "$ckpt" inspect "$work/ck3"
+
 echo "zest-ckpt hostile: all checks passed"
