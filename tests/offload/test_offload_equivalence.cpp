@@ -142,3 +142,17 @@ TEST_CASE("offload settings the engine cannot honour are errors naming the key")
   config.zero.stage = 2;
   CHECK_NOTHROW(construct(config));
 }
+
+TEST_CASE("an engine whose host allocator was destroyed says so instead of touching freed memory") {
+  run_inprocess(1, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    auto host = std::make_unique<CachingAllocator>(make_host_allocator());
+    Engine engine(offloaded(base_config(1)), comm, alloc, *host, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    host.reset();  // a caller's bug: the engine borrows it
+    const char* what = "the host CachingAllocator this Engine was created with has been destroyed";
+    CHECK_THROWS_WITH_AS(engine.memory_report(), doctest::Contains(what), Error);
+    CHECK_THROWS_WITH_AS(engine.step(), doctest::Contains(what), Error);
+  });
+}
