@@ -165,6 +165,47 @@ Taken grad_units(const std::vector<std::pair<size_t, size_t>>& all, const Estima
 
 int64_t to_bytes(size_t numel, size_t elem_bytes) { return static_cast<int64_t>(numel * elem_bytes); }
 
+// engine/optimizer_offload.cpp: offloaded_numel (ratio of the owned
+// elements, a multiple of kParamAlign below 1) and chunk_for (a sixteenth of
+// the host part, aligned, within [kParamAlign, 2^22]).
+size_t offloaded_numel_of(size_t owned, double ratio) {
+  if (ratio >= 1.0) return owned;
+  const auto n = static_cast<size_t>(std::floor(ratio * static_cast<double>(owned)));
+  return std::min(owned, n / kParamAlign * kParamAlign);
+}
+
+size_t offload_chunk_numel(size_t host_numel) {
+  if (host_numel == 0) return 0;
+  constexpr size_t kMaxChunkNumel = size_t{1} << 22;
+  constexpr size_t kMinChunks = 16;
+  const size_t per = (host_numel + kMinChunks - 1) / kMinChunks;
+  return std::clamp(aligned_param_offset(per), kParamAlign, kMaxChunkNumel);
+}
+
+// The host's staging (comm_buffers) of the offload pipeline: two chunk
+// slots of gradients and, in 16-bit compute, of parameters; delayed_update
+// holds the whole host part's gradients and parameters instead.
+int64_t offload_slot_bytes(size_t host_numel, const EstimateOptions& o) {
+  if (host_numel == 0) return 0;
+  const size_t b = elem_size(o.compute_dtype);
+  if (o.offload_optimizer.delayed_update) return to_bytes(2 * host_numel, b);
+  const size_t slots = o.compute_dtype == DType::kFloat32 ? 2 : 4;
+  return to_bytes(slots * offload_chunk_numel(host_numel), b);
+}
+
+// Parameter bytes of the units stage 3 shards (gathered on demand): what
+// offload_param moves to the host.
+template <typename T>
+T sharded_param_bytes(const std::vector<UnitSize>& units, const EstimateOptions& o, bool padded) {
+  T sum{};
+  for (const UnitSize& u : units) {
+    if (u.resident) continue;
+    const T shard = padded ? static_cast<T>(u.shard) : static_cast<T>(u.numel) / static_cast<T>(o.partitions());
+    sum += static_cast<T>(u.count) * static_cast<T>(elem_size(o.compute_dtype)) * shard;
+  }
+  return sum;
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOptions& options) {
@@ -173,7 +214,6 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   const EstimateOptions& o = options;
   const std::vector<UnitSize> units = unit_sizes(model, o);
   const size_t b = elem_size(o.compute_dtype);
-  const bool offload = o.offload_optimizer == OffloadDevice::kCpu;
 
   MemoryEstimate e;
   e.options = o;
@@ -184,12 +224,30 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   }
 
   const StateBytes<int64_t> s = state_bytes<int64_t>(units, o, true);
+  const StateBytes<double> bare = state_bytes<double>(units, o, false);
   const auto set = [&](MemoryCategory c, int64_t persistent, int64_t transient) {
     e.by_category[category_index(c)] = {persistent, persistent + transient};
   };
-  const StateBytes<double> bare = state_bytes<double>(units, o, false);
-  const int64_t host = offload ? s.master + s.optimizer : 0;
-  e.host_bytes = host;
+  const auto set_host = [&](MemoryCategory c, int64_t bytes) { e.host_by_category[category_index(c)] = {bytes, bytes}; };
+
+  // What lives on the host. The offloaded master is allocated in fp32 too
+  // (then a copy of the parameters the host update reads and writes).
+  const bool fp32 = o.compute_dtype == DType::kFloat32;
+  const int states = o.optimizer.state_buffers();
+  e.host_numel = o.offloads_optimizer() ? offloaded_numel_of(e.owned_numel, o.offload_optimizer.ratio) : 0;
+  const int64_t host_master = to_bytes(e.host_numel, 4);
+  const int64_t host_state = to_bytes(e.host_numel * static_cast<size_t>(states), 4);
+  const int64_t host_params = o.offloads_params() ? sharded_param_bytes<int64_t>(units, o, true) : 0;
+  const int64_t slots = offload_slot_bytes(e.host_numel, o);
+  set_host(MemoryCategory::kParameters, host_params);
+  set_host(MemoryCategory::kMasterWeights, host_master);
+  set_host(MemoryCategory::kOptimizerState, host_state);
+  set_host(MemoryCategory::kCommBuffers, slots);
+  e.host_model_state_bytes = host_params + host_master + host_state;
+  e.host_peak_bytes = e.host_model_state_bytes + slots;
+  const int64_t device_master = fp32 ? 0 : s.master - host_master;
+  const int64_t device_state = s.optimizer - host_state;
+  const int64_t device_params = s.params - host_params;
 
   Taken live;
   if (o.zero.stage == 3) {
@@ -211,21 +269,28 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   e.norm_bytes = norm_sums;
   const int64_t backward = to_bytes(live.numel, b) + to_bytes(grads.numel, b);
 
-  set(MemoryCategory::kParameters, s.params, to_bytes(live.numel, b));
+  set(MemoryCategory::kParameters, device_params, to_bytes(live.numel, b));
   set(MemoryCategory::kGradients, s.grads, to_bytes(grads.numel, b));
-  set(MemoryCategory::kMasterWeights, offload ? 0 : s.master, 0);
-  set(MemoryCategory::kOptimizerState, offload ? 0 : s.optimizer, 0);
+  set(MemoryCategory::kMasterWeights, device_master, 0);
+  set(MemoryCategory::kOptimizerState, device_state, 0);
   set(MemoryCategory::kCommBuffers, 0, std::max(staging, norm_sums));
-  e.model_state_bytes = s.params + s.grads + s.master + s.optimizer - host;
+  e.model_state_bytes = device_params + s.grads + device_master + device_state;
   e.peak_bytes = e.model_state_bytes + std::max({staging, backward, norm_sums});
 
-  const double bare_device =
-      bare.params + bare.grads + (offload ? 0.0 : bare.master + bare.optimizer);
+  // The same device states at Ψ' = Ψ, the offloaded fraction taken out.
+  const double on_device = e.owned_numel == 0 ? 1.0
+                                              : static_cast<double>(e.owned_numel - e.host_numel) /
+                                                    static_cast<double>(e.owned_numel);
+  const double bare_host_params = o.offloads_params() ? sharded_param_bytes<double>(units, o, false) : 0.0;
+  const double bare_device = bare.params - bare_host_params + bare.grads + (bare.master + bare.optimizer) * on_device;
   e.padding_bytes = e.model_state_bytes - std::llround(bare_device);
 
   e.paper_k = paper_k(o.compute_dtype, o.optimizer);
-  e.paper_bytes = paper_model_bytes(static_cast<double>(e.numel), o.world_size, o.zero.stage,
-                                    offload ? 0.0 : e.paper_k, static_cast<double>(b));
+  const PaperBytes paper = paper_offload_bytes(static_cast<double>(e.numel), o.world_size, o.zero.stage,
+                                               o.offloads_optimizer(), o.offloads_params(), e.paper_k,
+                                               static_cast<double>(b));
+  e.paper_bytes = paper.device;
+  e.paper_host_bytes = paper.host;
   return e;
 }
 
@@ -243,6 +308,24 @@ double paper_model_bytes(double psi, int world, int stage, double k, double comp
   }
 }
 
+PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_offload, bool param_offload,
+                               double k, double compute_bytes) {
+  ZEST_CHECK(world >= 1, "paper_offload_bytes: world is {}: it must be at least 1", world);
+  ZEST_CHECK(stage >= 0 && stage <= 3, "paper_offload_bytes: stage is {}: allowed values are 0, 1, 2 and 3", stage);
+  ZEST_CHECK(!param_offload || stage == 3, "paper_offload_bytes: parameters are offloaded only at stage 3, not {}",
+             stage);
+  const double b = compute_bytes;
+  const double n = stage == 0 ? 1.0 : world;
+  const double params = stage == 3 ? b * psi / n : b * psi;
+  const double grads = stage >= 2 ? b * psi / n : b * psi;
+  const double optimizer = k * psi / n;
+  PaperBytes out;
+  out.device = (param_offload ? 0.0 : params) + (optimizer_offload ? 0.0 : grads + optimizer);
+  // The host update's fp32 gradients: 4 bytes per owned parameter.
+  out.host = (param_offload ? params : 0.0) + (optimizer_offload ? optimizer + 4.0 * psi / n : 0.0);
+  return out;
+}
+
 double paper_k(DType compute_dtype, const OptimizerConfig& optimizer) {
   return (compute_dtype == DType::kFloat32 ? 0.0 : 4.0) + 4.0 * optimizer.state_buffers();
 }
@@ -252,9 +335,13 @@ size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& option
   ZEST_CHECK(device_bytes >= 0, "largest_fitting_model: device_bytes is {}: it must be >= 0",
              device_bytes);
   options.validate();
+  ZEST_CHECK(fit.host_bytes.value_or(0) >= 0, "largest_fitting_model: host_bytes is {}: it must be >= 0",
+             fit.host_bytes.value_or(0));
+  const bool peak = fit.criterion == FitCriterion::kPeak;
   const auto fits = [&](size_t psi) {
     const MemoryEstimate e = estimate_memory(ModelDescription::from_total(psi, fit.unit_numel), options);
-    return (fit.criterion == FitCriterion::kPeak ? e.peak_bytes : e.model_state_bytes) <= device_bytes;
+    return (peak ? e.peak_bytes : e.model_state_bytes) <= device_bytes &&
+           (!fit.host_bytes || (peak ? e.host_peak_bytes : e.host_model_state_bytes) <= *fit.host_bytes);
   };
   if (!fits(1)) return 0;
   // Bounded so that byte counts stay far inside int64 (2^48 parameters of
@@ -282,6 +369,8 @@ EstimateOptions EstimateOptions::from_config(const EngineConfig& config, int wor
   o.compute_dtype = config.compute_dtype();
   o.grad_accum_dtype = config.grad_accum_dtype;
   o.optimizer = config.optimizer;
+  o.offload_optimizer = config.offload_optimizer;
+  o.offload_param = config.offload_param;
   // The accumulation the engine would take at this world size.
   EngineConfig resolved = config;
   if (world_size >= 1) resolved.resolve_batch(world_size);
@@ -309,6 +398,13 @@ void EstimateOptions::validate() const {
              "stage3_max_live_parameters ({}) >= 0 (elements)",
              zero.reduce_bucket_size.value_or(1), zero.stage3_prefetch_bucket_size,
              zero.stage3_max_live_parameters);
+  ZEST_CHECK(offload_optimizer.ratio >= 0.0 && offload_optimizer.ratio <= 1.0,
+             "offload_optimizer.ratio is {}: it must be in [0, 1] (the fraction of the optimizer state offloaded)",
+             offload_optimizer.ratio);
+  ZEST_CHECK(!offloads_optimizer() || zero.stage >= 1,
+             "offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3, as in the engine; this is stage 0");
+  ZEST_CHECK(!offloads_params() || zero.stage == 3,
+             "offload_param (device cpu) is for stage 3 only, as in DeepSpeed; this is stage {}", zero.stage);
   ZEST_CHECK(live_units >= 0 && grad_units_in_flight >= 0,
              "live_units ({}) and grad_units_in_flight ({}) must be >= 0 (0: the engine's policy)",
              live_units, grad_units_in_flight);

@@ -23,9 +23,16 @@
 //               gradient-norm chunk sums of step() (comm_buffers)
 // The user's activations and workspace are not.
 //
-// ZeRO-Offload (master weights and optimizer state in host memory) is a
-// model only: ZEST does not run it. The estimate then moves those bytes to
-// `host_bytes`, as the ZeRO-Offload paper does.
+// Host memory is counted apart, by the same categories (MemoryReport's
+// host_by_category measures it): with offload_optimizer (device cpu, what
+// the engine runs) the offloaded part of each rank's fp32 master weights and
+// optimizer state (ratio of the owned elements, engine/optimizer_offload.h)
+// and the copies' staging slots (comm_buffers); with offload_param at stage
+// 3, a MODEL of ZeRO-3 offload that the engine does not run yet, the
+// parameter shards of the gathered units, which then reach the device only
+// while gathered. Gradients stay on the device: ZEST streams them to the
+// host update in chunks, where DeepSpeed keeps an fp32 copy on the host
+// (paper_offload_bytes gives that published accounting).
 #pragma once
 
 #include <array>
@@ -93,7 +100,10 @@ struct EstimateOptions {
   std::optional<DType> grad_accum_dtype;
   OptimizerConfig optimizer;              // kind and momentum: state buffers
   int64_t gradient_accumulation_steps = 1;
-  OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  // device, ratio and delayed_update are used (pin_memory does not change
+  // the bytes); offload_param: device only, at stage 3.
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
   // Overrides of the transient model; 0 derives them from the engine's
   // policy (see estimate_memory). Useful when the loop holds several units
   // gathered at once, or to reproduce a simpler model.
@@ -106,6 +116,8 @@ struct EstimateOptions {
   void validate() const;
   // 1 at stage 0, the world size at stages 1-3.
   int partitions() const { return zero.stage == 0 ? 1 : world_size; }
+  bool offloads_optimizer() const { return offload_optimizer.device == OffloadDevice::kCpu; }
+  bool offloads_params() const { return offload_param.device == OffloadDevice::kCpu; }
 };
 
 struct CategoryEstimate {
@@ -123,6 +135,9 @@ struct MemoryEstimate {
 
   // Device bytes per rank by category (offloaded state is not here).
   std::array<CategoryEstimate, kNumMemoryCategories> by_category{};
+  // Host bytes per rank by category: all zero without offload.
+  std::array<CategoryEstimate, kNumMemoryCategories> host_by_category{};
+  size_t host_numel = 0;  // owned elements whose master and state are on the host
   // Persistent parameters + gradients + master weights + optimizer state
   // (what MemoryReport::model_states() measures).
   int64_t model_state_bytes = 0;
@@ -131,7 +146,11 @@ struct MemoryEstimate {
   // backward's live parameters and gradients, step's norm sums). Exact when
   // the largest unit is the last one registered.
   int64_t peak_bytes = 0;
-  int64_t host_bytes = 0;  // offload_optimizer: cpu (a model), else 0
+  // Host: persistent parameters, master weights and optimizer state (what
+  // MemoryReport::host_model_states() measures), and with the staging slots
+  // at their peak.
+  int64_t host_model_state_bytes = 0;
+  int64_t host_peak_bytes = 0;
   // step()'s gradient-norm workspace (comm_buffers while step() runs): one
   // double per 256 owned elements and one exact sum (optim/grad_norm.h), so
   // O(shard): it shrinks with the world size.
@@ -139,14 +158,17 @@ struct MemoryEstimate {
   // model_state_bytes minus the same model states without alignment and
   // shard padding (Ψ/N elements per rank, fractions included).
   int64_t padding_bytes = 0;
-  // The ZeRO paper's formula at Ψ, with K and b as the options imply (device
-  // bytes: K = 0 with offload), and the K used.
+  // The ZeRO paper's formula at Ψ, with K and b as the options imply, and
+  // the K used; with offload, the published device and host figures of
+  // paper_offload_bytes.
   double paper_bytes = 0.0;
+  double paper_host_bytes = 0.0;
   double paper_k = 0.0;
 
   const CategoryEstimate& operator[](MemoryCategory c) const {
     return by_category[category_index(c)];
   }
+  const CategoryEstimate& host(MemoryCategory c) const { return host_by_category[category_index(c)]; }
 };
 
 // Per-rank bytes of `model` under `options`. The model layout is the
@@ -169,6 +191,23 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
 //   stage 1  2bΨ + KΨ/N       stage 3  (2b + K)Ψ/N
 double paper_model_bytes(double psi, int world, int stage, double k = 12.0,
                          double compute_bytes = 2.0);
+// Per-rank model-state bytes as the offload papers and DeepSpeed count them
+// (its estimate_zero2/zero3_model_states_mem_needs, without their 1.5 buffer
+// factor): every parameter's fp32 master, optimizer state and fp32 gradient
+// for the host update, K + 4 bytes, on the host, divided over the N ranks at
+// stages 1-3; the b-byte parameters on the device (whole at stages 1-2, Ψ/N
+// at 3), or with param_offload (stage 3) on the host too; b-byte gradients
+// are passed through to the host, not held. Without offload_optimizer, the
+// ZeRO formula on the device and nothing on the host. At K = 12, b = 2:
+//   stages 1-2 + optimizer offload  device 2Ψ      host 16Ψ/N
+//   stage 3 + optimizer offload     device 2Ψ/N    host 16Ψ/N
+//   stage 3 + both offloaded        device 0       host 18Ψ/N
+struct PaperBytes {
+  double device = 0.0;
+  double host = 0.0;
+};
+PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_offload, bool param_offload,
+                               double k = 12.0, double compute_bytes = 2.0);
 // K for a run in `compute_dtype`: the fp32 master copy (none in fp32, where
 // the parameters are the master) plus the optimizer's fp32 state buffers.
 double paper_k(DType compute_dtype, const OptimizerConfig& optimizer);
@@ -183,6 +222,10 @@ struct FitOptions {
   // Models are from_total(Ψ, unit_numel): units of this many parameters, or
   // one unit when 0 (then stages 2-3 gather or stage the whole model).
   size_t unit_numel = 0;
+  // When set, the host bytes one rank may use (host memory / ranks per
+  // host): the model must fit both (host_peak_bytes, or with kModelStates
+  // host_model_state_bytes).
+  std::optional<int64_t> host_bytes;
 };
 
 // The largest Ψ whose estimate under `options` (its stage included) fits in
@@ -191,6 +234,13 @@ struct FitOptions {
 // (the persistence threshold makes them not).
 size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& options,
                              const FitOptions& fit = {});
+
+// "The largest model that fits N devices of device_bytes with host_bytes of
+// host memory per rank": a row per offload choice (none; optimizer; at stage
+// 3 optimizer and parameters), a column per stage of `stages`, each cell the
+// largest Ψ by the peak criterion.
+std::string format_fit_table(const EstimateOptions& options, int64_t device_bytes, int64_t host_bytes,
+                             size_t unit_numel, const std::vector<int>& stages = {0, 1, 2, 3});
 
 struct TableOptions {
   std::vector<int> stages = {0, 1, 2, 3};

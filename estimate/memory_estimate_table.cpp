@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "zest/core/check.h"
 #include "zest/core/units.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/optim/exact_sum.h"
@@ -93,6 +94,10 @@ double category(const MemoryEstimate& e, MemoryCategory c, bool peak) {
   return static_cast<double>(peak ? e[c].peak : e[c].persistent);
 }
 
+bool offload_allowed(const EstimateOptions& o) {
+  return (!o.offloads_optimizer() || o.zero.stage >= 1) && (!o.offloads_params() || o.zero.stage == 3);
+}
+
 double transient(const MemoryEstimate& e, MemoryCategory c) {
   return static_cast<double>(e[c].peak - e[c].persistent);
 }
@@ -116,13 +121,18 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
   for (int stage : table.stages) {
     EstimateOptions o = options;
     o.zero.stage = stage;
+    // The stages the offload choice allows (stages 1-3; parameters: 3), when
+    // more than one was asked for.
+    if (table.stages.size() > 1 && !offload_allowed(o)) continue;
     est.push_back(estimate_memory(model, o));
     largest = std::max(largest, static_cast<double>(est.back().peak_bytes));
   }
+  ZEST_CHECK(!est.empty(), "no stage of those asked for allows this offload choice (optimizer: stages 1-3; "
+                           "parameters: stage 3)");
   const EstimateOptions& o = est.front().options;
   const int b = static_cast<int>(elem_size(o.compute_dtype));
   const int states = o.optimizer.state_buffers();
-  const bool offload = o.offload_optimizer == OffloadDevice::kCpu;
+  const bool offload = o.offloads_optimizer() || o.offloads_params();
 
   std::string out = fmt::format("model: {}\n", model.summary());
   out += fmt::format(
@@ -132,9 +142,14 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
       states == 1 ? "" : "s", est.front().paper_k, o.gradient_accumulation_steps);
   out += "Ψ = parameters; Ψ' = elements with alignment and shard padding; s = Ψ'/N owned per rank "
          "(N = 1 at stage 0)\n";
-  if (offload) {
-    out += "offload_optimizer: cpu is a MODEL from the ZeRO-Offload paper: ZEST does not run it. "
-           "Master weights and optimizer state are counted in host memory.\n";
+  if (o.offloads_optimizer()) {
+    out += fmt::format("offload_optimizer: cpu, ratio {:g}{}: that part of each rank's master weights and optimizer "
+                       "state is in host memory, with the copies' staging\n",
+                       o.offload_optimizer.ratio, o.offload_optimizer.delayed_update ? ", delayed update" : "");
+  }
+  if (o.offloads_params()) {
+    out += "offload_param: cpu is a MODEL of ZeRO-3 offload (the engine does not run it yet): the sharded "
+           "parameters are counted in host memory\n";
   }
   out += "\n";
 
@@ -155,25 +170,44 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
   t.bytes("master_weights",
           [](const MemoryEstimate& e) { return category(e, C::kMasterWeights, false); },
           o.compute_dtype == DType::kFloat32 ? "none: the fp32 parameters are the master copy"
-          : offload                          ? "0 on the device (4s on the host)"
-                                             : "4s");
+          : o.offloads_optimizer()            ? "4(s - h), h owned elements on the host"
+                                              : "4s");
   t.bytes("optimizer_state",
           [](const MemoryEstimate& e) { return category(e, C::kOptimizerState, false); },
-          offload ? fmt::format("0 on the device ({}s on the host)", 4 * states)
-                  : fmt::format("{}s", 4 * states));
+          o.offloads_optimizer() ? fmt::format("{}(s - h)", 4 * states) : fmt::format("{}s", 4 * states));
   t.bytes("model states", [](const MemoryEstimate& e) { return static_cast<double>(e.model_state_bytes); },
           "the sum of the four above");
   t.gib("  in binary units", [](const MemoryEstimate& e) { return e.model_state_bytes; });
-  t.bytes("ZeRO paper", [](const MemoryEstimate& e) { return e.paper_bytes; },
-          fmt::format("(2b+K)Ψ | 2bΨ+KΨ/N | bΨ+(b+K)Ψ/N | (2b+K)Ψ/N for stages 0|1|2|3, "
-                      "b = {}, K = {:g}",
-                      b, offload ? 0.0 : est.front().paper_k));
+  if (offload) {
+    t.bytes("published (device)", [](const MemoryEstimate& e) { return e.paper_bytes; },
+            fmt::format("paper_offload_bytes: bΨ at 1-2, bΨ/N at 3, 0 with parameters offloaded; b = {}", b));
+  } else {
+    t.bytes("ZeRO paper", [](const MemoryEstimate& e) { return e.paper_bytes; },
+            fmt::format("(2b+K)Ψ | 2bΨ+KΨ/N | bΨ+(b+K)Ψ/N | (2b+K)Ψ/N for stages 0|1|2|3, "
+                        "b = {}, K = {:g}",
+                        b, est.front().paper_k));
+  }
   t.bytes("padding", [](const MemoryEstimate& e) { return static_cast<double>(e.padding_bytes); },
           "model states minus the same with Ψ' = Ψ (no alignment or padding)");
   if (offload) {
-    t.bytes("host (offload model)", [](const MemoryEstimate& e) { return static_cast<double>(e.host_bytes); },
-            fmt::format("{}s: master weights and optimizer state",
-                        4 * states + (o.compute_dtype == DType::kFloat32 ? 0 : 4)));
+    t.bytes("host: parameters", [](const MemoryEstimate& e) { return static_cast<double>(e.host(C::kParameters).persistent); },
+            fmt::format("{}s of the sharded units (offload_param)", b));
+    t.bytes("host: master+optim",
+            [](const MemoryEstimate& e) {
+              return static_cast<double>(e.host(C::kMasterWeights).persistent +
+                                         e.host(C::kOptimizerState).persistent);
+            },
+            fmt::format("{}h (the master in fp32 even in fp32 compute)", 4 + 4 * states));
+    t.bytes("host: staging", [](const MemoryEstimate& e) { return static_cast<double>(e.host(C::kCommBuffers).peak); },
+            o.offload_optimizer.delayed_update ? fmt::format("{}h: the host part's gradients and parameters", 2 * b)
+                                               : fmt::format("{} chunk slots of {} bytes per element",
+                                                             o.compute_dtype == DType::kFloat32 ? 2 : 4, b));
+    t.bytes("host model states", [](const MemoryEstimate& e) { return static_cast<double>(e.host_model_state_bytes); },
+            "host parameters + master + optimizer state");
+    t.bytes("host peak", [](const MemoryEstimate& e) { return static_cast<double>(e.host_peak_bytes); },
+            "host model states + staging");
+    t.bytes("published (host)", [](const MemoryEstimate& e) { return e.paper_host_bytes; },
+            fmt::format("paper_offload_bytes: (K+4)Ψ/N (+ bΨ/N with parameters), K = {:g}", est.front().paper_k));
   }
   t.row("live / grad units", [](const MemoryEstimate& e) {
     return fmt::format("{} / {}", e.live_units, e.grad_units_in_flight);
@@ -196,7 +230,7 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
     const size_t unit = model.total_only && model.num_units() == 1 ? 0 : model.largest_unit_numel();
     const auto fit = [&](FitCriterion c) {
       return [=](const MemoryEstimate& e) {
-        return short_count(largest_fitting_model(device, e.options, {c, unit}));
+        return short_count(largest_fitting_model(device, e.options, {c, unit, std::nullopt}));
       };
     };
     const std::string size = fmt::format("{:.3g} GB = {}", static_cast<double>(device) / 1e9,
@@ -213,6 +247,47 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
   out += t.text();
   out += "\nRequested bytes by category, as the allocator counts them; activations and the "
          "allocator's rounding and caching are not included.\n";
+  return out;
+}
+
+std::string format_fit_table(const EstimateOptions& options, int64_t device_bytes, int64_t host_bytes,
+                             size_t unit_numel, const std::vector<int>& stages) {
+  struct Choice {
+    const char* name;
+    bool optimizer, params;
+  };
+  const Choice choices[] = {{"no offload", false, false},
+                            {"offload_optimizer", true, false},
+                            {"optimizer + param", true, true}};
+  std::string out = fmt::format("largest Ψ that fits a device of {} and a host share of {} per rank, at the peak "
+                                "(N = {}; units of {})\n",
+                                format_bytes(device_bytes), format_bytes(host_bytes), options.world_size,
+                                unit_numel == 0 ? "one unit" : with_commas(unit_numel) + " parameters");
+  out += fmt::format("{:<{}}", "", kLabelWidth);
+  for (int stage : stages) out += fmt::format("{:>{}}", fmt::format("stage {}", stage), kCellWidth);
+  out += "\n";
+  for (const Choice& c : choices) {
+    out += fmt::format("{:<{}}", c.name, kLabelWidth);
+    for (int stage : stages) {
+      EstimateOptions o = options;
+      o.zero.stage = stage;
+      o.offload_optimizer.device = c.optimizer ? OffloadDevice::kCpu : OffloadDevice::kNone;
+      o.offload_param.device = c.params ? OffloadDevice::kCpu : OffloadDevice::kNone;
+      if (!offload_allowed(o)) {
+        out += fmt::format("{:>{}}", "-", kCellWidth);
+        continue;
+      }
+      const size_t psi = largest_fitting_model(device_bytes, o, {FitCriterion::kPeak, unit_numel, host_bytes});
+      // Which memory stops the next parameter: the host when the device
+      // alone would still take it.
+      const MemoryEstimate next = estimate_memory(ModelDescription::from_total(psi + 1, unit_numel), o);
+      const bool host_bound = next.peak_bytes <= device_bytes;
+      out += fmt::format("{:>{}}", short_count(psi) + (host_bound ? " (h)" : ""), kCellWidth);
+    }
+    out += "\n";
+  }
+  out += "(h): host memory is the limit; otherwise the device. offload_param is a model: the engine does not "
+         "run it yet.\n";
   return out;
 }
 

@@ -5,6 +5,7 @@
 //
 //   zest-estimate --params 7.5e9 --world 64
 //   zest-estimate --units model.txt --world 8 --dtype bf16 --device-memory 80GiB
+//   zest-estimate --params 13e9 --world 1 --device-memory 32GiB --host-memory 256GiB
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -41,7 +42,12 @@ options:
   --live-units N           stage 3: gathered units at once (default: the engine's prefetch window)
   --grad-units N           stages 2-3: full gradient buffers at once (default: from the reduce bucket)
   --device-memory SIZE     e.g. 80GiB, 80GB, 8.5e10: also print the largest model that fits
-  --offload-optimizer none|cpu  cpu: a model of ZeRO-Offload (ZEST does not run it)
+  --offload-optimizer none|cpu  cpu: fp32 master weights and optimizer state in host memory (stages 1-3)
+  --offload-ratio R        with --offload-optimizer cpu: the fraction offloaded, 0 to 1 (default 1)
+  --offload-param none|cpu cpu (stage 3): a model of parameter offload (the engine does not run it yet)
+  --host-memory SIZE       with --device-memory: host memory of one machine; prints the largest model
+                           that fits, per stage and offload choice
+  --ranks-per-host N       ranks sharing --host-memory (default: --world, one machine)
   --config FILE            a DeepSpeed JSON config: stage, dtype, optimizer, accumulation,
                            thresholds and buckets from it; the flags above override it
 )";
@@ -88,7 +94,8 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   static const char* kFlags[] = {"--params", "--unit-numel", "--units", "--world", "--stage",
                                  "--dtype", "--optimizer", "--accum", "--persistence-threshold",
                                  "--live-units", "--grad-units", "--device-memory",
-                                 "--offload-optimizer", "--config"};
+                                 "--offload-optimizer", "--offload-ratio", "--offload-param",
+                                 "--host-memory", "--ranks-per-host", "--config"};
   CLI::App app("zest-estimate");
   std::map<std::string, std::string> values;
   for (const char* f : kFlags) app.add_option(f, values[f]);
@@ -104,6 +111,16 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
     if (app.count(f) > 0) flags[f] = values[f];
   }
   return flags;
+}
+
+// A fraction in [0, 1].
+double ratio_arg(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(v >= 0.0 && v <= 1.0)) {
+    usage_error("{} '{}': expected a fraction from 0 to 1 (e.g. 0.5)", flag, text);
+  }
+  return v;
 }
 
 zest::OptimizerConfig optimizer_arg(const std::string& text) {
@@ -149,8 +166,20 @@ int run(int argc, char** argv) {
   if (has("--device-memory")) table.device_bytes = size_arg("--device-memory", flags["--device-memory"]);
   if (has("--offload-optimizer")) {
     const std::string d = cli::choice("--offload-optimizer", flags["--offload-optimizer"], {"none", "cpu"});
-    opt.offload_optimizer = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
+    opt.offload_optimizer.device = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
   }
+  if (has("--offload-ratio")) opt.offload_optimizer.ratio = ratio_arg("--offload-ratio", flags["--offload-ratio"]);
+  if (has("--offload-param")) {
+    const std::string d = cli::choice("--offload-param", flags["--offload-param"], {"none", "cpu"});
+    opt.offload_param.device = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
+  }
+  if (has("--ranks-per-host") && !has("--host-memory")) usage_error("--ranks-per-host goes with --host-memory");
+  if (has("--host-memory") && !has("--device-memory")) {
+    usage_error("--host-memory goes with --device-memory (the largest model that fits both)");
+  }
+  const int per_host = has("--ranks-per-host")
+                           ? static_cast<int>(count_arg("--ranks-per-host", flags["--ranks-per-host"], 1, world))
+                           : world;
 
   const zest::ModelDescription model =
       has("--params") ? zest::ModelDescription::from_total(
@@ -158,6 +187,11 @@ int run(int argc, char** argv) {
                             has("--unit-numel") ? count_arg("--unit-numel", flags["--unit-numel"], 1) : 0)
                       : zest::parse_model_description(zest::read_text_file(flags["--units"]));
   std::fputs(zest::format_estimate_table(model, opt, table).c_str(), stdout);
+  if (has("--host-memory")) {
+    const int64_t host = size_arg("--host-memory", flags["--host-memory"]) / per_host;
+    const size_t unit = model.total_only && model.num_units() == 1 ? 0 : model.largest_unit_numel();
+    std::fputs(("\n" + zest::format_fit_table(opt, *table.device_bytes, host, unit, table.stages)).c_str(), stdout);
+  }
   return 0;
 }
 

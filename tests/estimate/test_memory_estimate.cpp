@@ -60,6 +60,20 @@ void check_states(const MemoryEstimate& e, const Expected& x) {
   CHECK(e.model_state_bytes == x.params + x.grads + x.master + x.optimizer);
 }
 
+// Each rank's measured bytes, device and host, equal the estimate.
+void check_measured(const MemoryEstimate& e, const std::vector<test::RankResult>& res) {
+  for (const test::RankResult& r : res) {
+    for (MemoryCategory c : kAllMemoryCategories) {
+      CAPTURE(category_name(c));
+      CHECK(r.memory[c].current == e[c].persistent);
+      CHECK(r.memory[c].peak == e[c].peak);
+      CHECK(r.memory.host(c).current == e.host(c).persistent);
+    }
+    CHECK(r.memory.model_states() == e.model_state_bytes);
+    CHECK(r.memory.host_model_states() == e.host_model_state_bytes);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the ZeRO paper's example: 7.5B parameters, N_d = 64, K = 12") {
@@ -183,21 +197,180 @@ TEST_CASE("accumulation, the persistence threshold and the offload model") {
   CHECK(e.live_units == 1);
   CHECK(e[MemoryCategory::kParameters].peak == 1024 + 1536 + 3072);
 
-  // Offload (a model): master 4*768 and optimizer 8*768 move to the host.
+}
+
+TEST_CASE("offload: device and host bytes by category, by hand") {
+  const ModelDescription m = small_model();
+  using C = MemoryCategory;
+  // Stage 2, W = 3, fp16 AdamW: s = 768 owned elements, all on the host
+  // (ratio 1): master 4*768 and optimizer 8*768 there; the device keeps the
+  // parameters (2*2304) and the gradient shard (2*768). The staging: chunks
+  // of max(64, ceil(768/16) aligned to 64) = 64 elements, two slots each of
+  // gradients and parameters, 4*64*2 bytes.
   EstimateOptions off = options(3, 2, DType::kFloat16, OptimizerKind::kAdamW);
-  off.offload_optimizer = OffloadDevice::kCpu;
+  off.offload_optimizer.device = OffloadDevice::kCpu;
   const MemoryEstimate h = estimate_memory(m, off);
-  CHECK(h.model_state_bytes == 4608 + 1536);
-  CHECK(h.host_bytes == 3072 + 6144);
-  CHECK(h[MemoryCategory::kOptimizerState].persistent == 0);
-  CHECK(h.paper_bytes == doctest::Approx(2040 + 2040.0 / 3));  // bΨ + bΨ/N, K = 0 on the device
+  check_states(h, {4608, 1536, 0, 0});
+  CHECK(h.host_numel == 768);
+  CHECK(h.host(C::kParameters).persistent == 0);
+  CHECK(h.host(C::kGradients).persistent == 0);
+  CHECK(h.host(C::kMasterWeights).persistent == 3072);
+  CHECK(h.host(C::kOptimizerState).persistent == 6144);
+  CHECK(h.host(C::kCommBuffers).peak == 512);
+  CHECK(h.host_model_state_bytes == 9216);
+  CHECK(h.host_peak_bytes == 9216 + 512);
+  // The published accounting at Ψ = 1020: bΨ on the device, (12 + 4)Ψ/N on the host.
+  CHECK(h.paper_bytes == doctest::Approx(2040.0));
+  CHECK(h.paper_host_bytes == doctest::Approx(16.0 * 1020 / 3));
+
+  // ratio 0.5: floor(384) rounded down to 64 = 384 elements on the host, the
+  // other 384 on the device.
+  off.offload_optimizer.ratio = 0.5;
+  const MemoryEstimate r = estimate_memory(m, off);
+  check_states(r, {4608, 1536, 4 * 384, 8 * 384});
+  CHECK(r.host(C::kMasterWeights).persistent == 4 * 384);
+  CHECK(r.host(C::kOptimizerState).persistent == 8 * 384);
+  CHECK(r.host(C::kCommBuffers).peak == 4 * 64 * 2);
+  // ratio 0.01: 7 elements round down to 0: nothing offloaded.
+  off.offload_optimizer.ratio = 0.01;
+  CHECK(estimate_memory(m, off).host_peak_bytes == 0);
+
+  // delayed_update: the whole host part's gradients and parameters, 2*2*768.
+  off.offload_optimizer.ratio = 1.0;
+  off.offload_optimizer.delayed_update = true;
+  CHECK(estimate_memory(m, off).host(C::kCommBuffers).peak == 3072);
+
+  // fp32 SGD with momentum: the host master is allocated in fp32 as well
+  // (4*768), one state buffer (4*768), two gradient slots only (2*64*4).
+  EstimateOptions f = options(3, 1, DType::kFloat32, OptimizerKind::kSgd);
+  f.optimizer.momentum = 0.9f;
+  f.offload_optimizer.device = OffloadDevice::kCpu;
+  const MemoryEstimate g = estimate_memory(m, f);
+  check_states(g, {4 * 2304, 4 * 2304, 0, 0});
+  CHECK(g.host(C::kMasterWeights).persistent == 3072);
+  CHECK(g.host(C::kOptimizerState).persistent == 3072);
+  CHECK(g.host(C::kCommBuffers).peak == 512);
+
+  // Stage 3 with parameters offloaded too (a model), threshold 0: the
+  // parameter shards (2*768) move to the host; the device holds the
+  // gathered units only while they are live.
+  EstimateOptions p = options(3, 3, DType::kFloat16, OptimizerKind::kAdamW);
+  p.offload_optimizer.device = OffloadDevice::kCpu;
+  p.offload_param.device = OffloadDevice::kCpu;
+  const MemoryEstimate q = estimate_memory(m, p);
+  check_states(q, {0, 1536, 0, 0});
+  CHECK(q.host(C::kParameters).persistent == 1536);
+  CHECK(q.host_model_state_bytes == 1536 + 3072 + 6144);
+  CHECK(q.live_units == 2);
+  CHECK(q[C::kParameters].peak == 2 * (1536 + 768));
+  CHECK(q.paper_bytes == 0.0);
+  CHECK(q.paper_host_bytes == doctest::Approx(18.0 * 1020 / 3));
+
+  // Offload at the stages DeepSpeed and the engine allow only.
+  EstimateOptions bad = options(3, 0, DType::kFloat16, OptimizerKind::kAdamW);
+  bad.offload_optimizer.device = OffloadDevice::kCpu;
+  CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("needs ZeRO stage 1, 2 or 3"));
+  bad.zero.stage = 2;
+  bad.offload_param.device = OffloadDevice::kCpu;
+  CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("offload_param (device cpu) is for stage 3 only"));
+  bad.offload_param.device = OffloadDevice::kNone;
+  bad.offload_optimizer.ratio = 1.5;
+  CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("ratio is 1.5: it must be in [0, 1]"));
+}
+
+// Published per-parameter figures for mixed-precision Adam (b = 2, K = 12):
+//   ZeRO (Rajbhandari et al. 2019, /work/shared/REFERENCE.md): 16 bytes per
+//     parameter without offload = 2 fp16 parameters + 2 fp16 gradients + 12
+//     fp32 master, momentum and variance.
+//   DeepSpeed's estimators (deepspeed/runtime/zero/stage_1_and_2.py
+//     estimate_zero2_model_states_mem_needs and stage3.py
+//     estimate_zero3_model_states_mem_needs, additional_buffer_factor
+//     aside), on one node:
+//     ZeRO-2 + cpu_offload         gpu 2Ψ          cpu max(4N, 16)Ψ per node
+//     ZeRO-3 + offload_optimizer   gpu 2Ψ/N (+ the largest layer)  cpu 16Ψ per node
+//     ZeRO-3 + both                gpu the largest layer           cpu 18Ψ per node
+//     where 16 = 12 + 4 fp32 gradients for the host update, and 18 adds the
+//     2-byte parameters. Per rank on one node of N ranks: 16Ψ/N and 18Ψ/N.
+//   With the 2-byte gradients that pass through, 2 + 2 + 16 = 20 bytes per
+//   parameter: ZeRO-Infinity's count of model states (240 x layers x
+//   hidden^2 for 12 hidden^2 parameters per layer).
+TEST_CASE("the published per-parameter offload figures") {
+  const double psi = 1e9;
+  // No offload: the ZeRO formula, nothing on the host.
+  for (int stage = 0; stage <= 3; ++stage) {
+    const PaperBytes p = paper_offload_bytes(psi, 8, stage, false, false);
+    CHECK(p.device == paper_model_bytes(psi, 8, stage));
+    CHECK(p.host == 0.0);
+  }
+  CHECK(paper_offload_bytes(psi, 1, 0, false, false).device == 16 * psi);
+  // ZeRO-2 + offload on one GPU: 2Ψ on the device, 16Ψ on the host.
+  const PaperBytes z2 = paper_offload_bytes(psi, 1, 2, true, false);
+  CHECK(z2.device == 2 * psi);
+  CHECK(z2.host == 16 * psi);
+  // On 4 GPUs of one node: DeepSpeed's max(4 x 4, 16)Ψ = 16Ψ per node, 4Ψ per rank.
+  CHECK(paper_offload_bytes(psi, 4, 2, true, false).host == 4 * psi);
+  CHECK(paper_offload_bytes(psi, 4, 1, true, false).device == 2 * psi);
+  // ZeRO-3 + optimizer offload on 8 GPUs: 2Ψ/8 and 16Ψ/8.
+  const PaperBytes z3 = paper_offload_bytes(psi, 8, 3, true, false);
+  CHECK(z3.device == 2 * psi / 8);
+  CHECK(z3.host == 16 * psi / 8);
+  // ZeRO-3 + both: nothing held on the device, 18Ψ/8 on the host.
+  const PaperBytes both = paper_offload_bytes(psi, 8, 3, true, true);
+  CHECK(both.device == 0.0);
+  CHECK(both.host == 18 * psi / 8);
+  // ZeRO-Infinity's 20 bytes per parameter on one GPU: 18 held + 2 passing through.
+  const PaperBytes one = paper_offload_bytes(psi, 1, 3, true, false);
+  CHECK(one.device + one.host + 2 * psi == 20 * psi);
+  CHECK_THROWS_WITH(paper_offload_bytes(psi, 8, 2, true, true), doctest::Contains("only at stage 3"));
+
+  // ZEST's own count differs by the fp32 gradients: it streams the reduced
+  // 2-byte gradients to the host update in chunks, so the host holds 12
+  // bytes per owned parameter (plus the chunk slots), the device 2 + 2/N at
+  // stage 2. At 7.5B parameters on 64 ranks:
+  EstimateOptions o = options(64, 2, DType::kFloat16, OptimizerKind::kAdamW);
+  o.offload_optimizer.device = OffloadDevice::kCpu;
+  const MemoryEstimate e = estimate_memory(ModelDescription::from_total(7'500'000'000), o);
+  CHECK(sig3(static_cast<double>(e.host_model_state_bytes)) == sig3(12 * 7.5e9 / 64));
+  CHECK(sig3(static_cast<double>(e.model_state_bytes)) == sig3(2 * 7.5e9 + 2 * 7.5e9 / 64));
+  CHECK(e.paper_bytes == 2 * 7.5e9);
+  CHECK(e.paper_host_bytes == doctest::Approx(16 * 7.5e9 / 64));
+}
+
+TEST_CASE("the largest model that fits a device and a host") {
+  // One rank, 16 GiB device, stage 2, optimizer offloaded: by model states
+  // the device holds 4 bytes per parameter (2 + 2) and the host 12. With 64
+  // GiB of host the device binds (16 GiB / 4 < 64 GiB / 12).
+  const int64_t device = int64_t{16} << 30;
+  EstimateOptions o = options(1, 2, DType::kFloat16, OptimizerKind::kAdamW);
+  o.offload_optimizer.device = OffloadDevice::kCpu;
+  const FitOptions states{FitCriterion::kModelStates, 0, int64_t{64} << 30};
+  const size_t psi = largest_fitting_model(device, o, states);
+  CHECK(static_cast<double>(psi) == doctest::Approx(device / 4.0).epsilon(1e-6));
+  // With 32 GiB of host, the host binds: 32 GiB / 12 bytes.
+  const FitOptions small_host{FitCriterion::kModelStates, 0, int64_t{32} << 30};
+  const size_t h = largest_fitting_model(device, o, small_host);
+  CHECK(static_cast<double>(h) == doctest::Approx((int64_t{32} << 30) / 12.0).epsilon(1e-6));
+  const MemoryEstimate at = estimate_memory(ModelDescription::from_total(h), o);
+  const MemoryEstimate next = estimate_memory(ModelDescription::from_total(h + 1), o);
+  CHECK(at.host_model_state_bytes <= *small_host.host_bytes);
+  CHECK(next.host_model_state_bytes > *small_host.host_bytes);
+  CHECK(next.model_state_bytes <= device);
+  // Without offload the same device fits a quarter as much (16 bytes each).
+  EstimateOptions none = options(1, 2, DType::kFloat16, OptimizerKind::kAdamW);
+  CHECK(static_cast<double>(largest_fitting_model(device, none, {FitCriterion::kModelStates, 0, std::nullopt})) ==
+        doctest::Approx(device / 16.0).epsilon(1e-6));
+  // The table: a row per offload choice, "-" where the stage does not allow it.
+  const std::string t = format_fit_table(o, device, int64_t{32} << 30, 100'000'000);
+  CHECK(t.find("offload_optimizer") != std::string::npos);
+  CHECK(t.find("optimizer + param") != std::string::npos);
+  CHECK(t.find("(h)") != std::string::npos);
 }
 
 TEST_CASE("the largest model that fits: consistent, and monotone in the stage") {
   const int64_t device = int64_t{80} << 30;
-  for (const FitOptions fit : {FitOptions{FitCriterion::kModelStates, 0},
-                               FitOptions{FitCriterion::kPeak, 0},
-                               FitOptions{FitCriterion::kPeak, 100'000'000}}) {
+  for (const FitOptions fit : {FitOptions{FitCriterion::kModelStates, 0, std::nullopt},
+                               FitOptions{FitCriterion::kPeak, 0, std::nullopt},
+                               FitOptions{FitCriterion::kPeak, 100'000'000, std::nullopt}}) {
     size_t previous = 0;
     for (int stage = 0; stage <= 3; ++stage) {
       CAPTURE(stage);
@@ -228,7 +401,7 @@ TEST_CASE("the largest model that fits: consistent, and monotone in the stage") 
   }
   // By the paper's count, stage 0 fits 80 GiB / 16 bytes.
   EstimateOptions o = options(64, 0, DType::kFloat16, OptimizerKind::kAdamW);
-  const size_t psi = largest_fitting_model(device, o, {FitCriterion::kModelStates, 0});
+  const size_t psi = largest_fitting_model(device, o, {FitCriterion::kModelStates, 0, std::nullopt});
   CHECK(static_cast<double>(psi) == doctest::Approx(device / 16.0).epsilon(1e-6));
   CHECK(largest_fitting_model(100, o) == 0);
 }
@@ -316,15 +489,39 @@ TEST_CASE("the engine's measured bytes equal the estimate") {
           if (precision == 2) config.grad_accum_dtype = DType::kFloat32;
           config.gradient_accumulation_steps = accum;
           const MemoryEstimate e = estimate_memory(m, EstimateOptions::from_config(config, world));
-          const std::vector<test::RankResult> res = test::run_engine(config, test::runs(world, 2));
-          for (const test::RankResult& r : res) {
-            for (MemoryCategory c : kAllMemoryCategories) {
-              CAPTURE(category_name(c));
-              CHECK(r.memory[c].current == e[c].persistent);
-              CHECK(r.memory[c].peak == e[c].peak);
-            }
-            CHECK(r.memory.model_states() == e.model_state_bytes);
-          }
+          check_measured(e, test::run_engine(config, test::runs(world, 2)));
+        }
+      }
+    }
+  }
+}
+
+// The same contract with offload_optimizer: the device's bytes and the
+// host allocator's, category by category.
+TEST_CASE("with offload_optimizer, the engine's device and host bytes equal the estimate") {
+  ModelDescription m;
+  m.units = {{"a", {91, 7}, 1}, {"b", {35, 5, 1}, 1}, {"c", {33}, 1}};
+  struct Case {
+    double ratio;
+    bool delayed;
+  };
+  for (int world : {1, 3}) {
+    for (int stage : {1, 2, 3}) {
+      for (const bool bf16 : {false, true}) {
+        for (const Case k : {Case{1.0, false}, Case{0.5, false}, Case{1.0, true}}) {
+          CAPTURE(world);
+          CAPTURE(stage);
+          CAPTURE(bf16);
+          CAPTURE(k.ratio);
+          CAPTURE(k.delayed);
+          EngineConfig config = test::base_config(stage);
+          config.bf16 = bf16;
+          config.offload_optimizer.device = OffloadDevice::kCpu;
+          config.offload_optimizer.ratio = k.ratio;
+          config.offload_optimizer.delayed_update = k.delayed;
+          const MemoryEstimate e = estimate_memory(m, EstimateOptions::from_config(config, world));
+          REQUIRE(e.host_numel > 0);
+          check_measured(e, test::run_engine(config, test::runs(world, 2)));
         }
       }
     }
