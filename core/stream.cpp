@@ -9,7 +9,12 @@
 namespace zest {
 namespace {
 
-uint64_t next_host_stream_id() {
+// Ids count up from 1 for the process's lifetime and are never reused, on
+// the host and on CUDA alike. A CUDA stream's id is not its handle: the
+// driver hands a destroyed stream's address to the next one created, and
+// the caching allocator, which keys blocks by stream id, would take the new
+// stream for the old (reusing a block the old one's work may still read).
+uint64_t next_stream_id() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
 }
@@ -47,9 +52,9 @@ void Stream::wait(const Event& event) const {
 OwnedStream::OwnedStream(Device device) : stream_(Stream::default_for(device)), owned_(true) {
   if (device.is_cuda()) {
     void* s = cuda_rt::stream_create(device.index());
-    stream_ = Stream(device, reinterpret_cast<uintptr_t>(s), s);
+    stream_ = Stream(device, next_stream_id(), s);
   } else {
-    stream_ = Stream(device, next_host_stream_id(), nullptr);
+    stream_ = Stream(device, next_stream_id(), nullptr);
   }
 }
 

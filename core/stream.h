@@ -31,7 +31,9 @@ class Stream {
   static Stream default_for(Device device);
 
   Device device() const { return device_; }
-  // Unique among live streams of the device; 0 is the default stream.
+  // 0 for the default stream; otherwise given at creation and never given
+  // again in this process, even to a stream created at a destroyed one's
+  // address (so a stream's identity outlives it).
   uint64_t id() const { return id_; }
   // cudaStream_t for CUDA streams, nullptr for the host.
   void* native() const { return native_; }

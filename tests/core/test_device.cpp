@@ -40,6 +40,15 @@ TEST_CASE("host streams are distinct and trivially ordered") {
   CHECK(moved.get().id() != 0);
 }
 
+TEST_CASE("stream ids are never given twice, even after the stream is gone") {
+  uint64_t previous = 0;
+  for (int i = 0; i < 4; ++i) {
+    const zest::OwnedStream s(Device::host());  // destroyed at each iteration's end
+    CHECK(s.get().id() > previous);
+    previous = s.get().id();
+  }
+}
+
 TEST_CASE("host timing events measure elapsed time") {
   zest::Event start(Device::host(), true);
   zest::Event end(Device::host(), true);

@@ -227,3 +227,22 @@ TEST_CASE("a capacity-limited cudaMalloc allocator reports fragmentation as the 
     if (!is_hole_index(i)) alloc.free(blocks[i]);
   }
 }
+
+TEST_CASE("a stream created at a destroyed stream's address is another stream") {
+  // The driver often hands the destroyed handle out again; identity (and so
+  // the allocator's per-stream pools) must not follow the address.
+  std::vector<uint64_t> ids;
+  bool reused = false;
+  void* last = nullptr;
+  for (int i = 0; i < 8; ++i) {
+    OwnedStream s(kCuda0);
+    reused = reused || s.get().native() == last;
+    last = s.get().native();
+    ids.push_back(s.get().id());
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    CHECK(ids[i] != 0);
+    for (size_t j = 0; j < i; ++j) CHECK(ids[i] != ids[j]);
+  }
+  MESSAGE("the driver reused a handle: " << reused);
+}
