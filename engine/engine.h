@@ -326,7 +326,7 @@ class Engine {
   void end_micro_step();
   const void* reduced_grad(int unit) const;
   DType reduced_grad_dtype(int unit) const;
-  double global_sum_of_squares(float scale);
+  int64_t* global_sum_of_squares(float scale, Buffer& sums);
   // `frozen_too`: also the frozen units (after write_shard changed them).
   void gather_updated_params(bool frozen_too = false);
 

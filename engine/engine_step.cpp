@@ -19,6 +19,7 @@
 #include "zest/optim/grad_norm.h"
 #include "zest/optim/lr_schedule.h"
 #include "zest/optim/optimizer.h"
+#include "zest/optim/step_decision.h"
 
 namespace zest {
 
@@ -66,17 +67,18 @@ DType Engine::reduced_grad_dtype(int unit) const {
   return st.grad_acc && !impl_->local_accumulation ? grad_accum_dtype_ : compute_dtype_;
 }
 
-// The square of the global norm of the gradients times `scale`: each rank
-// sums its own shard's chunks and adds them exactly (grad_norm.h), and an
-// int64 all-reduce adds the ranks' exact sums, so every rank, world size and
-// stage gets the same bits. Memory and work O(shard / 256); kExactWords words
-// on the wire.
-double Engine::global_sum_of_squares(float scale) {
+// The square of the global norm of the gradients times `scale`, as
+// kExactWords words in `sums` (a new workspace) on the stream's device: each
+// rank sums its own shard's chunks and adds them exactly (grad_norm.h), and
+// an int64 all-reduce adds the ranks' exact sums, so every rank, world size
+// and stage gets the same bits. Memory and work O(shard / 256); kExactWords
+// words on the wire. Queued only: nothing here waits for the device.
+int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
   const PhaseTimer timer(im.times.norm_ms);
   const size_t chunks = L.trainable_owned() / kShardQuantum;
-  Buffer sums = allocator_.allocate_buffer(chunks * 8 + kExactWords * 8, stream_, MemoryCategory::kCommBuffers);
+  sums = allocator_.allocate_buffer(chunks * 8 + kExactWords * 8, stream_, MemoryCategory::kCommBuffers);
   auto* exact = reinterpret_cast<int64_t*>(sums.as<double>() + chunks);
   for (int u = 0; u < L.num_units(); ++u) {
     if (L.unit(u).frozen) continue;
@@ -86,10 +88,7 @@ double Engine::global_sum_of_squares(float scale) {
   fill_zero(stream_, exact, kExactWords * 8);
   accumulate_exact(stream_, sums.as<double>(), chunks, exact);
   if (L.partitions() > 1) im.control->all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
-  int64_t words[kExactWords];
-  copy_bytes(stream_, words, exact, sizeof words);
-  stream_.synchronize();
-  return exact_value(words);
+  return exact;
 }
 
 StepResult Engine::step() {
@@ -117,47 +116,33 @@ StepResult Engine::step() {
 
   const ModelLayout& L = *im.layout;
   const double unscale = 1.0 / (static_cast<double>(config_.accumulation_steps()) * loss_scale());
-  const double sumsq = global_sum_of_squares(static_cast<float>(unscale));
-  result.grad_norm = std::sqrt(sumsq);
-  const bool finite = std::isfinite(sumsq);
-  if (config_.fp16.enabled) {
-    const double before = im.scaler.scale();
-    im.scaler.update(!finite);
-    result.loss_scale = im.scaler.scale();
-    if (!finite) {
-      result.skip_reason = fmt::format("fp16 overflow: step skipped, loss scale {} -> {}", before,
-                                       result.loss_scale);
-    }
-  } else if (!finite) {
-    result.skip_reason = fmt::format(
-        "non-finite gradients ({}): step skipped. Look for a NaN or Inf in the loss or backward",
-        dtype_name(compute_dtype_));
-    ZEST_LOG_WARN("step {}: {}", im.applied + im.skipped + 1, result.skip_reason);
-  }
-  if (!finite) {
-    // A delayed update in flight still lands: the parameters trail the
-    // master by at most one applied step.
-    settle_offload();
-    result.skipped_steps = ++im.skipped;
-    result.times = std::exchange(im.times, StepTimes{});
-    return result;
+  // Note [the step decides on the device]. The norm, the skip and the clip
+  // coefficient are decided on the stream (step_decision.h) and the
+  // optimizer reads the decision there, so on a GPU nothing waits for the
+  // host between the norm and the update; the host reads the decision once
+  // the gather is queued too (with offload_optimizer the host updates its
+  // part, so it reads the decision before). The gather runs on a skipped
+  // step as well, moving unchanged values.
+  Buffer workspace;
+  int64_t* words = global_sum_of_squares(static_cast<float>(unscale), workspace);
+  decide_step(stream_, words, unscale, config_.gradient_clipping);
+  const StepDecision* decision = decision_at(words);
+  // The offloaded part is updated by the host, which needs the decision in
+  // hand first: it waits for the norm (only) here, before the device's part
+  // is queued.
+  std::optional<StepDecision> known;
+  if (im.offload) {
+    StepDecision d;
+    copy_bytes(stream_, &d, decision, sizeof d);
+    stream_.synchronize();
+    known = d;
   }
 
-  double coef = 1.0;
-  if (config_.gradient_clipping > 0.0) {
-    // torch.nn.utils.clip_grad_norm_ and DeepSpeed: scale by
-    // max_norm / (norm + 1e-6) when that is below 1.
-    const double c = config_.gradient_clipping / (result.grad_norm + 1e-6);
-    if (c < 1.0) {
-      coef = c;
-      result.clipped = true;
-    }
-  }
-  result.lr = next_lr();
+  const double lr = next_lr();
   StepScalars scalars;
-  scalars.lr = static_cast<float>(result.lr);
+  scalars.lr = static_cast<float>(lr);
   scalars.step = im.applied + 1;
-  scalars.grad_scale = static_cast<float>(unscale * coef);
+  scalars.decision = decision;
 
   const bool fp32 = compute_dtype_ == DType::kFloat32;
   const size_t bc = elem_size(compute_dtype_);
@@ -192,7 +177,7 @@ StepResult Engine::step() {
       optimizer_step(stream_, config_.optimizer, b, scalars);
     }
   }
-  if (im.offload) {
+  if (im.offload && known->finite != 0) {
     std::vector<OffloadUnit> units(static_cast<size_t>(L.num_units()));
     for (int u = 0; u < L.num_units(); ++u) {
       const UnitState& st = im.units[static_cast<size_t>(u)];
@@ -201,7 +186,10 @@ StepResult Engine::step() {
     }
     std::vector<float> decay;
     for (const ParamGroupSpec& g : L.groups()) decay.push_back(g.weight_decay);
-    im.offload->step(stream_, config_.optimizer, units, decay, scalars);
+    StepScalars host_scalars = scalars;
+    host_scalars.decision = nullptr;  // device memory on a GPU
+    host_scalars.grad_scale = known->grad_scale;
+    im.offload->step(stream_, config_.optimizer, units, decay, host_scalars);
     const OffloadTimes t = im.offload->take_times();
     im.times.offload_d2h_ms += t.d2h_ms;
     im.times.offload_update_ms += t.update_ms;
@@ -210,9 +198,42 @@ StepResult Engine::step() {
   }
   optimizer_timer.reset();
   gather_updated_params();
+
+  StepDecision d;
+  if (known) {
+    d = *known;
+  } else {
+    copy_bytes(stream_, &d, decision, sizeof d);
+  }
+  stream_.synchronize();
+  result.grad_norm = std::sqrt(d.sum_of_squares);
+  const bool finite = d.finite != 0;
+  if (config_.fp16.enabled) {
+    const double before = im.scaler.scale();
+    im.scaler.update(!finite);
+    result.loss_scale = im.scaler.scale();
+    if (!finite) {
+      result.skip_reason = fmt::format("fp16 overflow: step skipped, loss scale {} -> {}", before,
+                                       result.loss_scale);
+    }
+  } else if (!finite) {
+    result.skip_reason = fmt::format(
+        "non-finite gradients ({}): step skipped. Look for a NaN or Inf in the loss or backward",
+        dtype_name(compute_dtype_));
+    ZEST_LOG_WARN("step {}: {}", im.applied + im.skipped + 1, result.skip_reason);
+  }
+  result.times = std::exchange(im.times, StepTimes{});
+  if (!finite) {
+    // A delayed update in flight still lands: the parameters trail the
+    // master by at most one applied step.
+    settle_offload();
+    result.skipped_steps = ++im.skipped;
+    return result;
+  }
+  result.lr = lr;
+  result.clipped = d.clipped != 0;
   result.applied = true;
   result.applied_steps = ++im.applied;
-  result.times = std::exchange(im.times, StepTimes{});
   return result;
 }
 

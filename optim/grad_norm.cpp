@@ -1,11 +1,13 @@
 #include "zest/optim/grad_norm.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "zest/core/check.h"
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
 #include "zest/optim/optim_cuda.h"
+#include "zest/optim/step_decision.h"
 
 namespace zest {
 namespace {
@@ -82,6 +84,16 @@ void accumulate_exact(const Stream& stream, const double* sums, size_t count, in
     if ((i + 1) % kBetweenNormalizations == 0) exact_normalize(acc);
   }
   exact_normalize(acc);
+}
+
+void decide_step(const Stream& stream, int64_t* words, double unscale, double max_norm) {
+  ZEST_CHECK(words != nullptr, "decide_step: null words");
+  if (stream.device().is_cuda()) {
+    detail::decide_step_cuda(stream, words, unscale, max_norm);
+    return;
+  }
+  const StepDecision d = decide(words, unscale, max_norm);
+  std::memcpy(words, &d, sizeof d);
 }
 
 }  // namespace zest

@@ -16,6 +16,7 @@
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
 #include "zest/optim/optim_cuda.h"
+#include "zest/optim/step_decision.h"
 
 namespace zest::detail {
 namespace {
@@ -78,7 +79,20 @@ __global__ void accumulate_exact_kernel(const double* sums, size_t count, int64_
   }
 }
 
+// One thread: decide() reads every word into its own locals before the
+// decision is stored over them.
+__global__ void decide_step_kernel(int64_t* words, double unscale, double max_norm) {
+  const StepDecision d = decide(words, unscale, max_norm);
+  *reinterpret_cast<StepDecision*>(words) = d;
+}
+
 }  // namespace
+
+void decide_step_cuda(const Stream& stream, int64_t* words, double unscale, double max_norm) {
+  DeviceGuard guard(stream.device());
+  decide_step_kernel<<<1, 1, 0, cuda_stream(stream)>>>(words, unscale, max_norm);
+  ZEST_CUDA_KERNEL_CHECK();
+}
 
 void accumulate_exact_cuda(const Stream& stream, const double* sums, size_t count, int64_t* acc) {
   DeviceGuard guard(stream.device());

@@ -23,6 +23,8 @@ void chunk_sums_of_squares_cuda(const Stream& stream, const void* grad, DType dt
 
 void accumulate_exact_cuda(const Stream& stream, const double* sums, size_t count, int64_t* acc);
 
+void decide_step_cuda(const Stream& stream, int64_t* words, double unscale, double max_norm);
+
 void accumulate_cuda(const Stream& stream, void* dst, DType dst_dtype, const void* src, DType src_dtype,
                      size_t n);
 

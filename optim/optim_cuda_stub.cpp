@@ -27,6 +27,10 @@ void accumulate_exact_cuda(const Stream& stream, const double*, size_t, int64_t*
   no_cuda("accumulate_exact", stream);
 }
 
+void decide_step_cuda(const Stream& stream, int64_t*, double, double) {
+  no_cuda("decide_step", stream);
+}
+
 void accumulate_cuda(const Stream& stream, void*, DType, const void*, DType, size_t) {
   no_cuda("accumulate", stream);
 }

@@ -1,10 +1,12 @@
 #include "zest/optim/optimizer.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "zest/core/check.h"
 #include "zest/optim/optim_cuda.h"
 #include "zest/optim/optimizer_impl.h"
+#include "zest/optim/step_decision.h"
 
 namespace zest {
 
@@ -55,7 +57,14 @@ void optimizer_step(const Stream& stream, const OptimizerConfig& config, const S
                optimizer_name(config.kind), i);
   }
   if (stream.device().is_host()) {
-    detail::optimizer_step_host(config, shard, scalars);
+    StepScalars k = scalars;
+    if (k.decision != nullptr) {
+      StepDecision d;
+      std::memcpy(&d, k.decision, sizeof d);  // decide_step wrote its bytes
+      if (d.finite == 0) return;
+      k.grad_scale = d.grad_scale;
+    }
+    detail::optimizer_step_host(config, shard, k);
   } else {
     detail::optimizer_step_cuda(stream, config, shard, scalars);
   }

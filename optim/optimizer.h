@@ -68,11 +68,19 @@ struct ShardBuffers {
   size_t numel = 0;
 };
 
+struct StepDecision;  // step_decision.h
+
 struct StepScalars {
   float lr = 0.0f;            // this step's learning rate (after the schedule)
   float weight_decay = 0.0f;  // this parameter group's decay
   int64_t step = 1;           // 1-based count of applied steps, for bias correction
   float grad_scale = 1.0f;    // multiplies every gradient element
+  // Set: a decision in memory of the stream's device (decide_step wrote it,
+  // earlier on the same stream). The update then reads it when it runs: it
+  // does nothing when decision->finite is 0, and takes decision->grad_scale
+  // instead of grad_scale. So a GPU step need not wait for the host to learn
+  // the norm first.
+  const StepDecision* decision = nullptr;
 };
 
 // Updates the shard. Host streams run it now; CUDA streams queue a fused

@@ -16,13 +16,24 @@
 #include "zest/optim/cuda_elementwise.cuh"
 #include "zest/optim/optim_cuda.h"
 #include "zest/optim/optimizer_impl.h"
+#include "zest/optim/step_decision.h"
 
 namespace zest::detail {
 namespace {
 
+// StepScalars::decision, read on the device when the kernel runs: false
+// (every thread returns) when the step is skipped.
+__device__ inline bool apply_decision(const StepDecision* d, float& grad_scale) {
+  if (d == nullptr) return true;
+  if (d->finite == 0) return false;
+  grad_scale = d->grad_scale;
+  return true;
+}
+
 template <typename TG, typename TP>
-__global__ void adam_kernel(AdamStep a, float* w, float* m, float* v, const TG* grad, TP* param_out,
-                            size_t n) {
+__global__ void adam_kernel(AdamStep a, const StepDecision* decision, float* w, float* m, float* v,
+                            const TG* grad, TP* param_out, size_t n) {
+  if (!apply_decision(decision, a.grad_scale)) return;
   for (size_t i = first_index(); i < n; i += grid_stride()) {
     float wi = w[i];
     float mi = m[i];
@@ -36,7 +47,9 @@ __global__ void adam_kernel(AdamStep a, float* w, float* m, float* v, const TG* 
 }
 
 template <typename TG, typename TP>
-__global__ void sgd_kernel(SgdStep s, float* w, float* buf, const TG* grad, TP* param_out, size_t n) {
+__global__ void sgd_kernel(SgdStep s, const StepDecision* decision, float* w, float* buf, const TG* grad,
+                           TP* param_out, size_t n) {
+  if (!apply_decision(decision, s.grad_scale)) return;
   for (size_t i = first_index(); i < n; i += grid_stride()) {
     float wi = w[i];
     sgd_update(s, load_float(grad, i), wi, buf == nullptr ? nullptr : buf + i);
@@ -54,11 +67,11 @@ void launch(const OptimizerConfig& c, const ShardBuffers& s, const StepScalars& 
   if (c.kind == OptimizerKind::kSgd) {
     // Plain SGD keeps no state: state[0] may be anything, and must not be touched.
     float* buf = c.momentum != 0.0f ? s.state[0] : nullptr;
-    sgd_kernel<TG, TP><<<blocks, kElementwiseThreads, 0, stream>>>(sgd_step(c, k), s.master, buf,
-                                                                   grad, out, s.numel);
+    sgd_kernel<TG, TP><<<blocks, kElementwiseThreads, 0, stream>>>(sgd_step(c, k), k.decision, s.master,
+                                                                   buf, grad, out, s.numel);
   } else {
     adam_kernel<TG, TP><<<blocks, kElementwiseThreads, 0, stream>>>(
-        adam_step(c, k), s.master, s.state[0], s.state[1], grad, out, s.numel);
+        adam_step(c, k), k.decision, s.master, s.state[0], s.state[1], grad, out, s.numel);
   }
   ZEST_CUDA_KERNEL_CHECK();
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -22,6 +23,7 @@
 #include "zest/optim/grad_norm.h"
 #include "zest/optim/grad_ops.h"
 #include "zest/optim/optimizer.h"
+#include "zest/optim/step_decision.h"
 
 using namespace zest;
 
@@ -311,6 +313,37 @@ TEST_CASE("CUDA chunk sums flag Inf and NaN in their chunk") {
   CHECK(got[1] == 250.0);
   CHECK(std::isinf(got[2]));
   CHECK(std::isnan(got[3]));
+}
+
+TEST_CASE("CUDA step decisions have the host's bits, and the optimizer follows one") {
+  Gpu gpu;
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::vector<double>> cases = {{9.0, 16.0}, {0.0}, {1e10, 3.0, 1e-30}, {1.0, inf}};
+  for (const auto& values : cases) {
+    for (const double max_norm : {0.0, 1.0, 1e6}) {
+      std::vector<int64_t> words(kExactWords, 0);
+      for (double v : values) REQUIRE(exact_add(words.data(), v));
+      exact_normalize(words.data());
+      Buffer dw = gpu.upload(words);
+      decide_step(gpu.stream, dw.as<int64_t>(), 1.0 / 3.0, max_norm);
+      decide_step(host(), words.data(), 1.0 / 3.0, max_norm);
+      const std::vector<int64_t> got = gpu.download<int64_t>(dw, kExactWords);
+      CHECK(std::memcmp(got.data(), words.data(), sizeof(StepDecision)) == 0);
+    }
+  }
+  // A skipped decision leaves the shard as it was; the kernel read it on the GPU.
+  std::vector<int64_t> bad(kExactWords, 0);
+  REQUIRE(exact_add(bad.data(), inf));
+  Buffer dbad = gpu.upload(bad);
+  decide_step(gpu.stream, dbad.as<int64_t>(), 1.0, 0.0);
+  const std::vector<float> w(kN, 0.5f), zeros(kN, 0.0f), g(kN, 1.0f);
+  Buffer dw = gpu.upload(w), dm = gpu.upload(zeros), dv = gpu.upload(zeros), dg = gpu.upload(g);
+  StepScalars k{0.01f, 0.1f, 1, 1.0f};
+  k.decision = decision_at(dbad.as<int64_t>());
+  ShardBuffers ds{dw.as<float>(), {dm.as<float>(), dv.as<float>()}, dg.data(), DType::kFloat32, nullptr,
+                  DType::kFloat32, kN};
+  optimizer_step(gpu.stream, OptimizerConfig{}, ds, k);
+  check_same_bits("skipped master", gpu.download<float>(dw, kN), w);
 }
 
 TEST_CASE("CUDA accumulate matches the host bit for bit") {
