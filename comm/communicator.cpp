@@ -203,13 +203,13 @@ void Communicator::group_end() {
   }
 }
 
-std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+std::unique_ptr<Communicator> Communicator::split(int color, int key, bool share_resources) {
   refuse_if_aborted("split");
   ZEST_CHECK(group_depth_ == 0, "split inside a group_start/group_end block; split outside it");
   const CollectiveDesc desc =
       begin(CollectiveKind::kSplit, DType::kUInt8, ReduceOp::kSum, -1, 0, Stream::default_for(device_));
   std::unique_ptr<Communicator> child;
-  run(desc, [&] { child = do_split(desc, color, key); });
+  run(desc, [&] { child = do_split(desc, color, key, share_resources); });
   return child;
 }
 

@@ -132,7 +132,12 @@ class Communicator {
   // by `key` then by rank; collective over this communicator (every rank must
   // call it). Ranks passing a negative color get nullptr. For a data-parallel
   // group inside a job that also does tensor or pipeline parallelism.
-  std::unique_ptr<Communicator> split(int color, int key);
+  // `share_resources` asks the backend to build the child on the parent's
+  // resources where it can (NCCL 2.18 and later: config.splitShare, so no
+  // new connections, channels or buffers; the two communicators' work then
+  // goes through the same resources, in the order it is issued). The host
+  // backends have nothing to share and ignore it.
+  std::unique_ptr<Communicator> split(int color, int key, bool share_resources = false);
 
   // Communication volume so far (see comm_counters.h).
   const CommCounters& counters() const { return counters_; }
@@ -187,7 +192,8 @@ class Communicator {
   virtual void do_group_start() {}
   virtual void do_group_end() {}
   // `color` < 0: return nullptr after taking part in the exchange.
-  virtual std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) = 0;
+  virtual std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key,
+                                                 bool share_resources) = 0;
 
   void mark_aborted(const std::string& reason);
 

@@ -318,7 +318,8 @@ class InProcessCommunicator final : public Communicator {
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override {
     exchange(desc, nullptr, nullptr, stream, [](const std::vector<Post>&) {});
   }
-  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override {
+  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key,
+                                         bool /*share_resources: threads share everything*/) override {
     std::unique_ptr<Communicator> child;
     guarded(desc, [&] { child = split_part(desc, color, key); });
     return child;

@@ -388,7 +388,7 @@ void MpiCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& /*str
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(const CollectiveDesc& desc, int color,
-                                                        int key) {
+                                                        int key, bool /*share_resources*/) {
   agree(desc);
   MPI_Comm child = MPI_COMM_NULL;
   guard(desc, [&] {

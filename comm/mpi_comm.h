@@ -151,7 +151,8 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                     const Stream& stream) override;
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override;
-  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override;
+  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key,
+                                         bool share_resources) override;
   // MPI cannot end a collective on the other processes short of ending
   // them: prints the reason and calls MPI_Abort on this communicator.
   void do_abort(const std::string& message) override;

@@ -510,7 +510,7 @@ void NcclCommunicator::do_group_end() {
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& desc, int color,
-                                                         int key) {
+                                                         int key, bool share_resources) {
   check();
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
   int version = 0;
@@ -520,6 +520,9 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
              version);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  // ncclConfig_t::splitShare came with ncclCommSplit (2.18), which the
+  // checks above require at compile and at run time.
+  config.splitShare = share_resources ? 1 : 0;
   // A non-blocking parent has NCCL write the child's handle when the split
   // completes, which may be after a timeout has given up on it here: the
   // slot is then left allocated for good (8 bytes), never written after free.
@@ -572,6 +575,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
 #else
   (void)color;
   (void)key;
+  (void)share_resources;
   ZEST_FAIL("{}: split needs NCCL 2.18 or later (ncclCommSplit); this build has NCCL {}.{}",
             desc.str(), NCCL_MAJOR, NCCL_MINOR);
 #endif

@@ -92,7 +92,8 @@ class NcclCommunicator final : public Communicator {
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override;
   void do_group_start() override;
   void do_group_end() override;
-  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key) override;
+  std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key,
+                                         bool share_resources) override;
 
  private:
   struct State;  // shared with the watchdog thread

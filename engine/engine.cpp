@@ -304,7 +304,9 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   const int partitions = stage == 0 ? 1 : comm_.size();
   auto layout = std::make_unique<ModelLayout>(im.groups, im.specs, partitions);
 
-  im.control = comm_.split(0, comm_.rank());
+  // Scalars only (digests, the norm's words): on NCCL the child shares the
+  // parent's connections and buffers rather than setting up its own.
+  im.control = comm_.split(0, comm_.rank(), /*share_resources=*/true);
   im.comm_stream.emplace(comm_.device());
   im.handoff.emplace(comm_.device());
   check_same_model(*im.control, layout->describe() + describe_hyperparameters(config_), allocator_,

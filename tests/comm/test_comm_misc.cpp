@@ -48,7 +48,7 @@ class ScriptedComm final : public Communicator {
       throw CommError(CommError::Reason::kBackend, "launching the group failed", __FILE__, __LINE__);
     }
   }
-  std::unique_ptr<Communicator> do_split(const Desc&, int, int) override { return nullptr; }
+  std::unique_ptr<Communicator> do_split(const Desc&, int, int, bool) override { return nullptr; }
 
  private:
   void maybe_fail() const {
