@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -111,7 +112,7 @@ ncclResult_t poll_ready(ncclComm_t comm, const Deadline& deadline) {
 // What the user's thread and the watchdog share.
 struct NcclCommunicator::State {
   State(ncclComm_t c, int r, int n, Device d, milliseconds t)
-      : rank(r), size(n), device(d), timeout(t), comm(c) {}
+      : rank(r), size(n), device(d), timeout(t), comm(c), admin(c) {}
   ~State() {
     for (const Watched& w : watched) ZEST_CUDA_WARN(cudaEventDestroy(w.event));
     for (cudaEvent_t e : spare) ZEST_CUDA_WARN(cudaEventDestroy(e));
@@ -126,12 +127,31 @@ struct NcclCommunicator::State {
   const Device device;
   const milliseconds timeout;
 
-  // Every NCCL call on `comm` holds nccl_mutex, so that the watchdog never
-  // aborts (and frees) the communicator in the middle of one. Non-blocking
-  // calls return at once, so it is never held for long. Taken before
+  // Note [blocking collectives]. `admin` is the communicator init or split
+  // made, non-blocking, so that creating and splitting are polled against
+  // the deadline. Where NCCL can split (2.18+), `comm`, which runs the
+  // collectives, is a blocking child of it on the same ranks sharing its
+  // resources: a collective returns once queued, with no polling of
+  // ncclCommGetAsyncError after it (in non-blocking mode NCCL finishes each
+  // enqueue on a thread of its own, and waiting for it costs tens of
+  // microseconds per collective). A blocking call that does not return
+  // (NCCL connecting to a rank that never comes) is registered in `in_call`
+  // with its deadline, and the watchdog then aborts the communicators from
+  // its own thread, which makes the call return with an error: the way
+  // NCCL is unblocked (PyTorch's watchdog does the same). Without split,
+  // `comm` is `admin` and every collective is polled as before.
+  //
+  // NCCL calls that return at once (non-blocking ones, and those inside an
+  // open group, which only record the operation) hold nccl_mutex, so the
+  // watchdog never aborts (and frees) the communicator in the middle of
+  // one. A blocking call outside a group is made without it, so that the
+  // watchdog can abort; the watchdog aborts during one only once its
+  // deadline has passed, when the call is surely inside NCCL. Taken before
   // `mutex` where both are needed.
   std::mutex nccl_mutex;
-  ncclComm_t comm;             // nullptr once aborted
+  ncclComm_t comm;             // collectives; nullptr once aborted
+  ncclComm_t admin;            // init's or split's, non-blocking; == comm without a blocking child
+  bool blocking = false;       // comm is a blocking child of admin
   bool group_open = false;     // ncclGroupStart called, ncclGroupEnd not yet
   bool group_has_ops = false;  // our ops wait in the open group: no abort until it ends
 
@@ -143,6 +163,7 @@ struct NcclCommunicator::State {
     Deadline deadline;
   };
   std::deque<Watched> watched;      // recorded after their collective, oldest first
+  std::optional<Watched> in_call;   // a blocking NCCL call in progress (its event is null)
   std::vector<cudaEvent_t> spare;   // completed, ready to record again
   CollectiveDesc last_watched;
   CommError::Reason failure_reason = CommError::Reason::kBackend;
@@ -179,9 +200,22 @@ struct NcclCommunicator::State {
     }
     std::lock_guard<std::mutex> lock(nccl_mutex);
     if (comm == nullptr || group_has_ops) return;
-    // Also stops NCCL's kernels that wait for ranks that will not come.
-    ZEST_NCCL_WARN(ncclCommAbort(comm));
+    {
+      // Note [blocking collectives]: not while a blocking call may be about
+      // to enter NCCL; once its deadline has passed it is stuck inside.
+      std::lock_guard<std::mutex> state_lock(mutex);
+      if (in_call && !in_call->deadline.passed()) return;
+    }
+    abort_locked();
+  }
+
+  // Under nccl_mutex. Also stops NCCL's kernels that wait for ranks that
+  // will not come, and makes a blocked call return.
+  void abort_locked() {
+    if (comm != nullptr) ZEST_NCCL_WARN(ncclCommAbort(comm));
+    if (admin != nullptr && admin != comm) ZEST_NCCL_WARN(ncclCommAbort(admin));
     comm = nullptr;
+    admin = nullptr;
   }
 
   void run_watchdog() {
@@ -208,14 +242,22 @@ struct NcclCommunicator::State {
         }
         ++it;
       }
+      if (in_call && in_call->deadline.passed()) {
+        set_failure_locked(CommError::Reason::kTimeout,
+                           fmt::format("NCCL {} on {} did not return from NCCL within {} ms, so the "
+                                       "communicator was aborted: NCCL was connecting to the other "
+                                       "ranks, and one of them may not have issued it, or died",
+                                       in_call->desc.str(), where(), timeout.count()));
+      }
       const bool healthy = failure.empty();
       const CollectiveDesc last = last_watched;
       lock.unlock();
       if (healthy) {
         std::lock_guard<std::mutex> nccl_lock(nccl_mutex);
-        if (comm != nullptr) {
+        for (ncclComm_t c : {comm, admin == comm ? nullptr : admin}) {
+          if (c == nullptr) continue;
           ncclResult_t state = ncclSuccess;
-          const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+          const ncclResult_t r = ncclCommGetAsyncError(c, &state);
           if (r != ncclSuccess) state = r;
           if (state != ncclSuccess && state != ncclInProgress) {
             std::lock_guard<std::mutex> relock(mutex);
@@ -245,24 +287,123 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, int rank, int size, Device d
     ZEST_CUDA_CHECK(cudaMemset(state_->barrier_buf, 0, sizeof(int32_t)));
     ZEST_CUDA_CHECK(cudaEventCreateWithFlags(&state_->barrier_event, cudaEventDisableTiming));
     state_->thread = std::thread([s = state_.get()] { s->run_watchdog(); });
+    make_blocking_child();
   } catch (...) {
-    state_.reset();
-    ZEST_NCCL_WARN(ncclCommAbort(comm));
+    if (state_) {
+      stop_watchdog();
+      std::lock_guard<std::mutex> lock(state_->nccl_mutex);
+      state_->abort_locked();
+      state_.reset();
+    } else {
+      ZEST_NCCL_WARN(ncclCommAbort(comm));
+    }
     throw;
   }
 }
 
-NcclCommunicator::~NcclCommunicator() {
+void NcclCommunicator::stop_watchdog() {
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->stop = true;
   }
   state_->cv.notify_all();
   if (state_->thread.joinable()) state_->thread.join();
+}
+
+// Note [blocking collectives]: the blocking child that runs the collectives,
+// where NCCL can split. The split is a collective over admin's ranks, which
+// every rank's constructor issues; whether NCCL makes the call itself block
+// depends on its version, so it is registered as a call in progress (the
+// watchdog aborts it at the deadline) and then polled.
+void NcclCommunicator::make_blocking_child() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  int version = 0;
+  ZEST_NCCL_CHECK(ncclGetVersion(&version));
+  if (version < NCCL_VERSION(2, 18, 0)) return;  // collectives stay non-blocking, polled
+  CollectiveDesc desc;  // "split #0": made by the constructor, before any collective
+  desc.kind = CollectiveKind::kSplit;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  config.splitShare = 1;  // the same ranks: the parent's connections and buffers serve both
+  // As in do_split: NCCL may write the handle after a timeout gave up on it.
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
+  ncclComm_t admin = nullptr;
+  {
+    std::lock_guard<std::mutex> nccl_lock(state_->nccl_mutex);
+    admin = state_->admin;
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->in_call = State::Watched{nullptr, desc, Deadline(state_->timeout)};
+  }
+  const ncclResult_t r = ncclCommSplit(admin, 0, rank(), slot.get(), &config);
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->in_call.reset();
+  }
+  if (r != ncclSuccess && r != ncclInProgress) {
+    (void)slot.release();
+    check();  // a timeout the watchdog found comes first
+    throw CommError(CommError::Reason::kBackend,
+                    fmt::format("NCCL {} (the blocking communicator for collectives) failed on {}: {}",
+                                desc.str(), state_->where(), nccl_text(r)),
+                    __FILE__, __LINE__);
+  }
+  try {
+    wait_enqueued(desc, /*admin=*/true);
+  } catch (...) {
+    (void)slot.release();
+    throw;
+  }
+  const ncclComm_t child = *slot;
+  ZEST_INTERNAL_ASSERT(child != nullptr, "ncclCommSplit returned no communicator");
+  const ncclResult_t ready = poll_ready(child, Deadline(state_->timeout));
+  if (ready != ncclSuccess) {
+    const std::string text = nccl_text(ready);
+    ZEST_NCCL_WARN(ncclCommAbort(child));
+    throw CommError(ready == ncclInProgress ? CommError::Reason::kTimeout : CommError::Reason::kBackend,
+                    fmt::format("NCCL {} on {}: the blocking communicator for collectives {}: {}",
+                                desc.str(), state_->where(),
+                                ready == ncclInProgress
+                                    ? fmt::format("was not ready within {} ms", state_->timeout.count())
+                                    : std::string("failed"),
+                                text),
+                    __FILE__, __LINE__);
+  }
+  std::lock_guard<std::mutex> nccl_lock(state_->nccl_mutex);
+  state_->comm = child;
+  state_->blocking = true;
+#endif
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  stop_watchdog();
 
   std::lock_guard<std::mutex> nccl_lock(state_->nccl_mutex);
+  if (state_->comm == nullptr) return;
+  if (state_->blocking) {
+    // The blocking child: destroyed once the collectives queued on it have
+    // completed (their events), by the deadline; a blocking finalize could
+    // wait for ranks that are gone.
+    bool quiet = state_->failure.empty();
+    const Deadline deadline(state_->timeout);
+    Backoff backoff;
+    for (const State::Watched& w : state_->watched) {
+      cudaError_t q = cudaErrorNotReady;
+      while (quiet && (q = cudaEventQuery(w.event)) == cudaErrorNotReady && !deadline.passed()) backoff.wait();
+      quiet = quiet && q == cudaSuccess;
+    }
+    if (quiet) {
+      ZEST_NCCL_WARN(ncclCommDestroy(state_->comm));
+    } else {
+      ZEST_LOG_WARN("collectives on {} were still pending or failed at teardown; aborting its NCCL "
+                    "communicators", state_->where());
+      state_->abort_locked();
+      return;
+    }
+    state_->comm = state_->admin;
+    state_->blocking = false;
+  }
   ncclComm_t comm = std::exchange(state_->comm, nullptr);
-  if (comm == nullptr) return;
+  state_->admin = nullptr;
   bool done = false;
   if (state_->failure.empty()) {
     // Finalize flushes the collectives still queued, then destroy frees the
@@ -319,16 +460,29 @@ void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, C
   ncclResult_t r = ncclSuccess;
   std::string error;
   bool in_group = false;
+  ncclComm_t blocking_comm = nullptr;  // Note [blocking collectives]: called without the lock
   {
     std::lock_guard<std::mutex> lock(state_->nccl_mutex);
     if (state_->comm == nullptr) {
       error = "the communicator was aborted";
+    } else if (state_->blocking && !state_->group_open) {
+      blocking_comm = state_->comm;
+      std::lock_guard<std::mutex> state_lock(state_->mutex);
+      state_->in_call = State::Watched{nullptr, desc, Deadline(state_->timeout)};
     } else {
       r = call(state_->comm);
       if (r != ncclSuccess && r != ncclInProgress) error = nccl_text(r);
       in_group = state_->group_open;
       if (in_group && error.empty()) state_->group_has_ops = true;
     }
+  }
+  if (blocking_comm != nullptr) {
+    r = call(blocking_comm);  // returns once queued, or with an error once aborted
+    {
+      std::lock_guard<std::mutex> state_lock(state_->mutex);
+      state_->in_call.reset();
+    }
+    if (r != ncclSuccess) error = nccl_text(r);
   }
   if (!error.empty()) {
     fail(CommError::Reason::kBackend,
@@ -354,7 +508,9 @@ void NcclCommunicator::issue_data(const CollectiveDesc& desc, const Stream& stre
   issue(desc, stream, std::forward<Call>(call));
 }
 
-void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc) {
+void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc, bool admin) {
+  // A blocking communicator's calls return once queued.
+  if (state_->blocking && !admin) return;
   const Deadline deadline(state_->timeout);
   Backoff backoff;
   for (;;) {
@@ -362,8 +518,9 @@ void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc) {
     ncclResult_t state = ncclInternalError;
     {
       std::lock_guard<std::mutex> lock(state_->nccl_mutex);
-      if (state_->comm != nullptr) {
-        const ncclResult_t r = ncclCommGetAsyncError(state_->comm, &state);
+      ncclComm_t c = admin ? state_->admin : state_->comm;
+      if (c != nullptr) {
+        const ncclResult_t r = ncclCommGetAsyncError(c, &state);
         if (r != ncclSuccess) state = r;
       }
     }
@@ -488,13 +645,30 @@ void NcclCommunicator::do_group_end() {
   std::vector<std::pair<CollectiveDesc, Stream>> ops = std::move(state_->group_ops);
   state_->group_ops.clear();
   ncclResult_t r = ncclSuccess;
+  // Always ended, even after a failure: the group is NCCL's per-thread
+  // state, and left open it would swallow this thread's later NCCL calls.
+  bool blocking_end = false;
   {
-    // Always ended, even after a failure: the group is NCCL's per-thread
-    // state, and left open it would swallow this thread's later NCCL calls.
     std::lock_guard<std::mutex> lock(state_->nccl_mutex);
+    blocking_end = state_->blocking && state_->comm != nullptr && !ops.empty();
+    if (blocking_end) {
+      // Note [blocking collectives]: the group's launch may block; from here
+      // the watchdog may abort it, after the deadline.
+      state_->group_has_ops = false;
+      std::lock_guard<std::mutex> state_lock(state_->mutex);
+      state_->in_call = State::Watched{nullptr, ops.back().first, Deadline(state_->timeout)};
+    } else {
+      r = ncclGroupEnd();
+      state_->group_open = false;
+      state_->group_has_ops = false;
+    }
+  }
+  if (blocking_end) {
     r = ncclGroupEnd();
+    std::lock_guard<std::mutex> lock(state_->nccl_mutex);
     state_->group_open = false;
-    state_->group_has_ops = false;
+    std::lock_guard<std::mutex> state_lock(state_->mutex);
+    state_->in_call.reset();
   }
   if (r != ncclSuccess && r != ncclInProgress) {
     fail(CommError::Reason::kBackend,
@@ -532,8 +706,8 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
   ncclResult_t r = ncclSuccess;
   {
     std::lock_guard<std::mutex> lock(state_->nccl_mutex);
-    r = state_->comm == nullptr ? ncclInvalidUsage
-                                : ncclCommSplit(state_->comm, nccl_color, key, slot.get(), &config);
+    r = state_->admin == nullptr ? ncclInvalidUsage
+                                 : ncclCommSplit(state_->admin, nccl_color, key, slot.get(), &config);
   }
   if (r != ncclSuccess && r != ncclInProgress) {
     fail(CommError::Reason::kBackend,
@@ -541,7 +715,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
                      state_->where(), nccl_text(r)));
   }
   try {
-    wait_enqueued(desc);
+    wait_enqueued(desc, /*admin=*/true);
   } catch (...) {
     (void)slot.release();
     throw;

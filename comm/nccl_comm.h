@@ -13,15 +13,20 @@
 // Most programs get one from init_distributed (bootstrap.h) instead.
 //
 // Hang protection. The communicator is created non-blocking (NCCL's
-// config.blocking = 0), so no NCCL call can block the caller: creation,
-// each collective's enqueueing and split are polled until NCCL reports them
-// done or CommOptions::timeout passes. Once queued, a collective is followed
-// by a CUDA event that a watchdog thread (one per communicator) polls along
-// with ncclCommGetAsyncError. An event still pending after the timeout, or
-// an error NCCL reports, makes the watchdog log it and abort the NCCL
-// communicator (ncclCommAbort, which also stops its kernels), and the next
-// call on this communicator, or check(), throws a CommError naming the
-// collective (operation, sequence number, count), the rank and the timeout.
+// config.blocking = 0), so creation and split are polled until NCCL reports
+// them done or CommOptions::timeout passes. Collectives run on a blocking
+// child of it (split with splitShare on NCCL 2.18 and later; before that on
+// the non-blocking communicator, each enqueue polled): a collective returns
+// once queued, without the tens of microseconds a non-blocking enqueue
+// costs the host. Once queued, a collective is followed by a CUDA event that
+// a watchdog thread (one per communicator) polls along with
+// ncclCommGetAsyncError; a blocking call that has not returned is watched by
+// its deadline too. An event still pending after the timeout, a call stuck
+// past it, or an error NCCL reports, makes the watchdog log it and abort the
+// NCCL communicators (ncclCommAbort from the watchdog's thread, which also
+// stops their kernels and makes a blocked call return), and the next call
+// on this communicator, or check(), throws a CommError naming the collective
+// (operation, sequence number, count), the rank and the timeout.
 //
 // Results follow NCCL's own arithmetic: fp16 and bf16 sums are rounded at
 // each step of NCCL's algorithm, so they can differ in the last bits from the
@@ -101,7 +106,11 @@ class NcclCommunicator final : public Communicator {
   void issue(const CollectiveDesc& desc, const Stream& stream, Call&& call);
   template <typename Call>
   void issue_data(const CollectiveDesc& desc, const Stream& stream, Call&& call);
-  void wait_enqueued(const CollectiveDesc& desc);
+  // Polls until NCCL has queued `desc` on the collectives' communicator (or,
+  // `admin`, the non-blocking one that splits); at once for a blocking one.
+  void wait_enqueued(const CollectiveDesc& desc, bool admin = false);
+  void stop_watchdog();
+  void make_blocking_child();
   void watch(const CollectiveDesc& desc, const Stream& stream);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
