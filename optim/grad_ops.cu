@@ -1,5 +1,5 @@
 // CUDA kernels of accumulate and convert: grid-stride loops over the
-// elements, widening to float and narrowing once with CUDA's conversions
+// elements (eight at a time in 16-byte loads where aligned), widening to float and narrowing once with CUDA's conversions
 // (cuda_elementwise.cuh), which round to nearest even like the host's loops
 // in grad_ops.cpp. A single float add cannot be contracted, so the sums are
 // the host's bits (NaN payloads aside).
@@ -13,16 +13,38 @@
 namespace zest::detail {
 namespace {
 
-template <typename TD, typename TS>
+// kVector: Note [16-byte vectors] (vector_lanes.h); the same one-element
+// arithmetic either way.
+template <bool kVector, typename TD, typename TS>
 __global__ void accumulate_kernel(TD* dst, const TS* src, size_t n) {
-  for (size_t i = first_index(); i < n; i += grid_stride()) {
-    store_float(dst, i, load_float(dst, i) + load_float(src, i));
+  const auto one = [&](size_t i) { store_float(dst, i, load_float(dst, i) + load_float(src, i)); };
+  if constexpr (kVector) {
+    const auto eight = [&](size_t i) {
+      float a[kVecElems], b[kVecElems];
+      load8(dst, i, a);
+      load8(src, i, b);
+      for (unsigned k = 0; k < kVecElems; ++k) a[k] = a[k] + b[k];
+      store8(dst, i, a);
+    };
+    for_each_vector(n, first_index(), grid_stride(), eight, one);
+  } else {
+    for (size_t i = first_index(); i < n; i += grid_stride()) one(i);
   }
 }
 
-template <typename TS, typename TD>
+template <bool kVector, typename TS, typename TD>
 __global__ void convert_kernel(const TS* src, TD* dst, size_t n) {
-  for (size_t i = first_index(); i < n; i += grid_stride()) store_float(dst, i, load_float(src, i));
+  const auto one = [&](size_t i) { store_float(dst, i, load_float(src, i)); };
+  if constexpr (kVector) {
+    const auto eight = [&](size_t i) {
+      float a[kVecElems];
+      load8(src, i, a);
+      store8(dst, i, a);
+    };
+    for_each_vector(n, first_index(), grid_stride(), eight, one);
+  } else {
+    for (size_t i = first_index(); i < n; i += grid_stride()) one(i);
+  }
 }
 
 }  // namespace
@@ -35,8 +57,13 @@ void accumulate_cuda(const Stream& stream, void* dst, DType dst_dtype, const voi
     visit_float_dtype(src_dtype, "accumulate", "sources", [&](auto from) {
       using TD = typename decltype(to)::type;
       using TS = typename decltype(from)::type;
-      accumulate_kernel<TD, TS><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
-          static_cast<TD*>(dst), static_cast<const TS*>(src), n);
+      if (vector_aligned({dst, src})) {
+        accumulate_kernel<true, TD, TS><<<vector_blocks(n), kElementwiseThreads, 0, native>>>(
+            static_cast<TD*>(dst), static_cast<const TS*>(src), n);
+      } else {
+        accumulate_kernel<false, TD, TS><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
+            static_cast<TD*>(dst), static_cast<const TS*>(src), n);
+      }
       ZEST_CUDA_KERNEL_CHECK();
     });
   });
@@ -50,8 +77,13 @@ void convert_cuda(const Stream& stream, const void* src, DType src_dtype, void* 
     visit_float_dtype(dst_dtype, "convert", "destinations", [&](auto to) {
       using TS = typename decltype(from)::type;
       using TD = typename decltype(to)::type;
-      convert_kernel<TS, TD><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
-          static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+      if (vector_aligned({src, dst})) {
+        convert_kernel<true, TS, TD><<<vector_blocks(n), kElementwiseThreads, 0, native>>>(
+            static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+      } else {
+        convert_kernel<false, TS, TD><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(
+            static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+      }
       ZEST_CUDA_KERNEL_CHECK();
     });
   });

@@ -5,9 +5,11 @@
 // very code; with this file compiled with -fmad=false the results are the
 // host's bits (Note [same bits on host and GPU] in optimizer_impl.h).
 //
-// Scalar loads in a grid-stride loop: consecutive threads read consecutive
-// elements, so every access is coalesced; the kernel is bound by memory
-// bandwidth (28 bytes per element for fp32 AdamW with an fp32 copy).
+// 16-byte loads of eight elements per thread where the run is aligned (Note
+// [16-byte vectors] in vector_lanes.h), one element per thread otherwise, in
+// a grid-stride loop: consecutive threads read consecutive memory, so every
+// access is coalesced; the kernel is bound by memory bandwidth (28 bytes per
+// element for fp32 AdamW with an fp32 copy).
 #include <type_traits>
 
 #include "zest/core/cuda_check.h"
@@ -30,11 +32,14 @@ __device__ inline bool apply_decision(const StepDecision* d, float& grad_scale) 
   return true;
 }
 
-template <typename TG, typename TP>
+// kVector: Note [16-byte vectors] (vector_lanes.h), eight elements per
+// step where every pointer is 16-byte aligned; otherwise one per thread.
+// Each element goes through the same one-element update either way.
+template <bool kVector, typename TG, typename TP>
 __global__ void adam_kernel(AdamStep a, const StepDecision* decision, float* w, float* m, float* v,
                             const TG* grad, TP* param_out, size_t n) {
   if (!apply_decision(decision, a.grad_scale)) return;
-  for (size_t i = first_index(); i < n; i += grid_stride()) {
+  const auto one = [&](size_t i) {
     float wi = w[i];
     float mi = m[i];
     float vi = v[i];
@@ -43,18 +48,50 @@ __global__ void adam_kernel(AdamStep a, const StepDecision* decision, float* w, 
     m[i] = mi;
     v[i] = vi;
     if constexpr (!std::is_void_v<TP>) store_float(param_out, i, wi);
+  };
+  if constexpr (kVector) {
+    const auto eight = [&](size_t i) {
+      float g[kVecElems], wi[kVecElems], mi[kVecElems], vi[kVecElems];
+      load8(grad, i, g);
+      load8(w, i, wi);
+      load8(m, i, mi);
+      load8(v, i, vi);
+      for (unsigned k = 0; k < kVecElems; ++k) adam_update(a, g[k], wi[k], mi[k], vi[k]);
+      store8(w, i, wi);
+      store8(m, i, mi);
+      store8(v, i, vi);
+      if constexpr (!std::is_void_v<TP>) store8(param_out, i, wi);
+    };
+    for_each_vector(n, first_index(), grid_stride(), eight, one);
+  } else {
+    for (size_t i = first_index(); i < n; i += grid_stride()) one(i);
   }
 }
 
-template <typename TG, typename TP>
+template <bool kVector, typename TG, typename TP>
 __global__ void sgd_kernel(SgdStep s, const StepDecision* decision, float* w, float* buf, const TG* grad,
                            TP* param_out, size_t n) {
   if (!apply_decision(decision, s.grad_scale)) return;
-  for (size_t i = first_index(); i < n; i += grid_stride()) {
+  const auto one = [&](size_t i) {
     float wi = w[i];
     sgd_update(s, load_float(grad, i), wi, buf == nullptr ? nullptr : buf + i);
     w[i] = wi;
     if constexpr (!std::is_void_v<TP>) store_float(param_out, i, wi);
+  };
+  if constexpr (kVector) {
+    const auto eight = [&](size_t i) {
+      float g[kVecElems], wi[kVecElems], bi[kVecElems] = {};
+      load8(grad, i, g);
+      load8(w, i, wi);
+      if (buf != nullptr && !s.first) load8(buf, i, bi);  // the first step writes it, never reads
+      for (unsigned k = 0; k < kVecElems; ++k) sgd_update(s, g[k], wi[k], buf == nullptr ? nullptr : &bi[k]);
+      store8(w, i, wi);
+      if (buf != nullptr) store8(buf, i, bi);
+      if constexpr (!std::is_void_v<TP>) store8(param_out, i, wi);
+    };
+    for_each_vector(n, first_index(), grid_stride(), eight, one);
+  } else {
+    for (size_t i = first_index(); i < n; i += grid_stride()) one(i);
   }
 }
 
@@ -63,14 +100,21 @@ void launch(const OptimizerConfig& c, const ShardBuffers& s, const StepScalars& 
             cudaStream_t stream) {
   const auto* grad = static_cast<const TG*>(s.grad);
   auto* out = static_cast<TP*>(s.param_out);
-  const unsigned blocks = elementwise_blocks(s.numel);
   if (c.kind == OptimizerKind::kSgd) {
     // Plain SGD keeps no state: state[0] may be anything, and must not be touched.
     float* buf = c.momentum != 0.0f ? s.state[0] : nullptr;
-    sgd_kernel<TG, TP><<<blocks, kElementwiseThreads, 0, stream>>>(sgd_step(c, k), k.decision, s.master,
-                                                                   buf, grad, out, s.numel);
+    if (vector_aligned({s.master, buf, grad, out})) {
+      sgd_kernel<true, TG, TP><<<vector_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
+          sgd_step(c, k), k.decision, s.master, buf, grad, out, s.numel);
+    } else {
+      sgd_kernel<false, TG, TP><<<elementwise_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
+          sgd_step(c, k), k.decision, s.master, buf, grad, out, s.numel);
+    }
+  } else if (vector_aligned({s.master, s.state[0], s.state[1], grad, out})) {
+    adam_kernel<true, TG, TP><<<vector_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
+        adam_step(c, k), k.decision, s.master, s.state[0], s.state[1], grad, out, s.numel);
   } else {
-    adam_kernel<TG, TP><<<blocks, kElementwiseThreads, 0, stream>>>(
+    adam_kernel<false, TG, TP><<<elementwise_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
         adam_step(c, k), k.decision, s.master, s.state[0], s.state[1], grad, out, s.numel);
   }
   ZEST_CUDA_KERNEL_CHECK();
