@@ -2,12 +2,10 @@
 // the norm is: on the GPU for a CUDA stream, so the optimizer kernels queued
 // behind it read the decision from device memory and the step never waits
 // for the host between the norm and the update; the host reads the decision
-// afterwards, for StepResult and the loss scaler.
-//
-//   decide_step(stream, exact_words, unscale, max_norm, decision);  // queued
-//   scalars.decision = decision;                // optimizer_step() reads it
-//   optimizer_step(stream, config, shard, scalars);
-//   StepDecision d = ...copy of *decision, after the stream...;
+// afterwards, for StepResult and the loss scaler. The engine queues
+// decide_step over the all-reduced words, points StepScalars::decision at
+// decision_at(words) for every optimizer_step of the step, and copies the
+// decision to the host once the parameter gather is queued too.
 //
 // decide() is the one body both devices run (host code calls it, the CUDA
 // kernel runs it in one thread), on doubles whose operations (sqrt, +, /)
