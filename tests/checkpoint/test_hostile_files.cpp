@@ -67,7 +67,7 @@ TEST_CASE("finding 10: a FIFO in place of latest, the manifest, a shard or a .sa
   }
 }
 
-TEST_CASE("finding 13: a huge `latest` is refused by its size, unread; binary bytes in it are escaped") {
+TEST_CASE("finding 13: a huge `latest` is refused by its size, unread, and binary bytes in it are escaped") {
   TempDir root;
   save_small(root.str(), 1);
   const fs::path latest = root.path / "latest";

@@ -94,7 +94,7 @@ TEST_CASE("finding 1: two processes saving to one root over and over never publi
   CHECK(leftovers(root.path).empty());
 }
 
-TEST_CASE("finding 2: links planted under a save's names are never followed; nothing outside the root changes") {
+TEST_CASE("finding 2: links planted under a save's names are never followed, and nothing outside the root changes") {
   TempDir root, outside;
   save_small(root.str(), 1);
   spit(outside.path / "victim", "precious");
