@@ -72,10 +72,6 @@ int64_t verify_and_load(const std::string& root) {
   ::_exit(3);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 TEST_CASE("kill -9 during saves and re-saves of a tag: the previous checkpoint always loads and verifies") {
@@ -102,6 +98,10 @@ TEST_CASE("kill -9 during saves and re-saves of a tag: the previous checkpoint a
 
 #ifdef ZEST_CKPT_TOOL
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // Runs zest-ckpt with `args`; with a delay, kills it with SIGKILL after that
 // long if it is still running. Returns true if it finished on its own.
