@@ -103,7 +103,7 @@ TEST_CASE("user state comes back bit for bit on every rank, at 1, 2 and 4 ranks 
   }
 }
 
-TEST_CASE("resharding keeps the global user state; per-rank state is refused, or dropped on request") {
+TEST_CASE("resharding keeps the global user state, per-rank state is refused, or dropped on request") {
   TempDir dir, empty_per_rank;
   on_ranks(2, 4, [&](Engine& e, int rank) {
     save_with(e, dir.str(), state_of_rank(rank));

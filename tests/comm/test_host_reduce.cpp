@@ -110,7 +110,7 @@ TEST_CASE("host_reduce gives the bits of one element at a time in rank order, on
   }
 }
 
-TEST_CASE("ZEST_CPU_ISA and ScopedCpuIsa choose the loops; the baseline is always there") {
+TEST_CASE("ZEST_CPU_ISA and ScopedCpuIsa choose the loops, the baseline is always there") {
   const std::vector<CpuIsa> isas = supported_cpu_isas();
   REQUIRE(!isas.empty());
   CHECK(isas.front() == CpuIsa::kBaseline);

@@ -86,7 +86,7 @@ TEST_CASE("\"auto\" takes the program's values by Hugging Face's rules") {
   CHECK(c.auto_filled.size() == 17);
 }
 
-TEST_CASE("\"auto\" the program leaves unfilled takes the default, noted; one without a default is an error") {
+TEST_CASE("\"auto\" the program leaves unfilled takes the default, noted, one without a default is an error") {
   AutoValues p;
   p.micro_batch_size = 2;
   p.total_steps = 2000;

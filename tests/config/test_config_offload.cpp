@@ -102,7 +102,7 @@ TEST_CASE("offload_optimizer.ratio: [0, 1], and below 1 only at stage 3") {
   }
 }
 
-TEST_CASE("nvme is refused by name; NVMe-only keys are noted with any other device") {
+TEST_CASE("nvme is refused by name, NVMe-only keys are noted with any other device") {
   CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
     "nvme_path": "/local_nvme", "buffer_count": 4, "fast_init": false}}})") ==
         "config: zero_optimization.offload_optimizer.device is \"nvme\": that asks for offloading optimizer state "

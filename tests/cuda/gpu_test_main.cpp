@@ -12,6 +12,7 @@
 
 #include "zest/core/check.h"
 #include "zest/core/device.h"
+#include "../ran_tests.h"
 
 int main(int argc, char** argv) {
   int devices = 0;
@@ -32,5 +33,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   doctest::Context context(argc, argv);
-  return context.run();
+  const int rc = context.run();
+  if (context.shouldExit()) return rc;
+  return zest_test::fail_if_none_ran(rc);
 }

@@ -105,7 +105,7 @@ TEST_CASE("a block used on another stream is reused only after that stream's CUD
   CHECK(current(s.active) == 0);
 }
 
-TEST_CASE("a request beyond the GPU's memory throws OutOfMemoryError; the allocator stays usable") {
+TEST_CASE("a request beyond the GPU's memory throws OutOfMemoryError, the allocator stays usable") {
   CachingAllocator alloc(make_cuda_allocator(0), AllocatorConfig{});
   OwnedStream stream(kCuda0);
   size_t free_bytes = 0;

@@ -51,7 +51,7 @@ TEST_CASE("per-rank model-state bytes follow the ZeRO formula of each stage") {
   }
 }
 
-TEST_CASE("fp32 training keeps no separate master copy; accumulation adds an accumulator at stages 0-1") {
+TEST_CASE("fp32 training keeps no separate master copy, accumulation adds an accumulator at stages 0-1") {
   for (int stage : {0, 1, 2, 3}) {
     CAPTURE(stage);
     EngineConfig config = base_config(stage);

@@ -126,7 +126,7 @@ TEST_CASE("reduce_at_accumulation_boundary: fp32 parameters within 2.5e-7 of sta
   }
 }
 
-TEST_CASE("reduce_at_accumulation_boundary: a full-size accumulator, as estimated; refused at stages 2-3") {
+TEST_CASE("reduce_at_accumulation_boundary: a full-size accumulator, as estimated, refused at stages 2-3") {
   ModelDescription m;  // engine_harness.h's model, in layout order
   m.units = {{"a", {91, 7}, 1}, {"b", {35, 5, 1}, 1}, {"c", {33}, 1}};
   for (int stage : {0, 1}) {

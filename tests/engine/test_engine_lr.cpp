@@ -84,7 +84,7 @@ TEST_CASE("set_lr steps with that learning rate: the parameters equal a config w
   }
 }
 
-TEST_CASE("a set_lr value is saved with a checkpoint and restored; a callback resumes from the steps") {
+TEST_CASE("a set_lr value is saved with a checkpoint and restored, a callback resumes from the steps") {
   std::random_device rd;
   const fs::path dir = fs::temp_directory_path() / fmt::format("zest_lr_{:08x}", rd());
   with_engine(base_config(1), [&](Engine& engine, Communicator& comm) {

@@ -44,7 +44,7 @@ TEST_CASE("parameters are placed group by group at 64-element offsets") {
   CHECK(L.padded() == 512);
 }
 
-TEST_CASE("units split into equal shards of whole chunks; runs follow the shards") {
+TEST_CASE("units split into equal shards of whole chunks, runs follow the shards") {
   const ModelLayout L = example(3);
   const UnitLayout& u = L.unit(0);
   CHECK(u.padded == 768);  // 202 up to a multiple of 3 x 256

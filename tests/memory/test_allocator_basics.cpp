@@ -6,7 +6,7 @@
 using namespace zest;
 using namespace zest::test;
 
-TEST_CASE("a small request carves a 2 MiB segment; freeing caches it") {
+TEST_CASE("a small request carves a 2 MiB segment, freeing caches it") {
   TestAllocator a;
   void* p = a->allocate(1000, a.stream, MemoryCategory::kGradients);
   AllocatorStats s = a->stats();

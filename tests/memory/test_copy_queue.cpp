@@ -38,7 +38,7 @@ TEST_CASE("CopyQueue: a failed copy is rethrown at the next synchronize, and lat
   CHECK_THROWS_AS(q.copy(nullptr, a.data(), 8), Error);
 }
 
-TEST_CASE("CopyQueue: join on a host stream waits for the copies; destruction finishes them") {
+TEST_CASE("CopyQueue: join on a host stream waits for the copies, destruction finishes them") {
   std::vector<double> src(1 << 15, 2.5), dst(src.size());
   {
     CopyQueue q(Device::host());

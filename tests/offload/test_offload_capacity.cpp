@@ -73,7 +73,7 @@ void check_trains_beyond_the_device(int stage, int world, int units, size_t capa
 
 }  // namespace
 
-TEST_CASE("offload: 3x the device's memory in model states trains on one rank; without offload it is out of memory") {
+TEST_CASE("offload: 3x the device's memory in model states trains on one rank, without offload it is out of memory") {
   check_trains_beyond_the_device(1, 1, 32, 10 * kMiB);
 }
 

@@ -93,7 +93,7 @@ TEST_CASE("a long script matches DeepSpeed's counters exactly") {
   CHECK(got == want);
 }
 
-TEST_CASE("static scales never move; state round-trips; bad settings are refused") {
+TEST_CASE("static scales never move, state round-trips, bad settings are refused") {
   LossScalerConfig st;
   st.dynamic = false;
   st.static_scale = 128;

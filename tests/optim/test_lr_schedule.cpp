@@ -8,7 +8,7 @@
 
 using namespace zest;
 
-TEST_CASE("WarmupLR: log and linear warmup, then flat; the first step is the minimum") {
+TEST_CASE("WarmupLR: log and linear warmup, then flat, the first step is the minimum") {
   LrScheduleConfig c;
   c.kind = LrScheduleKind::kWarmupLR;
   c.warmup_min_lr = 0.0;

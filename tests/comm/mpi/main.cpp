@@ -8,6 +8,7 @@
 
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/mpi_check.h"
+#include "../../ran_tests.h"
 
 int main(int argc, char** argv) {
   zest::MpiEnvironment mpi(&argc, &argv);
@@ -19,8 +20,9 @@ int main(int argc, char** argv) {
     context.setOption("minimal", true);
     context.setOption("no-colors", true);
   }
-  const int failed = context.run() != 0 ? 1 : 0;
-  if (context.shouldExit()) return failed;
+  const int rc = context.run();
+  if (context.shouldExit()) return rc != 0 ? 1 : 0;
+  const int failed = zest_test::fail_if_none_ran(rc) != 0 ? 1 : 0;
   int any_failed = 0;
   ZEST_MPI_CHECK(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (mpi.rank() == 0 && any_failed && !failed) {
