@@ -44,7 +44,8 @@ options:
   --device-memory SIZE     e.g. 80GiB, 80GB, 8.5e10: also print the largest model that fits
   --offload-optimizer none|cpu  cpu: fp32 master weights and optimizer state in host memory (stages 1-3)
   --offload-ratio R        with --offload-optimizer cpu: the fraction offloaded, 0 to 1 (default 1)
-  --offload-param none|cpu cpu (stage 3): a model of parameter offload (the engine does not run it yet)
+  --offload-param none|cpu cpu (stage 3, with --offload-optimizer cpu at ratio 1): the sharded parameters in
+                           host memory
   --host-memory SIZE       with --device-memory: host memory of one machine; prints the largest model
                            that fits, per stage and offload choice
   --ranks-per-host N       ranks sharing --host-memory (default: --world, one machine)
@@ -133,6 +134,16 @@ zest::OptimizerConfig optimizer_arg(const std::string& text) {
   return opt;
 }
 
+// The model of a --units file; a problem in it names the file.
+zest::ModelDescription units_file(const std::string& path) {
+  const std::string text = zest::read_text_file(path);
+  try {
+    return zest::parse_model_description(text);
+  } catch (const zest::Error& e) {
+    throw zest::Error(fmt::format("--units {}: {}", path, e.message()), e.file(), e.line());
+  }
+}
+
 int run(int argc, char** argv) {
   std::map<std::string, std::string> flags = parse_flags(argc, argv);
   const auto has = [&](const char* f) { return flags.count(f) != 0; };
@@ -185,7 +196,7 @@ int run(int argc, char** argv) {
       has("--params") ? zest::ModelDescription::from_total(
                             count_arg("--params", flags["--params"], 1),
                             has("--unit-numel") ? count_arg("--unit-numel", flags["--unit-numel"], 1) : 0)
-                      : zest::parse_model_description(zest::read_text_file(flags["--units"]));
+                      : units_file(flags["--units"]);
   std::fputs(zest::format_estimate_table(model, opt, table).c_str(), stdout);
   if (has("--host-memory")) {
     const int64_t host = size_arg("--host-memory", flags["--host-memory"]) / per_host;

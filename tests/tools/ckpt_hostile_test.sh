@@ -82,7 +82,10 @@ refused "--world '2147483648': expected a whole number" "$estimate" --params 1e9
 
 # Finding 8: a units file nested 100,000 deep.
 python3 -c 'print("[" * 100000 + "]" * 100000)' >"$work/deep.json"
-refused "units" "$estimate" --units "$work/deep.json" --world 8
+refused "--units $work/deep.json: " "$estimate" --units "$work/deep.json" --world 8
+# A bad line names the file and the line.
+printf 'a 10\nb 12x\n' >"$work/units.txt"
+refused "--units $work/units.txt: units line 2: '12x' is not a parameter count" "$estimate" --units "$work/units.txt" --world 8
 
 # Finding 10: FIFOs where the tools read a file fail at once (timeout: a hang
 # exits 124 and fails the check).
