@@ -100,8 +100,9 @@ struct ZeroConfig {
 // defaults): where the fp32 master weights and optimizer state, or the
 // parameters not in use, live. A file's "nvme" device (ZeRO-Infinity) is
 // refused by name; its NVMe-only keys (nvme_path, the optimizer's
-// buffer_count, pipeline_read/write, fast_init) are noted as ignored with any
-// other device, as DeepSpeed reads them only for "nvme". The deprecated
+// buffer_count, pipeline_read/write, fast_init, the parameters' buffer_count,
+// buffer_size and max_in_cpu) are noted as ignored with any other device, as
+// DeepSpeed reads them only for "nvme". The deprecated
 // cpu_offload / cpu_offload_param (true) are read as {"device": "cpu"};
 // cpu_offload_use_pin_memory, which DeepSpeed no longer applies, is ignored.
 enum class OffloadDevice { kNone, kCpu };
@@ -121,10 +122,14 @@ struct OffloadOptimizerConfig {
 };
 
 struct OffloadParamConfig {
-  // kCpu: parameters offloaded at stage 3 (a file's cpu at stages 0-2 is
-  // ignored, as DeepSpeed ignores it).
+  // kCpu: at stage 3, the shards of the units gathered on demand live in
+  // host memory and come to the device when gathered (a file's cpu at stages
+  // 0-2 is ignored, as DeepSpeed ignores it). The Engine runs it with
+  // offload_optimizer device cpu at ratio 1, whose host update writes them.
   OffloadDevice device = OffloadDevice::kNone;
   bool pin_memory = false;
+  // NVMe only, in DeepSpeed and so here: read (and range-checked) from a
+  // file, acted on by nothing.
   int64_t buffer_count = 5, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements
 };
 

@@ -122,7 +122,9 @@ OffloadSection read_offload_param(Section& z, FileState& file, int stage) {
   o->read_int("buffer_count", c.buffer_count, 0, kMaxCount);
   o->read_int("buffer_size", c.buffer_size, 0, kMaxCount);
   o->read_int("max_in_cpu", c.max_in_cpu, 0, kMaxCount);
-  const std::string named = nvme_keys(*o, file, {"nvme_path"}, s.nvme);
+  // DeepSpeed reads all four only for "nvme" (its parameter swapper's pool
+  // and how much of the model stays in CPU memory beside NVMe).
+  const std::string named = nvme_keys(*o, file, {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}, s.nvme);
   o->finish();
   settle_offload(z, file, *o, "offload_param", "parameters", named,
                  stage < 3 ? fmt::format("DeepSpeed offloads parameters only at stage 3; this is stage {}, so nothing "

@@ -53,10 +53,19 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
                "is stage 0: set zero_optimization.stage, or offload_optimizer.device to \"none\"");
     (void)offloaded_numel(0, c.offload_optimizer.ratio);  // checks the ratio
   }
-  ZEST_CHECK(c.offload_param.device == OffloadDevice::kNone || c.zero.stage < 3,
-             "zero_optimization.offload_param (device cpu) is not yet supported by ZEST's engine: set "
-             "offload_param.device to \"none\" (offload_optimizer is supported, and stage 3 already shards "
-             "the parameters over the ranks)");
+  if (c.offload_param.device == OffloadDevice::kCpu && c.zero.stage == 3) {
+    // Note [offload_param runs with the optimizer on the host]. The host
+    // optimizer is then the only writer of the offloaded parameter shards,
+    // so no device kernel ever reads or writes host memory (which on CUDA
+    // would need mapped pinned memory); every real configuration seen that
+    // offloads parameters offloads the optimizer too (ZeRO-Infinity's).
+    ZEST_CHECK(c.offload_optimizer.device == OffloadDevice::kCpu && c.offload_optimizer.ratio >= 1.0,
+               "zero_optimization.offload_param (device cpu) needs offload_optimizer {{\"device\": \"cpu\"}} with "
+               "ratio 1 in ZEST, whose host optimizer then writes the offloaded parameters; this config has "
+               "offload_optimizer device {}, ratio {}: add offload_optimizer {{\"device\": \"cpu\"}}, or set "
+               "offload_param.device to \"none\"",
+               c.offload_optimizer.device == OffloadDevice::kCpu ? "cpu" : "none", c.offload_optimizer.ratio);
+  }
   return c;
 }
 
@@ -107,11 +116,13 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
   impl_->part = config_.zero.stage == 0 ? 0 : comm.rank();
   log_config_notes(config_, comm);
   if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
-    const bool pinned = config_.offload_optimizer.pin_memory && comm.device().is_cuda();
+    // One host allocator for both offloads: pinned when either asks.
+    const bool pinned = (config_.offload_optimizer.pin_memory || (offloads_params() && config_.offload_param.pin_memory)) &&
+                        comm.device().is_cuda();
     own_host_allocator_ = std::make_unique<CachingAllocator>(pinned ? make_cuda_pinned_allocator() : make_host_allocator());
     host_allocator_ = own_host_allocator_.get();
   }
-  if (config_.offload_param.device == OffloadDevice::kCpu && comm.rank() == 0) {
+  if (config_.offload_param.device == OffloadDevice::kCpu && config_.zero.stage < 3 && comm.rank() == 0) {
     ZEST_LOG_INFO("config: offload_param ignored: DeepSpeed offloads parameters only at stage 3; this is stage {}",
                   config_.zero.stage);
   }
@@ -349,6 +360,9 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
                   static_cast<int64_t>(unit.numel) <= config_.zero.stage3_param_persistence_threshold;
     if (st.resident) {
       st.params_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kParameters);
+    } else if (offloads_params()) {
+      st.params_shard = host_allocator_->allocate_buffer(unit.shard * bc, Stream::default_for(Device::host()),
+                                                         MemoryCategory::kParameters);
     } else {
       st.params_shard = allocator_.allocate_buffer(unit.shard * bc, stream_, MemoryCategory::kParameters);
     }
@@ -383,7 +397,10 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       for (const ParamLayout& p : unit.params) init(p, std::span<float>(host.data() + p.offset, p.numel));
     }
     const size_t piece = std::min(unit.padded, kInitStagingNumel);
-    staging = allocator_.allocate_buffer(piece * 4, stream_, MemoryCategory::kCommBuffers);
+    // With offload_param, a compute-dtype piece after the fp32 one: values
+    // are narrowed on the device, then copied to the host shard.
+    staging = allocator_.allocate_buffer(piece * (4 + (offloads_params() ? bc : 0)), stream_,
+                                         MemoryCategory::kCommBuffers);
     std::byte* full = st.resident ? st.params_full.as<std::byte>() : nullptr;
     for (size_t begin = 0; begin < unit.padded; begin += piece) {
       const size_t n = std::min(piece, unit.padded - begin);
@@ -397,7 +414,13 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       const size_t hi = std::min(begin + n, shard_begin + unit.shard);
       if (lo < hi) {
         const float* src = staging.as<float>() + (lo - begin);
-        if (full == nullptr) {
+        if (full == nullptr && offloads_params()) {
+          // No kernel writes host memory (Note [offload_param runs with the
+          // optimizer on the host]).
+          std::byte* narrow = staging.as<std::byte>() + piece * 4;
+          convert(stream_, src, DType::kFloat32, narrow, compute_dtype_, hi - lo);
+          copy_bytes(stream_, st.params_shard.as<std::byte>() + (lo - shard_begin) * bc, narrow, (hi - lo) * bc);
+        } else if (full == nullptr) {
           convert(stream_, src, DType::kFloat32, st.params_shard.as<std::byte>() + (lo - shard_begin) * bc,
                   compute_dtype_, hi - lo);
         }

@@ -72,6 +72,14 @@
 // restore and so checkpoints first wait for the update in flight: what they
 // see includes every applied step.
 //
+// offload_param (device "cpu", stage 3, with offload_optimizer "cpu" at
+// ratio 1): the parameter shards of the units gathered on demand live in the
+// host allocator too. A gather copies this rank's shard into its slot of the
+// unit's full buffer on the device and all-gathers in place; the host update
+// writes the new shard where it lives. The device then holds parameters only
+// while units are gathered (and the persistent units), as ZeRO-Infinity's
+// CPU offload does; the bits are those of a run without it.
+//
 //   // zest-example: prelude=training
 //   // A "device" of 64 MiB, as the host backend's tests model one.
 //   zest::CachingAllocator small(zest::make_limited_allocator(zest::make_host_allocator(), 64 << 20));
@@ -126,9 +134,10 @@ struct MemoryReport {
   // current bytes of parameters, gradients, master weights and optimizer state
   int64_t model_states() const;
 
-  // The same from the host allocator (offload_optimizer): the offloaded
-  // master weights and optimizer state, and the copies' staging
-  // (comm_buffers). All zero without offload.
+  // The same from the host allocator (offload_optimizer, offload_param):
+  // the offloaded master weights and optimizer state, the offloaded
+  // parameter shards, and the copies' staging (comm_buffers). All zero
+  // without offload.
   std::array<Entry, kNumMemoryCategories> host_by_category{};
   int64_t host_reserved = 0;
   int64_t host_allocated = 0;
@@ -160,7 +169,8 @@ class Engine {
   // (host memory: make_host_allocator, or make_cuda_pinned_allocator for
   // asynchronous CUDA copies), borrowed like `allocator`. Without it (the
   // constructor above) an offloading engine makes its own: pinned when
-  // offload_optimizer.pin_memory is set and the device is a GPU.
+  // offload_optimizer.pin_memory (or offload_param.pin_memory) is set and
+  // the device is a GPU.
   Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, CachingAllocator& host_allocator,
          Stream stream);
   ~Engine();
@@ -315,6 +325,11 @@ class Engine {
   // Where this rank's shard of unit u's compute-dtype parameters lives: in
   // the full parameters when they are resident, else the shard buffer.
   std::byte* owned_params(int unit) const;
+  // zero_optimization.offload_param at stage 3: the shards of the units
+  // gathered on demand live in the host allocator.
+  bool offloads_params() const {
+    return config_.offload_param.device == OffloadDevice::kCpu && config_.zero.stage == 3;
+  }
   // engine_gather.cpp
   void materialize(int unit);
   void drop(int unit);

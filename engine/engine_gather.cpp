@@ -10,6 +10,7 @@
 #include "zest/core/logging.h"
 #include "zest/engine/engine.h"
 #include "zest/engine/engine_state.h"
+#include "zest/memory/copy.h"
 
 namespace zest {
 namespace {
@@ -59,9 +60,16 @@ void Engine::materialize(int unit) {
   allocator_.record_stream(st.params_full.data(), im.comm());
   im.handoff->record(stream_);
   im.comm().wait(*im.handoff);
+  // An offloaded shard comes to the device first, into this rank's slot of
+  // the full buffer, which the all-gather then reads in place.
+  const void* shard = st.params_shard.data();
+  if (offloads_params()) {
+    std::byte* slot = owned_part(st.params_full, unit);
+    copy_bytes(im.comm(), slot, shard, U.shard * elem_size(compute_dtype_));
+    shard = slot;
+  }
   try {
-    comm_.all_gather(st.params_shard.data(), st.params_full.data(), U.shard, compute_dtype_,
-                     im.comm(), gather_tag(unit));
+    comm_.all_gather(shard, st.params_full.data(), U.shard, compute_dtype_, im.comm(), gather_tag(unit));
   } catch (const CommError& e) {
     if (e.reason() != CommError::Reason::kMismatch) throw;
     throw CommError(e.reason(),

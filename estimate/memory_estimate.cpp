@@ -260,7 +260,9 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
 
   size_t largest = 0;
   for (const UnitSize& u : units) largest = std::max(largest, u.padded);
-  const int64_t staging = to_bytes(std::min(largest, kInitStagingNumel), 4);
+  // finalize()'s fp32 staging, and with offload_param as much again in the
+  // compute dtype (engine.cpp: narrowed on the device for the host shard).
+  const int64_t staging = to_bytes(std::min(largest, kInitStagingNumel), 4 + (o.offloads_params() ? b : 0));
   // The chunk sums of this rank's shard and one exact sum (engine_step.cpp):
   // O(shard), whatever the world size.
   size_t trainable_owned = 0;
@@ -405,6 +407,10 @@ void EstimateOptions::validate() const {
              "offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3, as in the engine; this is stage 0");
   ZEST_CHECK(!offloads_params() || zero.stage == 3,
              "offload_param (device cpu) is for stage 3 only, as in DeepSpeed; this is stage {}", zero.stage);
+  ZEST_CHECK(!offloads_params() || (offloads_optimizer() && offload_optimizer.ratio >= 1.0),
+             "offload_param (device cpu) goes with offload_optimizer cpu at ratio 1, as in the engine (its host "
+             "optimizer writes the offloaded parameters); this has offload_optimizer {}, ratio {}",
+             offloads_optimizer() ? "cpu" : "none", offload_optimizer.ratio);
   ZEST_CHECK(live_units >= 0 && grad_units_in_flight >= 0,
              "live_units ({}) and grad_units_in_flight ({}) must be >= 0 (0: the engine's policy)",
              live_units, grad_units_in_flight);

@@ -19,7 +19,8 @@
 //               weights and optimizer state, from finalize() on
 //   transient   stage 3: gathered full parameters of the live units;
 //               stages 2-3: full gradient buffers waiting for their
-//               reduce-scatter; finalize()'s fp32 staging of one unit and the
+//               reduce-scatter; finalize()'s fp32 staging of one unit
+//               (with offload_param, and its compute-dtype copy) and the
 //               gradient-norm chunk sums of step() (comm_buffers)
 // The user's activations and workspace are not.
 //
@@ -28,7 +29,7 @@
 // the engine runs) the offloaded part of each rank's fp32 master weights and
 // optimizer state (ratio of the owned elements, engine/optimizer_offload.h)
 // and the copies' staging slots (comm_buffers); with offload_param at stage
-// 3, a MODEL of ZeRO-3 offload that the engine does not run yet, the
+// 3 (which the engine runs with all of the optimizer offloaded), the
 // parameter shards of the gathered units, which then reach the device only
 // while gathered. Gradients stay on the device: ZEST streams them to the
 // host update in chunks, where DeepSpeed keeps an fp32 copy on the host

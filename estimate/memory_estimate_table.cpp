@@ -95,7 +95,8 @@ double category(const MemoryEstimate& e, MemoryCategory c, bool peak) {
 }
 
 bool offload_allowed(const EstimateOptions& o) {
-  return (!o.offloads_optimizer() || o.zero.stage >= 1) && (!o.offloads_params() || o.zero.stage == 3);
+  return (!o.offloads_optimizer() || o.zero.stage >= 1) &&
+         (!o.offloads_params() || (o.zero.stage == 3 && o.offloads_optimizer() && o.offload_optimizer.ratio >= 1.0));
 }
 
 double transient(const MemoryEstimate& e, MemoryCategory c) {
@@ -148,8 +149,8 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
                        o.offload_optimizer.ratio, o.offload_optimizer.delayed_update ? ", delayed update" : "");
   }
   if (o.offloads_params()) {
-    out += "offload_param: cpu is a MODEL of ZeRO-3 offload (the engine does not run it yet): the sharded "
-           "parameters are counted in host memory\n";
+    out += "offload_param: cpu: the parameter shards of the units gathered on demand are in host memory, and on "
+           "the device only while gathered\n";
   }
   out += "\n";
 
@@ -286,8 +287,7 @@ std::string format_fit_table(const EstimateOptions& options, int64_t device_byte
     }
     out += "\n";
   }
-  out += "(h): host memory is the limit; otherwise the device. offload_param is a model: the engine does not "
-         "run it yet.\n";
+  out += "(h): host memory is the limit; otherwise the device.\n";
   return out;
 }
 

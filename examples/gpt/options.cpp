@@ -10,6 +10,7 @@ namespace gpt {
 
 std::string usage() {
   return "usage: gpt [--ranks N] [--stage S | --stages 0,1,2,3] [--launch] [--dtype fp32|bf16|fp16] [--offload]\n"
+         "           [--offload-param]\n"
          "           [--config ds_config.json] [--steps N] [--batch ROWS] [--accum N] [--lr X]\n"
          "           [--warmup N] [--schedule-steps N] [--seed N] [--threads N]\n"
          "           [--layers N] [--heads N] [--d-model N] [--context N] [--vocab N] [--untied]\n"
@@ -28,6 +29,7 @@ Options parse_options(int argc, char** argv) {
   app.add_flag("--launch", o.launch);
   app.add_flag("--untied", untied);
   app.add_flag("--offload", o.offload);
+  app.add_flag("--offload-param", o.offload_param);
   app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 16));
   CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
   app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);
@@ -88,6 +90,13 @@ zest::EngineConfig engine_config(const Options& opt, int stage, int world) {
     // owns no shard (DeepSpeed refuses it too).
     if (stage == 0) throw UsageError("--offload needs --stage 1, 2 or 3: stage 0 shards no optimizer state to offload");
     c.offload_optimizer.device = zest::OffloadDevice::kCpu;
+  }
+  if (opt.offload_param) {
+    if (stage != 3) throw UsageError("--offload-param needs --stage 3: stages 0-2 keep every parameter on every rank");
+    // ZEST offloads parameters with the whole optimizer (engine.h).
+    c.offload_optimizer.device = zest::OffloadDevice::kCpu;
+    c.offload_optimizer.ratio = 1.0;
+    c.offload_param.device = zest::OffloadDevice::kCpu;
   }
   if (opt.accum > 0) c.gradient_accumulation_steps = opt.accum;
   if (!opt.dtype.empty()) examples::set_compute_dtype(c, opt.dtype);

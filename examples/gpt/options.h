@@ -24,6 +24,9 @@ struct Options {
   // --offload: the fp32 master weights and optimizer state in host memory,
   // stepped there (zero_optimization.offload_optimizer.device "cpu").
   bool offload = false;
+  // --offload-param (stage 3): the parameter shards in host memory as well,
+  // with the optimizer (offload_param and offload_optimizer "cpu").
+  bool offload_param = false;
   std::string config_path;
   int64_t steps = 200;
   int64_t batch = 16;  // global rows (sequences of `context` bytes) per step

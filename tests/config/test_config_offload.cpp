@@ -50,7 +50,13 @@ TEST_CASE("offload sections set the config with the values written") {
   CHECK(c.offload_param.buffer_count == 7);
   CHECK(c.offload_param.buffer_size == 20'000'000);
   CHECK(c.offload_param.max_in_cpu == 300'000'000);
-  CHECK(c.ignored.empty());
+  // The parameters' pool and CPU limit are NVMe settings in DeepSpeed: read,
+  // and noted as acted on by nothing with device cpu.
+  CHECK(c.ignored.size() == 3);
+  for (const char* key : {"buffer_count", "buffer_size", "max_in_cpu"}) {
+    CAPTURE(key);
+    CHECK(ignored_reason(c, std::string("zero_optimization.offload_param.") + key).find("an NVMe offload setting") == 0);
+  }
   // "auto" for the device is its default, as DeepSpeed drops an unfilled "auto".
   const EngineConfig a = parse_config_json(R"({"zero_optimization": {"stage": 2,
     "offload_optimizer": {"device": "auto"}}})");

@@ -251,7 +251,7 @@ TEST_CASE("offload: device and host bytes by category, by hand") {
   CHECK(g.host(C::kOptimizerState).persistent == 3072);
   CHECK(g.host(C::kCommBuffers).peak == 512);
 
-  // Stage 3 with parameters offloaded too (a model), threshold 0: the
+  // Stage 3 with parameters offloaded too, threshold 0: the
   // parameter shards (2*768) move to the host; the device holds the
   // gathered units only while they are live.
   EstimateOptions p = options(3, 3, DType::kFloat16, OptimizerKind::kAdamW);
@@ -273,6 +273,10 @@ TEST_CASE("offload: device and host bytes by category, by hand") {
   bad.zero.stage = 2;
   bad.offload_param.device = OffloadDevice::kCpu;
   CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("offload_param (device cpu) is for stage 3 only"));
+  bad.zero.stage = 3;
+  bad.offload_optimizer.ratio = 0.5;
+  CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("offload_param (device cpu) goes with offload_optimizer "
+                                                               "cpu at ratio 1, as in the engine"));
   bad.offload_param.device = OffloadDevice::kNone;
   bad.offload_optimizer.ratio = 1.5;
   CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("ratio is 1.5: it must be in [0, 1]"));
@@ -498,27 +502,32 @@ TEST_CASE("the engine's measured bytes equal the estimate") {
 
 // The same contract with offload_optimizer: the device's bytes and the
 // host allocator's, category by category.
-TEST_CASE("with offload_optimizer, the engine's device and host bytes equal the estimate") {
+TEST_CASE("with offload_optimizer (and offload_param at stage 3), the engine's device and host bytes equal the estimate") {
   ModelDescription m;
   m.units = {{"a", {91, 7}, 1}, {"b", {35, 5, 1}, 1}, {"c", {33}, 1}};
   struct Case {
     double ratio;
     bool delayed;
+    bool params = false;  // offload_param, at stage 3
   };
   for (int world : {1, 3}) {
     for (int stage : {1, 2, 3}) {
       for (const bool bf16 : {false, true}) {
-        for (const Case k : {Case{1.0, false}, Case{0.5, false}, Case{1.0, true}}) {
+        for (const Case k : {Case{1.0, false}, Case{0.5, false}, Case{1.0, true}, Case{1.0, false, true},
+                             Case{1.0, true, true}}) {
+          if (k.params && stage != 3) continue;
           CAPTURE(world);
           CAPTURE(stage);
           CAPTURE(bf16);
           CAPTURE(k.ratio);
           CAPTURE(k.delayed);
+          CAPTURE(k.params);
           EngineConfig config = test::base_config(stage);
           config.bf16 = bf16;
           config.offload_optimizer.device = OffloadDevice::kCpu;
           config.offload_optimizer.ratio = k.ratio;
           config.offload_optimizer.delayed_update = k.delayed;
+          if (k.params) config.offload_param.device = OffloadDevice::kCpu;
           const MemoryEstimate e = estimate_memory(m, EstimateOptions::from_config(config, world));
           REQUIRE(e.host_numel > 0);
           check_measured(e, test::run_engine(config, test::runs(world, 2)));

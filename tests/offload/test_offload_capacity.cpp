@@ -77,6 +77,45 @@ TEST_CASE("offload: 3x the device's memory in model states trains on one rank, w
   check_trains_beyond_the_device(1, 1, 32, 10 * kMiB);
 }
 
+// Stage 3 with the optimizer offloaded, a rank's device still holds its
+// parameter and gradient shards (2 + 2 bytes per owned bf16 element); with
+// offload_param the parameters leave too. A device between the two trains
+// only with both, and gets the bits of the unlimited run.
+void check_params_offload_needed(int world, int units, size_t capacity) {
+  CAPTURE(world);
+  EngineConfig config = wide_config(3);
+  config.offload_optimizer.device = OffloadDevice::kCpu;
+  const std::vector<RankResult> reference = run_engine(config, wide_model(world, units, 0));
+  const int64_t shards = reference[0].memory[MemoryCategory::kParameters].current;
+  CHECK(reference[0].memory[MemoryCategory::kGradients].current == shards);
+  CHECK(static_cast<int64_t>(capacity) < 2 * shards);
+  CHECK(static_cast<int64_t>(capacity) > shards);
+
+  RunOptions limited = wide_model(world, units, capacity);
+  CHECK_THROWS_WITH_AS(run_engine(config, limited), doctest::Contains("out of memory on host (limited)"),
+                       OutOfMemoryError);
+  config.offload_param.device = OffloadDevice::kCpu;
+  const std::vector<RankResult> got = run_engine(config, limited);
+  for (int r = 0; r < world; ++r) {
+    CAPTURE(r);
+    const RankResult& g = got[static_cast<size_t>(r)];
+    CHECK(g.memory.reserved <= static_cast<int64_t>(capacity));
+    CHECK(g.memory.host(MemoryCategory::kParameters).current == shards);
+    REQUIRE(g.steps.size() == 2);
+    CHECK(g.steps[1].applied);
+    for (const auto& [name, values] : g.params) {
+      CAPTURE(name);
+      CHECK(same_bits(values, reference[static_cast<size_t>(r)].params.at(name)));
+    }
+  }
+}
+
+TEST_CASE("offload_param at stage 3: a device too small for the parameter and gradient shards trains on 1 and 2 ranks") {
+  // 64 units of 128 KiB: shards of 8 MiB (1 rank) and 4 MiB (2 ranks).
+  check_params_offload_needed(1, 64, 12 * kMiB);
+  check_params_offload_needed(2, 64, 6 * kMiB);
+}
+
 TEST_CASE("offload at stage 3: several times the device's memory per rank trains on 2 and 4 ranks") {
   check_trains_beyond_the_device(3, 2, 64, 10 * kMiB);
   check_trains_beyond_the_device(3, 4, 96, 8 * kMiB);

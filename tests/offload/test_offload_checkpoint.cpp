@@ -47,24 +47,31 @@ TEST_CASE("checkpoints with and without offload are the same files, and resume e
     off.offload_optimizer.device = OffloadDevice::kCpu;
     EngineConfig half = off;
     half.offload_optimizer.ratio = 0.5;
+    // At stage 3 the parameter shards offloaded too.
+    EngineConfig all = off;
+    if (stage == 3) all.offload_param.device = OffloadDevice::kCpu;
     const int world = 2;
     const Params straight = run(plain, world, 0, 4);
 
-    TempDir a, b, c;
+    TempDir a, b, c, d;
     run(plain, world, 0, 2, "", a.str());
     run(off, world, 0, 2, "", b.str());
     run(half, world, 0, 2, "", c.str());
+    run(all, world, 0, 2, "", d.str());
     // The shard files hold the same bytes, wherever the state lived.
     for (const char* file : {"rank_00000.bin", "rank_00001.bin"}) {
       CAPTURE(file);
       const std::string want = read_text_file((a.path / "step_000002" / file).string());
       CHECK(read_text_file((b.path / "step_000002" / file).string()) == want);
       CHECK(read_text_file((c.path / "step_000002" / file).string()) == want);
+      CHECK(read_text_file((d.path / "step_000002" / file).string()) == want);
     }
     // Either loads into either, and training goes on as if it never stopped.
     check_same(run(off, world, 2, 4, a.str()), straight);
     check_same(run(plain, world, 2, 4, b.str()), straight);
     check_same(run(half, world, 2, 4, b.str()), straight);
     check_same(run(off, world, 2, 4, c.str()), straight);
+    check_same(run(all, world, 2, 4, a.str()), straight);
+    check_same(run(plain, world, 2, 4, d.str()), straight);
   }
 }

@@ -1,8 +1,9 @@
 // offload_optimizer: runs whose master weights and optimizer state live in
 // the host allocator give the bits of runs that keep them on the device, at
 // stages 1-3 on 1, 2 and 4 in-process ranks, with all of the state offloaded
-// and with part of it (ratio < 1, split inside a unit); the state is in the
-// host allocator's report; bad offload settings are clear errors.
+// and with part of it (ratio < 1, split inside a unit); at stage 3 with the
+// parameter shards offloaded too (offload_param); the state is in the host
+// allocator's report; bad offload settings are clear errors.
 #include <doctest/doctest.h>
 
 #include "engine/engine_harness.h"
@@ -16,6 +17,33 @@ EngineConfig offloaded(EngineConfig c, double ratio = 1.0) {
   c.offload_optimizer.device = OffloadDevice::kCpu;
   c.offload_optimizer.ratio = ratio;
   return c;
+}
+
+EngineConfig params_offloaded(EngineConfig c) {
+  c = offloaded(c);
+  c.offload_param.device = OffloadDevice::kCpu;
+  return c;
+}
+
+// Every rank's parameters and every step's results, bit for bit.
+void check_same_run(const std::vector<RankResult>& got, const std::vector<RankResult>& reference) {
+  REQUIRE(got.size() == reference.size());
+  for (size_t r = 0; r < got.size(); ++r) {
+    CAPTURE(r);
+    const RankResult& g = got[r];
+    const RankResult& want = reference[r];
+    REQUIRE(g.params.size() == want.params.size());
+    for (const auto& [name, values] : g.params) {
+      CAPTURE(name);
+      CHECK(same_bits(values, want.params.at(name)));
+    }
+    REQUIRE(g.steps.size() == want.steps.size());
+    for (size_t s = 0; s < g.steps.size(); ++s) {
+      CHECK(g.steps[s].grad_norm == want.steps[s].grad_norm);
+      CHECK(g.steps[s].applied == want.steps[s].applied);
+      CHECK(g.steps[s].loss_scale == want.steps[s].loss_scale);
+    }
+  }
 }
 
 // Runs `config` at stages 1-3 on `world` ranks with and without offload and
@@ -33,22 +61,11 @@ void check_offload_equivalence(EngineConfig config, int world, RunOptions opt = 
     CHECK_FALSE(same_bits(initial, reference[0].params.at("a.w")));
     for (double ratio : {1.0, 0.5}) {
       CAPTURE(ratio);
-      const std::vector<RankResult> got = run_engine(offloaded(config, ratio), opt);
-      for (int r = 0; r < world; ++r) {
-        CAPTURE(r);
-        const RankResult& g = got[static_cast<size_t>(r)];
-        const RankResult& want = reference[static_cast<size_t>(r)];
-        for (const auto& [name, values] : g.params) {
-          CAPTURE(name);
-          CHECK(same_bits(values, want.params.at(name)));
-        }
-        REQUIRE(g.steps.size() == want.steps.size());
-        for (size_t s = 0; s < g.steps.size(); ++s) {
-          CHECK(g.steps[s].grad_norm == want.steps[s].grad_norm);
-          CHECK(g.steps[s].applied == want.steps[s].applied);
-          CHECK(g.steps[s].loss_scale == want.steps[s].loss_scale);
-        }
-      }
+      check_same_run(run_engine(offloaded(config, ratio), opt), reference);
+    }
+    if (stage == 3) {
+      INFO("offload_param");
+      check_same_run(run_engine(params_offloaded(config), opt), reference);
     }
   }
 }
@@ -121,6 +138,27 @@ TEST_CASE("memory_report: the offloaded master weights and optimizer state are i
   CHECK(part.memory[MemoryCategory::kOptimizerState].current == static_cast<int64_t>(2 * (owned - 256) * 4));
 }
 
+TEST_CASE("memory_report: offload_param keeps the parameter shards in the host allocator") {
+  // One rank, stage 3, every unit gathered on demand (threshold 0): the
+  // rank's shards are the whole model, 3 units of 256 elements.
+  EngineConfig config = base_config(3);
+  config.bf16 = true;
+  const size_t owned = 768;
+  const RankResult opt_only = run_engine(offloaded(config), runs(1, 1))[0];
+  const RankResult both = run_engine(params_offloaded(config), runs(1, 1))[0];
+  CHECK(opt_only.memory[MemoryCategory::kParameters].current == static_cast<int64_t>(owned * 2));
+  CHECK(opt_only.memory.host(MemoryCategory::kParameters).current == 0);
+  // Between steps nothing is gathered: no parameter bytes on the device.
+  CHECK(both.memory[MemoryCategory::kParameters].current == 0);
+  CHECK(both.memory.host(MemoryCategory::kParameters).current == static_cast<int64_t>(owned * 2));
+  // While gathered, the same full buffers as without: the shard is copied
+  // into its slot of one, so the device needs nothing more.
+  CHECK(both.memory[MemoryCategory::kParameters].peak == opt_only.memory[MemoryCategory::kParameters].peak -
+                                                            static_cast<int64_t>(owned * 2));
+  CHECK(both.memory.host_model_states() == opt_only.memory.host_model_states() + static_cast<int64_t>(owned * 2));
+  CHECK(both.memory[MemoryCategory::kGradients].current == opt_only.memory[MemoryCategory::kGradients].current);
+}
+
 TEST_CASE("offload settings the engine cannot honour are errors naming the key") {
   CachingAllocator alloc(make_host_allocator());
   const Stream stream = Stream::default_for(Device::host());
@@ -134,12 +172,24 @@ TEST_CASE("offload settings the engine cannot honour are errors naming the key")
   config = offloaded(base_config(2), 1.5);
   CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("offload_optimizer.ratio is 1.5: it must be in [0, 1]"),
                        Error);
+  // offload_param runs with the whole optimizer on the host (its update
+  // writes the offloaded parameters).
   config = base_config(3);
   config.offload_param.device = OffloadDevice::kCpu;
-  CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("zero_optimization.offload_param (device cpu) is not yet supported"),
+  CHECK_THROWS_WITH_AS(construct(config),
+                       doctest::Contains("zero_optimization.offload_param (device cpu) needs offload_optimizer "
+                                         "{\"device\": \"cpu\"} with ratio 1 in ZEST, whose host optimizer then "
+                                         "writes the offloaded parameters; this config has offload_optimizer device "
+                                         "none, ratio 1"),
                        Error);
+  config = params_offloaded(base_config(3));
+  config.offload_optimizer.ratio = 0.5;
+  CHECK_THROWS_WITH_AS(construct(config), doctest::Contains("offload_optimizer device cpu, ratio 0.5"), Error);
+  config.offload_optimizer.ratio = 1.0;
+  CHECK_NOTHROW(construct(config));
   // Below stage 3 DeepSpeed ignores offload_param, and so does ZEST.
-  config.zero.stage = 2;
+  config = base_config(2);
+  config.offload_param.device = OffloadDevice::kCpu;
   CHECK_NOTHROW(construct(config));
 }
 
