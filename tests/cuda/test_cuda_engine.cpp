@@ -1,6 +1,7 @@
 // The engine on one GPU with in-process ranks: stages 1-3 match stage 0 bit
 // for bit on the CUDA path too, the CUDA engine matches the host engine, and
-// offload_optimizer (pinned host memory, copy streams) matches the device.
+// offload_optimizer (pinned host memory, copy streams), and offload_param
+// at stage 3 with it, match the device.
 #include <doctest/doctest.h>
 
 #include "engine/engine_harness.h"
@@ -68,6 +69,20 @@ TEST_CASE("CUDA, offload_optimizer: the pinned-host pipeline equals the device r
         CHECK(offloaded[static_cast<size_t>(r)].memory[MemoryCategory::kOptimizerState].current <
               device[static_cast<size_t>(r)].memory[MemoryCategory::kOptimizerState].current);
         CHECK(offloaded[static_cast<size_t>(r)].memory.host(MemoryCategory::kOptimizerState).current > 0);
+      }
+    }
+    if (stage == 3) {
+      // offload_param: shards in pinned host memory, copied to the device
+      // at each gather, written by the host update.
+      config.offload_optimizer.ratio = 1.0;
+      config.offload_param.device = OffloadDevice::kCpu;
+      config.offload_param.pin_memory = true;
+      const std::vector<RankResult> params_offloaded = run_engine(config, opt);
+      for (int r = 0; r < 2; ++r) {
+        CAPTURE(r);
+        check_same(params_offloaded[static_cast<size_t>(r)].params, device[static_cast<size_t>(r)].params);
+        CHECK(params_offloaded[static_cast<size_t>(r)].memory[MemoryCategory::kParameters].current == 0);
+        CHECK(params_offloaded[static_cast<size_t>(r)].memory.host(MemoryCategory::kParameters).current > 0);
       }
     }
   }
