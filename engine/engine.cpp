@@ -312,7 +312,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   ZEST_CHECK(static_cast<bool>(init), "finalize(): the initializer is empty");
   Impl& im = *impl_;
   const int stage = config_.zero.stage;
-  const int partitions = stage == 0 ? 1 : comm_.size();
+  const int partitions = partitions_for(stage, comm_.size());
   auto layout = std::make_unique<ModelLayout>(im.groups, im.specs, partitions);
 
   // Scalars only (digests, the norm's words): on NCCL the child shares the
@@ -356,8 +356,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     const UnitLayout& unit = L.unit(u);
     UnitState& st = im.units[static_cast<size_t>(u)];
     st.ready.emplace(comm_.device());
-    st.resident = stage < 3 ||
-                  static_cast<int64_t>(unit.numel) <= config_.zero.stage3_param_persistence_threshold;
+    st.resident = resident_unit(stage, unit.numel, config_.zero.stage3_param_persistence_threshold);
     if (st.resident) {
       st.params_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kParameters);
     } else if (offloads_params()) {

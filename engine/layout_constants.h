@@ -1,5 +1,6 @@
-// The two numbers that fix ZEST's flat layout, shared by the engine and the
-// memory estimator so that what is estimated is what is allocated.
+// The numbers and rules that fix ZEST's flat layout, shared by the engine,
+// the memory estimator and the checkpoint tools, so that what is estimated
+// is what is allocated and what a reshard writes is what an engine reads.
 //
 // kParamAlign: every parameter starts at a multiple of 64 elements of its
 // unit's flat buffer (128 bytes in fp16, 256 in fp32), so typed views and
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace zest {
 
@@ -34,6 +36,17 @@ constexpr size_t aligned_param_offset(size_t offset) {
 constexpr size_t padded_unit_numel(size_t unaligned_end, int partitions) {
   const size_t quantum = kShardQuantum * static_cast<size_t>(partitions);
   return (unaligned_end + quantum - 1) / quantum * quantum;
+}
+
+// The shards a unit is split into: one at stage 0 (every rank holds and
+// updates everything), one per rank at stages 1-3.
+constexpr int partitions_for(int stage, int world) { return stage == 0 ? 1 : world; }
+
+// Whether a unit of `numel` parameters stays whole on every rank (resident)
+// rather than gathered on demand: always below stage 3; at stage 3 when it
+// is no larger than stage3_param_persistence_threshold, as in DeepSpeed.
+constexpr bool resident_unit(int stage, size_t numel, int64_t persistence_threshold) {
+  return stage < 3 || static_cast<int64_t>(numel) <= persistence_threshold;
 }
 
 }  // namespace zest

@@ -48,8 +48,7 @@ std::vector<UnitSize> unit_sizes(const ModelDescription& model, const EstimateOp
     s.shard = s.padded / static_cast<size_t>(P);
     s.count = u.count;
     s.frozen = u.frozen;
-    s.resident = o.zero.stage < 3 ||
-                 static_cast<int64_t>(s.numel) <= o.zero.stage3_param_persistence_threshold;
+    s.resident = resident_unit(o.zero.stage, s.numel, o.zero.stage3_param_persistence_threshold);
     out.push_back(s);
   }
   return out;
@@ -317,7 +316,7 @@ PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_
   ZEST_CHECK(!param_offload || stage == 3, "paper_offload_bytes: parameters are offloaded only at stage 3, not {}",
              stage);
   const double b = compute_bytes;
-  const double n = stage == 0 ? 1.0 : world;
+  const double n = partitions_for(stage, world);
   const double params = stage == 3 ? b * psi / n : b * psi;
   const double grads = stage >= 2 ? b * psi / n : b * psi;
   const double optimizer = k * psi / n;

@@ -46,6 +46,7 @@
 
 #include "zest/core/dtype.h"
 #include "zest/config/config.h"
+#include "zest/engine/layout_constants.h"
 #include "zest/memory/memory_category.h"
 #include "zest/optim/optimizer.h"
 
@@ -116,7 +117,7 @@ struct EstimateOptions {
   // Throws a zest::Error naming the bad field and the allowed values.
   void validate() const;
   // 1 at stage 0, the world size at stages 1-3.
-  int partitions() const { return zero.stage == 0 ? 1 : world_size; }
+  int partitions() const { return partitions_for(zero.stage, world_size); }
   bool offloads_optimizer() const { return offload_optimizer.device == OffloadDevice::kCpu; }
   bool offloads_params() const { return offload_param.device == OffloadDevice::kCpu; }
 };

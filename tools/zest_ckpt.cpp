@@ -28,6 +28,7 @@
 #include "zest/core/file_io.h"
 #include "zest/checkpoint/safetensors.h"
 #include "zest/checkpoint/weights_io.h"
+#include "zest/engine/layout_constants.h"
 
 namespace fs = std::filesystem;
 using namespace zest;
@@ -138,7 +139,7 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
   m.world_size = world;
   if (stage < 0) stage = m.stage;  // keep the checkpoint's
   m.stage = stage;
-  m.partitions = stage == 0 ? 1 : world;
+  m.partitions = zest::partitions_for(stage, world);
   m.files.clear();
   const ModelLayout L = m.layout();
   // Beyond one rank per parameter every added rank holds only padding, and
