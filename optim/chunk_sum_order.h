@@ -1,5 +1,5 @@
-// The GPU's order of one gradient-norm chunk's sum of squares, as
-// host-and-device functions, so the host tests compute the GPU's bits.
+// The order of one gradient-norm chunk's sum of squares, on the GPU and on
+// the host: host-and-device functions, which the host tests run.
 //
 // Note [a warp per chunk]. One warp of 32 lanes sums a chunk: lane l adds the
 // squares of elements l, l + 32, l + 64, ... of the chunk in index order, in
@@ -8,8 +8,9 @@
 // (__shfl_down_sync), and lane 0 holds the chunk's sum. warp_tree does the
 // same additions on an array. The order depends on the chunk's values alone,
 // not on where the chunk lies, which warp takes it or how many chunks there
-// are, so the sums are as independent of sharding as the host's sequential
-// ones (not their bits: they agree to about 1e-15 relative).
+// are, so the sums are independent of sharding. The host runs the same order
+// (host_kernels.inc: chunk_squares, the 32 lanes being adjacent elements, so
+// one row of vector adds), so a chunk has the same bits on both.
 #pragma once
 
 #include <cstddef>
@@ -42,7 +43,8 @@ ZEST_HOST_DEVICE inline double warp_tree(double* lanes) {
   return lanes[0];
 }
 
-// A chunk's sum in the GPU's order, on the host.
+// A chunk's sum in this order, element by element: what the host's vector
+// loop and the GPU's warp are tested against.
 template <typename Load>
 double warp_order_sum_of_squares(const Load& load, size_t begin, size_t end, float scale) {
   double lanes[kNormWarp];

@@ -2,45 +2,38 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "zest/core/check.h"
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
+#include "zest/optim/host_convert.h"
+#include "zest/optim/host_kernels.h"
 #include "zest/optim/optim_cuda.h"
 #include "zest/optim/step_decision.h"
 
 namespace zest {
 namespace {
 
-// Scaled in float, as the optimizer sees the gradient, then squared exactly
-// in double.
-template <typename T>
-double scaled_square(const T& v, float scale) {
-  const double x = static_cast<double>(static_cast<float>(v) * scale);
-  return x * x;
-}
-
+// Note [a warp per chunk], the GPU's order, so the host and the GPU give a
+// chunk the same bits. Whole chunks at a time: fp32 straight from the
+// gradients, fp16 and bf16 widened first (exactly) into a float block of at
+// least one chunk.
 template <typename T>
 void chunk_sums(const T* g, size_t numel, size_t chunk, float scale, double* out) {
-  const size_t chunks = (numel + chunk - 1) / chunk;
-  // Eight whole chunks at a time, each still added in its own index order (so
-  // the same bits): eight independent chains of additions instead of one,
-  // which a single chain's latency would otherwise bound.
-  constexpr size_t kLanes = 8;
-  size_t c = 0;
-  for (; c + kLanes <= numel / chunk; c += kLanes) {
-    double acc[kLanes] = {};
-    const T* base = g + c * chunk;
-    for (size_t i = 0; i < chunk; ++i) {
-      for (size_t k = 0; k < kLanes; ++k) acc[k] += scaled_square(base[k * chunk + i], scale);
+  const detail::HostKernels& k = detail::host_kernels();
+  if constexpr (std::is_same_v<T, float>) {
+    k.chunk_squares(g, numel, chunk, scale, out);
+  } else {
+    const size_t per = std::max<size_t>(1, detail::kHostBlock / chunk) * chunk;
+    thread_local std::vector<float> block;  // reused: this runs for every unit at every step
+    block.resize(std::max(block.size(), std::min(per, numel)));
+    for (size_t begin = 0; begin < numel; begin += per) {
+      const size_t n = std::min(per, numel - begin);
+      detail::widen(g + begin, block.data(), n);
+      k.chunk_squares(block.data(), n, chunk, scale, out + begin / chunk);
     }
-    for (size_t k = 0; k < kLanes; ++k) out[c + k] = acc[k];
-  }
-  for (; c < chunks; ++c) {
-    const size_t end = std::min(numel, (c + 1) * chunk);
-    double acc = 0.0;
-    for (size_t i = c * chunk; i < end; ++i) acc += scaled_square(g[i], scale);
-    out[c] = acc;
   }
 }
 

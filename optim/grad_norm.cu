@@ -1,9 +1,9 @@
 // CUDA implementation of chunk_sums_of_squares: one warp per chunk, in the
 // order of Note [a warp per chunk] (optim/chunk_sum_order.h), whose
-// host-and-device functions the host tests run too. They are not the host's
-// bits (the host adds a chunk's squares in one sequential pass) but agree to
-// about 1e-15 relative (tests/cuda/test_cuda_optim.cu checks 1e-12, and the
-// bits against warp_order_sum_of_squares). Each square of a float is exact in
+// host-and-device functions the host tests run too; the host's loop
+// (host_kernels.inc) adds in the same order, so the two give the same bits
+// (tests/cuda/test_cuda_optim.cu checks them against
+// warp_order_sum_of_squares). Each square of a float is exact in
 // double, so fusing `acc + x * x` into an FMA changes nothing and this file
 // needs no -fmad=false.
 #include <algorithm>

@@ -37,6 +37,8 @@ namespace zest {
 
 // out[c] = sum over i in chunk c of (scale * grad[i])^2, for the
 // ceil(numel / chunk_numel) chunks of `grad`. `out` is on the stream's device.
+// Each chunk is added in Note [a warp per chunk]'s order (chunk_sum_order.h)
+// on the host as on the GPU, so both give the same bits.
 void chunk_sums_of_squares(const Stream& stream, const void* grad, DType dtype, size_t numel,
                            size_t chunk_numel, float scale, double* out);
 

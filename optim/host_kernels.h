@@ -9,6 +9,7 @@
 
 #include "zest/core/cpu_isa.h"
 #include "zest/core/float16.h"
+#include "zest/optim/chunk_sum_order.h"
 #include "zest/optim/optimizer_impl.h"
 
 namespace zest::detail {
@@ -25,6 +26,9 @@ struct HostKernels {
   void (*narrow_fp16)(const float* in, fp16* out, size_t n) = nullptr;
   void (*widen_bf16)(const bf16* in, float* out, size_t n) = nullptr;
   void (*narrow_bf16)(const float* in, bf16* out, size_t n) = nullptr;
+  // The sums of squares of x * scale over chunks of `chunk` elements (the
+  // last may be shorter), each in the GPU's order (chunk_sum_order.h).
+  void (*chunk_squares)(const float* x, size_t n, size_t chunk, float scale, double* out) = nullptr;
 };
 
 // The table for host_isa(); its fp16 conversions use F16C's instructions

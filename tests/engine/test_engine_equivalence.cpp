@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "engine_harness.h"
+#include "zest/engine/layout_constants.h"
+#include "zest/optim/chunk_sum_order.h"
 
 using namespace zest;
 using namespace zest::test;
@@ -73,7 +75,8 @@ TEST_CASE("the reported norm is the norm of the averaged gradients, summed in la
   config.optimizer.weight_decay = 0.0f;
   const std::vector<RankResult> one = run_engine(config, runs(1, 1));
   // The same gradients, recomputed here from the initial values, each unit
-  // one chunk (all are under 1024 elements), squares summed in flat order.
+  // one chunk of 256 elements (all are smaller), its squares summed in the
+  // chunk order of Note [a warp per chunk], the units' sums in layout order.
   ModelLayout layout({{"default", 0.0f}, {"no_decay", 0.0f}},
                      {{"a", {{"a.w", {7, 13}}, {"a.b", {7}, "no_decay"}}},
                       {"b", {{"b.w", {5, 7}}, {"b.b", {5}, "no_decay"}, {"b.s", {}, "no_decay"}}},
@@ -81,7 +84,8 @@ TEST_CASE("the reported norm is the norm of the averaged gradients, summed in la
                      1);
   double total = 0.0;
   for (int u = 0; u < layout.num_units(); ++u) {
-    double unit_sum = 0.0;
+    REQUIRE(layout.unit(u).padded == kShardQuantum);
+    std::vector<float> grads(layout.unit(u).padded, 0.0f);
     for (const ParamLayout& p : layout.unit(u).params) {
       std::vector<float> w(p.numel);
       init_values(p, w);
@@ -89,11 +93,10 @@ TEST_CASE("the reported norm is the norm of the averaged gradients, summed in la
         const uint32_t id = static_cast<uint32_t>(p.offset + i + 1000u * static_cast<uint32_t>(u));
         const float a = noise(id, 0, 0);
         const float b = 0.1f * noise(id, 17u, 0);
-        const double g = static_cast<double>(w[i] * a + b);
-        unit_sum += g * g;
+        grads[p.offset + i] = w[i] * a + b;
       }
     }
-    total += unit_sum;
+    total += warp_order_sum_of_squares([&](size_t i) { return grads[i]; }, 0, grads.size(), 1.0f);
   }
   CHECK(one[0].steps.at(0).grad_norm == std::sqrt(total));
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "zest/core/check.h"
+#include "zest/core/cpu_isa.h"
 #include "zest/optim/chunk_sum_order.h"
 #include "zest/optim/grad_norm.h"
 
@@ -69,7 +70,7 @@ TEST_CASE("an Inf or NaN gradient makes its chunk non-finite") {
                        doctest::Contains("int32 are not supported"), Error);
 }
 
-TEST_CASE("the GPU's order of a chunk (a warp per chunk): its tree, exact small sums, close to the host's") {
+TEST_CASE("a chunk in the GPU's order (a warp per chunk): its tree, exact small sums, the host's bits on every ISA") {
   // The shuffle tree pairs lanes 1 and 17 before lane 0 sees them: 1 + 2^-52,
   // where adding the lanes in index order gives 1.
   double lanes[kNormWarp] = {};
@@ -87,17 +88,41 @@ TEST_CASE("the GPU's order of a chunk (a warp per chunk): its tree, exact small 
   CHECK(warp_order_sum_of_squares(at, 0, small.size(), 2.0f) == exact);
   CHECK(warp_order_sum_of_squares(at, 5, 5, 2.0f) == 0.0);  // an empty chunk
 
+  // The host's vector loop against the element-by-element order, bit for
+  // bit: bf16 and fp16 (widened in blocks) and fp32, chunks of 256 with a
+  // ragged tail, chunks larger than a widening block, and chunks not a
+  // multiple of the 32 lanes.
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<bf16> g(256 * 9 + 31);
-  for (bf16& x : g) x = bf16(normal(rng));
-  std::vector<double> host((g.size() + 255) / 256);
-  chunk_sums_of_squares(Stream::default_for(Device::host()), g.data(), DType::kBFloat16, g.size(), 256, 0.5f,
-                        host.data());
-  const auto load = [&](size_t i) { return static_cast<float>(g[i]); };
-  for (size_t c = 0; c < host.size(); ++c) {
-    CAPTURE(c);
-    const double gpu_order = warp_order_sum_of_squares(load, c * 256, std::min(g.size(), c * 256 + 256), 0.5f);
-    CHECK(gpu_order == doctest::Approx(host[c]).epsilon(1e-15));
+  std::vector<float> f(256 * 9 + 31);
+  for (float& x : f) x = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+  std::vector<bf16> b(f.size());
+  std::vector<fp16> h(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    b[i] = bf16(f[i]);
+    h[i] = fp16(f[i] / 1024.0f);
+  }
+  for (CpuIsa isa : supported_cpu_isas()) {
+    ScopedCpuIsa force(isa);
+    const std::string_view isa_name = cpu_isa_name(isa);
+    CAPTURE(isa_name);
+    for (size_t chunk : {size_t{256}, size_t{3000}, size_t{45}, size_t{1}}) {
+      CAPTURE(chunk);
+      const size_t chunks = (f.size() + chunk - 1) / chunk;
+      const auto check = [&](DType dtype, const void* data, auto load) {
+        const std::string_view dtype_text = dtype_name(dtype);
+        CAPTURE(dtype_text);
+        std::vector<double> host(chunks);
+        chunk_sums_of_squares(Stream::default_for(Device::host()), data, dtype, f.size(), chunk, 0.5f, host.data());
+        for (size_t c = 0; c < chunks; ++c) {
+          CAPTURE(c);
+          const double want = warp_order_sum_of_squares(load, c * chunk, std::min(f.size(), c * chunk + chunk), 0.5f);
+          CHECK(host[c] == want);
+        }
+      };
+      check(DType::kFloat32, f.data(), [&](size_t i) { return f[i]; });
+      check(DType::kBFloat16, b.data(), [&](size_t i) { return static_cast<float>(b[i]); });
+      check(DType::kFloat16, h.data(), [&](size_t i) { return static_cast<float>(h[i]); });
+    }
   }
 }
