@@ -30,13 +30,15 @@ TEST_CASE("CUDA, bf16 and fp16: stages match bit for bit") {
   check_equivalence(config, 4, kCuda0);
 }
 
-TEST_CASE("CUDA and host engines agree bit for bit without clipping") {
-  // Clipping depends on the norm, whose chunk sums the GPU adds in another
-  // order (grad_norm.h); without it every operation is elementwise.
+TEST_CASE("CUDA and host engines agree bit for bit, the norm and clipping included") {
+  // The host adds each norm chunk in the GPU's order (chunk_sum_order.h) and
+  // the chunks exactly, so the norm, and so the clip coefficient, have the
+  // same bits; every other operation is elementwise.
   for (int stage : {0, 2, 3}) {
     CAPTURE(stage);
     EngineConfig config = base_config(stage);
     config.bf16 = true;
+    config.gradient_clipping = 0.5;  // below every step's norm (about 1.4-1.6): each step clips
     RunOptions opt = runs(2, 3);
     const std::vector<RankResult> host = run_engine(config, opt);
     opt.device = kCuda0;
@@ -45,7 +47,12 @@ TEST_CASE("CUDA and host engines agree bit for bit without clipping") {
       CAPTURE(name);
       CHECK(same_bits(cuda[1].params.at(name), values));
     }
-    CHECK(cuda[0].steps.back().grad_norm == doctest::Approx(host[0].steps.back().grad_norm).epsilon(1e-12));
+    for (size_t step = 0; step < host[0].steps.size(); ++step) {
+      CAPTURE(step);
+      CHECK(cuda[0].steps[step].grad_norm == host[0].steps[step].grad_norm);
+      CHECK(host[0].steps[step].clipped);
+      CHECK(cuda[0].steps[step].clipped);
+    }
   }
 }
 
