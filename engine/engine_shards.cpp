@@ -1,0 +1,210 @@
+// The owned shards: master weights and optimizer state as pieces on the
+// device and, with offload, the host; what checkpoints read and write
+// (read_shard, write_shard, unit_master) and restore() rebuilds the
+// compute-dtype parameters from.
+#include <algorithm>
+
+#include "zest/core/check.h"
+#include "zest/engine/engine.h"
+#include "zest/engine/engine_state.h"
+#include "zest/memory/copy.h"
+#include "zest/optim/grad_ops.h"
+
+namespace zest {
+
+void Engine::settle_offload() {
+  if (impl_->offload) impl_->offload->settle(stream_);
+}
+
+std::vector<float> Engine::unit_master(int unit) {
+  check_finalized("unit_master()");
+  settle_offload();
+  const UnitLayout& U = impl_->layout->unit(unit);
+  std::vector<float> out(U.padded);
+  if (U.frozen) {
+    // No master: this rank's compute-dtype values widened (exactly) into
+    // its place in an fp32 unit, gathered there in place.
+    (void)state(unit);
+    Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
+    const bool gathered = impl_->layout->partitions() > 1;
+    float* mine = full.as<float>() + (gathered ? U.shard * static_cast<size_t>(impl_->part) : 0);
+    convert(stream_, owned_params(unit), compute_dtype_, mine, DType::kFloat32, U.shard);
+    if (gathered) impl_->control->all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
+    copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
+    stream_.synchronize();
+    return out;
+  }
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
+  if (impl_->layout->partitions() == 1) {
+    // The master is the whole unit: no gather, so no staging buffer.
+    for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
+  } else {
+    Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
+    // The collective reads device memory: an offloaded part comes through
+    // this rank's slot of `full` first.
+    const float* mine = pieces[1].data;
+    if (pieces[0].end > 0) {
+      float* slot = full.as<float>() + U.shard * static_cast<size_t>(impl_->part);
+      for (const ShardPiece& p : pieces) copy_bytes(stream_, slot + p.begin, p.data, (p.end - p.begin) * 4);
+      mine = slot;
+    }
+    impl_->control->all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
+    copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
+  }
+  stream_.synchronize();
+  return out;
+}
+
+std::vector<float> Engine::param_master(const std::string& name) {
+  check_finalized("param_master()");
+  const ParamRef ref = impl_->layout->find(name);
+  const ParamLayout& p = impl_->layout->param(ref);
+  const std::vector<float> unit = unit_master(ref.unit);
+  return {unit.begin() + static_cast<ptrdiff_t>(p.offset),
+          unit.begin() + static_cast<ptrdiff_t>(p.offset + p.numel)};
+}
+
+std::byte* Engine::owned_part(const Buffer& full, int unit) const {
+  const size_t shard = impl_->layout->unit(unit).shard;
+  return full.as<std::byte>() + shard * static_cast<size_t>(impl_->part) * elem_size(compute_dtype_);
+}
+
+std::byte* Engine::owned_params(int unit) const {
+  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  return st.resident ? owned_part(st.params_full, unit) : st.params_shard.as<std::byte>();
+}
+
+std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
+  UnitState& st = state(unit);
+  ZEST_CHECK(buffer >= 0 && buffer < shard_buffers(), "shard buffer {} is out of range: this optimizer has {}",
+             buffer, shard_buffers());
+  const Impl& im = *impl_;
+  ZEST_INTERNAL_ASSERT(!im.layout->unit(unit).frozen, "shard_pieces of frozen unit {}", unit);
+  const size_t shard = im.layout->unit(unit).shard;
+  // Master and optimizer state cover the trainable units only (with offload,
+  // which frozen units do not have yet, every unit).
+  const size_t offset = im.layout->trainable_offset(unit);
+  std::array<ShardPiece, 2> pieces;
+  if (st.host_numel > 0) pieces[0] = {im.offload->buffer(buffer) + offset, 0, st.host_numel, true};
+  pieces[1] = {nullptr, st.host_numel, shard, false};
+  if (st.host_numel < shard) {
+    // Device elements are indexed from im.host_numel in the owned region.
+    const size_t at = offset + st.host_numel - im.host_numel;
+    if (buffer > 0) {
+      pieces[1].data = im.state[buffer - 1].as<float>() + at;
+    } else if (compute_dtype_ == DType::kFloat32) {
+      pieces[1].data = reinterpret_cast<float*>(owned_params(unit)) + st.host_numel;
+    } else {
+      pieces[1].data = im.master.as<float>() + at;
+    }
+  }
+  return pieces;
+}
+
+// A frozen unit's only buffer: its compute-dtype values, through an fp32
+// staging buffer on the engine's device.
+void Engine::frozen_shard(int unit, std::span<float> read, std::span<const float> write) {
+  const UnitLayout& U = impl_->layout->unit(unit);
+  Buffer staging = allocator_.allocate_buffer(U.shard * 4, stream_, MemoryCategory::kCommBuffers);
+  if (!write.empty()) {
+    copy_bytes(stream_, staging.data(), write.data(), U.shard * 4);
+    convert(stream_, staging.data(), DType::kFloat32, owned_params(unit), compute_dtype_, U.shard);
+  } else {
+    convert(stream_, owned_params(unit), compute_dtype_, staging.data(), DType::kFloat32, U.shard);
+    copy_bytes(stream_, read.data(), staging.data(), U.shard * 4);
+  }
+  stream_.synchronize();
+}
+
+std::vector<float> Engine::read_shard(int unit, int buffer) {
+  check_finalized("read_shard()");
+  settle_offload();
+  (void)state(unit);  // checks the index
+  std::vector<float> out(impl_->layout->unit(unit).shard);
+  if (impl_->layout->unit(unit).frozen) {
+    ZEST_CHECK(buffer == 0, "read_shard: unit '{}' is frozen: it has buffer 0 (its values) only, not {}",
+               impl_->layout->unit(unit).name, buffer);
+    frozen_shard(unit, out, {});
+    return out;
+  }
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
+  for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
+  stream_.synchronize();
+  return out;
+}
+
+void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
+  check_finalized("write_shard()");
+  settle_offload();
+  (void)state(unit);  // checks the index
+  const UnitLayout& U = impl_->layout->unit(unit);
+  const size_t shard = U.shard;
+  ZEST_CHECK(values.size() == shard, "write_shard of unit '{}': {} values for a shard of {}", U.name,
+             values.size(), shard);
+  for (size_t i = 0; i < shard; ++i) {
+    if (std::isfinite(values[i])) continue;
+    const size_t at = shard * static_cast<size_t>(partition()) + i;  // in the unit's flat layout
+    std::string param = "padding";
+    for (const ParamLayout& p : U.params) {
+      if (at >= p.offset && at < p.offset + p.numel) param = fmt::format("parameter '{}' element {}", p.name, at - p.offset);
+    }
+    ZEST_FAIL("write_shard of unit '{}', shard buffer {}: value {} at shard element {} ({}) is not finite; "
+              "the shard is left as it was: write finite values",
+              U.name, buffer, values[i], i, param);
+  }
+  if (U.frozen) {
+    ZEST_CHECK(buffer == 0, "write_shard: unit '{}' is frozen: it has buffer 0 (its values) only, not {}", U.name,
+               buffer);
+    frozen_shard(unit, {}, values);
+    return;
+  }
+  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
+  for (const ShardPiece& p : pieces) copy_bytes(stream_, p.data, values.data() + p.begin, (p.end - p.begin) * 4);
+  stream_.synchronize();
+}
+
+void Engine::restore(const Progress& progress) {
+  check_finalized("restore()");
+  Impl& im = *impl_;
+  ZEST_CHECK(im.micro == 0 && im.pending.empty(),
+             "restore() in the middle of a gradient accumulation ({} of {} micro-steps done): "
+             "restore between optimizer steps",
+             im.micro, config_.accumulation_steps());
+  im.applied = progress.applied_steps;
+  im.skipped = progress.skipped_steps;
+  im.scaler.load_state(progress.loss_scaler);
+  settle_offload();
+  if (progress.lr_override) {
+    set_lr(*progress.lr_override);
+  } else {
+    im.lr_override.reset();
+  }
+  const ModelLayout& L = *im.layout;
+  const size_t bc = elem_size(compute_dtype_);
+  const Stream host = Stream::default_for(Device::host());
+  for (int u = 0; u < L.num_units(); ++u) {
+    if (L.unit(u).frozen) continue;  // write_shard wrote its values
+    const std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
+    std::byte* params = owned_params(u);
+    for (const ShardPiece& m : masters) {
+      const size_t n = m.end - m.begin;
+      if (n == 0) continue;
+      if (compute_dtype_ == DType::kFloat32) {
+        // On the device the master is the parameters; from the host it is copied.
+        if (m.host) copy_bytes(stream_, params, m.data, n * 4);
+      } else if (!m.host) {
+        convert(stream_, m.data, DType::kFloat32, params + m.begin * bc, compute_dtype_, n);
+      } else {
+        // Narrowed on the host (the same rounding), then copied.
+        Buffer narrow = host_allocator_->allocate_buffer(n * bc, host, MemoryCategory::kCommBuffers);
+        convert(host, m.data, DType::kFloat32, narrow.data(), compute_dtype_, n);
+        copy_bytes(stream_, params + m.begin * bc, narrow.data(), n * bc);
+        stream_.synchronize();  // before `narrow` is freed
+      }
+    }
+  }
+  gather_updated_params(/*frozen_too=*/true);
+  stream_.synchronize();
+}
+
+}  // namespace zest
