@@ -329,12 +329,11 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   const bool fp32 = compute_dtype_ == DType::kFloat32;
   const bool accumulating = config_.accumulation_steps() > 1;
   im.local_accumulation = accumulating && config_.zero.reduce_at_accumulation_boundary;
+  // The trainable units' shards, in order (frozen units have no master or
+  // optimizer state): their first host_numel elements are offloaded.
   if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
-    im.host_numel = offloaded_numel(L.owned(), config_.offload_optimizer.ratio);
+    im.host_numel = offloaded_numel(L.trainable_owned(), config_.offload_optimizer.ratio);
   }
-  ZEST_CHECK(im.host_numel == 0 || L.trainable_owned() == L.owned(),
-             "frozen units with zero_optimization.offload_optimizer are not yet supported: train every unit, or "
-             "keep the optimizer on the device");
   const size_t on_device = L.trainable_owned() - im.host_numel;
   if (!fp32 && on_device > 0) {
     im.master = allocator_.allocate_buffer(on_device * 4, stream_, MemoryCategory::kMasterWeights);
@@ -376,7 +375,8 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       st.grad_acc = allocator_.allocate_buffer(numel * elem_size(grad_accum_dtype_), stream_, MemoryCategory::kGradients);
     }
     const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
-    st.host_numel = std::min(unit.shard, im.host_numel - std::min(im.host_numel, L.owned_offset(u)));
+    st.host_numel = unit.frozen ? 0
+                                : std::min(unit.shard, im.host_numel - std::min(im.host_numel, L.trainable_offset(u)));
     std::array<ShardPiece, 2> masters{};  // a frozen unit has none
     if (!unit.frozen) {
       st.runs = L.shard_runs(u, im.part);
@@ -481,7 +481,10 @@ MemoryReport Engine::memory_report() const {
       const UnitLayout& U = impl_->layout->unit(u);
       const UnitState& st = impl_->units[static_cast<size_t>(u)];
       if (!U.frozen) continue;
-      const size_t held = (st.resident ? U.padded : U.shard + (st.params_full ? U.padded : 0)) * bc;
+      // The device's bytes only: with offload_param a gathered-on-demand
+      // unit's shard is in the host's kParameters.
+      const size_t shard = offloads_params() ? 0 : U.shard;
+      const size_t held = (st.resident ? U.padded : shard + (st.params_full ? U.padded : 0)) * bc;
       r.frozen_parameters += static_cast<int64_t>(held);
     }
   }

@@ -43,7 +43,9 @@
 // Frozen parameters (ParamSpec::trainable = false, in units of their own)
 // are held in the compute dtype and sharded at stage 3 like the others, with
 // no gradient, master weights or optimizer state; their values never change
-// and are saved with checkpoints. (Not yet with offload_optimizer.)
+// and are saved with checkpoints. With offload_optimizer the host part is
+// the trainable units' shards only; with offload_param a frozen unit's shard
+// is in host memory like the others.
 //
 // Memory is allocated from the given allocator under the categories of
 // memory_category.h, so allocator.stats() reports it in the ZeRO paper's
@@ -317,6 +319,9 @@ class Engine {
   std::array<ShardPiece, 2> shard_pieces(int unit, int buffer);
   // Reads (read non-empty) or writes a frozen unit's owned values as fp32.
   void frozen_shard(int unit, std::span<float> read, std::span<const float> write);
+  // A frozen unit's owned compute-dtype values where a kernel can read them:
+  // in place, or with offload_param copied from the host into `temp`.
+  const std::byte* readable_params(int unit, Buffer& temp);
   // offload_optimizer.delayed_update: waits for the update in flight and
   // brings its parameters in, before shards are read or written.
   void settle_offload();

@@ -28,7 +28,8 @@ std::vector<float> Engine::unit_master(int unit) {
     Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
     const bool gathered = impl_->layout->partitions() > 1;
     float* mine = full.as<float>() + (gathered ? U.shard * static_cast<size_t>(impl_->part) : 0);
-    convert(stream_, owned_params(unit), compute_dtype_, mine, DType::kFloat32, U.shard);
+    Buffer temp;
+    convert(stream_, readable_params(unit, temp), compute_dtype_, mine, DType::kFloat32, U.shard);
     if (gathered) impl_->control->all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
     copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
     stream_.synchronize();
@@ -81,8 +82,8 @@ std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
   const Impl& im = *impl_;
   ZEST_INTERNAL_ASSERT(!im.layout->unit(unit).frozen, "shard_pieces of frozen unit {}", unit);
   const size_t shard = im.layout->unit(unit).shard;
-  // Master and optimizer state cover the trainable units only (with offload,
-  // which frozen units do not have yet, every unit).
+  // Master and optimizer state, on the host and on the device, cover the
+  // trainable units only, in order.
   const size_t offset = im.layout->trainable_offset(unit);
   std::array<ShardPiece, 2> pieces;
   if (st.host_numel > 0) pieces[0] = {im.offload->buffer(buffer) + offset, 0, st.host_numel, true};
@@ -101,16 +102,33 @@ std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
   return pieces;
 }
 
+// With offload_param a frozen unit's shard is in host memory, which device
+// kernels do not touch (Note [offload_param runs with the optimizer on the
+// host]): it comes through a device buffer.
+const std::byte* Engine::readable_params(int unit, Buffer& temp) {
+  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  if (st.resident || !offloads_params()) return owned_params(unit);
+  const size_t bytes = impl_->layout->unit(unit).shard * elem_size(compute_dtype_);
+  temp = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kCommBuffers);
+  copy_bytes(stream_, temp.data(), owned_params(unit), bytes);
+  return temp.as<std::byte>();
+}
+
 // A frozen unit's only buffer: its compute-dtype values, through an fp32
 // staging buffer on the engine's device.
 void Engine::frozen_shard(int unit, std::span<float> read, std::span<const float> write) {
   const UnitLayout& U = impl_->layout->unit(unit);
   Buffer staging = allocator_.allocate_buffer(U.shard * 4, stream_, MemoryCategory::kCommBuffers);
+  Buffer temp;
   if (!write.empty()) {
     copy_bytes(stream_, staging.data(), write.data(), U.shard * 4);
-    convert(stream_, staging.data(), DType::kFloat32, owned_params(unit), compute_dtype_, U.shard);
+    const bool on_host = !impl_->units[static_cast<size_t>(unit)].resident && offloads_params();
+    if (on_host) temp = allocator_.allocate_buffer(U.shard * elem_size(compute_dtype_), stream_, MemoryCategory::kCommBuffers);
+    convert(stream_, staging.data(), DType::kFloat32, on_host ? temp.data() : owned_params(unit), compute_dtype_,
+            U.shard);
+    if (on_host) copy_bytes(stream_, owned_params(unit), temp.data(), U.shard * elem_size(compute_dtype_));
   } else {
-    convert(stream_, owned_params(unit), compute_dtype_, staging.data(), DType::kFloat32, U.shard);
+    convert(stream_, readable_params(unit, temp), compute_dtype_, staging.data(), DType::kFloat32, U.shard);
     copy_bytes(stream_, read.data(), staging.data(), U.shard * 4);
   }
   stream_.synchronize();

@@ -180,11 +180,12 @@ StepResult Engine::step() {
     }
   }
   if (im.offload && known->finite != 0) {
-    std::vector<OffloadUnit> units(static_cast<size_t>(L.num_units()));
+    std::vector<OffloadUnit> units;
     for (int u = 0; u < L.num_units(); ++u) {
+      if (L.unit(u).frozen) continue;
       const UnitState& st = im.units[static_cast<size_t>(u)];
-      units[static_cast<size_t>(u)] = {L.owned_offset(u), st.host_numel, static_cast<const std::byte*>(reduced_grad(u)),
-                                       owned_params(u), &st.runs};
+      units.push_back({L.trainable_offset(u), st.host_numel, static_cast<const std::byte*>(reduced_grad(u)),
+                       owned_params(u), &st.runs});
     }
     std::vector<float> decay;
     for (const ParamGroupSpec& g : L.groups()) decay.push_back(g.weight_decay);

@@ -1,6 +1,7 @@
 // Internal (not installed): ZeRO-Offload's optimizer side. The first
-// host_numel() elements of a rank's owned region (the concatenation of its
-// units' shards, ModelLayout::owned_offset) keep their fp32 master weights
+// host_numel() elements of a rank's owned region of trainable units (the
+// concatenation of their shards, ModelLayout::trainable_offset; frozen units
+// have no optimizer side) keep their fp32 master weights
 // and optimizer state in host memory; the rest, when offload_optimizer.ratio
 // < 1, stay on the device with the engine.
 //
@@ -47,9 +48,11 @@
 
 namespace zest {
 
-// One unit as the host pipeline sees it.
+// One trainable unit as the host pipeline sees it.
 struct OffloadUnit {
-  size_t owned_offset = 0;          // its shard's start in the owned region
+  // Its shard's start in the owned region of the trainable units
+  // (ModelLayout::trainable_offset), where the host part is indexed.
+  size_t owned_offset = 0;
   size_t host_numel = 0;            // its shard's first elements that live on the host
   const std::byte* grad = nullptr;  // device: the reduced gradient shard
   std::byte* params = nullptr;      // device: the compute-dtype parameter shard

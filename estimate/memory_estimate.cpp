@@ -233,7 +233,10 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   // (then a copy of the parameters the host update reads and writes).
   const bool fp32 = o.compute_dtype == DType::kFloat32;
   const int states = o.optimizer.state_buffers();
-  e.host_numel = o.offloads_optimizer() ? offloaded_numel_of(e.owned_numel, o.offload_optimizer.ratio) : 0;
+  // Frozen units have no master or optimizer state to offload.
+  size_t trainable_owned = 0;
+  for (const UnitSize& u : units) trainable_owned += u.frozen ? 0 : u.count * u.shard;
+  e.host_numel = o.offloads_optimizer() ? offloaded_numel_of(trainable_owned, o.offload_optimizer.ratio) : 0;
   const int64_t host_master = to_bytes(e.host_numel, 4);
   const int64_t host_state = to_bytes(e.host_numel * static_cast<size_t>(states), 4);
   const int64_t host_params = o.offloads_params() ? sharded_param_bytes<int64_t>(units, o, true) : 0;
@@ -264,8 +267,6 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   const int64_t staging = to_bytes(std::min(largest, kInitStagingNumel), 4 + (o.offloads_params() ? b : 0));
   // The chunk sums of this rank's shard and one exact sum (engine_step.cpp):
   // O(shard), whatever the world size.
-  size_t trainable_owned = 0;
-  for (const UnitSize& u : units) trainable_owned += u.frozen ? 0 : u.count * u.shard;
   const int64_t norm_sums = to_bytes(trainable_owned / kShardQuantum + kExactWords, 8);
   e.norm_bytes = norm_sums;
   const int64_t backward = to_bytes(live.numel, b) + to_bytes(grads.numel, b);
@@ -279,9 +280,9 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   e.peak_bytes = e.model_state_bytes + std::max({staging, backward, norm_sums});
 
   // The same device states at Ψ' = Ψ, the offloaded fraction taken out.
-  const double on_device = e.owned_numel == 0 ? 1.0
-                                              : static_cast<double>(e.owned_numel - e.host_numel) /
-                                                    static_cast<double>(e.owned_numel);
+  const double on_device = trainable_owned == 0 ? 1.0
+                                                : static_cast<double>(trainable_owned - e.host_numel) /
+                                                      static_cast<double>(trainable_owned);
   const double bare_host_params = o.offloads_params() ? sharded_param_bytes<double>(units, o, false) : 0.0;
   const double bare_device = bare.params - bare_host_params + bare.grads + (bare.master + bare.optimizer) * on_device;
   e.padding_bytes = e.model_state_bytes - std::llround(bare_device);
