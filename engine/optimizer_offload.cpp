@@ -228,6 +228,9 @@ void OptimizerOffload::delayed_step(const Stream& compute, const OptimizerConfig
               (p.end - p.begin) * bc);
   }
   if (in_flight_) {
+    // The parameters may still be read by work queued on `compute` (this
+    // step's backward, on a GPU): the copies that overwrite them wait for it.
+    h2d_.wait_for(compute);
     for (const Piece& p : delayed_pieces_) {
       h2d_.copy(p.unit->params + (p.begin - p.unit->owned_offset) * bc, params_all_.as<std::byte>() + p.begin * bc,
                 (p.end - p.begin) * bc);
@@ -254,6 +257,7 @@ void OptimizerOffload::settle(const Stream& compute) {
   if (!delayed_ || !in_flight_) return;
   join_update();
   const size_t bc = elem_size(compute_);
+  h2d_.wait_for(compute);  // as in delayed_step: readers queued on `compute` first
   for (const Piece& p : delayed_pieces_) {
     h2d_.copy(p.unit->params + (p.begin - p.unit->owned_offset) * bc, params_all_.as<std::byte>() + p.begin * bc,
               (p.end - p.begin) * bc);
