@@ -133,6 +133,14 @@ struct OffloadParamConfig {
   int64_t buffer_count = 5, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements
 };
 
+// Whether `optimizer` is what offload_param at stage 3 runs with: device cpu
+// at ratio 1, so that the host update is the only writer of the offloaded
+// shards (Note [offload_param runs with the optimizer on the host], in
+// engine.cpp). The Engine and the estimator both apply it.
+inline bool carries_offloaded_params(const OffloadOptimizerConfig& optimizer) {
+  return optimizer.device == OffloadDevice::kCpu && optimizer.ratio >= 1.0;
+}
+
 struct Fp16Config {
   bool enabled = false;
   double loss_scale = 0.0;  // 0: dynamic

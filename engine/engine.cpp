@@ -59,7 +59,7 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
     // so no device kernel ever reads or writes host memory (which on CUDA
     // would need mapped pinned memory); every real configuration seen that
     // offloads parameters offloads the optimizer too (ZeRO-Infinity's).
-    ZEST_CHECK(c.offload_optimizer.device == OffloadDevice::kCpu && c.offload_optimizer.ratio >= 1.0,
+    ZEST_CHECK(carries_offloaded_params(c.offload_optimizer),
                "zero_optimization.offload_param (device cpu) needs offload_optimizer {{\"device\": \"cpu\"}} with "
                "ratio 1 in ZEST, whose host optimizer then writes the offloaded parameters; this config has "
                "offload_optimizer device {}, ratio {}: add offload_optimizer {{\"device\": \"cpu\"}}, or set "
@@ -358,7 +358,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     st.resident = resident_unit(stage, unit.numel, config_.zero.stage3_param_persistence_threshold);
     if (st.resident) {
       st.params_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kParameters);
-    } else if (offloads_params()) {
+    } else if (shard_on_host(u)) {
       st.params_shard = host_allocator_->allocate_buffer(unit.shard * bc, Stream::default_for(Device::host()),
                                                          MemoryCategory::kParameters);
     } else {
@@ -413,16 +413,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       const size_t hi = std::min(begin + n, shard_begin + unit.shard);
       if (lo < hi) {
         const float* src = staging.as<float>() + (lo - begin);
-        if (full == nullptr && offloads_params()) {
-          // No kernel writes host memory (Note [offload_param runs with the
-          // optimizer on the host]).
-          std::byte* narrow = staging.as<std::byte>() + piece * 4;
-          convert(stream_, src, DType::kFloat32, narrow, compute_dtype_, hi - lo);
-          copy_bytes(stream_, st.params_shard.as<std::byte>() + (lo - shard_begin) * bc, narrow, (hi - lo) * bc);
-        } else if (full == nullptr) {
-          convert(stream_, src, DType::kFloat32, st.params_shard.as<std::byte>() + (lo - shard_begin) * bc,
-                  compute_dtype_, hi - lo);
-        }
+        if (full == nullptr) narrow_into_shard(u, src, lo - shard_begin, hi - lo, staging.as<std::byte>() + piece * 4);
         for (const ShardPiece& m : masters) {
           if (fp32 && !m.host) continue;  // the master is the parameters
           const size_t a = std::max(lo - shard_begin, m.begin);
@@ -481,9 +472,8 @@ MemoryReport Engine::memory_report() const {
       const UnitLayout& U = impl_->layout->unit(u);
       const UnitState& st = impl_->units[static_cast<size_t>(u)];
       if (!U.frozen) continue;
-      // The device's bytes only: with offload_param a gathered-on-demand
-      // unit's shard is in the host's kParameters.
-      const size_t shard = offloads_params() ? 0 : U.shard;
+      // The device's bytes only: a shard in host memory is the host's kParameters.
+      const size_t shard = shard_on_host(u) ? 0 : U.shard;
       const size_t held = (st.resident ? U.padded : shard + (st.params_full ? U.padded : 0)) * bc;
       r.frozen_parameters += static_cast<int64_t>(held);
     }

@@ -322,6 +322,14 @@ class Engine {
   // A frozen unit's owned compute-dtype values where a kernel can read them:
   // in place, or with offload_param copied from the host into `temp`.
   const std::byte* readable_params(int unit, Buffer& temp);
+  // Whether this rank's shard of unit u's parameters is in host memory
+  // (offload_param, a unit gathered on demand).
+  bool shard_on_host(int unit) const;
+  // Narrows n fp32 values at `src` (device memory) into this rank's shard of
+  // unit u's parameters from shard element `at`; a shard in host memory gets
+  // them through `scratch` (n compute-dtype elements on the device; unused
+  // otherwise), as no kernel writes host memory.
+  void narrow_into_shard(int unit, const float* src, size_t at, size_t n, std::byte* scratch);
   // offload_optimizer.delayed_update: waits for the update in flight and
   // brings its parameters in, before shards are read or written.
   void settle_offload();

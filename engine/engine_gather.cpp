@@ -63,7 +63,7 @@ void Engine::materialize(int unit) {
   // An offloaded shard comes to the device first, into this rank's slot of
   // the full buffer, which the all-gather then reads in place.
   const void* shard = st.params_shard.data();
-  if (offloads_params()) {
+  if (shard_on_host(unit)) {
     std::byte* slot = owned_part(st.params_full, unit);
     copy_bytes(im.comm(), slot, shard, U.shard * elem_size(compute_dtype_));
     shard = slot;

@@ -102,16 +102,30 @@ std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
   return pieces;
 }
 
-// With offload_param a frozen unit's shard is in host memory, which device
-// kernels do not touch (Note [offload_param runs with the optimizer on the
-// host]): it comes through a device buffer.
+bool Engine::shard_on_host(int unit) const {
+  return offloads_params() && !impl_->units[static_cast<size_t>(unit)].resident;
+}
+
+// With offload_param a shard is in host memory, which device kernels do not
+// touch (Note [offload_param runs with the optimizer on the host]): it comes
+// and goes through a device buffer.
 const std::byte* Engine::readable_params(int unit, Buffer& temp) {
-  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
-  if (st.resident || !offloads_params()) return owned_params(unit);
+  if (!shard_on_host(unit)) return owned_params(unit);
   const size_t bytes = impl_->layout->unit(unit).shard * elem_size(compute_dtype_);
   temp = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kCommBuffers);
   copy_bytes(stream_, temp.data(), owned_params(unit), bytes);
   return temp.as<std::byte>();
+}
+
+void Engine::narrow_into_shard(int unit, const float* src, size_t at, size_t n, std::byte* scratch) {
+  const size_t bc = elem_size(compute_dtype_);
+  std::byte* dst = owned_params(unit) + at * bc;
+  if (!shard_on_host(unit)) {
+    convert(stream_, src, DType::kFloat32, dst, compute_dtype_, n);
+    return;
+  }
+  convert(stream_, src, DType::kFloat32, scratch, compute_dtype_, n);
+  copy_bytes(stream_, dst, scratch, n * bc);
 }
 
 // A frozen unit's only buffer: its compute-dtype values, through an fp32
@@ -122,11 +136,10 @@ void Engine::frozen_shard(int unit, std::span<float> read, std::span<const float
   Buffer temp;
   if (!write.empty()) {
     copy_bytes(stream_, staging.data(), write.data(), U.shard * 4);
-    const bool on_host = !impl_->units[static_cast<size_t>(unit)].resident && offloads_params();
-    if (on_host) temp = allocator_.allocate_buffer(U.shard * elem_size(compute_dtype_), stream_, MemoryCategory::kCommBuffers);
-    convert(stream_, staging.data(), DType::kFloat32, on_host ? temp.data() : owned_params(unit), compute_dtype_,
-            U.shard);
-    if (on_host) copy_bytes(stream_, owned_params(unit), temp.data(), U.shard * elem_size(compute_dtype_));
+    if (shard_on_host(unit)) {
+      temp = allocator_.allocate_buffer(U.shard * elem_size(compute_dtype_), stream_, MemoryCategory::kCommBuffers);
+    }
+    narrow_into_shard(unit, staging.as<float>(), 0, U.shard, temp.as<std::byte>());
   } else {
     convert(stream_, readable_params(unit, temp), compute_dtype_, staging.data(), DType::kFloat32, U.shard);
     copy_bytes(stream_, read.data(), staging.data(), U.shard * 4);

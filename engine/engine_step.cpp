@@ -152,7 +152,7 @@ StepResult Engine::step() {
   for (int u = 0; u < L.num_units(); ++u) {
     const UnitState& st = im.units[static_cast<size_t>(u)];
     if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
-    ZEST_INTERNAL_ASSERT(st.resident || !offloads_params(),
+    ZEST_INTERNAL_ASSERT(!shard_on_host(u),
                          "unit {}: a device update of parameters offloaded to the host", u);
     // Base pointers once per unit, so shard_pieces's checks do not run per
     // run; each run is an offset into them (from the first device element).

@@ -93,12 +93,12 @@ void OptimizerOffload::pieces_of(size_t a, size_t b, std::span<const OffloadUnit
   out.clear();
   for (size_t u = cursor; u < units.size(); ++u) {
     const OffloadUnit& unit = units[u];
-    const size_t lo = std::max(a, unit.owned_offset);
-    const size_t hi = std::min(b, unit.owned_offset + unit.host_numel);
-    if (unit.owned_offset >= b) break;
+    const size_t lo = std::max(a, unit.offset);
+    const size_t hi = std::min(b, unit.offset + unit.host_numel);
+    if (unit.offset >= b) break;
     if (lo < hi) out.push_back({lo, hi, &unit});
     // A unit that ends inside this chunk is not in the next one.
-    if (unit.owned_offset + unit.host_numel <= b) cursor = u + 1;
+    if (unit.offset + unit.host_numel <= b) cursor = u + 1;
   }
 }
 
@@ -108,7 +108,7 @@ void OptimizerOffload::update(const std::vector<Piece>& pieces, const OptimizerC
   const Stream hs = Stream::default_for(Device::host());
   const size_t bc = elem_size(compute_);
   for (const Piece& p : pieces) {
-    const size_t off = p.unit->owned_offset;
+    const size_t off = p.unit->offset;
     for (const GroupRun& run : *p.unit->runs) {
       const size_t lo = std::max(run.begin + off, p.begin);
       const size_t hi = std::min(run.end + off, p.end);
@@ -169,7 +169,7 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
     std::byte* slot = grad_slot_[i % 2].as<std::byte>();
     const size_t a = i * chunk_;
     for (const Piece& p : pieces[i]) {
-      d2h_.copy(slot + (p.begin - a) * bc, p.unit->grad + (p.begin - p.unit->owned_offset) * bc, (p.end - p.begin) * bc);
+      d2h_.copy(slot + (p.begin - a) * bc, p.unit->grad + (p.begin - p.unit->offset) * bc, (p.end - p.begin) * bc);
     }
     fetched[i] = d2h_.mark();
   };
@@ -178,7 +178,7 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
     for (const Piece& p : pieces[i]) {
       const void* src = fp32 ? static_cast<const void*>(master_.as<float>() + p.begin)
                              : static_cast<const void*>(param_slot_[i % 2].as<std::byte>() + (p.begin - a) * bc);
-      h2d_.copy(p.unit->params + (p.begin - p.unit->owned_offset) * bc, src, (p.end - p.begin) * bc);
+      h2d_.copy(p.unit->params + (p.begin - p.unit->offset) * bc, src, (p.end - p.begin) * bc);
     }
     stored[i] = h2d_.mark();
   };
@@ -224,7 +224,7 @@ void OptimizerOffload::delayed_step(const Stream& compute, const OptimizerConfig
   // This step's gradients in, the previous update's parameters out, at once.
   d2h_.wait_for(compute);
   for (const Piece& p : delayed_pieces_) {
-    d2h_.copy(grads_all_.as<std::byte>() + p.begin * bc, p.unit->grad + (p.begin - p.unit->owned_offset) * bc,
+    d2h_.copy(grads_all_.as<std::byte>() + p.begin * bc, p.unit->grad + (p.begin - p.unit->offset) * bc,
               (p.end - p.begin) * bc);
   }
   if (in_flight_) {
@@ -232,7 +232,7 @@ void OptimizerOffload::delayed_step(const Stream& compute, const OptimizerConfig
     // step's backward, on a GPU): the copies that overwrite them wait for it.
     h2d_.wait_for(compute);
     for (const Piece& p : delayed_pieces_) {
-      h2d_.copy(p.unit->params + (p.begin - p.unit->owned_offset) * bc, params_all_.as<std::byte>() + p.begin * bc,
+      h2d_.copy(p.unit->params + (p.begin - p.unit->offset) * bc, params_all_.as<std::byte>() + p.begin * bc,
                 (p.end - p.begin) * bc);
     }
     h2d_.join(compute);
@@ -259,7 +259,7 @@ void OptimizerOffload::settle(const Stream& compute) {
   const size_t bc = elem_size(compute_);
   h2d_.wait_for(compute);  // as in delayed_step: readers queued on `compute` first
   for (const Piece& p : delayed_pieces_) {
-    h2d_.copy(p.unit->params + (p.begin - p.unit->owned_offset) * bc, params_all_.as<std::byte>() + p.begin * bc,
+    h2d_.copy(p.unit->params + (p.begin - p.unit->offset) * bc, params_all_.as<std::byte>() + p.begin * bc,
               (p.end - p.begin) * bc);
   }
   h2d_.join(compute);

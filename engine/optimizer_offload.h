@@ -52,7 +52,7 @@ namespace zest {
 struct OffloadUnit {
   // Its shard's start in the owned region of the trainable units
   // (ModelLayout::trainable_offset), where the host part is indexed.
-  size_t owned_offset = 0;
+  size_t offset = 0;
   size_t host_numel = 0;            // its shard's first elements that live on the host
   const std::byte* grad = nullptr;  // device: the reduced gradient shard
   std::byte* params = nullptr;      // device: the compute-dtype parameter shard

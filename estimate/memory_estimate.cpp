@@ -216,10 +216,12 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
 
   MemoryEstimate e;
   e.options = o;
+  size_t trainable_owned = 0;  // frozen units have no master or optimizer state
   for (const UnitSize& u : units) {
     e.numel += u.count * u.numel;
     e.padded_numel += u.count * u.padded;
     e.owned_numel += u.count * u.shard;
+    trainable_owned += u.frozen ? 0 : u.count * u.shard;
   }
 
   const StateBytes<int64_t> s = state_bytes<int64_t>(units, o, true);
@@ -233,9 +235,6 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   // (then a copy of the parameters the host update reads and writes).
   const bool fp32 = o.compute_dtype == DType::kFloat32;
   const int states = o.optimizer.state_buffers();
-  // Frozen units have no master or optimizer state to offload.
-  size_t trainable_owned = 0;
-  for (const UnitSize& u : units) trainable_owned += u.frozen ? 0 : u.count * u.shard;
   e.host_numel = o.offloads_optimizer() ? offloaded_numel_of(trainable_owned, o.offload_optimizer.ratio) : 0;
   const int64_t host_master = to_bytes(e.host_numel, 4);
   const int64_t host_state = to_bytes(e.host_numel * static_cast<size_t>(states), 4);
@@ -407,7 +406,7 @@ void EstimateOptions::validate() const {
              "offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3, as in the engine; this is stage 0");
   ZEST_CHECK(!offloads_params() || zero.stage == 3,
              "offload_param (device cpu) is for stage 3 only, as in DeepSpeed; this is stage {}", zero.stage);
-  ZEST_CHECK(!offloads_params() || (offloads_optimizer() && offload_optimizer.ratio >= 1.0),
+  ZEST_CHECK(!offloads_params() || carries_offloaded_params(offload_optimizer),
              "offload_param (device cpu) goes with offload_optimizer cpu at ratio 1, as in the engine (its host "
              "optimizer writes the offloaded parameters); this has offload_optimizer {}, ratio {}",
              offloads_optimizer() ? "cpu" : "none", offload_optimizer.ratio);

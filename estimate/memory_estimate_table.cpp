@@ -96,7 +96,7 @@ double category(const MemoryEstimate& e, MemoryCategory c, bool peak) {
 
 bool offload_allowed(const EstimateOptions& o) {
   return (!o.offloads_optimizer() || o.zero.stage >= 1) &&
-         (!o.offloads_params() || (o.zero.stage == 3 && o.offloads_optimizer() && o.offload_optimizer.ratio >= 1.0));
+         (!o.offloads_params() || (o.zero.stage == 3 && carries_offloaded_params(o.offload_optimizer)));
 }
 
 double transient(const MemoryEstimate& e, MemoryCategory c) {

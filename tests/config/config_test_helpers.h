@@ -1,6 +1,7 @@
 // What the config tests ask of a parse: its error, or a key's note.
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include "zest/config/config.h"
@@ -23,6 +24,32 @@ inline std::string ignored_reason(const EngineConfig& c, const std::string& key)
   for (const ConfigNote& n : c.ignored)
     if (n.key == key) return n.text;
   return "";
+}
+
+#ifdef ZEST_SOURCE_DIR
+// A real DeepSpeed file of tests/config/ds_configs (sources in SOURCES.md);
+// for targets that define ZEST_SOURCE_DIR.
+inline std::filesystem::path ds_config_path(const std::string& name) {
+  return std::filesystem::path(ZEST_SOURCE_DIR) / "tests" / "config" / "ds_configs" / name;
+}
+#endif
+
+// What a Trainer-like program fills those files' "auto" from.
+inline AutoValues ds_config_program() {
+  AutoValues p;
+  p.micro_batch_size = 4;
+  p.gradient_accumulation_steps = 2;
+  p.compute_dtype = DType::kBFloat16;
+  p.hidden_size = 1024;
+  p.learning_rate = 2e-5;
+  p.weight_decay = 0.0;
+  p.beta1 = 0.9;
+  p.beta2 = 0.999;
+  p.eps = 1e-8;
+  p.gradient_clipping = 1.0;
+  p.warmup_steps = 100;
+  p.total_steps = 1000;
+  return p;
 }
 
 }  // namespace zest::test

@@ -8,32 +8,17 @@
 #include <filesystem>
 #include <map>
 
+#include "config/config_test_helpers.h"
 #include "zest/config/config.h"
 #include "zest/core/check.h"
 
 using namespace zest;
+using namespace zest::test;
 namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kDir = fs::path(ZEST_SOURCE_DIR) / "tests" / "config" / "ds_configs";
-
-AutoValues program() {
-  AutoValues p;
-  p.micro_batch_size = 4;
-  p.gradient_accumulation_steps = 2;
-  p.compute_dtype = DType::kBFloat16;
-  p.hidden_size = 1024;
-  p.learning_rate = 2e-5;
-  p.weight_decay = 0.0;
-  p.beta1 = 0.9;
-  p.beta2 = 0.999;
-  p.eps = 1e-8;
-  p.gradient_clipping = 1.0;
-  p.warmup_steps = 100;
-  p.total_steps = 1000;
-  return p;
-}
+const fs::path kDir = ds_config_path("");
 
 // File -> what its error must say (each substring); absent: it loads.
 const std::map<std::string, std::vector<std::string>> kRefused = {
@@ -80,7 +65,7 @@ TEST_CASE("every real DeepSpeed file loads unchanged, or is refused naming the f
     const auto want = kRefused.find(name);
     std::string error;
     try {
-      const EngineConfig c = load_config_file(f.string(), program());
+      const EngineConfig c = load_config_file(f.string(), ds_config_program());
       // The batch arithmetic the Engine does next holds on one rank.
       EngineConfig batch = c;
       if (c.train_batch_size || c.train_micro_batch_size_per_gpu) batch.resolve_batch(1);
@@ -103,7 +88,7 @@ TEST_CASE("every real DeepSpeed file loads unchanged, or is refused naming the f
 }
 
 TEST_CASE("real files load with the values they say") {
-  const auto load = [](const char* name) { return load_config_file((kDir / name).string(), program()); };
+  const auto load = [](const char* name) { return load_config_file((kDir / name).string(), ds_config_program()); };
   // LLaVA's ZeRO-3 file: Hugging Face's hidden-size rules at hidden 1024.
   const EngineConfig llava = load("llava__scripts_zero3.json");
   CHECK(llava.zero.stage == 3);

@@ -39,6 +39,18 @@ EngineConfig wide_config(int stage) {
   return c;
 }
 
+// Rank r of a run on a device of `capacity` bytes stayed within it, took
+// both steps, and ended with the parameters of the unlimited `reference`.
+void check_trained_within(const RankResult& g, const RankResult& reference, size_t capacity) {
+  CHECK(g.memory.reserved <= static_cast<int64_t>(capacity));
+  REQUIRE(g.steps.size() == 2);
+  CHECK(g.steps[1].applied);
+  for (const auto& [name, values] : g.params) {
+    CAPTURE(name);
+    CHECK(same_bits(values, reference.params.at(name)));
+  }
+}
+
 void check_trains_beyond_the_device(int stage, int world, int units, size_t capacity) {
   CAPTURE(stage);
   CAPTURE(world);
@@ -59,15 +71,9 @@ void check_trains_beyond_the_device(int stage, int world, int units, size_t capa
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     const RankResult& g = got[static_cast<size_t>(r)];
-    CHECK(g.memory.reserved <= static_cast<int64_t>(capacity));
     CHECK(g.memory.host_model_states() > 2 * static_cast<int64_t>(capacity));
-    REQUIRE(g.steps.size() == 2);
-    CHECK(g.steps[1].applied);
     // It trained: the very parameters of the run with room for everything.
-    for (const auto& [name, values] : g.params) {
-      CAPTURE(name);
-      CHECK(same_bits(values, reference[static_cast<size_t>(r)].params.at(name)));
-    }
+    check_trained_within(g, reference[static_cast<size_t>(r)], capacity);
   }
 }
 
@@ -99,14 +105,8 @@ void check_params_offload_needed(int world, int units, size_t capacity) {
   for (int r = 0; r < world; ++r) {
     CAPTURE(r);
     const RankResult& g = got[static_cast<size_t>(r)];
-    CHECK(g.memory.reserved <= static_cast<int64_t>(capacity));
     CHECK(g.memory.host(MemoryCategory::kParameters).current == shards);
-    REQUIRE(g.steps.size() == 2);
-    CHECK(g.steps[1].applied);
-    for (const auto& [name, values] : g.params) {
-      CAPTURE(name);
-      CHECK(same_bits(values, reference[static_cast<size_t>(r)].params.at(name)));
-    }
+    check_trained_within(g, reference[static_cast<size_t>(r)], capacity);
   }
 }
 

@@ -3,35 +3,22 @@
 // ranks with the bits of the same configuration with both offloads off.
 #include <doctest/doctest.h>
 
-#include <filesystem>
-
+#include "config/config_test_helpers.h"
 #include "engine/engine_harness.h"
 #include "zest/config/config.h"
 
 using namespace zest;
 using namespace zest::test;
-namespace fs = std::filesystem;
 
 TEST_CASE("the real ZeRO-3 offload files train, bit for bit as without offload") {
-  const fs::path dir = fs::path(ZEST_SOURCE_DIR) / "tests" / "config" / "ds_configs";
-  AutoValues program;  // what a Trainer fills "auto" from
-  program.micro_batch_size = 4;
-  program.gradient_accumulation_steps = 2;
-  program.compute_dtype = DType::kBFloat16;
-  program.hidden_size = 1024;
-  program.learning_rate = 1e-3;
-  program.weight_decay = 0.01;
-  program.gradient_clipping = 1.0;
-  program.warmup_steps = 0;
-  program.total_steps = 100;
   int files = 0;
   for (const std::string name : {"accelerate__tests_deepspeed_ds_config_zero3.json",
-                           "axolotl__deepspeed_configs_zero3_bf16_cpuoffload_all.json",
-                           "llamafactory__examples_deepspeed_ds_z3_offload_config.json",
-                           "llava__scripts_zero3_offload.json",
-                           "transformers__tests_deepspeed_ds_config_zero3.json"}) {
+                                   "axolotl__deepspeed_configs_zero3_bf16_cpuoffload_all.json",
+                                   "llamafactory__examples_deepspeed_ds_z3_offload_config.json",
+                                   "llava__scripts_zero3_offload.json",
+                                   "transformers__tests_deepspeed_ds_config_zero3.json"}) {
     CAPTURE(name);
-    EngineConfig config = load_config_file((dir / name).string(), program);
+    EngineConfig config = load_config_file(ds_config_path(name).string(), ds_config_program());
     REQUIRE(config.zero.stage == 3);
     REQUIRE(config.offload_optimizer.device == OffloadDevice::kCpu);
     REQUIRE(config.offload_param.device == OffloadDevice::kCpu);
