@@ -24,8 +24,26 @@
 // AccumulateGrad once per backward, after every node that used the leaf,
 // with all uses summed: so after the last one of a unit, no node of this
 // backward needs the unit's parameters, and stage 3 may release them.
+//
+// Note [frozen parameters in backward]
+// Nothing in autograd tells when a frozen parameter is done with: no
+// accumulator runs for it, yet the node of x W^T still reads W to compute
+// x's gradient, and it may run after every trainable parameter of its unit
+// has accumulated (LoRA: the adapters' accumulators can run first). So the
+// frozen memory of a sharded unit, gathered for backward, is kept until
+// every node made inside its zt.call has run: after the call, the graph is
+// walked back from the call's outputs through the nodes made during it
+// (autograd numbers nodes per thread in creation order, so those numbered
+// from the call's first to its last), and each gets a post-hook counting
+// down one FrozenUse record of the call. When every live record of the unit
+// is down to zero its memory is released, as FSDP and DeepSpeed release a
+// module's parameters once the gradients of its inputs are computed. The
+// hooks hold the record, so a forward never backpropagated leaves none
+// once its graph is freed; step() releases what is left (a backward that
+// did not reach every node, torch::autograd::grad with inputs).
 #include "zest/torch/torch_module.h"
 
+#include <ATen/SequenceNumber.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -33,6 +51,11 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_set>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "zest/checkpoint/weights_io.h"
 #include "zest/core/check.h"
@@ -85,13 +108,21 @@ struct TorchModule::Unit {
   bool sharded = false;  // stage 3 and not persistent: the memory moves between gathers
   c10::Storage storage;
   c10::Storage grad_storage;
-  const void* pointed = nullptr;  // where `storage` points; null: released
+  const void* pointed = nullptr;  // the engine's memory the parameters show; null: released
+  torch::Tensor widened;          // fp16 on the host: their fp32 copy, where `storage` points
   int forward_depth = 0;
   std::optional<UnitHandle> fwd;  // inside zt.call
   std::optional<UnitHandle> bwd;  // from the first gradient to done()
   std::optional<GradHandle> grads;
   size_t accumulated = 0;  // parameters accumulated in this micro-step
   bool done = false;
+  // A sharded frozen unit: the zt.calls whose backward may still read it
+  // (Note [frozen parameters in backward]).
+  std::vector<std::weak_ptr<FrozenUse>> uses;
+};
+
+struct TorchModule::FrozenUse {
+  size_t pending = 0;  // the call's nodes that have not run yet
 };
 
 struct TorchModule::Hooks {
@@ -109,6 +140,19 @@ struct TorchModule::Hooks {
     }
     Target target;
   };
+  // On every node made inside a zt.call of a unit with frozen memory.
+  struct NodeRan : torch::autograd::FunctionPostHook {
+    NodeRan(TorchModule* t, int u, std::shared_ptr<FrozenUse> r) : tm(t), unit(u), use(std::move(r)) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      // Guarded: a retained graph may run its nodes again.
+      if (use->pending > 0 && --use->pending == 0) tm->frozen_use_done(unit);
+      return outputs;
+    }
+    TorchModule* tm;
+    int unit;
+    std::shared_ptr<FrozenUse> use;
+  };
   struct Post : torch::autograd::FunctionPostHook {
     explicit Post(Target t) : target(t) {}
     torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
@@ -125,6 +169,7 @@ namespace {
 // A unit as found in the module tree, before registration.
 struct FoundUnit {
   std::string name;
+  std::string path;  // of the unit's module in the model; "" for the root
   const torch::nn::Module* module = nullptr;
   std::vector<std::pair<std::string, torch::Tensor>> params;
 };
@@ -156,9 +201,9 @@ std::vector<FoundUnit> find_units(torch::nn::Module& root, const TorchModuleOpti
   }
   std::map<const void*, std::string> owner;  // tensor -> unit name
   std::vector<FoundUnit> units;
-  units.push_back({kRootUnit, &root, {}});
+  units.push_back({kRootUnit, "", &root, {}});
   for (const auto& [path, m] : unit_modules) {
-    FoundUnit u{path, m.get(), {}};
+    FoundUnit u{path, path, m.get(), {}};
     for (const auto& item : m->named_parameters(true)) {
       const void* impl = item.value().unsafeGetTensorImpl();
       const auto [it, fresh] = owner.emplace(impl, path);
@@ -202,8 +247,8 @@ void check_param(const std::string& name, const torch::Tensor& t) {
 std::vector<FoundUnit> split_frozen(std::vector<FoundUnit> found, std::vector<bool>& frozen) {
   std::vector<FoundUnit> out;
   for (FoundUnit& f : found) {
-    FoundUnit cold{f.name + ":frozen", f.module, {}};
-    FoundUnit warm{f.name, f.module, {}};
+    FoundUnit cold{f.name + ":frozen", f.path, f.module, {}};
+    FoundUnit warm{f.name, f.path, f.module, {}};
     for (auto& p : f.params) (p.second.requires_grad() ? warm : cold).params.push_back(std::move(p));
     if (warm.params.empty()) {
       cold.name = f.name;
@@ -219,7 +264,102 @@ std::vector<FoundUnit> split_frozen(std::vector<FoundUnit> found, std::vector<bo
   return out;
 }
 
+// glibc keeps freed blocks of a few MiB in its heaps rather than handing
+// them back, so a rank that builds and drops units one by one would grow
+// by every unit it ever held: trim after each drop, so that resident memory
+// follows what is live (the bound Note [deferred construction] states).
+void give_back_freed_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
+// Note [deferred construction]
+// A placeholder parameter has its shape and no memory (module_construction.h),
+// so a model whose units are placeholders costs nothing until the engine
+// initializes it. Engine::finalize asks for initial values unit by unit, in
+// layout order, on the initializing rank(s): the unit's module is built by
+// build_unit when the first of its parameters is asked for, its values
+// copied, and the module dropped when the next unit's turn comes. A rank so
+// holds at most one unit's values twice over (the engine's fp32 staging of
+// the unit and the built module) besides its shards.
+class DeferredValues {
+ public:
+  DeferredValues(const std::vector<FoundUnit>& found, const TorchModuleOptions& options) : options_(options) {
+    for (const FoundUnit& f : found) {
+      for (const auto& [name, t] : f.params) {
+        if (is_placeholder(t)) path_of_[name] = f.path;
+      }
+    }
+    ZEST_CHECK(path_of_.empty() || options.build_unit || options.placeholders_loaded_later,
+               "{} parameter(s) are placeholders (the first '{}') but TorchModuleOptions::build_unit is unset: "
+               "set build_unit to give their initial values, or placeholders_loaded_later when a weights "
+               "import follows",
+               path_of_.size(), path_of_.empty() ? "" : path_of_.begin()->first);
+  }
+  bool owns(const std::string& name) const { return path_of_.count(name) > 0; }
+
+  void fill(const ParamLayout& p, std::span<float> values) {
+    if (!options_.build_unit) return;  // zeros: the engine's staging starts so
+    const std::string& path = path_of_.at(p.name);
+    if (!built_ || path != built_path_) {
+      release();  // the previous unit's values go first
+      built_ = options_.build_unit(path);
+      ZEST_CHECK(built_ != nullptr, "build_unit('{}') returned a null module", path);
+      built_path_ = path;
+      params_.clear();
+      for (const auto& item : built_->named_parameters(true)) params_.emplace(item.key(), item.value());
+    }
+    const std::string relative = path.empty() ? p.name : p.name.substr(path.size() + 1);
+    const auto it = params_.find(relative);
+    ZEST_CHECK(it != params_.end(), "build_unit('{}') built a module without parameter '{}' (it has {} parameters)",
+               path, relative, params_.size());
+    ZEST_CHECK(it->second.sizes().vec() == p.shape, "build_unit('{}'): parameter '{}' has shape {}, the model's is {}",
+               path, relative, c10::str(it->second.sizes()), c10::str(torch::IntArrayRef(p.shape)));
+    ZEST_CHECK(!is_placeholder(it->second), "build_unit('{}'): parameter '{}' is itself a placeholder", path, relative);
+    const torch::Tensor v = it->second.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    std::memcpy(values.data(), v.data_ptr<float>(), values.size() * sizeof(float));
+  }
+  void release() {
+    if (built_ == nullptr) return;
+    built_ = nullptr;
+    params_.clear();
+    give_back_freed_memory();
+  }
+
+ private:
+  const TorchModuleOptions& options_;
+  std::map<std::string, std::string> path_of_;  // placeholder parameter -> its unit's path
+  std::shared_ptr<torch::nn::Module> built_;
+  std::string built_path_;
+  std::map<std::string, torch::Tensor> params_;
+};
+
 }  // namespace
+
+std::mutex& module_construction_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+bool is_placeholder(const torch::Tensor& param) {
+  return param.defined() && param.numel() > 0 && param.has_storage() && param.storage().data() == nullptr;
+}
+
+void make_placeholders(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : module.named_parameters(true)) {
+    torch::Tensor p = item.value();
+    if (is_placeholder(p)) continue;
+    ZEST_CHECK(p.layout() == torch::kStrided, "parameter '{}' is not a dense tensor", item.key());
+    const std::vector<int64_t> sizes = p.sizes().vec();
+    const c10::Device cpu(torch::kCPU);
+    c10::Storage none(c10::Storage::use_byte_size_t(), static_cast<size_t>(p.numel()) * p.element_size(),
+                      c10::DataPtr(nullptr, cpu), nullptr, false);
+    p.set_data(torch::empty({0}, p.options().device(cpu)).set_(none, 0, sizes, contiguous_strides(sizes)));
+  }
+  give_back_freed_memory();
+}
 
 TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> module, TorchModuleOptions options)
     : engine_(engine), module_(std::move(module)) {
@@ -245,16 +385,23 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
     }
     engine_.add_unit(f.name, std::move(specs));
   }
+  DeferredValues deferred(found, options);
   engine_.finalize(
       [&](const ParamLayout& p, std::span<float> values) {
+        if (deferred.owns(p.name)) return deferred.fill(p, values);
         const torch::Tensor v = by_name.at(p.name).detach().to(torch::kCPU, torch::kFloat).contiguous();
         ZEST_INTERNAL_ASSERT(static_cast<size_t>(v.numel()) == values.size(), "parameter '{}' size", p.name);
         std::memcpy(values.data(), v.data_ptr<float>(), values.size() * sizeof(float));
       },
       options.init_from);
+  deferred.release();
 
   const DType dtype = engine_.compute_dtype();
-  const torch::TensorOptions opts = torch::TensorOptions().dtype(torch_dtype(dtype)).device(torch_device(engine_.comm().device()));
+  // Note [fp16 on the host]: the module computes in fp32 over a widened copy.
+  widen_ = dtype == DType::kFloat16 && !engine_.comm().device().is_cuda();
+  const torch::TensorOptions grad_opts =
+      torch::TensorOptions().dtype(torch_dtype(dtype)).device(torch_device(engine_.comm().device()));
+  const torch::TensorOptions opts = widen_ ? grad_opts.dtype(torch::kFloat) : grad_opts;
   const c10::Device device = opts.device();
   const ModelLayout& L = engine_.layout();
   torch::NoGradGuard no_grad;
@@ -269,7 +416,8 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
       units_.back()->companion = u;
     }
     const size_t bytes = UL.padded * elem_size(dtype);
-    unit->storage = c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(nullptr, device), nullptr, false);
+    unit->storage = c10::Storage(c10::Storage::use_byte_size_t(), UL.padded * (widen_ ? 4 : elem_size(dtype)),
+                                 c10::DataPtr(nullptr, device), nullptr, false);
     if (!UL.frozen) {
       unit->grad_storage =
           c10::Storage(c10::Storage::use_byte_size_t(), bytes, c10::DataPtr(nullptr, device), nullptr, false);
@@ -282,7 +430,7 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
       q.view = torch::empty({0}, opts).set_(unit->storage, static_cast<int64_t>(p.offset), p.shape, strides);
       if (!UL.frozen) {
         q.grad_view =
-            torch::empty({0}, opts).set_(unit->grad_storage, static_cast<int64_t>(p.offset), p.shape, strides);
+            torch::empty({0}, grad_opts).set_(unit->grad_storage, static_cast<int64_t>(p.offset), p.shape, strides);
       }
       q.empty = torch::empty({0}, opts);
       unit->params.push_back(std::move(q));
@@ -339,8 +487,14 @@ TorchModule::~TorchModule() {
 
 void TorchModule::point_params(Unit& u, const void* data) {
   if (u.pointed == data) return;
+  const void* shown = data;
+  if (widen_) {
+    u.widened = torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(u.storage.nbytes() / 4)}, torch::kHalf)
+                    .to(torch::kFloat);
+    shown = u.widened.data_ptr();
+  }
   u.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(
-      c10::DataPtr(const_cast<void*>(data), u.storage.device()));
+      c10::DataPtr(const_cast<void*>(shown), u.storage.device()));
   if (u.pointed == nullptr) {
     for (Unit::Param& q : u.params) q.tensor.set_data(q.view);
   }
@@ -351,6 +505,25 @@ void TorchModule::unpoint_params(Unit& u) {
   u.storage.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, u.storage.device()));
   for (Unit::Param& q : u.params) q.tensor.set_data(q.empty);
   u.pointed = nullptr;
+  u.widened = torch::Tensor();
+}
+
+// Note [fp16 on the host]
+// libtorch's CPU kernels have no fp16 matrix product, SiLU or LayerNorm
+// (1.13), so an fp16 engine on the host backend gives the module fp32
+// parameters: the unit's fp16 values widened (exactly) into a copy when it
+// is gathered, and again after each step for the units that stay gathered.
+// Gradients still land in the engine's fp16 buffers (autograd adds an fp32
+// gradient into an fp16 .grad in place, rounding once), so loss scaling,
+// overflow and skipped steps behave as fp16's: a scaled gradient past
+// 65504 is inf there. This is what CPU autocast would do had it fp16; the
+// arithmetic inside the module is fp32's, not a GPU's fp16.
+void TorchModule::rewiden() {
+  for (const auto& u : units_) {
+    if (u->pointed == nullptr || !u->widened.defined()) continue;
+    const torch::NoGradGuard no_grad;
+    u->widened.copy_(torch::from_blob(const_cast<void*>(u->pointed), {u->widened.numel()}, torch::kHalf));
+  }
 }
 
 torch::Tensor TorchModule::scale(const torch::Tensor& loss) const {
@@ -404,6 +577,54 @@ void TorchModule::release_backward(Unit& u) {
   u.bwd.reset();
 }
 
+uint64_t TorchModule::next_node_number() { return at::sequence_number::peek(); }
+
+void TorchModule::after_call(int unit, uint64_t first_node, const std::vector<torch::Tensor>& outputs) {
+  for (const torch::Tensor& t : outputs) regather_for_backward(unit, t);
+  const Unit& u = *units_[static_cast<size_t>(unit)];
+  if (u.frozen && u.sharded) track_frozen_use(unit, first_node, outputs);
+  if (u.companion >= 0 && units_[static_cast<size_t>(u.companion)]->sharded) {
+    track_frozen_use(u.companion, first_node, outputs);
+  }
+}
+
+void TorchModule::track_frozen_use(int frozen_unit, uint64_t first_node, const std::vector<torch::Tensor>& outputs) {
+  using torch::autograd::Node;
+  const uint64_t end = at::sequence_number::peek();
+  std::vector<Node*> inside;
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (const torch::Tensor& t : outputs) {
+    if (t.defined() && t.grad_fn() != nullptr) stack.push_back(t.grad_fn().get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    // Accumulators are numbered UINT64_MAX, nodes of earlier units lower.
+    if (!seen.insert(n).second || n->sequence_nr() < first_node || n->sequence_nr() >= end) continue;
+    inside.push_back(n);
+    for (const torch::autograd::Edge& e : n->next_edges()) {
+      if (e.function != nullptr) stack.push_back(e.function.get());
+    }
+  }
+  if (inside.empty()) return;
+  Unit& f = *units_[static_cast<size_t>(frozen_unit)];
+  std::erase_if(f.uses, [](const std::weak_ptr<FrozenUse>& w) { return w.expired(); });
+  auto use = std::make_shared<FrozenUse>();
+  use->pending = inside.size();
+  f.uses.push_back(use);
+  for (Node* n : inside) n->add_post_hook(std::make_unique<Hooks::NodeRan>(this, frozen_unit, use));
+}
+
+void TorchModule::frozen_use_done(int frozen_unit) {
+  Unit& f = *units_[static_cast<size_t>(frozen_unit)];
+  if (!f.bwd) return;
+  for (const std::weak_ptr<FrozenUse>& w : f.uses) {
+    if (const auto use = w.lock(); use != nullptr && use->pending > 0) return;
+  }
+  release_backward(f);
+}
+
 void TorchModule::regather_for_backward(int unit, const torch::Tensor& output) {
   // Nothing to gather: the unit and its frozen companion stay in memory (a
   // companion may be sharded where its small trainable unit is not).
@@ -434,7 +655,9 @@ void TorchModule::before_accumulate(int unit, size_t param) {
              "gradient_accumulation_steps and call step() after each)",
              q.name, u.name);
   if (!u.grads) {
-    if (!u.bwd) {
+    // Gathered already inside a zt.call (a checkpointed unit's
+    // recomputation runs its backward there: Note [recompute]).
+    if (!u.bwd && u.forward_depth == 0) {
       ZEST_CHECK(!u.sharded,
                  "stage 3: parameter '{}' of unit '{}' received a gradient while the unit was not "
                  "gathered: call the unit through zt.call() or zt.forward(), and return every tensor "
@@ -467,7 +690,8 @@ void TorchModule::finish_grads(Unit& u) {
   for (Unit::Param& q : u.params) q.tensor.mutable_grad() = torch::Tensor();
   u.done = true;
   release_backward(u);
-  if (u.companion >= 0) release_backward(*units_[static_cast<size_t>(u.companion)]);
+  // The frozen parameters may still be read by nodes that have not run.
+  if (u.companion >= 0) frozen_use_done(u.companion);
 }
 
 StepResult TorchModule::step() {
@@ -485,6 +709,7 @@ StepResult TorchModule::step() {
     // all frozen, which no accumulator tells the end of) goes back now.
     if (u.frozen) {
       if (u.bwd) release_backward(u);
+      u.uses.clear();
       continue;
     }
     if (u.done) continue;
@@ -495,6 +720,7 @@ StepResult TorchModule::step() {
     finish_grads(u);
   }
   StepResult r = engine_.step();
+  if (widen_) rewiden();  // the units that stay gathered have new values
   for (const auto& u : units_) {
     u->done = false;
     u->accumulated = 0;

@@ -31,7 +31,10 @@
 //   the engine beforehand), finalizes the engine with the module's current
 //   values (rank 0's, broadcast, by default: like DDP), and makes every
 //   parameter a view of the engine's memory in the compute dtype (a bf16
-//   engine leaves a bf16 module). Stages 0-2: the gathered parameters, for
+//   engine leaves a bf16 module; an fp16 engine on the host backend leaves
+//   an fp32 module over a widened copy, since libtorch's CPU kernels lack
+//   fp16: gradients and loss scaling stay fp16's, torch_module.cpp's Note
+//   [fp16 on the host]). Stages 0-2: the gathered parameters, for
 //   good. Stage 3: a unit's parameters are views while it is gathered
 //   (inside zt.call, and in backward from the first gradient that reaches
 //   one of its outputs until its gradients are done) and empty tensors (0
@@ -95,6 +98,7 @@
 
 #include "zest/checkpoint/checkpoint.h"
 #include "zest/engine/engine.h"
+#include "zest/torch/module_construction.h"
 
 namespace zest {
 
@@ -107,6 +111,17 @@ struct TorchModuleOptions {
   // Buffers are refused unless set: see the header comment.
   bool allow_buffers = false;
   InitFrom init_from = InitFrom::kRank0;
+  // Deferred construction (module_construction.h): the initial values of a
+  // unit whose parameters are placeholders come from build_unit(path), with
+  // path the unit module's path in the model ("" for the root's own
+  // parameters): a module whose named_parameters() are the unit's, named
+  // relative to that path. It is called on the initializing rank(s) as the
+  // engine initializes that unit, and dropped before the next.
+  std::function<std::shared_ptr<torch::nn::Module>(const std::string& path)> build_unit;
+  // Placeholders without build_unit start at zero, for a weights import
+  // (import_hf, a weights-only load) to overwrite before training; unset,
+  // they are an error.
+  bool placeholders_loaded_later = false;
 };
 
 class TorchModule {
@@ -132,8 +147,11 @@ class TorchModule {
   template <typename F>
   auto call(int unit, F&& fn) -> std::invoke_result_t<F> {
     Gathered scope(*this, unit);
+    const uint64_t first_node = next_node_number();
     auto out = std::forward<F>(fn)();
-    for_each_tensor(out, [&](const torch::Tensor& t) { regather_for_backward(unit, t); });
+    std::vector<torch::Tensor> outputs;
+    for_each_tensor(out, [&](const torch::Tensor& t) { outputs.push_back(t); });
+    after_call(unit, first_node, outputs);
     return out;
   }
   template <typename F>
@@ -146,6 +164,39 @@ class TorchModule {
   auto forward(M& module, Args&&... args) {
     return call(*module, [&] { return module->forward(std::forward<Args>(args)...); });
   }
+
+  // Activation checkpointing (DeepSpeed's checkpointing.checkpoint, torch's
+  // checkpoint with use_reentrant): runs the unit as forward()/call() do
+  // but keeps only its tensor inputs for backward, not what autograd would
+  // save inside it; its backward gathers the unit again (stage 3), runs it
+  // again from the forward's random-number state, and backpropagates
+  // through that. Gradients are the bits of an uncheckpointed call on the
+  // host backend. A checkpointed unit is called once per backward (its
+  // gradients are complete after its one recomputation).
+  //
+  //   // zest-example: prelude=torch_module
+  //   for (auto& block : blocks) x = zt.checkpoint(block, x);   // was: x = zt.forward(block, x)
+  //
+  // checkpoint(M& module, inputs...) calls module->forward(inputs...);
+  // checkpoint_call(unit_module, fn, inputs...) calls fn(inputs...), which
+  // returns one tensor and takes everything it computes from other tensors
+  // as a constant. Both keep the module or fn until backward (by value).
+  template <typename M, typename... T>
+  torch::Tensor checkpoint(M& module, const T&... inputs) {
+    return checkpoint_call(
+        *module, [holder = module](const T&... in) mutable { return holder->forward(in...); }, inputs...);
+  }
+  template <typename F, typename... T>
+  torch::Tensor checkpoint_call(const torch::nn::Module& unit_module, F&& fn, const T&... inputs) {
+    return checkpoint_call(
+        unit_of(unit_module),
+        [f = std::forward<F>(fn)](const std::vector<torch::Tensor>& in) mutable {
+          return call_with(f, in, std::index_sequence_for<T...>{});
+        },
+        std::vector<torch::Tensor>{inputs...});
+  }
+  torch::Tensor checkpoint_call(int unit, std::function<torch::Tensor(const std::vector<torch::Tensor>&)> fn,
+                                std::vector<torch::Tensor> inputs);
 
   // The unit index of a unit module; throws for a module that is not one.
   int unit_of(const torch::nn::Module& unit_module) const;
@@ -186,8 +237,18 @@ class TorchModule {
   }
 
   struct Hooks;
+  struct FrozenUse;
+  struct Recompute;
+  template <typename F, size_t... I>
+  static torch::Tensor call_with(F& fn, const std::vector<torch::Tensor>& in, std::index_sequence<I...>) {
+    return fn(in[I]...);
+  }
   Unit& unit(int u);
+  static uint64_t next_node_number();
+  void after_call(int unit, uint64_t first_node, const std::vector<torch::Tensor>& outputs);
   void regather_for_backward(int unit, const torch::Tensor& output);
+  void track_frozen_use(int frozen_unit, uint64_t first_node, const std::vector<torch::Tensor>& outputs);
+  void frozen_use_done(int frozen_unit);
   void backward_reached(int unit);
   void before_accumulate(int unit, size_t param);
   void after_accumulate(int unit, size_t param);
@@ -199,8 +260,11 @@ class TorchModule {
   void release_backward(Unit& u);
   void unpoint_params(Unit& u);
 
+  void rewiden();
+
   Engine& engine_;
   std::shared_ptr<torch::nn::Module> module_;
+  bool widen_ = false;  // fp16 on the host: Note [fp16 on the host]
   std::vector<std::unique_ptr<Unit>> units_;
 };
 
