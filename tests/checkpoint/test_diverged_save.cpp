@@ -24,6 +24,13 @@ EngineConfig blowing_up() {
   return c;
 }
 
+// Two units; c.w is large enough that its last elements lie in the last
+// rank's shard at 2 ranks (units are padded in large blocks).
+void two_units(Engine& engine) {
+  engine.add_unit("a", {{"a.w", {7, 13}}});
+  engine.add_unit("c", {{"c.w", {40, 40}}});
+}
+
 // One step whose gradient is 1 at element `element` of `param`, 0 elsewhere.
 void step_pushing(Engine& engine, const std::string& param, size_t element) {
   for (int u = engine.layout().num_units() - 1; u >= 0; --u) {
@@ -48,7 +55,7 @@ std::map<std::string, std::string> root_state(const fs::path& root) {
 
 }  // namespace
 
-TEST_CASE("a diverged run is not saved: every rank refuses, naming the unit, parameter and element; latest stays") {
+TEST_CASE("a diverged run is not saved: every rank refuses, naming the unit, parameter and element, and latest stays") {
   for (int world : {1, 2}) {
     CAPTURE(world);
     TempDir root;
@@ -56,28 +63,31 @@ TEST_CASE("a diverged run is not saved: every rank refuses, naming the unit, par
     std::map<std::string, std::string> before;
     std::string expected;
     float initial = 0.0f;
-    on_each_rank(world, blowing_up(), [&](Engine& engine, Communicator& comm) {
-      const float w = engine.param_master("c.w")[32];
+    on_each_rank(
+        world, blowing_up(),
+        [&](Engine& engine, Communicator& comm) {
+      const float w = engine.param_master("c.w")[1500];
       if (comm.rank() == 0) initial = w;
-      step_pushing(engine, "c.w", 32);
+      step_pushing(engine, "c.w", 1500);
       save_checkpoint(engine, root.str());  // step_000001: -3e38 there, finite
       if (comm.rank() == 0) before = root_state(root.path);
-      step_pushing(engine, "c.w", 32);
-      // Element 32 of c.w lies in the last rank's shard only: the others'
+      step_pushing(engine, "c.w", 1500);
+      // Element 1500 of c.w lies in the last rank's shard only: the others'
       // values are all finite, and they must refuse too.
-      const UnitLayout& c = engine.layout().unit(2);
-      const size_t at = c.params[0].offset + 32;
+      const UnitLayout& c = engine.layout().unit(1);
+      const size_t at = c.params[0].offset + 1500;
       const int owner = static_cast<int>(at / c.shard);
       REQUIRE(owner == world - 1);
       const size_t in_shard = at - c.shard * static_cast<size_t>(owner);
-      if (comm.rank() == owner) REQUIRE(engine.read_shard(2, 0)[in_shard] == -INFINITY);
+      if (comm.rank() == owner) REQUIRE(engine.read_shard(1, 0)[in_shard] == -INFINITY);
       if (comm.rank() == 0) {
-        expected = fmt::format("the master weights of unit 'c' hold -inf at parameter 'c.w' element 32 (shard "
+        expected = fmt::format("the master weights of unit 'c' hold -inf at parameter 'c.w' element 1500 (shard "
                                "element {}): the training has diverged",
                                in_shard);
       }
       errors[static_cast<size_t>(comm.rank())] = error_text([&] { save_checkpoint(engine, root.str()); });
-    });
+        },
+        two_units);
     for (int r = 0; r < world; ++r) {
       CAPTURE(r);
       CHECK(errors[static_cast<size_t>(r)].find(expected) != std::string::npos);
@@ -89,11 +99,14 @@ TEST_CASE("a diverged run is not saved: every rank refuses, naming the unit, par
     // checkpoint loads.
     CHECK(root_state(root.path) == before);
     CHECK(slurp(root.path / "latest") == "step_000001\n");
-    with_engine(0, [&](Engine& e, Communicator&) {
-      load_checkpoint(e, root.str());
-      CHECK(e.progress().applied_steps == 1);
-      CHECK(e.param_master("c.w")[32] == initial - 3e38f);
-    });
+    on_each_rank(
+        1, blowing_up(),
+        [&](Engine& e, Communicator&) {
+          load_checkpoint(e, root.str());
+          CHECK(e.progress().applied_steps == 1);
+          CHECK(e.param_master("c.w")[1500] == initial - 3e38f);
+        },
+        two_units);
   }
 }
 
