@@ -1,9 +1,11 @@
 #include "zest/checkpoint/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "zest/core/check.h"
 #include "zest/core/crc32.h"
@@ -13,6 +15,7 @@
 #include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
 #include "zest/checkpoint/on_every_rank.h"
+#include "zest/checkpoint/optimizer_state_map.h"
 #include "zest/checkpoint/user_state_files.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/core/crc32.h"
@@ -23,21 +26,82 @@ namespace fs = std::filesystem;
 namespace {
 
 // Registration lines (units and parameters) of a layout; group weight decay
-// may change between runs (fine-tuning), the model may not. Which units are
-// frozen may, for a weights-only load (`with_frozen` false): the master
-// weights' layout does not depend on it.
-std::string model_lines(const ModelLayout& layout, bool with_frozen) {
+// may change between runs (fine-tuning), the model may not.
+std::string model_lines(const ModelLayout& layout) {
   std::string out;
   const std::string all = layout.describe();
   size_t start = 0;
   while (start < all.size()) {
     const size_t end = all.find('\n', start);
     std::string line = all.substr(start, end - start);
-    if (!with_frozen && line.rfind("unit ", 0) == 0 && line.ends_with(" frozen")) line.resize(line.size() - 7);
     if (line.rfind("group ", 0) != 0) out += line + "\n";
     start = end == std::string::npos ? all.size() : end + 1;
   }
   return out;
+}
+
+// A weights-only load's master values for this rank's shards, parameter by
+// parameter, as DeepSpeed's load_module_only loads a state dict by name: the
+// checkpoint's units, parameter groups and frozen units may differ from this
+// engine's; its parameters (names and shapes) may not.
+std::vector<std::vector<float>> read_weights_by_name(CheckpointReader& reader, const ModelLayout& layout, int part) {
+  const ModelLayout& saved = reader.layout();
+  const std::string& dir = reader.dir();
+  for (const UnitLayout& u : layout.units()) {
+    for (const ParamLayout& p : u.params) {
+      ZEST_CHECK(saved.contains(p.name),
+                 "checkpoint '{}' is of another model: it has no parameter '{}' (registered in unit '{}' with shape "
+                 "[{}]). Register the same parameters to load it",
+                 dir, p.name, u.name, fmt::join(p.shape, ", "));
+      const ParamRef ref = saved.find(p.name);
+      const std::vector<int64_t>& shape = saved.unit(ref.unit).params[static_cast<size_t>(ref.index)].shape;
+      ZEST_CHECK(shape == p.shape, "checkpoint '{}' is of another model: parameter '{}' has shape [{}] there, [{}] here",
+                 dir, p.name, fmt::join(shape, ", "), fmt::join(p.shape, ", "));
+    }
+  }
+  for (const UnitLayout& u : saved.units()) {
+    for (const ParamLayout& p : u.params) {
+      ZEST_CHECK(layout.contains(p.name),
+                 "checkpoint '{}' is of another model: it holds parameter '{}' (unit '{}'), which this model does not "
+                 "register",
+                 dir, p.name, u.name);
+    }
+  }
+  std::vector<std::vector<float>> masters;
+  for (const UnitLayout& U : layout.units()) {
+    const size_t begin = U.shard * static_cast<size_t>(part);
+    std::vector<float>& shard = masters.emplace_back(U.shard, 0.0f);
+    for (const ParamLayout& p : U.params) {
+      const size_t b = std::max(begin, p.offset);
+      const size_t e = std::min(begin + U.shard, p.offset + p.numel);
+      if (b >= e) continue;
+      const ParamRef ref = saved.find(p.name);
+      const size_t there = saved.unit(ref.unit).params[static_cast<size_t>(ref.index)].offset;
+      reader.read(0, ref.unit, there + (b - p.offset), std::span(shard).subspan(b - begin, e - b));
+    }
+  }
+  return masters;
+}
+
+// Note [a diverged run is not saved]
+// A load refuses a NaN or Inf (checkpoint_value_ok) as corruption, so saving
+// a run whose master weights or optimizer state diverged would publish a
+// checkpoint that nothing can load, and move `latest` off the last one that
+// can. The save refuses instead, inside the collective step that writes the
+// shards: every rank learns of any rank's bad value there (on_every_rank),
+// so all fail together before anything is published, and the partial
+// directory goes with the publisher. fp16 runs skip the steps whose
+// gradients overflow, so their values stay finite and they save as usual.
+void check_savable(const UnitLayout& unit, int buffer, int partition, std::span<const float> values,
+                   const std::string& root, const std::string& tag) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (checkpoint_value_ok(buffer, values[i])) continue;
+    ZEST_FAIL("save_checkpoint('{}'): the {} of unit '{}' hold {} at {} (shard element {}): the training has "
+              "diverged (a learning rate too high?). Checkpoint '{}' was not saved and `latest` was not moved, "
+              "so the last checkpoint saved stays the one to resume from",
+              root, shard_buffer_name(buffer), unit.name, values[i],
+              element_name(unit, unit.shard * static_cast<size_t>(partition) + i), i, tag);
+  }
 }
 
 }  // namespace
@@ -118,6 +182,7 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
       for (int u = 0; u < layout.num_units(); ++u) {
         if (b > 0 && layout.unit(u).frozen) continue;
         const std::vector<float> values = engine.read_shard(u, b);
+        check_savable(layout.unit(u), b, engine.partition(), values, root, tag);
         file.write(std::as_bytes(std::span(values)));
       }
       say(fmt::format("checkpoint {}: {} written", tag, shard_buffer_name(b)));
@@ -204,32 +269,37 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
   // Everything is read and checked into host memory first, so a bad file
   // leaves the engine as it was.
   std::vector<std::vector<std::vector<float>>> shards(static_cast<size_t>(layout.num_units()));
+  std::vector<std::vector<float>> masters;  // weights_only
   Engine::Progress progress;
   UserState user;
+  std::string note;
   on_every_rank(engine, "loading the checkpoint", [&] {
     if (dir.empty()) dir = latest_checkpoint_dir(root);
     CheckpointReader reader(dir);
     const CheckpointManifest& m = reader.manifest();
-    const std::string mine = model_lines(layout, !options.weights_only);
-    const std::string theirs = model_lines(reader.layout(), !options.weights_only);
-    ZEST_CHECK(mine == theirs,
-               "checkpoint '{}' is of another model: {} (the checkpoint's first). Register the same units and "
-               "parameters to load it",
-               dir, first_difference(theirs, mine));
-    ZEST_CHECK(options.weights_only || m.shard_buffers == buffers,
-               "checkpoint '{}' was saved with {} ({} optimizer state buffers); this engine's {} has {}", dir,
-               m.optimizer, m.shard_buffers - 1, optimizer_name(engine.config().optimizer.kind), buffers - 1);
-    for (int u = 0; u < layout.num_units(); ++u) {
-      const UnitLayout& U = layout.unit(u);
-      for (int b = 0; b < (options.weights_only || U.frozen ? 1 : buffers); ++b) {
-        std::vector<float> values(U.shard);
-        reader.read(b, u, U.shard * static_cast<size_t>(part), values);
-        shards[static_cast<size_t>(u)].push_back(std::move(values));
-      }
-    }
     progress = m.progress;
     if (options.user_state != nullptr) {
       user = read_user_state(dir, m, engine.comm().rank(), engine.comm().size(), options.per_rank_user_state);
+    }
+    if (options.weights_only) {
+      masters = read_weights_by_name(reader, layout, part);
+      return;
+    }
+    const std::string mine = model_lines(layout);
+    const std::string theirs = model_lines(reader.layout());
+    ZEST_CHECK(mine == theirs,
+               "checkpoint '{}' is of another model: {} (the checkpoint's first). Register the same units and "
+               "parameters to load it, or load its weights alone (CheckpointOptions::weights_only)",
+               dir, first_difference(theirs, mine));
+    const ShardBufferMap map = map_shard_buffers(m, engine.config().optimizer, dir);
+    note = map.note;
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const UnitLayout& U = layout.unit(u);
+      for (int b = 0; b < (U.frozen ? 1 : buffers); ++b) {
+        std::vector<float> values(U.shard);
+        reader.read(map.from[static_cast<size_t>(b)], u, U.shard * static_cast<size_t>(part), values);
+        shards[static_cast<size_t>(u)].push_back(std::move(values));
+      }
     }
   });
   // Each rank resolved `latest` itself: a save moving it meanwhile (another
@@ -247,11 +317,10 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
   }
   if (options.user_state != nullptr) *options.user_state = std::move(user);
   if (options.weights_only) {
-    std::vector<std::vector<float>> masters;
-    for (auto& unit : shards) masters.push_back(std::move(unit[0]));
     start_from_weights(engine, masters);
     return dir;
   }
+  if (!note.empty() && engine.comm().rank() == 0) ZEST_LOG_WARN("{}", note);
   for (int u = 0; u < layout.num_units(); ++u) {
     const int saved = static_cast<int>(shards[static_cast<size_t>(u)].size());
     for (int b = 0; b < saved; ++b) engine.write_shard(u, b, shards[static_cast<size_t>(u)][static_cast<size_t>(b)]);

@@ -32,6 +32,10 @@
 // reads the byte ranges of the old files that hold its new shard. Files are
 // checked against the manifest (size, CRC-32) and values for finiteness
 // before anything is loaded; every problem is a zest::Error naming the file.
+// A save refuses values a load would refuse: a run that diverged (a NaN or
+// Inf in its master weights or optimizer state) is not saved, on any rank,
+// and `latest` keeps naming the last checkpoint (Note [a diverged run is not
+// saved] in checkpoint.cpp).
 #pragma once
 
 #include <functional>
@@ -56,6 +60,14 @@ struct CheckpointOptions {
   // (DeepSpeed's load_module_only): the optimizer state is zeroed, the step
   // counts restart at 0, the loss scaler and learning rate stay this
   // engine's, and the checkpoint may have been saved with another optimizer.
+  // The weights are taken by parameter name: the units, parameter groups and
+  // frozen units may differ from the checkpoint's; the parameters' names and
+  // shapes may not.
+  //
+  // Without it, a load into an engine with another optimizer takes the state
+  // the two share by name and drops the rest with a logged note (Adam and
+  // AdamW share their moments), or fails naming a state the checkpoint lacks
+  // (optimizer_state_map.h), as DeepSpeed's load_optimizer_states does.
   bool weights_only = false;
   // The program's own state (user_state.h). save_checkpoint: saved with the
   // checkpoint when set (on every rank, or on none). load_checkpoint: when

@@ -86,7 +86,17 @@ CheckpointPublisher::CheckpointPublisher(std::string root, std::string tag)
   ZEST_CHECK(lock_fd_ >= 0, "cannot open the lock file '{}' of checkpoint root '{}': {}{}", lock_path, root_,
              errno_text(errno), errno == ELOOP ? " (it is a symbolic link: remove it)" : "");
   struct stat st {};
-  if (::fstat(lock_fd_, &st) != 0 || !S_ISREG(st.st_mode) || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+  // A hard link planted at the lock's name shares another file's content,
+  // which recording the holder would overwrite: refused before any write.
+  const bool stat_ok = ::fstat(lock_fd_, &st) == 0;
+  if (stat_ok && S_ISREG(st.st_mode) && st.st_nlink != 1) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    ZEST_FAIL("the lock file '{}' of checkpoint root '{}' has {} hard links (another name shares its content, which "
+              "ZEST would overwrite); remove it, and ZEST creates its own",
+              lock_path, root_, st.st_nlink);
+  }
+  if (!stat_ok || !S_ISREG(st.st_mode) || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     std::string holder(256, '\0');
     const ssize_t n = S_ISREG(st.st_mode) ? ::pread(lock_fd_, holder.data(), holder.size(), 0) : -1;

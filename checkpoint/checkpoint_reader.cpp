@@ -1,7 +1,6 @@
 #include "zest/checkpoint/checkpoint_reader.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -79,8 +78,7 @@ void CheckpointReader::read(int buffer, int unit, size_t begin, std::span<float>
     i += n;
   }
   for (size_t i = 0; i < out.size(); ++i) {
-    // Adam's second moment (buffer 2) is never negative.
-    ZEST_CHECK(std::isfinite(out[i]) && (buffer != 2 || out[i] >= 0.0f),
+    ZEST_CHECK(checkpoint_value_ok(buffer, out[i]),
                "checkpoint '{}': {} of unit '{}' has {} at element {} of the unit; the checkpoint is corrupt", dir_,
                shard_buffer_name(buffer), U.name, out[i], begin + i);
   }

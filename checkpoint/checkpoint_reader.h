@@ -7,6 +7,7 @@
 // naming the file.
 #pragma once
 
+#include <cmath>
 #include <map>
 #include <memory>
 #include <span>
@@ -45,5 +46,10 @@ class CheckpointReader {
 
 // "master weights", "optimizer state 0", ...
 std::string shard_buffer_name(int buffer);
+
+// Whether a checkpoint may hold `x` in shard buffer `buffer`: finite, and
+// not negative in Adam's second moment (buffer 2). A load refuses anything
+// else as corrupt, and a save refuses to write it.
+inline bool checkpoint_value_ok(int buffer, float x) { return std::isfinite(x) && (buffer != 2 || x >= 0.0f); }
 
 }  // namespace zest

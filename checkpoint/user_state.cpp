@@ -108,6 +108,8 @@ std::map<std::string, Blob> read_blob_file(const std::string& dir, const UserSta
   return blobs;
 }
 
+std::string per_rank_what(int rank) { return fmt::format("user state 'per_rank' of rank {}", rank); }
+
 }  // namespace
 
 std::string user_rank_file_name(int rank) { return fmt::format("user_rank_{:05d}.bin", rank); }
@@ -119,8 +121,7 @@ UserState read_user_state(const std::string& dir, const CheckpointManifest& m, i
   out.global = read_blob_file(dir, *m.user_global, "user state 'global'");
   if (m.user_per_rank.empty()) return out;
   if (m.world_size == world) {
-    out.per_rank = read_blob_file(dir, m.user_per_rank.at(static_cast<size_t>(rank)),
-                                  fmt::format("user state 'per_rank' of rank {}", rank));
+    out.per_rank = read_blob_file(dir, m.user_per_rank.at(static_cast<size_t>(rank)), per_rank_what(rank));
     return out;
   }
   const bool any = std::any_of(m.user_per_rank.begin(), m.user_per_rank.end(),
@@ -134,6 +135,13 @@ UserState read_user_state(const std::string& dir, const CheckpointManifest& m, i
              dir, m.world_size, world, m.world_size);
   out.per_rank_dropped = true;
   return out;
+}
+
+void verify_user_state(const std::string& dir, const CheckpointManifest& m) {
+  if (m.user_global) (void)read_blob_file(dir, *m.user_global, "user state 'global'");
+  for (size_t r = 0; r < m.user_per_rank.size(); ++r) {
+    (void)read_blob_file(dir, m.user_per_rank[r], per_rank_what(static_cast<int>(r)));
+  }
 }
 
 }  // namespace zest

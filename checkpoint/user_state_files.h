@@ -20,4 +20,8 @@ std::string user_rank_file_name(int rank);
 UserState read_user_state(const std::string& dir, const CheckpointManifest& manifest, int rank, int world,
                           PerRankUserState policy);
 
+// Every user state file of checkpoint `dir` (the global one and each rank's),
+// with the checks read_user_state applies: for zest-ckpt verify.
+void verify_user_state(const std::string& dir, const CheckpointManifest& manifest);
+
 }  // namespace zest

@@ -174,14 +174,9 @@ void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
              values.size(), shard);
   for (size_t i = 0; i < shard; ++i) {
     if (std::isfinite(values[i])) continue;
-    const size_t at = shard * static_cast<size_t>(partition()) + i;  // in the unit's flat layout
-    std::string param = "padding";
-    for (const ParamLayout& p : U.params) {
-      if (at >= p.offset && at < p.offset + p.numel) param = fmt::format("parameter '{}' element {}", p.name, at - p.offset);
-    }
     ZEST_FAIL("write_shard of unit '{}', shard buffer {}: value {} at shard element {} ({}) is not finite; "
               "the shard is left as it was: write finite values",
-              U.name, buffer, values[i], i, param);
+              U.name, buffer, values[i], i, element_name(U, shard * static_cast<size_t>(partition()) + i));
   }
   if (U.frozen) {
     ZEST_CHECK(buffer == 0, "write_shard: unit '{}' is frozen: it has buffer 0 (its values) only, not {}", U.name,

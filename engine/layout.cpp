@@ -158,6 +158,13 @@ uint64_t ModelLayout::digest() const {
   return h;
 }
 
+std::string element_name(const UnitLayout& unit, size_t at) {
+  for (const ParamLayout& p : unit.params) {
+    if (at >= p.offset && at < p.offset + p.numel) return fmt::format("parameter '{}' element {}", p.name, at - p.offset);
+  }
+  return "padding";
+}
+
 std::string first_difference(const std::string& a, const std::string& b) {
   const std::vector<size_t> sa = line_starts(a);
   const std::vector<size_t> sb = line_starts(b);

@@ -135,4 +135,8 @@ class ModelLayout {
 // "rank 0 has 'param block1.w [64, 32] group default' where rank 2 has ...".
 std::string first_difference(const std::string& a, const std::string& b);
 
+// What element `at` of unit u's flat layout is, for an error message:
+// "parameter 'b.w' element 3", or "padding" between and after parameters.
+std::string element_name(const UnitLayout& unit, size_t at);
+
 }  // namespace zest

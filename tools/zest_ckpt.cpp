@@ -1,7 +1,8 @@
 // zest-ckpt: sharded checkpoints offline, in bounded memory.
 //
-//   zest-ckpt inspect CKPT                     manifest summary, per-rank file sizes
-//   zest-ckpt verify CKPT                      sizes, CRC-32s and finiteness of every file
+//   zest-ckpt inspect CKPT                     manifest summary, frozen units, every file
+//   zest-ckpt verify CKPT                      sizes, CRC-32s and values of every file
+//   zest-ckpt --help                           the usage, exit 0
 //   zest-ckpt export CKPT OUT.safetensors [--dtype fp32|bf16|fp16]
 //   zest-ckpt reshard CKPT OUT_ROOT --world N [--stage S]
 //
@@ -11,16 +12,20 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/cli.h"
 #include "zest/core/check.h"
 #include "zest/core/units.h"
 #include "zest/checkpoint/checkpoint.h"
+#include "zest/checkpoint/checkpoint_manifest.h"
 #include "zest/checkpoint/checkpoint_paths.h"
 #include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
@@ -57,6 +62,18 @@ void for_each_piece(size_t begin, size_t end, Fn&& fn) {
   for (size_t i = begin; i < end; i += kPiece) fn(i, std::min(kPiece, end - i));
 }
 
+// One file of the manifest and what is on disk: a missing one shows as
+// such. Returns whether it is there as a regular file.
+bool print_file(const std::string& dir, const std::string& name, uint64_t bytes, uint32_t crc,
+                const std::string& extra) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(fs::path(dir) / name, ec);
+  const char* state = !fs::exists(st) ? "MISSING" : !fs::is_regular_file(st) ? "NOT A REGULAR FILE" : "";
+  fmt::print("  {}  {:>12} bytes ({})  crc32 {:08x}{}{}{}\n", name, bytes, format_bytes(static_cast<int64_t>(bytes)),
+             crc, extra, *state ? "  " : "", state);
+  return *state == '\0';
+}
+
 int inspect(const std::string& path) {
   CheckpointReader r(resolve(path));
   const CheckpointManifest& m = r.manifest();
@@ -66,22 +83,34 @@ int inspect(const std::string& path) {
   fmt::print("saved by    {} ranks at stage {} ({} shard files)\n", m.world_size, m.stage, m.partitions);
   fmt::print("training    {}, {} (master weights + {} state buffers, fp32)\n", m.compute_dtype, m.optimizer,
              m.shard_buffers - 1);
-  fmt::print("progress    {} steps applied, {} skipped, loss scale {}\n", m.progress.applied_steps,
-             m.progress.skipped_steps, m.progress.loss_scaler.scale);
+  // Only fp16 runs scale the loss: the others' scaler never moved.
+  const std::string scale =
+      m.compute_dtype == dtype_name(DType::kFloat16) ? fmt::format(", loss scale {}", m.progress.loss_scaler.scale) : "";
+  fmt::print("progress    {} steps applied, {} skipped{}\n", m.progress.applied_steps, m.progress.skipped_steps, scale);
   fmt::print("model       {} parameters in {} units ({} with padding)\n", L.numel(), L.num_units(), L.padded());
-  // The manifest's sizes, and what is on disk: a missing file shows as such.
-  int missing = 0;
-  for (const ShardFile& f : m.files) {
-    std::error_code ec;
-    const fs::file_status st = fs::symlink_status(fs::path(r.dir()) / f.name, ec);
-    const char* state = !fs::exists(st) ? "MISSING" : !fs::is_regular_file(st) ? "NOT A REGULAR FILE" : "";
-    missing += *state != '\0';
-    fmt::print("  {}  {:>12} bytes ({})  crc32 {:08x}{}{}\n", f.name, f.bytes,
-               format_bytes(static_cast<int64_t>(f.bytes)), f.crc32, *state ? "  " : "", state);
+  std::vector<std::string> frozen;
+  for (const UnitLayout& u : L.units()) {
+    if (u.frozen) frozen.push_back(fmt::format("{} ({} parameters)", u.name, u.numel));
+  }
+  if (!frozen.empty()) {
+    fmt::print("frozen      {} of {} units, values only: {}\n", frozen.size(), L.num_units(), fmt::join(frozen, ", "));
+  }
+  int missing = 0, files = 0;
+  for (const ShardFile& f : m.files) missing += !print_file(r.dir(), f.name, f.bytes, f.crc32, "");
+  files += static_cast<int>(m.files.size());
+  if (m.user_global) {
+    fmt::print("user state  the program's own (global, and per rank: {})\n",
+               m.user_per_rank.empty() ? "none" : fmt::format("{} files", m.user_per_rank.size()));
+    std::vector<UserStateFile> user = m.user_per_rank;
+    user.insert(user.begin(), *m.user_global);
+    for (const UserStateFile& f : user) {
+      missing += !print_file(r.dir(), f.name, f.bytes, f.crc32, fmt::format("  {} blobs", f.blobs));
+    }
+    files += static_cast<int>(user.size());
   }
   if (missing > 0) {
-    fmt::print(stderr, "zest-ckpt: {} of {} shard files of '{}' are missing or not regular files; the checkpoint "
-                       "cannot be loaded\n", missing, m.files.size(), r.dir());
+    fmt::print(stderr, "zest-ckpt: {} of {} {} files of '{}' are missing or not regular files; the checkpoint "
+                       "cannot be loaded\n", missing, files, m.user_global ? "shard and user state" : "shard", r.dir());
     return 1;
   }
   return 0;
@@ -101,7 +130,11 @@ int verify(const std::string& path) {
       });
     }
   }
-  fmt::print("{}: {} files, sizes, checksums and values OK\n", r.dir(), r.manifest().partitions);
+  // The program's user state, checked as a load checks it.
+  verify_user_state(r.dir(), r.manifest());
+  const size_t user = r.manifest().user_global ? 1 + r.manifest().user_per_rank.size() : 0;
+  fmt::print("{}: {} shard files and {} user state files: sizes, checksums and values OK\n", r.dir(),
+             r.manifest().partitions, user);
   return 0;
 }
 
@@ -134,8 +167,9 @@ int export_safetensors(const std::string& path, const std::string& out, DType dt
 }
 
 int reshard(const std::string& path, const std::string& out_root, int world, int stage) {
-  CheckpointReader r(resolve(path));
-  CheckpointManifest m = r.manifest();
+  std::optional<CheckpointReader> input(std::in_place, resolve(path));
+  const CheckpointManifest saved = input->manifest();
+  CheckpointManifest m = saved;
   m.world_size = world;
   if (stage < 0) stage = m.stage;  // keep the checkpoint's
   m.stage = stage;
@@ -155,17 +189,25 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
              "reshard --world {}: the checkpoint's {} parameters would be padded to {} (each of its {} units to a "
              "multiple of the world size), more padding than parameters in {} files; give a smaller world size",
              world, L.numel(), L.padded(), L.num_units(), m.partitions);
-  std::string tag = fs::path(r.dir()).filename().string();
+  std::string tag = fs::path(input->dir()).filename().string();
   if (tag.starts_with('.') && tag.ends_with(".old")) tag = tag.substr(1, tag.size() - 5);  // latest_checkpoint_dir
   const fs::path out_dir = fs::path(out_root) / tag;
   // In place (`reshard ck ck`) every byte is read before publish() swaps the
   // new directory with the old one; anything else that overlaps the input
   // is refused before a byte is written.
   std::error_code ec;
-  if (!fs::equivalent(out_dir, r.dir(), ec)) {
-    check_output_apart(out_dir.string(), r.dir(), "zest-ckpt reshard: the output checkpoint");
+  if (!fs::equivalent(out_dir, input->dir(), ec)) {
+    check_output_apart(out_dir.string(), input->dir(), "zest-ckpt reshard: the output checkpoint");
   }
   CheckpointPublisher publisher(out_root, tag);
+  // The input is opened again under the lock: in place, the publisher has
+  // just put back a .TAG.old that an interrupted re-save left (the input
+  // itself, until then), and no other save to that root can move it now.
+  input.emplace(resolve(path));
+  ZEST_CHECK(manifest_to_json(input->manifest()) == manifest_to_json(saved),
+             "checkpoint '{}' changed while zest-ckpt reshard opened it (another save to its root?); run it again",
+             input->dir());
+  CheckpointReader& r = *input;
   std::vector<float> piece;
   for (int q = 0; q < m.partitions; ++q) {
     const std::string name = shard_file_name(q);
@@ -245,6 +287,10 @@ int main(int argc, char** argv) {
     }
     usage_error("unknown command '{}': inspect, verify, export or reshard", cmd);
   } catch (const cli::UsageError& e) {
+    if (std::string_view(e.what()) == "help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
     std::fprintf(stderr, "zest-ckpt: %s\n%s", e.what(), kUsage);
     return 2;
   } catch (const std::exception& e) {

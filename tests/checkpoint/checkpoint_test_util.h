@@ -96,6 +96,19 @@ inline void with_engine(int steps, const std::function<void(Engine&, Communicato
   fn(engine, *comm);
 }
 
+// On `world` in-process ranks: a finalized engine of `config` (the small
+// model, unless `model` registers another), then fn on every rank.
+inline void on_each_rank(int world, const EngineConfig& config, const std::function<void(Engine&, Communicator&)>& fn,
+                         const std::function<void(Engine&)>& model = register_model) {
+  run_inprocess(world, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
+    model(engine);
+    engine.finalize(init_values);
+    fn(engine, comm);
+  });
+}
+
 // Saves a checkpoint of the small model after `steps` steps.
 inline std::string save_small(const std::string& root, int steps, const std::string& tag = "") {
   std::string dir;

@@ -1,7 +1,7 @@
 // Publishing a checkpoint (issue 12, findings 1, 2, 4, 7 and "a save reports
 // failure only before publishing"): one saver per root, no planted link
 // followed, a re-saved tag complete at every instant, saves at accumulation
-// boundaries only, finite shards only.
+// boundaries only, finite shards only, no lock file shared through a link.
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
@@ -137,6 +137,17 @@ TEST_CASE("finding 2: links planted under a save's names are never followed, and
     const std::string err = error_text([&] { save_small(root.str(), 2); });
     CHECK(err.find(fmt::format("cannot open the lock file '{}'", root / ".zest-lock")) != std::string::npos);
     CHECK(err.find("it is a symbolic link: remove it") != std::string::npos);
+  }
+  SUBCASE("a hard link at the lock file: refused, naming it, and the linked file keeps its bytes") {
+    fs::remove(root.path / ".zest-lock");
+    fs::create_hard_link(outside.path / "victim", root.path / ".zest-lock");
+    const std::string err = error_text([&] { save_small(root.str(), 2); });
+    CHECK(err.find(fmt::format("the lock file '{}' of checkpoint root '{}' has 2 hard links", root / ".zest-lock",
+                               root.str())) != std::string::npos);
+    CHECK(load_small(root.str()) == 1);
+    fs::remove(root.path / ".zest-lock");  // the victim's link count back to 1 for the snapshot
+    save_small(root.str(), 2);             // and the save goes through once it is gone
+    CHECK(load_small(root.str()) == 2);
   }
   SUBCASE("at a file's temp names and at the file itself (AtomicFile, the safetensors writer)") {
     const std::string out = outside / "model.safetensors";  // the victim is in the same directory

@@ -1,0 +1,198 @@
+// Loads into an engine that changed since the save: a weights-only load
+// takes the weights by parameter name (other units, parameter groups or
+// frozen units), and a full load into another optimizer carries the state
+// both share, dropping the rest with a note or refusing, by name, a state
+// the checkpoint lacks (optimizer_state_map.h).
+#include <doctest/doctest.h>
+
+#include <mutex>
+
+#include "checkpoint/checkpoint_test_util.h"
+#include "zest/core/logging.h"
+
+using namespace zest;
+using namespace zest::test;
+
+namespace {
+
+std::mutex log_mutex;
+std::vector<std::string> warnings;
+
+void capture(LogLevel level, std::string_view line) {
+  std::lock_guard<std::mutex> lock(log_mutex);
+  if (level == LogLevel::kWarn) warnings.emplace_back(line);
+}
+
+// Collects the warnings logged (by any rank's thread) while it lives.
+struct WarningCapture {
+  WarningCapture() {
+    warnings.clear();
+    set_log_sink(capture);
+  }
+  ~WarningCapture() { set_log_sink(nullptr); }
+  std::vector<std::string> lines() {
+    std::lock_guard<std::mutex> lock(log_mutex);
+    return warnings;
+  }
+};
+
+// On `world` ranks: a finalized engine of `config` registered by `model`,
+// then body; returns rank 0's master parameters after it.
+Params on_ranks(const EngineConfig& config, int world, const std::function<void(Engine&)>& model,
+                const std::function<void(Engine&, Communicator&)>& body) {
+  std::vector<Params> out(static_cast<size_t>(world));
+  on_each_rank(
+      world, config,
+      [&](Engine& engine, Communicator& comm) {
+        body(engine, comm);
+        out[static_cast<size_t>(comm.rank())] = master_params(engine);
+      },
+      model);
+  return out[0];
+}
+
+void steps(Engine& engine, Communicator& comm, int64_t first, int64_t last) {
+  RankResult r;
+  run_steps(engine, comm, runs(1, 0), first, last, r);
+}
+
+// register_model's parameters, regrouped: a.b in the default group, b.w in
+// no_decay, a and b in one unit, c frozen.
+void regrouped_model(Engine& engine) {
+  engine.add_param_group("no_decay", 0.0f);
+  engine.add_unit("ab", {{"a.w", {7, 13}},
+                         {"a.b", {7}},
+                         {"b.w", {5, 7}, "no_decay"},
+                         {"b.b", {5}, "no_decay"},
+                         {"b.s", {}, "no_decay"}});
+  engine.add_unit("c", {{"c.w", {11, 3}, "default", false}});
+}
+
+EngineConfig with_optimizer(OptimizerKind kind, float momentum = 0.0f) {
+  EngineConfig c = base_config(1);
+  c.optimizer.kind = kind;
+  c.optimizer.momentum = momentum;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a weights-only load takes the weights by name: other parameter groups, units and frozen units") {
+  TempDir dir;
+  const Params saved = on_ranks(base_config(2), 2, register_model, [&](Engine& e, Communicator& c) {
+    steps(e, c, 0, 3);
+    save_checkpoint(e, dir.str());
+  });
+  CheckpointOptions weights;
+  weights.weights_only = true;
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    const Params loaded = on_ranks(base_config(3), world, regrouped_model, [&](Engine& e, Communicator&) {
+      load_checkpoint(e, dir.str(), weights);
+      CHECK(e.progress().applied_steps == 0);
+    });
+    check_same(loaded, saved);
+  }
+  // A full load still needs the same registration, and says how to load the weights.
+  CHECK_THROWS_WITH_AS(on_ranks(base_config(1), 1, regrouped_model,
+                                [&](Engine& e, Communicator&) { load_checkpoint(e, dir.str()); }),
+                       doctest::Contains("is of another model: line 1: 'unit a' against 'unit ab'"), Error);
+  // Parameters missing, extra or of another shape are refused by name.
+  const auto other = [&](const std::function<void(Engine&)>& model) {
+    return error_text([&] { on_ranks(base_config(1), 1, model, [&](Engine& e, Communicator&) { load_checkpoint(e, dir.str(), weights); }); });
+  };
+  CHECK(other([](Engine& e) {
+          e.add_param_group("no_decay", 0.0f);
+          e.add_unit("a", {{"a.w", {7, 13}}, {"a.b", {7}}});
+          e.add_unit("b", {{"b.w", {5, 7}}, {"b.b", {5}}, {"b.s", {}}, {"b.t", {2}}});
+          e.add_unit("c", {{"c.w", {11, 3}}});
+        }).find("it has no parameter 'b.t' (registered in unit 'b' with shape [2])") != std::string::npos);
+  CHECK(other([](Engine& e) {
+          e.add_unit("a", {{"a.w", {7, 13}}, {"a.b", {7}}});
+          e.add_unit("b", {{"b.w", {5, 7}}, {"b.b", {5}}, {"b.s", {}}});
+        }).find("it holds parameter 'c.w' (unit 'c'), which this model does not register") != std::string::npos);
+  CHECK(other([](Engine& e) {
+          e.add_unit("a", {{"a.w", {13, 7}}, {"a.b", {7}}});
+          e.add_unit("b", {{"b.w", {5, 7}}, {"b.b", {5}}, {"b.s", {}}});
+          e.add_unit("c", {{"c.w", {11, 3}}});
+        }).find("parameter 'a.w' has shape [7, 13] there, [13, 7] here") != std::string::npos);
+}
+
+TEST_CASE("a full load into another optimizer carries the shared state with a note, or refuses by name") {
+  TempDir adamw, momentum;
+  on_ranks(with_optimizer(OptimizerKind::kAdamW), 2, register_model, [&](Engine& e, Communicator& c) {
+    steps(e, c, 0, 3);
+    save_checkpoint(e, adamw.str());
+  });
+  on_ranks(with_optimizer(OptimizerKind::kSgd, 0.9f), 2, register_model, [&](Engine& e, Communicator& c) {
+    steps(e, c, 0, 3);
+    save_checkpoint(e, momentum.str());
+  });
+  // The saved state buffers, rank by rank (stage 1 on 2 ranks, as saved).
+  std::vector<std::vector<std::vector<float>>> moments(2);
+  {
+    WarningCapture log;
+    on_ranks(with_optimizer(OptimizerKind::kAdamW), 2, register_model, [&](Engine& e, Communicator& c) {
+      load_checkpoint(e, adamw.str());
+      for (int u = 0; u < 3; ++u) {
+        for (int b = 1; b < 3; ++b) moments[static_cast<size_t>(c.rank())].push_back(e.read_shard(u, b));
+      }
+    });
+    CHECK(log.lines().empty());  // the same optimizer: no note
+  }
+  SUBCASE("AdamW's moments go to Adam, with a note") {
+    WarningCapture log;
+    on_ranks(with_optimizer(OptimizerKind::kAdam), 2, register_model, [&](Engine& e, Communicator& c) {
+      load_checkpoint(e, adamw.str());
+      size_t i = 0;
+      for (int u = 0; u < 3; ++u) {
+        for (int b = 1; b < 3; ++b) CHECK(same_bits(e.read_shard(u, b), moments[static_cast<size_t>(c.rank())][i++]));
+      }
+      CHECK(e.progress().applied_steps == 3);
+    });
+    const std::vector<std::string> w = log.lines();
+    REQUIRE(w.size() == 1);  // rank 0 only
+    CHECK(w[0].find(fmt::format("checkpoint '{}' was saved with AdamW and loads into this engine's Adam: exp_avg, "
+                                "exp_avg_sq carried over; nothing dropped",
+                                (adamw.path / "step_000003").string())) != std::string::npos);
+  }
+  SUBCASE("plain SGD takes the weights and progress; the moments are dropped with a note") {
+    WarningCapture log;
+    on_ranks(with_optimizer(OptimizerKind::kSgd), 2, register_model, [&](Engine& e, Communicator&) {
+      load_checkpoint(e, adamw.str());
+      CHECK(e.progress().applied_steps == 3);
+    });
+    const std::vector<std::string> w = log.lines();
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].find("was saved with AdamW and loads into this engine's SGD: no optimizer state carried over; "
+                    "exp_avg, exp_avg_sq (unused by SGD) dropped") != std::string::npos);
+  }
+  SUBCASE("SGD's momentum is dropped, with a note, by SGD without momentum") {
+    WarningCapture log;
+    on_ranks(with_optimizer(OptimizerKind::kSgd), 2, register_model,
+             [&](Engine& e, Communicator&) { load_checkpoint(e, momentum.str()); });
+    const std::vector<std::string> w = log.lines();
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].find("was saved with SGD and loads into this engine's SGD: no optimizer state carried over; "
+                    "momentum_buffer (unused by SGD) dropped") != std::string::npos);
+  }
+  SUBCASE("a state the checkpoint lacks is refused by name") {
+    CHECK_THROWS_WITH_AS(
+        on_ranks(with_optimizer(OptimizerKind::kSgd, 0.9f), 2, register_model,
+                 [&](Engine& e, Communicator&) { load_checkpoint(e, adamw.str()); }),
+        doctest::Contains("was saved with AdamW (optimizer state: exp_avg, exp_avg_sq); this engine's SGD needs its "
+                          "'momentum_buffer', which the checkpoint does not hold. Load it with "
+                          "CheckpointOptions::weights_only"),
+        Error);
+    CHECK_THROWS_WITH_AS(on_ranks(with_optimizer(OptimizerKind::kAdam), 2, register_model,
+                                  [&](Engine& e, Communicator&) { load_checkpoint(e, momentum.str()); }),
+                         doctest::Contains("was saved with SGD (optimizer state: momentum_buffer); this engine's "
+                                           "Adam needs its 'exp_avg'"),
+                         Error);
+    // Weights-only, it loads.
+    CheckpointOptions weights;
+    weights.weights_only = true;
+    on_ranks(with_optimizer(OptimizerKind::kAdam), 2, register_model,
+             [&](Engine& e, Communicator&) { load_checkpoint(e, momentum.str(), weights); });
+  }
+}
