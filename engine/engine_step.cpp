@@ -94,6 +94,11 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
 StepResult Engine::step() {
   check_finalized("step()");
   Impl& im = *impl_;
+  // The learning rate is settled before anything changes: a rate the update
+  // cannot use (next_lr() refuses it) leaves the micro-step as it was, its
+  // gradients done, so step() may be called again once it is fixed.
+  std::optional<double> boundary_lr;
+  if (im.micro + 1 >= config_.accumulation_steps()) boundary_lr = next_lr();
   end_micro_step();
   StepResult result;
   result.applied_steps = im.applied;
@@ -138,7 +143,7 @@ StepResult Engine::step() {
     known = d;
   }
 
-  const double lr = next_lr();
+  const double lr = *boundary_lr;
   StepScalars scalars;
   scalars.lr = static_cast<float>(lr);
   scalars.step = im.applied + 1;
@@ -240,8 +245,18 @@ StepResult Engine::step() {
   return result;
 }
 
+namespace {
+
+float max_weight_decay(const std::vector<ParamGroupSpec>& groups) {
+  float most = 0.0f;
+  for (const ParamGroupSpec& g : groups) most = std::max(most, g.weight_decay);
+  return most;
+}
+
+}  // namespace
+
 void Engine::set_lr(double lr) {
-  ZEST_CHECK(std::isfinite(lr) && lr >= 0.0, "set_lr({}): the learning rate must be finite and 0 or more", lr);
+  check_learning_rate(config_.optimizer, lr, max_weight_decay(impl_->groups), fmt::format("set_lr({})", lr));
   impl_->lr_override = lr;
 }
 
@@ -251,13 +266,21 @@ void Engine::set_lr_schedule(LrSchedule schedule) { impl_->lr_schedule = std::mo
 
 double Engine::next_lr() const {
   const Impl& im = *impl_;
-  if (im.lr_override) return *im.lr_override;
-  if (!im.lr_schedule) return lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied);
+  const float decay = max_weight_decay(im.groups);
+  if (im.lr_override) {
+    check_learning_rate(config_.optimizer, *im.lr_override, decay, fmt::format("set_lr({})", *im.lr_override));
+    return *im.lr_override;
+  }
+  if (!im.lr_schedule) {
+    const double lr = lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied);
+    check_learning_rate(config_.optimizer, lr, decay,
+                        fmt::format("the config's scheduler ({}) after {} applied steps",
+                                    lr_schedule_name(config_.scheduler.kind), im.applied));
+    return lr;
+  }
   const double lr = im.lr_schedule(im.applied);
-  ZEST_CHECK(std::isfinite(lr) && lr >= 0.0,
-             "the lr schedule set with set_lr_schedule() returned {} after {} applied steps; it must return a finite "
-             "learning rate of 0 or more",
-             lr, im.applied);
+  check_learning_rate(config_.optimizer, lr, decay,
+                      fmt::format("the lr schedule set with set_lr_schedule() after {} applied steps", im.applied));
   return lr;
 }
 

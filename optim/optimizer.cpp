@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "zest/core/check.h"
 #include "zest/optim/optim_cuda.h"
@@ -43,6 +44,32 @@ void OptimizerConfig::validate() const {
 int OptimizerConfig::state_buffers() const {
   if (kind == OptimizerKind::kSgd) return momentum != 0.0f ? 1 : 0;
   return 2;
+}
+
+void check_learning_rate(const OptimizerConfig& config, double lr, float max_weight_decay,
+                         std::string_view source) {
+  const std::string_view name = optimizer_name(config.kind);
+  ZEST_CHECK(std::isfinite(lr) && lr >= 0.0, "{}: the learning rate from {} is {}; it must be finite and 0 or more",
+             name, source, lr);
+  const auto lr32 = static_cast<float>(lr);
+  ZEST_CHECK(std::isfinite(lr32),
+             "{}: the learning rate from {} is {}, past fp32's range (at most {}), in which the optimizer computes; "
+             "no weight was changed",
+             name, source, lr, std::numeric_limits<float>::max());
+  StepScalars first;
+  first.lr = lr32;
+  first.weight_decay = max_weight_decay;
+  const float lr_decay = lr32 * max_weight_decay;
+  ZEST_CHECK(std::isfinite(lr_decay),
+             "{}: the learning rate from {} is {}: times the weight_decay {} it overflows fp32, which would "
+             "turn the weights into Inf; no weight was changed",
+             name, source, lr, max_weight_decay);
+  if (config.kind == OptimizerKind::kSgd) return;
+  const detail::AdamStep a = detail::adam_step(config, first);
+  ZEST_CHECK(std::isfinite(a.step_size),
+             "{}: the learning rate from {} is {}: divided by the bias correction 1 - beta1 ({}) of the first step "
+             "it overflows fp32 ({}), which would turn the weights into Inf; no weight was changed",
+             name, source, lr, config.beta1, a.step_size);
 }
 
 void optimizer_step(const Stream& stream, const OptimizerConfig& config, const ShardBuffers& shard,

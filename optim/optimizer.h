@@ -83,6 +83,16 @@ struct StepScalars {
   const StepDecision* decision = nullptr;
 };
 
+// Refuses a learning rate the update cannot use, naming it and `source`
+// (where it came from: "set_lr(1e+39)", "the lr schedule ..."): one that is
+// not finite or negative, that is past fp32's range once narrowed to the
+// float the update takes, or whose per-step constants overflow in fp32
+// (Adam(W)'s lr / (1 - beta1^t), largest at the first step, which covers
+// every later one; lr * weight_decay, for the largest decay of the
+// parameter groups). Such a rate would turn every weight into an Inf.
+void check_learning_rate(const OptimizerConfig& config, double lr, float max_weight_decay,
+                         std::string_view source);
+
 // Updates the shard. Host streams run it now; CUDA streams queue a fused
 // kernel with the host's bits (NaN payloads aside), the buffers then being
 // memory of the stream's device. Unsupported dtype pairs are a zest::Error
