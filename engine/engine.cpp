@@ -235,6 +235,8 @@ std::string describe_hyperparameters(const EngineConfig& c) {
                      dtype_name(c.grad_accum_dtype.value_or(c.compute_dtype())), c.gradient_clipping);
   // Ranks that disagree would wait in different reductions.
   out += fmt::format("config reduce_at_accumulation_boundary {}\n", c.zero.reduce_at_accumulation_boundary);
+  out += fmt::format("config prescale_gradients {} gradient_predivide_factor {}\n", c.prescale_gradients,
+                     c.gradient_predivide_factor);
   out += fmt::format("config optimizer {} lr {} weight_decay {} betas [{}, {}] eps {} "
                      "bias_correction {} momentum {} dampening {} nesterov {}\n",
                      optimizer_name(o.kind), o.lr, o.weight_decay, o.beta1, o.beta2, o.eps,

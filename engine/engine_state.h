@@ -98,6 +98,10 @@ struct Engine::Impl {
   size_t live_numel = 0;
 
   StepTimes times;  // since the last boundary (StepResult::times)
+  // Throughput: set_tokens_per_micro_batch(), and when the current optimizer
+  // step's work began (unset until its first gather() or grads()).
+  int64_t tokens_per_micro = 0;
+  std::optional<std::chrono::steady_clock::time_point> step_start;
 
   explicit Impl(LossScalerConfig scaler_config) : scaler(scaler_config) {}
 

@@ -236,12 +236,14 @@ StepResult Engine::step() {
     // master by at most one applied step.
     settle_offload();
     result.skipped_steps = ++im.skipped;
+    report_progress(result, lr);
     return result;
   }
   result.lr = lr;
   result.clipped = d.clipped != 0;
   result.applied = true;
   result.applied_steps = ++im.applied;
+  report_progress(result, lr);
   return result;
 }
 

@@ -28,6 +28,8 @@ void decide_step_cuda(const Stream& stream, int64_t* words, double unscale, doub
 void accumulate_cuda(const Stream& stream, void* dst, DType dst_dtype, const void* src, DType src_dtype,
                      size_t n);
 
+void scale_cuda(const Stream& stream, void* buf, DType dtype, float factor, size_t n);
+
 // src_dtype != dst_dtype: equal dtypes are a copy, which grad_ops.cpp queues.
 void convert_cuda(const Stream& stream, const void* src, DType src_dtype, void* dst, DType dst_dtype,
                   size_t n);

@@ -35,6 +35,8 @@ void accumulate_cuda(const Stream& stream, void*, DType, const void*, DType, siz
   no_cuda("accumulate", stream);
 }
 
+void scale_cuda(const Stream& stream, void*, DType, float, size_t) { no_cuda("scale", stream); }
+
 void convert_cuda(const Stream& stream, const void*, DType, void*, DType, size_t) {
   no_cuda("convert", stream);
 }
