@@ -24,7 +24,7 @@
 // deprecated names, such as "bfloat16" for "bf16" and "max_live_parameters"
 // for "stage3_max_live_parameters"):
 //   - a key ZEST honours sets the field below;
-//   - a key about something ZEST does not do (logging cadence, profilers,
+//   - a key about something ZEST does not do (memory printouts, profilers,
 //     monitors, autotuning, NVMe I/O tuning, stage-3 fetch heuristics...) is
 //     accepted, and listed in `ignored` with the reason;
 //   - a key that asks for a feature ZEST lacks (offload to NVMe,
