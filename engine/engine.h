@@ -365,6 +365,10 @@ class Engine {
   const void* reduced_grad(int unit) const;
   DType reduced_grad_dtype(int unit) const;
   int64_t* global_sum_of_squares(float scale, Buffer& sums);
+  ShardBuffers device_shard(int unit);
+  // engine_lamb.cpp: the LAMB optimizer on the owned shards; `workspace`
+  // (new) must outlive the kernels and reductions it queues.
+  void lamb_step(StepScalars scalars, Buffer& workspace);
   // `frozen_too`: also the frozen units (after write_shard changed them).
   void gather_updated_params(bool frozen_too = false);
   // A boundary's end: the throughput into `result`, and the progress line.

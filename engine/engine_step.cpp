@@ -91,6 +91,24 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
   return exact;
 }
 
+// Unit u's shard buffers from its first element on the device (after the
+// host_numel offloaded ones): master, state, reduced gradient and the
+// compute-dtype parameters (none in fp32, where the master is them).
+ShardBuffers Engine::device_shard(int u) {
+  const UnitState& st = impl_->units[static_cast<size_t>(u)];
+  const size_t first = st.host_numel;
+  ZEST_INTERNAL_ASSERT(!shard_on_host(u), "unit {}: a device update of parameters offloaded to the host", u);
+  ShardBuffers b;
+  b.master = shard_pieces(u, 0)[1].data;
+  for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = shard_pieces(u, s)[1].data;
+  b.grad_dtype = reduced_grad_dtype(u);
+  b.grad = static_cast<const std::byte*>(reduced_grad(u)) + first * elem_size(b.grad_dtype);
+  b.param_dtype = compute_dtype_;
+  b.param_out = compute_dtype_ == DType::kFloat32 ? nullptr : owned_params(u) + first * elem_size(compute_dtype_);
+  b.numel = impl_->layout->unit(u).shard - first;
+  return b;
+}
+
 StepResult Engine::step() {
   check_finalized("step()");
   Impl& im = *impl_;
@@ -149,39 +167,26 @@ StepResult Engine::step() {
   scalars.step = im.applied + 1;
   scalars.decision = decision;
 
-  const bool fp32 = compute_dtype_ == DType::kFloat32;
-  const size_t bc = elem_size(compute_dtype_);
   std::optional<PhaseTimer> optimizer_timer(std::in_place, im.times.optimizer_ms);
   // The device's part first: on a GPU it is queued, and runs while the host
   // updates the offloaded part.
-  for (int u = 0; u < L.num_units(); ++u) {
-    const UnitState& st = im.units[static_cast<size_t>(u)];
-    if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
-    ZEST_INTERNAL_ASSERT(!shard_on_host(u),
-                         "unit {}: a device update of parameters offloaded to the host", u);
-    // Base pointers once per unit, so shard_pieces's checks do not run per
-    // run; each run is an offset into them (from the first device element).
-    std::byte* out = owned_params(u);
-    const auto* grad = static_cast<const std::byte*>(reduced_grad(u));
-    const size_t first = st.host_numel;
-    const DType grad_dtype = reduced_grad_dtype(u);
-    const size_t bg = elem_size(grad_dtype);
-    ShardBuffers base;
-    base.master = shard_pieces(u, 0)[1].data;
-    for (int s = 1; s < shard_buffers(); ++s) base.state[s - 1] = shard_pieces(u, s)[1].data;
-    for (const GroupRun& run : st.runs) {
-      const size_t lo = std::max(run.begin, first);
-      if (lo >= run.end) continue;
-      ShardBuffers b;
-      b.master = base.master + (lo - first);
-      for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = base.state[s - 1] + (lo - first);
-      b.grad = grad + lo * bg;
-      b.grad_dtype = grad_dtype;
-      b.param_out = fp32 ? nullptr : out + lo * bc;
-      b.param_dtype = compute_dtype_;
-      b.numel = run.end - lo;
-      scalars.weight_decay = L.groups()[static_cast<size_t>(run.group)].weight_decay;
-      optimizer_step(stream_, config_.optimizer, b, scalars);
+  Buffer lamb_workspace;  // kept until the step has synchronized
+  if (config_.optimizer.kind == OptimizerKind::kLamb) {
+    lamb_step(scalars, lamb_workspace);  // never offloaded: checked() refuses it
+  } else {
+    for (int u = 0; u < L.num_units(); ++u) {
+      const UnitState& st = im.units[static_cast<size_t>(u)];
+      if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
+      // Base pointers once per unit, so shard_pieces's checks do not run per
+      // run; each run is a part of them (from the first device element).
+      const ShardBuffers base = device_shard(u);
+      const size_t first = st.host_numel;
+      for (const GroupRun& run : st.runs) {
+        const size_t lo = std::max(run.begin, first);
+        if (lo >= run.end) continue;
+        scalars.weight_decay = L.groups()[static_cast<size_t>(run.group)].weight_decay;
+        optimizer_step(stream_, config_.optimizer, base.part(lo - first, run.end - lo), scalars);
+      }
     }
   }
   if (im.offload && known->finite != 0) {
