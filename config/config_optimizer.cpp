@@ -189,6 +189,13 @@ void read_optimizer(Section& top, FileState& file) {
   std::optional<Section> p = s->sub("params", Unknown::kRefuse);
   s->finish();
   if (type < 0) return;  // its params belong to an optimizer ZEST does not have
+  // DeepSpeed's engine asserts dynamic loss scaling for Lamb
+  // (_do_sanity_check: fp16.loss_scale 0), whatever the precision.
+  if (type == 3 && file.out.fp16.loss_scale != 0.0) {
+    file.problem(fmt::format("optimizer Lamb with the static fp16.loss_scale {}: DeepSpeed requires dynamic loss "
+                             "scaling with Lamb; set fp16.loss_scale to 0",
+                             file.out.fp16.loss_scale));
+  }
   const AutoValues& a = file.program;
   o.kind = type == 2 ? OptimizerKind::kSgd : type == 3 ? OptimizerKind::kLamb : OptimizerKind::kAdamW;
   // DeepSpeed's defaults: FusedAdam's (lr 1e-3, weight_decay 0, unlike

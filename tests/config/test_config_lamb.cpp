@@ -52,6 +52,9 @@ TEST_CASE("Lamb: values FusedLamb cannot use are refused, naming the key") {
             .find("optimizer.params.min_coeff is 0") != std::string::npos);
   CHECK(error_of(R"({"optimizer": {"type": "Lamb", "params": {"max_grad_norm": 1.0}}})")
             .find("FusedLamb's own clipping (max_grad_norm") != std::string::npos);
+  CHECK(error_of(R"({"optimizer": {"type": "Lamb"}, "fp16": {"enabled": true, "loss_scale": 128}})") ==
+        "config: optimizer Lamb with the static fp16.loss_scale 128: DeepSpeed requires dynamic loss scaling with "
+        "Lamb; set fp16.loss_scale to 0");
   // Keywords of torch's optimizers are not FusedLamb's: unknown there.
   CHECK(error_of(R"({"optimizer": {"type": "Lamb", "params": {"foreach": true}}})")
             .starts_with("config: unknown key 'optimizer.params.foreach'"));
