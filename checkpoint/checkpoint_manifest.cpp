@@ -156,7 +156,7 @@ CheckpointManifest parse_manifest(const std::string& json_text, const std::strin
   m.compute_dtype = r.text(doc, "compute_dtype", "manifest");
   check_known(m.compute_dtype, {"fp32", "fp16", "bf16"}, "compute_dtype", path);
   m.optimizer = r.text(doc, "optimizer", "manifest");
-  check_known(m.optimizer, {"AdamW", "Adam", "SGD"}, "optimizer", path);
+  check_known(m.optimizer, {"AdamW", "Adam", "SGD", "Lamb"}, "optimizer", path);
   m.shard_buffers = static_cast<int>(r.integer(doc, "shard_buffers", "manifest", 1, 3));
 
   const json& progress = r.field(doc, "progress", "manifest");

@@ -22,6 +22,7 @@ foreach(layer ${_zest_layers})
     PATTERN "tcp_socket.h" EXCLUDE
     PATTERN "rendezvous_wire.h" EXCLUDE
     PATTERN "optimizer_impl.h" EXCLUDE
+    PATTERN "lamb_impl.h" EXCLUDE
     PATTERN "host_convert.h" EXCLUDE
     PATTERN "engine_state.h" EXCLUDE
     PATTERN "optimizer_offload.h" EXCLUDE

@@ -11,10 +11,10 @@
 //   program.learning_rate = 2e-5;
 //   zest::EngineConfig cfg = zest::parse_config_json(R"({
 //       "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-//       "bf16": {"enabled": "auto"}, "steps_per_print": 10,
+//       "bf16": {"enabled": "auto"}, "memory_breakdown": false,
 //       "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})", program);
 //   ZEST_CHECK(cfg.bf16 && cfg.zero.reduce_bucket_size == 4096 * 4096, "as filled from program");
-//   ZEST_CHECK(cfg.ignored.size() == 1 && cfg.ignored[0].key == "steps_per_print", "with the reason");
+//   ZEST_CHECK(cfg.ignored.size() == 1 && cfg.ignored[0].key == "memory_breakdown", "with the reason");
 //   // The Engine derives the batch sizes it lacks from the world size
 //   // (resolve_batch) and logs both lists once, from rank 0.
 //   // load_config_file(path, program) reads a file.
@@ -24,7 +24,7 @@
 // deprecated names, such as "bfloat16" for "bf16" and "max_live_parameters"
 // for "stage3_max_live_parameters"):
 //   - a key ZEST honours sets the field below;
-//   - a key about something ZEST does not do (logging cadence, profilers,
+//   - a key about something ZEST does not do (memory printouts, profilers,
 //     monitors, autotuning, NVMe I/O tuning, stage-3 fetch heuristics...) is
 //     accepted, and listed in `ignored` with the reason;
 //   - a key that asks for a feature ZEST lacks (offload to NVMe,
@@ -216,6 +216,19 @@ struct EngineConfig {
   std::optional<DType> grad_accum_dtype;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
+  // How gradients are averaged over the ranks, as DeepSpeed's
+  // prescale_gradients and gradient_predivide_factor say (Note [gradient
+  // predivision] in engine/engine_grads.cpp): divided before the reduction
+  // (by the world size, or by the factor and the rest after), instead of
+  // averaged by it.
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  // DeepSpeed's steps_per_print (unset: no progress lines) and
+  // wall_clock_breakdown: rank 0 logs a line every steps_per_print optimizer
+  // steps (applied or skipped), with the phase times when
+  // wall_clock_breakdown is on (Engine::step).
+  std::optional<int64_t> steps_per_print;
+  bool wall_clock_breakdown = false;
 
   // Keys of the file that ZEST accepted without acting on them, with the
   // reason, and the values its "auto" entries became: the Engine logs both

@@ -51,8 +51,6 @@ bool tensor_parallel_on(const json& v) {
 }
 
 void read_ignored(Section& top) {
-  top.ignore("steps_per_print", "logging cadence: ZEST prints nothing per step (StepResult has each step's numbers)");
-  top.ignore("wall_clock_breakdown", "a timing printout: StepResult::times has each step's phase times");
   top.ignore("memory_breakdown", "a memory printout: Engine::memory_report() gives it");
   top.ignore("dump_state", "prints DeepSpeed's state at start-up");
   top.ignore("flops_profiler", "DeepSpeed's FLOPs profiler of the model's forward, which ZEST does not run");
@@ -83,11 +81,6 @@ void read_ignored(Section& top) {
 }
 
 void read_refused(Section& top) {
-  top.refuse_if("prescale_gradients", is_on, "gradient prescaling (division by the world size before the "
-                "reduction)", "false: gradients are averaged after the reduction, as in ZEST");
-  top.refuse_if("gradient_predivide_factor",
-                [](const json& v) { return !(v.is_number() && v.get<double>() == 1.0); },
-                "a gradient predivide factor other than 1", "1: no predivision, as in ZEST");
   top.refuse_if("sparse_gradients", is_on, "sparse gradients (torch.sparse embedding gradients)", "false, as in ZEST");
   top.refuse_if("activation_checkpointing", checkpointing_on, "DeepSpeed's activation checkpointing",
                 "none of its switches is on");
@@ -110,7 +103,12 @@ void read_refused(Section& top) {
 
 }  // namespace
 
-void read_other_features(Section& top, FileState&) {
+void read_other_features(Section& top, FileState& file) {
+  EngineConfig& c = file.out;
+  top.read_bool("prescale_gradients", c.prescale_gradients);
+  top.read_double("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30, 1e30);
+  top.read_int("steps_per_print", c.steps_per_print, 1, kMaxCount);  // null: DeepSpeed's default, no lines
+  top.read_bool("wall_clock_breakdown", c.wall_clock_breakdown);
   read_ignored(top);
   read_refused(top);
 }

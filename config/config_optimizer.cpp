@@ -27,7 +27,6 @@ struct Named {
 // Optimizers DeepSpeed builds that ZEST does not have (DEEPSPEED_OPTIMIZERS
 // in runtime/config.py), and torch.optim's, which DeepSpeed looks up by name.
 constexpr Named kOtherOptimizers[] = {
-    {"Lamb", "the LAMB optimizer"},
     {"OneBitAdam", "1-bit Adam (compressed communication)"},
     {"ZeroOneAdam", "0/1 Adam (compressed communication)"},
     {"OneBitLamb", "1-bit LAMB (compressed communication)"},
@@ -110,13 +109,9 @@ void ignore_torch_impl(Section& p) {
   p.refuse_if("maximize", is_on, "maximizing the objective (maximize)", "false, as in ZEST");
 }
 
-void read_adam_params(Section& p, FileState& file, OptimizerConfig& o, bool adamw_type) {
+// betas, eps and bias_correction: Adam's and LAMB's alike.
+void read_moment_params(Section& p, FileState& file, OptimizerConfig& o) {
   const AutoValues& a = file.program;
-  // DeepSpeed's Adam is FusedAdam with adam_w_mode on unless it is false;
-  // the type "AdamW" is AdamW whatever adam_w_mode says.
-  bool adam_w_mode = true;
-  p.read_bool("adam_w_mode", adam_w_mode);
-  o.kind = adamw_type || adam_w_mode ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
   if (const json* b = p.get("betas")) {
     const bool is_auto = b->is_string() && b->get<std::string>() == "auto";
     if (is_auto && a.beta1 && a.beta2) {
@@ -142,6 +137,15 @@ void read_adam_params(Section& p, FileState& file, OptimizerConfig& o, bool adam
   const AutoRule<double> eps{a.eps, "eps"};
   p.read_float("eps", o.eps, 1e-38, 1.0, &eps);
   p.read_bool("bias_correction", o.bias_correction);
+}
+
+void read_adam_params(Section& p, FileState& file, OptimizerConfig& o, bool adamw_type) {
+  // DeepSpeed's Adam is FusedAdam with adam_w_mode on unless it is false;
+  // the type "AdamW" is AdamW whatever adam_w_mode says.
+  bool adam_w_mode = true;
+  p.read_bool("adam_w_mode", adam_w_mode);
+  o.kind = adamw_type || adam_w_mode ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+  read_moment_params(p, file, o);
   p.ignore("torch_adam", "selects torch's Adam over DeepSpeed's fused one: the same update");
   p.ignore("set_grad_none", "how DeepSpeed's FusedAdam clears gradients; ZEST manages its own");
   p.refuse_if("amsgrad", is_on, "the AMSGrad variant of Adam", "false, as in ZEST");
@@ -150,6 +154,21 @@ void read_adam_params(Section& p, FileState& file, OptimizerConfig& o, bool adam
                                            "write it as the top-level gradient_clipping",
                                            detail::json_brief(*v)));
   }
+}
+
+// DeepSpeed's Lamb is FusedLamb(params, **optimizer_params): its keyword
+// arguments, with its defaults (OptimizerConfig's).
+void read_lamb_params(Section& p, FileState& file, OptimizerConfig& o) {
+  read_moment_params(p, file, o);
+  p.read_float("max_coeff", o.max_coeff, 1e-30, 1e30);
+  p.read_float("min_coeff", o.min_coeff, 1e-30, 1e30);
+  p.read_bool("eps_inside_sqrt", o.eps_inside_sqrt);
+  p.refuse_if("amsgrad", is_on, "the AMSGrad variant (FusedLamb refuses it too)", "false, as in ZEST");
+  // FusedLamb clips by a norm its caller passes, which DeepSpeed's engine
+  // never does (a max_grad_norm above 0 fails there): only 0 means anything.
+  p.refuse_if("max_grad_norm", [](const json& v) { return !(v.is_number() && v.get<double>() == 0.0); },
+              "FusedLamb's own clipping (max_grad_norm; DeepSpeed's engine passes it no norm)",
+              "0: no clipping by the optimizer; the top-level gradient_clipping clips");
 }
 
 void read_sgd_params(Section& p, OptimizerConfig& o) {
@@ -166,14 +185,22 @@ void read_optimizer(Section& top, FileState& file) {
   OptimizerConfig& o = file.out.optimizer;
   const size_t problems_before = file.problems.size();
   s->ignore("legacy_fusion", "selects DeepSpeed's older fused kernels: the same update");
-  const int type = read_type(*s, {"AdamW", "Adam", "SGD"}, kOtherOptimizers, "optimizer");
+  const int type = read_type(*s, {"AdamW", "Adam", "SGD", "Lamb"}, kOtherOptimizers, "optimizer");
   std::optional<Section> p = s->sub("params", Unknown::kRefuse);
   s->finish();
   if (type < 0) return;  // its params belong to an optimizer ZEST does not have
+  // DeepSpeed's engine asserts dynamic loss scaling for Lamb
+  // (_do_sanity_check: fp16.loss_scale 0), whatever the precision.
+  if (type == 3 && file.out.fp16.loss_scale != 0.0) {
+    file.problem(fmt::format("optimizer Lamb with the static fp16.loss_scale {}: DeepSpeed requires dynamic loss "
+                             "scaling with Lamb; set fp16.loss_scale to 0",
+                             file.out.fp16.loss_scale));
+  }
   const AutoValues& a = file.program;
-  o.kind = type == 2 ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
+  o.kind = type == 2 ? OptimizerKind::kSgd : type == 3 ? OptimizerKind::kLamb : OptimizerKind::kAdamW;
   // DeepSpeed's defaults: FusedAdam's (lr 1e-3, weight_decay 0, unlike
-  // torch.optim.AdamW's 0.01) and torch SGD's.
+  // torch.optim.AdamW's 0.01), FusedLamb's (the same, max_coeff 10,
+  // min_coeff 0.01) and torch SGD's.
   o.weight_decay = 0.0f;
   if (!p) return;
   // torch.optim.SGD has no default lr: "auto" needs the program's.
@@ -184,10 +211,12 @@ void read_optimizer(Section& top, FileState& file) {
   p->read_int("host_threads", o.host_threads, 1, 1024);  // ZEST's own: OptimizerConfig::host_threads
   if (type == 2) {
     read_sgd_params(*p, o);
+  } else if (type == 3) {
+    read_lamb_params(*p, file, o);
   } else {
     read_adam_params(*p, file, o, type == 0);
   }
-  ignore_torch_impl(*p);
+  if (type != 3) ignore_torch_impl(*p);  // FusedLamb takes no such keyword: unknown there
   p->finish();
   if (file.problems.size() != problems_before) return;  // validate() would only repeat them
   try {

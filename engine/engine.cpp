@@ -47,6 +47,11 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
              c.gradient_clipping);
   c.optimizer.validate();
   c.scheduler.validate();
+  ZEST_CHECK(c.optimizer.kind != OptimizerKind::kLamb || c.offload_optimizer.device == OffloadDevice::kNone,
+             "optimizer Lamb with zero_optimization.offload_optimizer (device cpu) is not supported: LAMB's trust "
+             "ratios need every parameter's norms before any weight changes, which the host's chunked update "
+             "pipeline does not provide (DeepSpeed's offload runs only its CPU Adam too); set "
+             "offload_optimizer.device to \"none\", or use the AdamW optimizer");
   if (c.offload_optimizer.device == OffloadDevice::kCpu) {
     ZEST_CHECK(c.zero.stage >= 1,
                "zero_optimization.offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3; this config "
@@ -235,10 +240,14 @@ std::string describe_hyperparameters(const EngineConfig& c) {
                      dtype_name(c.grad_accum_dtype.value_or(c.compute_dtype())), c.gradient_clipping);
   // Ranks that disagree would wait in different reductions.
   out += fmt::format("config reduce_at_accumulation_boundary {}\n", c.zero.reduce_at_accumulation_boundary);
+  out += fmt::format("config prescale_gradients {} gradient_predivide_factor {}\n", c.prescale_gradients,
+                     c.gradient_predivide_factor);
   out += fmt::format("config optimizer {} lr {} weight_decay {} betas [{}, {}] eps {} "
-                     "bias_correction {} momentum {} dampening {} nesterov {}\n",
+                     "bias_correction {} momentum {} dampening {} nesterov {} max_coeff {} min_coeff {} "
+                     "eps_inside_sqrt {}\n",
                      optimizer_name(o.kind), o.lr, o.weight_decay, o.beta1, o.beta2, o.eps,
-                     o.bias_correction, o.momentum, o.dampening, o.nesterov);
+                     o.bias_correction, o.momentum, o.dampening, o.nesterov, o.max_coeff, o.min_coeff,
+                     o.eps_inside_sqrt);
   out += fmt::format("config scheduler {} warmup_min_lr {} warmup_max_lr {} warmup_num_steps {} "
                      "warmup_type {} total_num_steps {} warmup_min_ratio {} cos_min_ratio {}\n",
                      static_cast<int>(s.kind), s.warmup_min_lr, s.warmup_max_lr, s.warmup_num_steps,

@@ -227,6 +227,16 @@ class Engine {
   // The learning rate the next optimizer step will use.
   double next_lr() const;
 
+  // --- progress ---
+  //
+  // StepResult::samples_per_second counts train_batch_size samples (micro
+  // batch x accumulation x ranks) per optimizer step; tokens_per_second
+  // needs the tokens of one rank's micro-batch, which only the program
+  // knows: set them here (> 0; 0 forgets them), again whenever they change.
+  // With steps_per_print set, rank 0 logs a progress line every that many
+  // optimizer steps (Note [progress lines] in engine_progress.cpp).
+  void set_tokens_per_micro_batch(int64_t tokens);
+
   // --- inspection ---
 
   const EngineConfig& config() const { return config_; }
@@ -355,8 +365,16 @@ class Engine {
   const void* reduced_grad(int unit) const;
   DType reduced_grad_dtype(int unit) const;
   int64_t* global_sum_of_squares(float scale, Buffer& sums);
+  ShardBuffers device_shard(int unit);
+  // engine_lamb.cpp: the LAMB optimizer on the owned shards; `workspace`
+  // (new) must outlive the kernels and reductions it queues.
+  void lamb_step(StepScalars scalars, Buffer& workspace);
   // `frozen_too`: also the frozen units (after write_shard changed them).
   void gather_updated_params(bool frozen_too = false);
+  // A boundary's end: the throughput into `result`, and the progress line.
+  void report_progress(StepResult& result, double lr);
+  // The work of an optimizer step starts (its first gather() or grads()).
+  void start_step_clock();
 
   EngineConfig config_;
   Communicator& comm_;

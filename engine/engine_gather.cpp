@@ -139,6 +139,7 @@ void Engine::follow_trace(int unit) {
 
 UnitHandle Engine::gather(int unit) {
   UnitState& st = state(unit);
+  start_step_clock();
   if (!st.resident) {
     const bool fresh = !st.params_full;
     if (fresh) materialize(unit);

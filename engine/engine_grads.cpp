@@ -18,6 +18,7 @@
 #include "zest/core/check.h"
 #include "zest/engine/engine.h"
 #include "zest/engine/engine_state.h"
+#include "zest/engine/gradient_division.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/grad_ops.h"
 
@@ -25,6 +26,7 @@ namespace zest {
 
 GradHandle Engine::grads(int unit) {
   UnitState& st = state(unit);
+  start_step_clock();
   const UnitLayout& U = impl_->layout->unit(unit);
   ZEST_CHECK(!U.frozen,
              "grads() of unit '{}', whose parameters are frozen (trainable = false): it has no gradients, and "
@@ -108,23 +110,40 @@ void Engine::flush_reductions() {
   const int stage = config_.zero.stage;
   const bool widening = grad_accum_dtype_ != compute_dtype_;
 
-  comm_.group_start();
+  const GradientDivision division = gradient_division(config_, comm_.size());
+  if (division.before != 1.0f) {
+    for (int u : im.pending) {
+      scale(comm, im.units[static_cast<size_t>(u)].grads_full.data(), compute_dtype_, division.before,
+            im.layout->unit(u).padded);
+    }
+  }
   // Under local accumulation the reduced sum stays in grads_full (in place).
   const bool into_acc = !im.local_accumulation;
-  for (int u : im.pending) {
+  const auto reduced_into = [&](int u) -> void* {
     UnitState& st = im.units[static_cast<size_t>(u)];
-    const UnitLayout& U = im.layout->unit(u);
     // The first micro-step reduces straight into an accumulator of the
     // compute dtype; otherwise the reduction is in place, then widened or
     // added into the accumulator.
-    void* dst = into_acc && st.grad_acc && first_micro && !widening ? st.grad_acc.data() : owned_part(st.grads_full, u);
+    return into_acc && st.grad_acc && first_micro && !widening ? st.grad_acc.data() : owned_part(st.grads_full, u);
+  };
+  comm_.group_start();
+  for (int u : im.pending) {
+    UnitState& st = im.units[static_cast<size_t>(u)];
+    const UnitLayout& U = im.layout->unit(u);
+    void* dst = reduced_into(u);
     if (stage == 0) {
-      comm_.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, ReduceOp::kAvg, comm);
+      comm_.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, division.op, comm);
     } else {
-      comm_.reduce_scatter(st.grads_full.data(), dst, U.shard, compute_dtype_, ReduceOp::kAvg, comm);
+      comm_.reduce_scatter(st.grads_full.data(), dst, U.shard, compute_dtype_, division.op, comm);
     }
   }
   comm_.group_end();
+  if (division.after != 1.0f) {
+    for (int u : im.pending) {
+      const UnitLayout& U = im.layout->unit(u);
+      scale(comm, reduced_into(u), compute_dtype_, division.after, stage == 0 ? U.padded : U.shard);
+    }
+  }
 
   for (int u : im.pending) {
     UnitState& st = im.units[static_cast<size_t>(u)];

@@ -11,6 +11,7 @@
 #include "zest/engine/engine.h"
 #include "zest/engine/optimizer_offload.h"
 #include "zest/memory/caching_allocator.h"
+#include "zest/optim/lamb.h"
 
 namespace zest {
 
@@ -58,6 +59,25 @@ class PhaseTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
+// LAMB's pieces of this rank's owned shards (optim/lamb.h), fixed by the
+// layout and built at the first step: every trainable parameter numbered in
+// unit order (the same numbers on every rank), the owned part of each cut
+// into pieces relative to the start of its run's ShardBuffers.
+struct LambPlan {
+  struct Run {
+    int unit = 0;
+    size_t begin = 0;  // shard-relative, from the first device element
+    size_t numel = 0;
+    int group = 0;
+    size_t first_piece = 0;
+    size_t pieces = 0;
+  };
+  std::vector<LambPiece> pieces;
+  std::vector<Run> runs;
+  size_t params = 0;
+  Buffer device_pieces;  // a copy of `pieces` where the kernels read them (unused on a host stream)
+};
+
 struct Engine::Impl {
   std::vector<ParamGroupSpec> groups;
   std::vector<UnitSpec> specs;
@@ -97,7 +117,13 @@ struct Engine::Impl {
   size_t trace_pos = 0;
   size_t live_numel = 0;
 
+  std::unique_ptr<LambPlan> lamb;  // the first LAMB step builds it
+
   StepTimes times;  // since the last boundary (StepResult::times)
+  // Throughput: set_tokens_per_micro_batch(), and when the current optimizer
+  // step's work began (unset until its first gather() or grads()).
+  int64_t tokens_per_micro = 0;
+  std::optional<std::chrono::steady_clock::time_point> step_start;
 
   explicit Impl(LossScalerConfig scaler_config) : scaler(scaler_config) {}
 

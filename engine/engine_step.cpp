@@ -91,9 +91,32 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
   return exact;
 }
 
+// Unit u's shard buffers from its first element on the device (after the
+// host_numel offloaded ones): master, state, reduced gradient and the
+// compute-dtype parameters (none in fp32, where the master is them).
+ShardBuffers Engine::device_shard(int u) {
+  const UnitState& st = impl_->units[static_cast<size_t>(u)];
+  const size_t first = st.host_numel;
+  ZEST_INTERNAL_ASSERT(!shard_on_host(u), "unit {}: a device update of parameters offloaded to the host", u);
+  ShardBuffers b;
+  b.master = shard_pieces(u, 0)[1].data;
+  for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = shard_pieces(u, s)[1].data;
+  b.grad_dtype = reduced_grad_dtype(u);
+  b.grad = static_cast<const std::byte*>(reduced_grad(u)) + first * elem_size(b.grad_dtype);
+  b.param_dtype = compute_dtype_;
+  b.param_out = compute_dtype_ == DType::kFloat32 ? nullptr : owned_params(u) + first * elem_size(compute_dtype_);
+  b.numel = impl_->layout->unit(u).shard - first;
+  return b;
+}
+
 StepResult Engine::step() {
   check_finalized("step()");
   Impl& im = *impl_;
+  // The learning rate is settled before anything changes: a rate the update
+  // cannot use (next_lr() refuses it) leaves the micro-step as it was, its
+  // gradients done, so step() may be called again once it is fixed.
+  std::optional<double> boundary_lr;
+  if (im.micro + 1 >= config_.accumulation_steps()) boundary_lr = next_lr();
   end_micro_step();
   StepResult result;
   result.applied_steps = im.applied;
@@ -138,45 +161,32 @@ StepResult Engine::step() {
     known = d;
   }
 
-  const double lr = next_lr();
+  const double lr = *boundary_lr;
   StepScalars scalars;
   scalars.lr = static_cast<float>(lr);
   scalars.step = im.applied + 1;
   scalars.decision = decision;
 
-  const bool fp32 = compute_dtype_ == DType::kFloat32;
-  const size_t bc = elem_size(compute_dtype_);
   std::optional<PhaseTimer> optimizer_timer(std::in_place, im.times.optimizer_ms);
   // The device's part first: on a GPU it is queued, and runs while the host
   // updates the offloaded part.
-  for (int u = 0; u < L.num_units(); ++u) {
-    const UnitState& st = im.units[static_cast<size_t>(u)];
-    if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
-    ZEST_INTERNAL_ASSERT(!shard_on_host(u),
-                         "unit {}: a device update of parameters offloaded to the host", u);
-    // Base pointers once per unit, so shard_pieces's checks do not run per
-    // run; each run is an offset into them (from the first device element).
-    std::byte* out = owned_params(u);
-    const auto* grad = static_cast<const std::byte*>(reduced_grad(u));
-    const size_t first = st.host_numel;
-    const DType grad_dtype = reduced_grad_dtype(u);
-    const size_t bg = elem_size(grad_dtype);
-    ShardBuffers base;
-    base.master = shard_pieces(u, 0)[1].data;
-    for (int s = 1; s < shard_buffers(); ++s) base.state[s - 1] = shard_pieces(u, s)[1].data;
-    for (const GroupRun& run : st.runs) {
-      const size_t lo = std::max(run.begin, first);
-      if (lo >= run.end) continue;
-      ShardBuffers b;
-      b.master = base.master + (lo - first);
-      for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = base.state[s - 1] + (lo - first);
-      b.grad = grad + lo * bg;
-      b.grad_dtype = grad_dtype;
-      b.param_out = fp32 ? nullptr : out + lo * bc;
-      b.param_dtype = compute_dtype_;
-      b.numel = run.end - lo;
-      scalars.weight_decay = L.groups()[static_cast<size_t>(run.group)].weight_decay;
-      optimizer_step(stream_, config_.optimizer, b, scalars);
+  Buffer lamb_workspace;  // kept until the step has synchronized
+  if (config_.optimizer.kind == OptimizerKind::kLamb) {
+    lamb_step(scalars, lamb_workspace);  // never offloaded: checked() refuses it
+  } else {
+    for (int u = 0; u < L.num_units(); ++u) {
+      const UnitState& st = im.units[static_cast<size_t>(u)];
+      if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
+      // Base pointers once per unit, so shard_pieces's checks do not run per
+      // run; each run is a part of them (from the first device element).
+      const ShardBuffers base = device_shard(u);
+      const size_t first = st.host_numel;
+      for (const GroupRun& run : st.runs) {
+        const size_t lo = std::max(run.begin, first);
+        if (lo >= run.end) continue;
+        scalars.weight_decay = L.groups()[static_cast<size_t>(run.group)].weight_decay;
+        optimizer_step(stream_, config_.optimizer, base.part(lo - first, run.end - lo), scalars);
+      }
     }
   }
   if (im.offload && known->finite != 0) {
@@ -231,17 +241,29 @@ StepResult Engine::step() {
     // master by at most one applied step.
     settle_offload();
     result.skipped_steps = ++im.skipped;
+    report_progress(result, lr);
     return result;
   }
   result.lr = lr;
   result.clipped = d.clipped != 0;
   result.applied = true;
   result.applied_steps = ++im.applied;
+  report_progress(result, lr);
   return result;
 }
 
+namespace {
+
+float max_weight_decay(const std::vector<ParamGroupSpec>& groups) {
+  float most = 0.0f;
+  for (const ParamGroupSpec& g : groups) most = std::max(most, g.weight_decay);
+  return most;
+}
+
+}  // namespace
+
 void Engine::set_lr(double lr) {
-  ZEST_CHECK(std::isfinite(lr) && lr >= 0.0, "set_lr({}): the learning rate must be finite and 0 or more", lr);
+  check_learning_rate(config_.optimizer, lr, max_weight_decay(impl_->groups), fmt::format("set_lr({})", lr));
   impl_->lr_override = lr;
 }
 
@@ -251,13 +273,21 @@ void Engine::set_lr_schedule(LrSchedule schedule) { impl_->lr_schedule = std::mo
 
 double Engine::next_lr() const {
   const Impl& im = *impl_;
-  if (im.lr_override) return *im.lr_override;
-  if (!im.lr_schedule) return lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied);
+  const float decay = max_weight_decay(im.groups);
+  if (im.lr_override) {
+    check_learning_rate(config_.optimizer, *im.lr_override, decay, fmt::format("set_lr({})", *im.lr_override));
+    return *im.lr_override;
+  }
+  if (!im.lr_schedule) {
+    const double lr = lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied);
+    check_learning_rate(config_.optimizer, lr, decay,
+                        fmt::format("the config's scheduler ({}) after {} applied steps",
+                                    lr_schedule_name(config_.scheduler.kind), im.applied));
+    return lr;
+  }
   const double lr = im.lr_schedule(im.applied);
-  ZEST_CHECK(std::isfinite(lr) && lr >= 0.0,
-             "the lr schedule set with set_lr_schedule() returned {} after {} applied steps; it must return a finite "
-             "learning rate of 0 or more",
-             lr, im.applied);
+  check_learning_rate(config_.optimizer, lr, decay,
+                      fmt::format("the lr schedule set with set_lr_schedule() after {} applied steps", im.applied));
   return lr;
 }
 

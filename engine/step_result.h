@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace zest {
@@ -51,6 +52,14 @@ struct StepResult {
   int64_t skipped_steps = 0;  // boundaries skipped so far
   // On a boundary, the phases' times since the previous boundary.
   StepTimes times;
+  // On a boundary: host wall-clock milliseconds from the optimizer step's
+  // first gather() or grads() to the end of this step(), and the
+  // throughput over them, all ranks together: train_batch_size samples
+  // (unset when the config gives no batch size) and, after
+  // Engine::set_tokens_per_micro_batch, tokens.
+  double step_ms = 0.0;
+  std::optional<double> samples_per_second;
+  std::optional<double> tokens_per_second;
 };
 
 }  // namespace zest

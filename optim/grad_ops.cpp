@@ -66,6 +66,21 @@ void convert_loop(const TS* src, TD* dst, size_t n) {
   }
 }
 
+template <typename T>
+void scale_loop(T* buf, float factor, size_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (size_t i = 0; i < n; ++i) buf[i] *= factor;
+  } else {
+    float block[kHostBlock];
+    for (size_t base = 0; base < n; base += kHostBlock) {
+      const size_t len = std::min(kHostBlock, n - base);
+      detail::widen(buf + base, block, len);
+      for (size_t i = 0; i < len; ++i) block[i] *= factor;
+      detail::narrow(block, buf + base, len);
+    }
+  }
+}
+
 // Refuses a dtype other than fp32, fp16 or bf16 with the usual message.
 void check_float_dtype(DType dtype, std::string_view op, std::string_view role) {
   detail::visit_float_dtype(dtype, op, role, [](auto) {});
@@ -115,6 +130,18 @@ void convert(const Stream& stream, const void* src, DType src_dtype, void* dst, 
       using TD = typename decltype(to)::type;
       convert_loop(static_cast<const TS*>(src), static_cast<TD*>(dst), n);
     });
+  });
+}
+
+void scale(const Stream& stream, void* buf, DType dtype, float factor, size_t n) {
+  check_float_dtype(dtype, "scale", "buffers");
+  if (n == 0) return;
+  ZEST_CHECK(buf != nullptr, "scale: the buffer is null for {} elements ({}) on {}", n, dtype_name(dtype),
+             stream.device().str());
+  if (stream.device().is_cuda()) return detail::scale_cuda(stream, buf, dtype, factor, n);
+  detail::visit_float_dtype(dtype, "scale", "buffers", [&](auto type) {
+    using T = typename decltype(type)::type;
+    scale_loop(static_cast<T*>(buf), factor, n);
   });
 }
 

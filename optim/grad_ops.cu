@@ -1,4 +1,4 @@
-// CUDA kernels of accumulate and convert: grid-stride loops over the
+// CUDA kernels of accumulate, scale and convert: grid-stride loops over the
 // elements (eight at a time in 16-byte loads where aligned), widening to float and narrowing once with CUDA's conversions
 // (cuda_elementwise.cuh), which round to nearest even like the host's loops
 // in grad_ops.cpp. A single float add cannot be contracted, so the sums are
@@ -47,7 +47,38 @@ __global__ void convert_kernel(const TS* src, TD* dst, size_t n) {
   }
 }
 
+template <bool kVector, typename T>
+__global__ void scale_kernel(T* buf, float factor, size_t n) {
+  const auto one = [&](size_t i) { store_float(buf, i, load_float(buf, i) * factor); };
+  if constexpr (kVector) {
+    const auto eight = [&](size_t i) {
+      float a[kVecElems];
+      load8(buf, i, a);
+      for (unsigned k = 0; k < kVecElems; ++k) a[k] = a[k] * factor;
+      store8(buf, i, a);
+    };
+    for_each_vector(n, first_index(), grid_stride(), eight, one);
+  } else {
+    for (size_t i = first_index(); i < n; i += grid_stride()) one(i);
+  }
+}
+
 }  // namespace
+
+void scale_cuda(const Stream& stream, void* buf, DType dtype, float factor, size_t n) {
+  DeviceGuard guard(stream.device());
+  const auto native = cuda_stream(stream);
+  visit_float_dtype(dtype, "scale", "buffers", [&](auto type) {
+    using T = typename decltype(type)::type;
+    if (vector_aligned({buf})) {
+      scale_kernel<true, T><<<vector_blocks(n), kElementwiseThreads, 0, native>>>(static_cast<T*>(buf), factor, n);
+    } else {
+      scale_kernel<false, T><<<elementwise_blocks(n), kElementwiseThreads, 0, native>>>(static_cast<T*>(buf),
+                                                                                         factor, n);
+    }
+    ZEST_CUDA_KERNEL_CHECK();
+  });
+}
 
 void accumulate_cuda(const Stream& stream, void* dst, DType dst_dtype, const void* src, DType src_dtype,
                      size_t n) {

@@ -5,8 +5,9 @@
 //   // zest-example: prelude=buffers
 //   accumulate(comm_stream, grad_acc, reduced_shard, DType::kBFloat16, shard_numel);
 //   convert(stream, master, DType::kFloat32, params, DType::kBFloat16, numel);
+//   scale(comm_stream, grads, DType::kFloat16, 0.25f, numel);
 //
-// Both compute in float and round once to the destination's dtype, to nearest
+// All compute in float and round once to the destination's dtype, to nearest
 // even, on the host and in CUDA kernels alike, with the same bits on both
 // (tests/cuda/test_cuda_optim.cu) except for the payload of a NaN, which a GPU
 // may replace by its canonical NaN; NaN stays NaN and Inf stays Inf. Being
@@ -35,6 +36,12 @@ void accumulate(const Stream& stream, void* dst, const void* src, DType dtype, s
 // accumulates compute-dtype gradients into grad_accum_dtype buffers with it
 // (bf16 into fp32, where each sum is exact as long as fp32 can hold it).
 void accumulate(const Stream& stream, void* dst, DType dst_dtype, const void* src, DType src_dtype, size_t n);
+
+// buf[i] = buf[i] * factor, multiplied in float and rounded once to dtype:
+// torch's tensor.mul_(factor) on fp32, fp16 and bf16 alike (the factor
+// taken as a float). The engine divides gradients before and after their
+// reduction with it (prescale_gradients, gradient_predivide_factor).
+void scale(const Stream& stream, void* buf, DType dtype, float factor, size_t n);
 
 // dst[i] = src[i] converted from src_dtype to dst_dtype, for any pair of
 // fp32, fp16 and bf16. Widening is exact; narrowing rounds to nearest even

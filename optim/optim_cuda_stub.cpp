@@ -18,6 +18,24 @@ void optimizer_step_cuda(const Stream& stream, const OptimizerConfig&, const Sha
   no_cuda("optimizer_step", stream);
 }
 
+void lamb_moments_cuda(const Stream& stream, const LambStep&, const StepDecision*, const ShardBuffers&,
+                       const LambPiece*, size_t, double*) {
+  no_cuda("lamb_moments", stream);
+}
+
+void lamb_accumulate_cuda(const Stream& stream, const LambPiece*, const double*, size_t, size_t, int64_t*) {
+  no_cuda("lamb_accumulate", stream);
+}
+
+void lamb_trust_ratios_cuda(const Stream& stream, const int64_t*, size_t, float, float, float*) {
+  no_cuda("lamb_trust_ratios", stream);
+}
+
+void lamb_apply_cuda(const Stream& stream, const LambStep&, const StepDecision*, const ShardBuffers&,
+                     const LambPiece*, size_t, const float*) {
+  no_cuda("lamb_apply", stream);
+}
+
 void chunk_sums_of_squares_cuda(const Stream& stream, const void*, DType, size_t, size_t, float,
                                 double*) {
   no_cuda("chunk_sums_of_squares", stream);
@@ -34,6 +52,8 @@ void decide_step_cuda(const Stream& stream, int64_t*, double, double) {
 void accumulate_cuda(const Stream& stream, void*, DType, const void*, DType, size_t) {
   no_cuda("accumulate", stream);
 }
+
+void scale_cuda(const Stream& stream, void*, DType, float, size_t) { no_cuda("scale", stream); }
 
 void convert_cuda(const Stream& stream, const void*, DType, void*, DType, size_t) {
   no_cuda("convert", stream);

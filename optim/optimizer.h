@@ -9,6 +9,12 @@
 //   SGD    g += wd * w; with momentum: buf = g at the first step, else
 //          buf = mu buf + (1 - dampening) g; nesterov: g += mu buf, else g = buf;
 //          w -= lr g
+//   LAMB   DeepSpeed's FusedLamb: m, v as Adam's (no decay in g);
+//          u = m / (sqrt(v) + eps) + wd * w   (eps_inside_sqrt: sqrt(v + eps));
+//          per parameter tensor, r = ||w|| / ||u|| clamped to
+//          [min_coeff, max_coeff] (1 when either norm is 0);
+//          w -= (lr sqrt(1 - b2^t) / (1 - b1^t)) * r * u.
+//          Its step needs each parameter's norms across shards: optim/lamb.h.
 // where g is the stored gradient times StepScalars::grad_scale (the product
 // of loss-scale removal, accumulation averaging and clipping, applied here so
 // the gradient is read once). Elementwise and in a fixed order of operations,
@@ -24,7 +30,7 @@
 
 namespace zest {
 
-enum class OptimizerKind : uint8_t { kAdamW, kAdam, kSgd };
+enum class OptimizerKind : uint8_t { kAdamW, kAdam, kSgd, kLamb };
 
 std::string_view optimizer_name(OptimizerKind kind);
 
@@ -37,6 +43,11 @@ struct OptimizerConfig {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   bool bias_correction = true;
+  // LAMB (with beta1, beta2, eps, bias_correction above): DeepSpeed's
+  // FusedLamb defaults.
+  float max_coeff = 10.0f;
+  float min_coeff = 0.01f;
+  bool eps_inside_sqrt = false;
   // SGD
   float momentum = 0.0f;
   float dampening = 0.0f;
@@ -52,8 +63,9 @@ struct OptimizerConfig {
 
   // Checks the values, naming the bad one and its range.
   void validate() const;
-  // fp32 state buffers per parameter: 2 for Adam(W), 1 for SGD with
-  // momentum, 0 for plain SGD.
+  // fp32 state buffers per parameter: 2 for Adam(W) and LAMB (m and v,
+  // saved as exp_avg and exp_avg_sq), 1 for SGD with momentum, 0 for plain
+  // SGD.
   int state_buffers() const;
 };
 
@@ -66,6 +78,9 @@ struct ShardBuffers {
   void* param_out = nullptr;       // compute-dtype copy of the updated weights, or null
   DType param_dtype = DType::kFloat32;
   size_t numel = 0;
+
+  // The elements [begin, begin + n) of this shard.
+  ShardBuffers part(size_t begin, size_t n) const;
 };
 
 struct StepDecision;  // step_decision.h
@@ -83,7 +98,18 @@ struct StepScalars {
   const StepDecision* decision = nullptr;
 };
 
-// Updates the shard. Host streams run it now; CUDA streams queue a fused
+// Refuses a learning rate the update cannot use, naming it and `source`
+// (where it came from: "set_lr(1e+39)", "the lr schedule ..."): one that is
+// not finite or negative, that is past fp32's range once narrowed to the
+// float the update takes, or whose per-step constants overflow in fp32
+// (Adam(W)'s lr / (1 - beta1^t), largest at the first step, which covers
+// every later one; lr * weight_decay, for the largest decay of the
+// parameter groups). Such a rate would turn every weight into an Inf.
+void check_learning_rate(const OptimizerConfig& config, double lr, float max_weight_decay,
+                         std::string_view source);
+
+// Updates the shard (not LAMB, whose trust ratios need the norms of whole
+// parameters: optim/lamb.h steps it). Host streams run it now; CUDA streams queue a fused
 // kernel with the host's bits (NaN payloads aside), the buffers then being
 // memory of the stream's device. Unsupported dtype pairs are a zest::Error
 // naming the pair.

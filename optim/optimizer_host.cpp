@@ -86,19 +86,6 @@ void step_part(const OptimizerConfig& c, const ShardBuffers& s, const StepScalar
 // Elements per thread below which starting a thread costs more than it saves.
 constexpr size_t kMinPerThread = size_t{1} << 16;
 
-// The elements [begin, begin + n) of `s`.
-ShardBuffers part_of(const ShardBuffers& s, size_t begin, size_t n) {
-  ShardBuffers p = s;
-  p.master += begin;
-  for (float*& st : p.state) {
-    if (st != nullptr) st += begin;
-  }
-  p.grad = static_cast<const char*>(s.grad) + begin * elem_size(s.grad_dtype);
-  if (s.param_out != nullptr) p.param_out = static_cast<char*>(s.param_out) + begin * elem_size(s.param_dtype);
-  p.numel = n;
-  return p;
-}
-
 }  // namespace
 
 // Threads take contiguous parts in whole blocks; each element's update reads
@@ -116,7 +103,7 @@ void optimizer_step_host(const OptimizerConfig& c, const ShardBuffers& s, const 
     try {
       const size_t begin = std::min(s.numel, t * part);
       const size_t n = std::min(part, s.numel - begin);
-      if (n > 0) step_part(c, part_of(s, begin, n), k);
+      if (n > 0) step_part(c, s.part(begin, n), k);
     } catch (...) {
       errors[t] = std::current_exception();
     }

@@ -112,6 +112,10 @@ void visit_shard_types(const OptimizerConfig& c, const ShardBuffers& s, F&& f) {
   });
 }
 
+// On a host stream, resolves scalars.decision (host memory there) into
+// grad_scale: false when the step is skipped.
+bool take_host_decision(StepScalars& scalars);
+
 void optimizer_step_host(const OptimizerConfig& config, const ShardBuffers& shard,
                          const StepScalars& scalars);
 

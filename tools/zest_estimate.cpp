@@ -36,7 +36,7 @@ options:
   --world N                data-parallel ranks (required)
   --stage 0|1|2|3          show this stage only (default: all four side by side)
   --dtype fp16|bf16|fp32   compute dtype (default fp16, the ZeRO paper's)
-  --optimizer adamw|adam|sgd|sgd-momentum   (default adamw)
+  --optimizer adamw|adam|lamb|sgd|sgd-momentum   (default adamw)
   --accum N                gradient accumulation steps (default 1)
   --persistence-threshold N  stage 3: units of at most N parameters stay whole (default 100000)
   --live-units N           stage 3: gathered units at once (default: the engine's prefetch window)
@@ -125,10 +125,11 @@ double ratio_arg(const std::string& flag, const std::string& text) {
 }
 
 zest::OptimizerConfig optimizer_arg(const std::string& text) {
-  const std::string name = cli::choice("--optimizer", text, {"adamw", "adam", "sgd", "sgd-momentum"});
+  const std::string name = cli::choice("--optimizer", text, {"adamw", "adam", "lamb", "sgd", "sgd-momentum"});
   zest::OptimizerConfig opt;
   opt.kind = name == "adamw" ? zest::OptimizerKind::kAdamW
              : name == "adam" ? zest::OptimizerKind::kAdam
+             : name == "lamb" ? zest::OptimizerKind::kLamb
                               : zest::OptimizerKind::kSgd;
   opt.momentum = name == "sgd-momentum" ? 0.9f : 0.0f;
   return opt;

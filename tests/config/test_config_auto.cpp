@@ -153,10 +153,10 @@ TEST_CASE("the header's example") {
   program.learning_rate = 2e-5;
   zest::EngineConfig cfg = zest::parse_config_json(R"({
       "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-      "bf16": {"enabled": "auto"}, "steps_per_print": 10,
+      "bf16": {"enabled": "auto"}, "memory_breakdown": false,
       "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})", program);
   CHECK(cfg.bf16);
   CHECK(cfg.zero.reduce_bucket_size == 4096 * 4096);
   REQUIRE(cfg.ignored.size() == 1);
-  CHECK(cfg.ignored[0].key == "steps_per_print");
+  CHECK(cfg.ignored[0].key == "memory_breakdown");
 }

@@ -236,11 +236,14 @@ inline void check_same(const Params& a, const Params& b) {
 
 // Runs stage 0 and then stages 1-3 on `world` ranks and checks that every
 // rank of every stage ends with stage 0's parameters, bit for bit.
-inline void check_equivalence(EngineConfig config, int world, Device device = Device::host()) {
+// `model` registers more than register_model's (which it must include).
+inline void check_equivalence(EngineConfig config, int world, Device device = Device::host(),
+                              const std::function<void(Engine&)>& model = {}) {
   CAPTURE(world);
   config.zero.stage = 0;
   RunOptions opt = runs(world, 4);
   opt.device = device;
+  opt.model = model;
   const std::vector<RankResult> reference = run_engine(config, opt);
   for (const RankResult& r : reference) {
     for (const auto& [name, values] : r.params) {

@@ -59,7 +59,7 @@ TEST_CASE("set_lr overrides the schedule, a callback replaces it, StepResult rep
     CHECK(engine.next_lr() == static_cast<double>(0.01f));
     CHECK_THROWS_WITH_AS(engine.set_lr(-1.0), doctest::Contains("set_lr(-1)"), Error);
     engine.set_lr_schedule([](int64_t) { return std::nan(""); });
-    CHECK_THROWS_WITH_AS(engine.next_lr(), doctest::Contains("returned nan after 6 applied steps"), Error);
+    CHECK_THROWS_WITH_AS(engine.next_lr(), doctest::Contains("set_lr_schedule() after 6 applied steps is nan"), Error);
   });
 }
 
@@ -104,4 +104,54 @@ TEST_CASE("a set_lr value is saved with a checkpoint and restored, a callback re
     CHECK(engine.next_lr() == 2.0);  // two steps were applied before the save
   });
   fs::remove_all(dir);
+}
+
+TEST_CASE("a learning rate that overflows fp32 is refused where it enters, and no weight changes") {
+  EngineConfig config = base_config(1);
+  config.optimizer.lr = 0.01f;
+  config.optimizer.weight_decay = 4.0f;
+  with_engine(config, [](Engine& engine, Communicator& comm) {
+    const Params before = master_params(engine);
+    // Past fp32's range: the float the update takes would be Inf.
+    CHECK_THROWS_WITH_AS(engine.set_lr(1e39), doctest::Contains("set_lr(1e+39) is 1e+39, past fp32's range"), Error);
+    // lr times the weight decay 4 overflows.
+    CHECK_THROWS_WITH_AS(engine.set_lr(1e38), doctest::Contains("times the weight_decay 4 it overflows"), Error);
+    // In range, times 4 too, but lr / (1 - 0.9) at the first step is 5e38.
+    CHECK_THROWS_WITH_AS(engine.set_lr(5e37), doctest::Contains("divided by the bias correction"), Error);
+    CHECK_FALSE(engine.progress().lr_override.has_value());
+    // A schedule's value is checked when a step is due, before anything
+    // changes: the step throws, and may be taken again once it is fixed.
+    engine.set_lr_schedule([](int64_t) { return 1e39; });
+    CHECK_THROWS_WITH_AS(step_lrs(engine, comm, 0, 1),
+                         doctest::Contains("the lr schedule set with set_lr_schedule() after 0 applied steps is 1e+39"),
+                         Error);
+    const Params after = master_params(engine);
+    for (const auto& [name, values] : before) {
+      CAPTURE(name);
+      CHECK(same_bits(values, after.at(name)));
+    }
+    CHECK(engine.progress().applied_steps == 0);
+    CHECK(engine.micro_steps_pending() == 0);
+    engine.set_lr_schedule([](int64_t) { return 0.5; });
+    const StepResult r = engine.step();  // the same micro-step's gradients
+    CHECK(r.applied);
+    CHECK(r.lr == 0.5);
+    CHECK(engine.progress().applied_steps == 1);
+  });
+}
+
+TEST_CASE("check_learning_rate: the first step's Adam constants, SGD's decay product, and the source named") {
+  OptimizerConfig adam;
+  adam.beta1 = 0.999f;  // 1 - beta1^1 = 0.001 (in fp32): lr 1e36 makes a step size near 1e39
+  CHECK_NOTHROW(check_learning_rate(adam, 1e34, 0.0f, "test"));
+  CHECK_THROWS_WITH_AS(check_learning_rate(adam, 1e36, 0.0f, "the unit test"),
+                       doctest::Contains("AdamW: the learning rate from the unit test is 1e+36"), Error);
+  adam.bias_correction = false;  // no division: 1e36 is usable
+  CHECK_NOTHROW(check_learning_rate(adam, 1e36, 0.0f, "test"));
+  OptimizerConfig sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  CHECK_NOTHROW(check_learning_rate(sgd, 3e38, 0.0f, "test"));
+  CHECK_THROWS_WITH_AS(check_learning_rate(sgd, 3e38, 2.0f, "test"), doctest::Contains("weight_decay 2"), Error);
+  CHECK_THROWS_WITH_AS(check_learning_rate(sgd, std::numeric_limits<double>::infinity(), 0.0f, "test"),
+                       doctest::Contains("is inf; it must be finite"), Error);
 }

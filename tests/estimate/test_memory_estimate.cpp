@@ -177,6 +177,20 @@ TEST_CASE("fp32 AdamW and bf16 SGD with momentum, W = 3") {
   check_states(estimate_memory(m, o), {4608, 1536, 3072, 3072});
 }
 
+TEST_CASE("LAMB keeps Adam's two fp32 state buffers (m and v): its model states are AdamW's") {
+  const ModelDescription m = small_model();
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    const MemoryEstimate lamb = estimate_memory(m, options(3, stage, DType::kFloat16, OptimizerKind::kLamb));
+    const MemoryEstimate adamw = estimate_memory(m, options(3, stage, DType::kFloat16, OptimizerKind::kAdamW));
+    CHECK(lamb[MemoryCategory::kOptimizerState].persistent == adamw[MemoryCategory::kOptimizerState].persistent);
+    CHECK(lamb.model_state_bytes == adamw.model_state_bytes);
+    CHECK(lamb.paper_k == 12.0);
+  }
+  // fp16 stage 1 by hand: 2*2304, 2*2304, master 4*768, m and v 8*768.
+  check_states(estimate_memory(m, options(3, 1, DType::kFloat16, OptimizerKind::kLamb)), {4608, 4608, 3072, 6144});
+}
+
 TEST_CASE("accumulation, the persistence threshold and the offload model") {
   const ModelDescription m = small_model();
   EstimateOptions o = options(3, 0, DType::kFloat16, OptimizerKind::kAdamW);

@@ -278,3 +278,30 @@ TEST_CASE("fill_zero zeroes exactly the bytes asked for") {
       fill_zero(host(), nullptr, 4),
       doctest::Contains("fill_zero: the destination pointer is null for 4 bytes on host"), Error);
 }
+
+TEST_CASE("scale multiplies in float and rounds once to the buffer's dtype") {
+  // fp16: 1 + 2^-10 times 1/3 in float is 0.33365..., rounded once; a
+  // product past 65504 is Inf.
+  std::vector<fp16> h = {fp16::from_bits(0x3c01), fp16(3.0f), fp16(40000.0f), fp16::from_bits(0x7e00)};
+  const float third = static_cast<float>(1.0 / 3.0);
+  std::vector<float> want;
+  for (const fp16& x : h) want.push_back(static_cast<float>(fp16(static_cast<float>(x) * third)));
+  want[2] = static_cast<float>(fp16(40000.0f * third));
+  scale(host(), h.data(), DType::kFloat16, third, h.size());
+  for (size_t i = 0; i < 3; ++i) CHECK(static_cast<float>(h[i]) == want[i]);
+  CHECK(static_cast<float>(h[1]) == 1.0f);
+  CHECK(std::isnan(static_cast<float>(h[3])));
+  std::vector<fp16> big = {fp16(40000.0f)};
+  scale(host(), big.data(), DType::kFloat16, 2.0f, 1);
+  CHECK(std::isinf(static_cast<float>(big[0])));
+  // bf16 over several host blocks, and fp32 in place.
+  std::vector<bf16> b(5000, bf16(1.0078125f));  // 1 + 2^-7
+  scale(host(), b.data(), DType::kBFloat16, 0.6f, b.size());
+  for (const bf16& x : b) REQUIRE(x.bits == bf16(1.0078125f * 0.6f).bits);
+  std::vector<float> f = {1.0f, -2.5f};
+  scale(host(), f.data(), DType::kFloat32, 0.1f, f.size());
+  CHECK(f == std::vector<float>{0.1f, -2.5f * 0.1f});
+  scale(host(), nullptr, DType::kFloat16, 2.0f, 0);
+  CHECK_THROWS_WITH_AS(scale(host(), nullptr, DType::kFloat16, 2.0f, 3), doctest::Contains("scale: the buffer is null"),
+                       Error);
+}
