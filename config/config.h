@@ -8,7 +8,8 @@
 //   program.micro_batch_size = 8;
 //   program.compute_dtype = zest::DType::kBFloat16;
 //   program.hidden_size = 4096;
-//   program.learning_rate = 2e-5;
+//   program.learning_rate = 2e-5;                // the file has no optimizer: AdamW
+//   program.scheduler = zest::LrScheduleConfig{}; // nor a scheduler: a constant rate
 //   zest::EngineConfig cfg = zest::parse_config_json(R"({
 //       "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
 //       "bf16": {"enabled": "auto"}, "steps_per_print": 10,
@@ -176,6 +177,13 @@ struct ConfigNote {
 //   scheduler.params warmup_min_lr   0; warmup_max_lr: learning_rate
 //   scheduler.params warmup_num_steps, total_num_steps
 //                                    warmup_steps, total_steps
+// A file without an "optimizer" section leaves the optimizer to the program
+// (DeepSpeed then steps the client's): AutoValues::optimizer when set,
+// otherwise the AdamW Hugging Face's Trainer builds from learning_rate,
+// weight_decay (0 unless given), betas and eps; with neither it is an
+// error naming them. A file without a "scheduler" section takes
+// AutoValues::scheduler (LrScheduleConfig{} is a constant rate); unset, an
+// error. What was used is noted in EngineConfig::auto_filled.
 // An "auto" the program leaves unfilled takes the key's default (what
 // DeepSpeed does with one), noted in EngineConfig::auto_filled; one without
 // a default (total_num_steps) is an error naming the field to set. Where
@@ -196,6 +204,10 @@ struct AutoValues {
   std::optional<double> gradient_clipping;
   std::optional<int64_t> warmup_steps;
   std::optional<int64_t> total_steps;
+  // The program's own optimizer and schedule, for a file without the
+  // section (above).
+  std::optional<OptimizerConfig> optimizer;
+  std::optional<LrScheduleConfig> scheduler;
 };
 
 struct EngineConfig {
@@ -225,6 +237,9 @@ struct EngineConfig {
   // Written values that differ from the program's AutoValues (the written
   // one is used): logged as a warning, once, from rank 0.
   std::vector<ConfigNote> mismatched;
+  // What DeepSpeed warns about and runs anyway (a schedule whose
+  // total_num_steps is not past its warmup): logged as a warning, once.
+  std::vector<ConfigNote> warnings;
 
   // fp16, bf16 or fp32: what parameters and gradients are stored in. Throws
   // when fp16 and bf16 are both enabled.

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 
+#include "zest/config/ds_schema_keys.h"
 #include "zest/config/json_parse.h"
 
 namespace zest::config_detail {
@@ -43,6 +44,16 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     }
   }
   return d[n][m];
+}
+
+// Whether DeepSpeed's schema (ds_schema_keys.h) has `key` in `section`.
+bool deepspeed_reads(const std::string& section, const std::string& key) {
+  for (const DsSchemaSection& s : kDeepSpeedSchema) {
+    if (section != s.path) continue;
+    for (const char* k : s.keys)
+      if (key == k) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -296,6 +307,12 @@ void Section::finish() {
       file_->problem(fmt::format("unknown key '{}' in {} (did you mean '{}'?): DeepSpeed would skip it silently; "
                                  "correct it, or remove it",
                                  path, name, *near));
+    } else if (deepspeed_reads(path_, key)) {
+      // Every key of the schema has a reading here (test_ds_schema): one
+      // without is refused rather than called unread.
+      file_->problem(fmt::format("'{}' is a key DeepSpeed reads (its schema at commit {:.12}) that this ZEST does "
+                                 "not handle; remove it",
+                                 path, kDeepSpeedSchemaCommit));
     } else {
       file_->ignored(path, key.starts_with("_") ? "a comment" : "DeepSpeed does not read this key either");
     }

@@ -27,6 +27,7 @@ struct FileState {
   void ignored(std::string key, std::string reason) { out.ignored.push_back({std::move(key), std::move(reason)}); }
   void filled(std::string key, std::string how) { out.auto_filled.push_back({std::move(key), std::move(how)}); }
   void mismatch(std::string key, std::string text) { out.mismatched.push_back({std::move(key), std::move(text)}); }
+  void warn(std::string key, std::string text) { out.warnings.push_back({std::move(key), std::move(text)}); }
 };
 
 // How a value written "auto" is filled, after Hugging Face's Trainer

@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "zest/config/hjson.h"
 #include "zest/core/check.h"
 
 namespace zest::detail {
@@ -65,8 +66,12 @@ struct PathEntry {
 
 class Builder {
  public:
-  Builder(std::string_view text, const char** furthest, const std::string& source, JsonLimits limits)
-      : begin_(text.data()), size_(text.size()), furthest_(furthest), source_(source), limits_(limits) {}
+  // `origin`, when set, maps each byte of `text` (translated from Hjson) to
+  // the byte of the file it came from.
+  Builder(std::string_view text, const char** furthest, const std::string& source, JsonLimits limits,
+          const std::vector<size_t>* origin)
+      : begin_(text.data()), size_(text.size()), furthest_(furthest), source_(source), limits_(limits),
+        origin_(origin) {}
 
   json take() { return std::move(root_); }
 
@@ -177,7 +182,9 @@ class Builder {
   [[noreturn]] void fail_at(size_t offset, const std::string& what, bool value_pending) {
     const std::string where = path(value_pending);
     // nlohmann counts the end of input as a character read.
-    ZEST_FAIL("{}: byte {}{}: {}", source_, std::min(offset, size_), where.empty() ? "" : " (at " + where + ")", what);
+    offset = std::min(offset, size_);
+    if (origin_) offset = (*origin_)[offset];
+    ZEST_FAIL("{}: byte {}{}: {}", source_, offset, where.empty() ? "" : " (at " + where + ")", what);
   }
 
   const char* begin_;
@@ -185,6 +192,7 @@ class Builder {
   const char** furthest_;
   const std::string& source_;
   JsonLimits limits_;
+  const std::vector<size_t>* origin_;
   json root_;
   std::vector<json*> stack_;  // the open containers, innermost last
   std::vector<PathEntry> path_;
@@ -195,9 +203,14 @@ class Builder {
 
 json parse_json(std::string_view text, const std::string& source, JsonLimits limits) {
   ZEST_INTERNAL_ASSERT(limits.max_depth >= 1);
+  HjsonText translated;
+  if (limits.hjson) {
+    translated = hjson_to_json(text, source, limits.max_depth);
+    text = translated.json;
+  }
   const char* begin = text.data();
   const char* furthest = begin;
-  Builder builder(text, &furthest, source, limits);
+  Builder builder(text, &furthest, source, limits, limits.hjson ? &translated.origin : nullptr);
   const bool ok = json::sax_parse(CountingIterator(begin, &furthest), CountingIterator(begin + text.size(), &furthest),
                                   &builder);
   // Every failure throws from the builder; a false return would be a SAX

@@ -79,8 +79,9 @@ void log_config_notes(const EngineConfig& c, const Communicator& comm) {
     return s;
   };
   if (!c.ignored.empty()) ZEST_LOG_INFO("config: ignored (ZEST does not do what they control): {}", list(c.ignored));
-  if (!c.auto_filled.empty()) ZEST_LOG_INFO("config: \"auto\" values: {}", list(c.auto_filled));
+  if (!c.auto_filled.empty()) ZEST_LOG_INFO("config: from the program (\"auto\" and absent sections): {}", list(c.auto_filled));
   if (!c.mismatched.empty()) ZEST_LOG_WARN("config: the file differs from the program's values: {}", list(c.mismatched));
+  if (!c.warnings.empty()) ZEST_LOG_WARN("config: {}", list(c.warnings));
   if (const std::string batch = c.batch_summary(comm.size()); !batch.empty()) ZEST_LOG_INFO("config: {}", batch);
 }
 

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "config_test_helpers.h"
 #include "engine/engine_harness.h"
 #include "zest/config/config.h"
 #include "zest/core/logging.h"
@@ -130,7 +131,7 @@ TEST_CASE("an inconsistent triple is an error with the arithmetic") {
 
 TEST_CASE("the Engine derives the accumulation from the file's batch sizes at its world size") {
   const EngineConfig from_file = parse_config_json(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
-                                                       "zero_optimization": {"stage": 2}})");
+                                                       "zero_optimization": {"stage": 2}})", test::own_optimizer());
   for (int world : {1, 2, 4}) {
     CAPTURE(world);
     const int64_t accum = 4 / world;  // 32 / 8 / world
@@ -187,7 +188,7 @@ void capture(LogLevel, std::string_view line) {
 
 TEST_CASE("the Engine logs what became of the config once, from rank 0") {
   const EngineConfig c = parse_config_json(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
-      "steps_per_print": 10, "zero_optimization": {"stage": 1, "sub_group_size": 1e9}})");
+      "steps_per_print": 10, "zero_optimization": {"stage": 1, "sub_group_size": 1e9}})", test::own_optimizer());
   g_log_lines.clear();
   const LogLevel level = log_level();
   set_log_level(LogLevel::kInfo);
@@ -198,11 +199,15 @@ TEST_CASE("the Engine logs what became of the config once, from rank 0") {
   std::vector<std::string> config_lines;
   for (const std::string& l : g_log_lines)
     if (l.find("] config: ") != std::string::npos) config_lines.push_back(l);
-  REQUIRE(config_lines.size() == 2);
+  REQUIRE(config_lines.size() == 3);
   CHECK(config_lines[0].find(" r0/2] config: ignored (ZEST does not do what they control): "
                              "zero_optimization.sub_group_size: the tile size of DeepSpeed's offloaded optimizer "
                              "step; ZEST steps each shard whole; steps_per_print: logging cadence: ZEST prints "
                              "nothing per step (StepResult has each step's numbers)") != std::string::npos);
-  CHECK(config_lines[1].find(" r0/2] config: train_batch_size 16 = micro 4 x accumulation 2 x 2 ranks") !=
+  CHECK(config_lines[1].find(" r0/2] config: from the program (\"auto\" and absent sections): optimizer: AdamW lr "
+                             "0.001 weight_decay 0.01 (from AutoValues::optimizer: the file has no optimizer "
+                             "section); scheduler: constant (from AutoValues::scheduler: the file has no scheduler "
+                             "section)") != std::string::npos);
+  CHECK(config_lines[2].find(" r0/2] config: train_batch_size 16 = micro 4 x accumulation 2 x 2 ranks") !=
         std::string::npos);
 }

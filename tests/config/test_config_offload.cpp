@@ -18,7 +18,7 @@ TEST_CASE("offload defaults are DeepSpeed's") {
   // DeepSpeedZeroOffloadOptimizerConfig: pin_memory False, ratio 1.0;
   // DeepSpeedZeroOffloadParamConfig: buffer_count 5, buffer_size 1e8,
   // max_in_cpu 1e9, pin_memory False; device "none" in both.
-  const EngineConfig c = parse_config_json("{}");
+  const EngineConfig c = parse_config_json("{}", test::own_optimizer());
   CHECK(c.offload_optimizer.device == OffloadDevice::kNone);
   CHECK_FALSE(c.offload_optimizer.pin_memory);
   CHECK(c.offload_optimizer.ratio == 1.0);
@@ -30,7 +30,7 @@ TEST_CASE("offload defaults are DeepSpeed's") {
   CHECK(c.offload_param.max_in_cpu == 1'000'000'000);
   // A section with only a device takes the defaults for the rest.
   const EngineConfig cpu = parse_config_json(R"({"zero_optimization": {"stage": 2,
-    "offload_optimizer": {"device": "cpu"}}})");
+    "offload_optimizer": {"device": "cpu"}}})", test::own_optimizer());
   CHECK(cpu.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK_FALSE(cpu.offload_optimizer.pin_memory);
   CHECK(cpu.offload_optimizer.ratio == 1.0);
@@ -41,7 +41,7 @@ TEST_CASE("offload sections set the config with the values written") {
   const EngineConfig c = parse_config_json(R"({"zero_optimization": {"stage": 3,
     "offload_optimizer": {"device": "CPU", "pin_memory": true, "ratio": 0.25},
     "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 7, "buffer_size": 2e7,
-                      "max_in_cpu": 3e8}}})");
+                      "max_in_cpu": 3e8}}})", test::own_optimizer());
   CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK(c.offload_optimizer.pin_memory);
   CHECK(c.offload_optimizer.ratio == 0.25);
@@ -59,9 +59,9 @@ TEST_CASE("offload sections set the config with the values written") {
   }
   // "auto" for the device is its default, as DeepSpeed drops an unfilled "auto".
   const EngineConfig a = parse_config_json(R"({"zero_optimization": {"stage": 2,
-    "offload_optimizer": {"device": "auto"}}})");
+    "offload_optimizer": {"device": "auto"}}})", test::own_optimizer());
   CHECK(a.offload_optimizer.device == OffloadDevice::kNone);
-  REQUIRE(a.auto_filled.size() == 1);
+  REQUIRE(a.auto_filled.size() == 3);  // and the program's optimizer and schedule
   CHECK(a.auto_filled[0].key == "zero_optimization.offload_optimizer.device");
 }
 
@@ -70,11 +70,11 @@ TEST_CASE("offload acts at DeepSpeed's stages only") {
   // DeepSpeed's fp16/bf16 optimizers never do.
   for (int stage : {1, 2, 3}) {
     const EngineConfig c = parse_config_json(fmt::format(
-        R"({{"zero_optimization": {{"stage": {}, "offload_optimizer": {{"device": "cpu"}}}}}})", stage));
+        R"({{"zero_optimization": {{"stage": {}, "offload_optimizer": {{"device": "cpu"}}}}}})", stage), test::own_optimizer());
     CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
   }
   const EngineConfig z0 = parse_config_json(R"({"zero_optimization": {"stage": 0,
-    "offload_optimizer": {"device": "cpu", "pin_memory": true}}})");
+    "offload_optimizer": {"device": "cpu", "pin_memory": true}}})", test::own_optimizer());
   CHECK(z0.offload_optimizer.device == OffloadDevice::kNone);
   CHECK(ignored_reason(z0, "zero_optimization.offload_optimizer") ==
         "device \"cpu\" at stage 0: DeepSpeed offloads the optimizer only under ZeRO (stages 1-3), and so does "
@@ -82,7 +82,7 @@ TEST_CASE("offload acts at DeepSpeed's stages only") {
   // offload_param: stage 3 only.
   for (int stage : {0, 1, 2}) {
     const EngineConfig c = parse_config_json(fmt::format(
-        R"({{"zero_optimization": {{"stage": {}, "offload_param": {{"device": "cpu"}}}}}})", stage));
+        R"({{"zero_optimization": {{"stage": {}, "offload_param": {{"device": "cpu"}}}}}})", stage), test::own_optimizer());
     CHECK(c.offload_param.device == OffloadDevice::kNone);
     CHECK(ignored_reason(c, "zero_optimization.offload_param") ==
           fmt::format("DeepSpeed offloads parameters only at stage 3; this is stage {}, so nothing is offloaded",
@@ -92,7 +92,7 @@ TEST_CASE("offload acts at DeepSpeed's stages only") {
 
 TEST_CASE("offload_optimizer.ratio: [0, 1], and below 1 only at stage 3") {
   CHECK(parse_config_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu",
-    "ratio": 0}}})").offload_optimizer.ratio == 0.0);
+    "ratio": 0}}})", test::own_optimizer()).offload_optimizer.ratio == 0.0);
   CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}})") ==
         "config: zero_optimization.offload_optimizer.ratio is 1.5; allowed: 0 to 1");
   CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"ratio": -0.1}}})") ==
@@ -125,7 +125,7 @@ TEST_CASE("nvme is refused by name, NVMe-only keys are noted with any other devi
   const EngineConfig c = parse_config_json(R"({"zero_optimization": {"stage": 3,
     "offload_optimizer": {"device": "cpu", "nvme_path": "/local_nvme", "buffer_count": 4, "pipeline_read": false,
                           "pipeline_write": false, "fast_init": false},
-    "offload_param": {"device": "cpu", "nvme_path": "/local_nvme"}}})");
+    "offload_param": {"device": "cpu", "nvme_path": "/local_nvme"}}})", test::own_optimizer());
   CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK(c.offload_param.device == OffloadDevice::kCpu);
   const char* const nvme = "an NVMe offload setting: DeepSpeed reads it only with device \"nvme\", and ZEST has no "
@@ -146,26 +146,29 @@ TEST_CASE("nvme is refused by name, NVMe-only keys are noted with any other devi
 TEST_CASE("the deprecated cpu_offload, cpu_offload_param and cpu_offload_use_pin_memory") {
   // true stands for the section with device "cpu" and its defaults.
   const EngineConfig c = parse_config_json(R"({"zero_optimization": {"stage": 3, "cpu_offload": true,
-    "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}})");
+    "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}})", test::own_optimizer());
   CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK(c.offload_param.device == OffloadDevice::kCpu);
   // DeepSpeed marks cpu_offload_use_pin_memory set_new_param False: it warns
   // and pins nothing.
   CHECK_FALSE(c.offload_optimizer.pin_memory);
   CHECK_FALSE(c.offload_param.pin_memory);
-  CHECK(ignored_reason(c, "zero_optimization.cpu_offload") ==
-        "deprecated: read as offload_optimizer {\"device\": \"cpu\"}");
+  // Honoured, so a warning (DeepSpeed's deprecation warning), not "ignored".
+  CHECK(ignored_reason(c, "zero_optimization.cpu_offload").empty());
+  REQUIRE(c.warnings.size() == 2);
+  CHECK(c.warnings[0].key == "zero_optimization.cpu_offload");
+  CHECK(c.warnings[0].text == "deprecated: read as offload_optimizer {\"device\": \"cpu\"} (write that instead)");
   CHECK(ignored_reason(c, "zero_optimization.cpu_offload_use_pin_memory") ==
         "deprecated, and DeepSpeed no longer applies it (it warns and pins nothing): write pin_memory in "
         "offload_optimizer or offload_param");
   // The same stage rules as the sections.
   const EngineConfig z2 = parse_config_json(R"({"zero_optimization": {"stage": 2, "cpu_offload": true,
-    "cpu_offload_param": true}})");
+    "cpu_offload_param": true}})", test::own_optimizer());
   CHECK(z2.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK(z2.offload_param.device == OffloadDevice::kNone);
-  const EngineConfig z0 = parse_config_json(R"({"zero_optimization": {"stage": 0, "cpu_offload": true}})");
+  const EngineConfig z0 = parse_config_json(R"({"zero_optimization": {"stage": 0, "cpu_offload": true}})", test::own_optimizer());
   CHECK(z0.offload_optimizer.device == OffloadDevice::kNone);
-  const EngineConfig off = parse_config_json(R"({"zero_optimization": {"stage": 3, "cpu_offload": false}})");
+  const EngineConfig off = parse_config_json(R"({"zero_optimization": {"stage": 3, "cpu_offload": false}})", test::own_optimizer());
   CHECK(off.offload_optimizer.device == OffloadDevice::kNone);
   CHECK(ignored_reason(off, "zero_optimization.cpu_offload") == "false: nothing is offloaded");
   // With the section it stands for, DeepSpeed asserts.

@@ -1,0 +1,129 @@
+// What a file leaves to the program or to a default, as DeepSpeed does it:
+// no optimizer or scheduler section (the program's own), torch_adam's
+// weight decay, WarmupLR's warmup_max_lr, a total_num_steps within the
+// warmup; and messages that say what was written.
+#include <doctest/doctest.h>
+
+#include "config_test_helpers.h"
+
+using namespace zest;
+
+namespace {
+
+std::string filled(const EngineConfig& c, const std::string& key) {
+  for (const ConfigNote& n : c.auto_filled)
+    if (n.key == key) return n.text;
+  return "";
+}
+
+std::string warned(const EngineConfig& c, const std::string& key) {
+  for (const ConfigNote& n : c.warnings)
+    if (n.key == key) return n.text;
+  return "";
+}
+
+AutoValues constant_schedule() {
+  AutoValues p;
+  p.scheduler = LrScheduleConfig{};
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("no optimizer section: the program's optimizer, or an error naming what to set") {
+  const std::string text = R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR"}})";
+  const std::string e = test::error_of(text, AutoValues{});
+  CHECK(e.find("optimizer: the file has no optimizer section, so DeepSpeed would step the program's own optimizer: "
+               "set AutoValues::optimizer (or AutoValues::learning_rate") != std::string::npos);
+
+  // Hugging Face's Trainer: AdamW from its arguments, weight decay 0 unless given.
+  AutoValues hf;
+  hf.learning_rate = 3e-4;
+  hf.beta1 = 0.9;
+  hf.beta2 = 0.95;
+  hf.eps = 1e-6;
+  EngineConfig c = parse_config_json(text, hf);
+  CHECK(c.optimizer.kind == OptimizerKind::kAdamW);
+  CHECK(c.optimizer.lr == 3e-4f);
+  CHECK(c.optimizer.weight_decay == 0.0f);
+  CHECK(c.optimizer.beta2 == 0.95f);
+  CHECK(c.optimizer.eps == 1e-6f);
+  CHECK(filled(c, "optimizer").find("AdamW lr 0.0003 weight_decay 0 betas [0.9, 0.95]") == 0);
+  // WarmupLR without warmup_max_lr warms up to the optimizer's lr.
+  CHECK(c.scheduler.warmup_max_lr == double(3e-4f));
+  CHECK(filled(c, "scheduler.params.warmup_max_lr").find("DeepSpeed's WarmupLR takes the optimizer's lr") !=
+        std::string::npos);
+
+  // An explicit optimizer of the program's.
+  AutoValues sgd;
+  sgd.optimizer = OptimizerConfig{};
+  sgd.optimizer->kind = OptimizerKind::kSgd;
+  sgd.optimizer->lr = 0.1f;
+  sgd.optimizer->weight_decay = 0.0f;
+  c = parse_config_json(text, sgd);
+  CHECK(c.optimizer.kind == OptimizerKind::kSgd);
+  CHECK(c.optimizer.lr == 0.1f);
+  CHECK(filled(c, "optimizer").find("SGD lr 0.1 weight_decay 0 (from AutoValues::optimizer") == 0);
+  sgd.optimizer->lr = -1.0f;
+  CHECK(test::error_of(text, sgd).find("AutoValues::optimizer: SGD: lr must be") != std::string::npos);
+}
+
+TEST_CASE("no scheduler section: the program's schedule, or an error naming what to set") {
+  const std::string text = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
+  CHECK(test::error_of(text, AutoValues{}).find("scheduler: the file has no scheduler section, so DeepSpeed would step the "
+                                  "program's own schedule, if any: set AutoValues::scheduler (LrScheduleConfig{} for "
+                                  "a constant learning rate)") != std::string::npos);
+  EngineConfig c = parse_config_json(text, constant_schedule());
+  CHECK(c.scheduler.kind == LrScheduleKind::kConstant);
+  CHECK(filled(c, "scheduler") == "constant (from AutoValues::scheduler: the file has no scheduler section)");
+  AutoValues cosine;
+  cosine.scheduler = LrScheduleConfig{};
+  cosine.scheduler->kind = LrScheduleKind::kWarmupCosineLR;
+  cosine.scheduler->total_num_steps = 0;
+  CHECK(test::error_of(text, cosine).find("AutoValues::scheduler: WarmupCosineLR: total_num_steps must be at least "
+                                          "1") != std::string::npos);
+}
+
+TEST_CASE("torch_adam takes torch.optim.AdamW's default weight decay, 0.01, where FusedAdam's is 0") {
+  const AutoValues p = constant_schedule();
+  auto wd = [&](const std::string& params, const std::string& type = "Adam") {
+    return parse_config_json(R"({"optimizer": {"type": ")" + type + R"(", "params": )" + params + "}}", p)
+        .optimizer.weight_decay;
+  };
+  CHECK(wd(R"({"lr": 0.001})") == 0.0f);
+  CHECK(wd(R"({"lr": 0.001, "torch_adam": true})") == 0.01f);
+  CHECK(wd(R"({"lr": 0.001, "torch_adam": true})", "AdamW") == 0.01f);
+  CHECK(wd(R"({"lr": 0.001, "torch_adam": true, "weight_decay": 0.1})") == 0.1f);
+  // torch.optim.Adam (adam_w_mode false): its default is 0.
+  CHECK(wd(R"({"lr": 0.001, "torch_adam": true, "adam_w_mode": false})") == 0.0f);
+}
+
+TEST_CASE("a total_num_steps within the warmup is a warning, as in DeepSpeed, and the schedule runs") {
+  const std::string text = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 100, "total_num_steps": 50}}})";
+  const EngineConfig c = parse_config_json(text, AutoValues{});
+  CHECK(c.scheduler.total_num_steps == 50);
+  CHECK(warned(c, "scheduler.params.total_num_steps") ==
+        "50 is less than warmup_num_steps 100: the schedule warms up past the end of training (DeepSpeed warns and "
+        "runs it; so does ZEST)");
+  // Equal is no warning in DeepSpeed.
+  const EngineConfig eq = parse_config_json(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+      "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 50, "total_num_steps": 50}}})",
+                                           AutoValues{});
+  CHECK(eq.warnings.empty());
+  // WarmupDecayLR's warmup_max_lr default stays 0.001, unlike WarmupLR's.
+  CHECK(c.scheduler.warmup_max_lr == 0.001);
+}
+
+TEST_CASE("messages say what was written") {
+  const AutoValues p = constant_schedule();
+  // 0.99999999999 rounds to 1 in fp32: the message shows the written value.
+  CHECK(test::error_of(R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.99999999999]}}})", p)
+            .find("optimizer.params.betas [1] is 0.99999999999; allowed: 0 to below 1") != std::string::npos);
+  // The deprecated cpu_offload is honoured, so it is a warning, not "ignored".
+  const EngineConfig c = parse_config_json(R"({"optimizer": {"type": "AdamW"},
+      "zero_optimization": {"stage": 2, "cpu_offload": true}})", p);
+  CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK(test::ignored_reason(c, "zero_optimization.cpu_offload").empty());
+  CHECK(warned(c, "zero_optimization.cpu_offload").find("deprecated: read as offload_optimizer") == 0);
+}
