@@ -157,11 +157,16 @@ EngineConfig parse(std::string_view text, const AutoValues& program, const std::
   read_scheduler(top, file);
   read_other_features(top, file);
   top.finish();
-  if (file.problems.size() == 1) ZEST_FAIL("{}: {}", source, file.problems[0]);
-  if (!file.problems.empty()) {
+  const size_t problems = file.problems.size() + file.unlisted_problems;
+  if (problems == 1) ZEST_FAIL("{}: {}", source, file.problems[0]);
+  if (problems > 0) {
     std::string all;
     for (const std::string& p : file.problems) all += "\n  - " + p;
-    ZEST_FAIL("{}: {} problems:{}", source, file.problems.size(), all);
+    if (file.unlisted_problems > 0) all += fmt::format("\n  - and {} more, not listed", file.unlisted_problems);
+    ZEST_FAIL("{}: {} problems:{}", source, problems, all);
+  }
+  if (file.unlisted_ignored > 0) {
+    cfg.ignored.push_back({"...", fmt::format("and {} more keys ignored, not listed", file.unlisted_ignored)});
   }
   return cfg;
 }

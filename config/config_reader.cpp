@@ -56,6 +56,15 @@ bool deepspeed_reads(const std::string& section, const std::string& key) {
   return false;
 }
 
+// A key of the file as a message shows it: control characters escaped
+// ("stage\u0000x", not "stage"), at most 80 characters.
+std::string printable(const std::string& key) {
+  std::string s = nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  s = s.substr(1, s.size() - 2);  // without the quotes
+  if (s.size() > 80) s = s.substr(0, 80) + "...";
+  return s;
+}
+
 }  // namespace
 
 std::optional<std::string> did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
@@ -298,7 +307,18 @@ void Section::finish() {
   const std::string name = path_.empty() ? "the top level" : path_;
   for (const auto& [key, value] : j_.items()) {
     if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
-    const std::string path = where(key.c_str());
+    // Past the caps a key is only counted: no message is built for it, and
+    // no "did you mean" search runs (100,000 keys would take seconds).
+    if (unknown_ == Unknown::kRefuse && file_->problems_full()) {
+      file_->problem({});
+      continue;
+    }
+    if (unknown_ != Unknown::kRefuse && file_->problems_full() && file_->ignored_full()) {
+      file_->ignored({}, {});
+      continue;
+    }
+    const std::string shown = printable(key);
+    const std::string path = path_.empty() ? shown : path_ + "." + shown;
     const auto near = did_you_mean(key, sorted);
     if (unknown_ == Unknown::kRefuse) {
       file_->problem(fmt::format("unknown key '{}' in {}{}; DeepSpeed accepts here: {}", path, name,

@@ -18,13 +18,34 @@ using nlohmann::json;
 
 // One file's reading: the program's values for "auto", the config being
 // filled, and the problems found so far.
+//
+// Both lists are capped: a hostile file of 100,000 unknown keys makes an
+// error, and a log line, of the first ones and a count, not of megabytes.
 struct FileState {
+  static constexpr size_t kMaxProblems = 50;
+  static constexpr size_t kMaxIgnored = 200;
+
   const AutoValues& program;
   EngineConfig& out;
   std::vector<std::string> problems;
+  size_t unlisted_problems = 0, unlisted_ignored = 0;
 
-  void problem(std::string text) { problems.push_back(std::move(text)); }
-  void ignored(std::string key, std::string reason) { out.ignored.push_back({std::move(key), std::move(reason)}); }
+  bool problems_full() const { return problems.size() >= kMaxProblems; }
+  bool ignored_full() const { return out.ignored.size() >= kMaxIgnored; }
+  void problem(std::string text) {
+    if (problems.size() < kMaxProblems) {
+      problems.push_back(std::move(text));
+    } else {
+      ++unlisted_problems;
+    }
+  }
+  void ignored(std::string key, std::string reason) {
+    if (out.ignored.size() < kMaxIgnored) {
+      out.ignored.push_back({std::move(key), std::move(reason)});
+    } else {
+      ++unlisted_ignored;
+    }
+  }
   void filled(std::string key, std::string how) { out.auto_filled.push_back({std::move(key), std::move(how)}); }
   void mismatch(std::string key, std::string text) { out.mismatched.push_back({std::move(key), std::move(text)}); }
   void warn(std::string key, std::string text) { out.warnings.push_back({std::move(key), std::move(text)}); }

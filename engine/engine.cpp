@@ -32,8 +32,9 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
   const DType compute = c.compute_dtype();
   ZEST_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == compute || *c.grad_accum_dtype == DType::kFloat32,
              "data_types.grad_accum_dtype is {} with {} compute: ZEST accumulates gradients in the compute dtype "
-             "or in fp32; set it to \"fp32\" or \"{}\", or remove it",
-             dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute), dtype_name(compute));
+             "or in fp32; set it to {}, or remove it",
+             dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute),
+             compute == DType::kFloat32 ? std::string("\"fp32\"") : fmt::format("\"fp32\" or \"{}\"", dtype_name(compute)));
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.grad_accum_dtype.value_or(compute) == compute,
              "zero.reduce_at_accumulation_boundary with data_types.grad_accum_dtype {} under {} compute: the "
              "local accumulation adds in the compute dtype; turn one of them off",

@@ -211,3 +211,11 @@ TEST_CASE("the Engine logs what became of the config once, from rank 0") {
   CHECK(config_lines[2].find(" r0/2] config: train_batch_size 16 = micro 4 x accumulation 2 x 2 ranks") !=
         std::string::npos);
 }
+
+TEST_CASE("a grad_accum_dtype the Engine refuses under fp32 compute names the one choice there is") {
+  const EngineConfig c = parse_config_json(R"({"train_micro_batch_size_per_gpu": 1,
+      "data_types": {"grad_accum_dtype": "bf16"}})", test::own_optimizer());
+  const std::vector<Seen> seen = drive(c, 1, 1);
+  CHECK(seen[0].error == "data_types.grad_accum_dtype is bf16 with fp32 compute: ZEST accumulates gradients in the "
+                         "compute dtype or in fp32; set it to \"fp32\", or remove it");
+}

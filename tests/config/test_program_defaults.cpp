@@ -1,10 +1,12 @@
 // What a file leaves to the program or to a default, as DeepSpeed does it:
 // no optimizer or scheduler section (the program's own), torch_adam's
 // weight decay, WarmupLR's warmup_max_lr, a total_num_steps within the
-// warmup; and messages that say what was written.
+// warmup; and messages that say what was written, of a bounded size.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include "config_test_helpers.h"
+#include "zest/config/config_reader.h"
 
 using namespace zest;
 
@@ -126,4 +128,32 @@ TEST_CASE("messages say what was written") {
   CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK(test::ignored_reason(c, "zero_optimization.cpu_offload").empty());
   CHECK(warned(c, "zero_optimization.cpu_offload").find("deprecated: read as offload_optimizer") == 0);
+}
+
+TEST_CASE("a key with a control character is shown escaped, not cut at it") {
+  const std::string text = R"({"zero_optimization": {"stage\u0000x": 1}})";  // JSON's escape of NUL
+  const std::string e = test::error_of(text);
+  CAPTURE(e);
+  CHECK(e.find("unknown key 'zero_optimization.stage\\u0000x' in zero_optimization") != std::string::npos);
+}
+
+TEST_CASE("100,000 unknown keys make a short error and a short ignored list, quickly") {
+  std::string ignored = "{";
+  std::string refused = R"({"zero_optimization": {)";
+  for (int i = 0; i < 100'000; ++i) {
+    ignored += fmt::format("{}\"k{}\": 0", i ? "," : "", i);
+    refused += fmt::format("{}\"k{}\": 0", i ? "," : "", i);
+  }
+  ignored += "}";
+  refused += "}}";
+  const EngineConfig c = parse_config_json(ignored, test::own_optimizer());
+  REQUIRE(c.ignored.size() == config_detail::FileState::kMaxIgnored + 1);
+  CHECK(c.ignored.back().key == "...");
+  CHECK(c.ignored.back().text == fmt::format("and {} more keys ignored, not listed",
+                                             100'000 - config_detail::FileState::kMaxIgnored));
+  const std::string e = test::error_of(refused);
+  CHECK(e.starts_with("config: 100000 problems:\n  - unknown key 'zero_optimization.k"));
+  CHECK(e.find(fmt::format("\n  - and {} more, not listed", 100'000 - config_detail::FileState::kMaxProblems)) !=
+        std::string::npos);
+  CHECK(e.size() < 200'000);
 }
