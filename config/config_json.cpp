@@ -58,6 +58,7 @@ AutoRule<bool> dtype_rule(const AutoValues& p, DType which) {
 void read_fp16(Section& top, FileState& file) {
   std::optional<Section> s = top.sub("fp16", Unknown::kIgnoreUnlessTypo);
   if (!s) return;
+  s->coerce_like_pydantic();  // DeepSpeedFP16Config
   Fp16Config& f = file.out.fp16;
   const AutoRule<bool> enabled = dtype_rule(file.program, DType::kFloat16);
   s->read_bool("enabled", f.enabled, &enabled);
@@ -86,6 +87,7 @@ void read_bf16(Section& top, FileState& file) {
   if (!key) return;
   std::optional<Section> s = top.sub(key, Unknown::kIgnoreUnlessTypo);
   if (!s) return;
+  s->coerce_like_pydantic();  // DeepSpeedBF16Config
   const AutoRule<bool> enabled = dtype_rule(file.program, DType::kBFloat16);
   s->read_bool("enabled", file.out.bf16, &enabled);
   s->ignore("immediate_grad_update", "when DeepSpeed's bf16 optimizer copies gradients to fp32, a matter of speed; "

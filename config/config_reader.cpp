@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 
 #include "zest/config/ds_schema_keys.h"
 #include "zest/config/json_parse.h"
@@ -152,9 +154,47 @@ void Section::check_match(const char* key, const AutoRule<T>* rule, const T& wri
                                           show(written), show(*rule->program), rule->field));
 }
 
+const json& Section::coerced(const json& v, char kind) {
+  if (!lax_) return v;
+  if (kind == 'b' && v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) {
+    converted_ = v.get<int64_t>() == 1;
+    return converted_;
+  }
+  if (!v.is_string() || is_auto("", v)) return v;
+  converted_ = nullptr;
+  const std::string& s = v.get_ref<const std::string&>();
+  const size_t a = s.find_first_not_of(" \t\n\r"), b = s.find_last_not_of(" \t\n\r");
+  const std::string text = a == std::string::npos ? "" : s.substr(a, b - a + 1);
+  if (kind == 'b') {
+    const std::string t = lower(text);
+    for (const char* yes : {"true", "yes", "on", "t", "y", "1"}) {
+      if (t == yes) converted_ = true;
+    }
+    for (const char* no : {"false", "no", "off", "f", "n", "0"}) {
+      if (t == no) converted_ = false;
+    }
+    if (!converted_.is_boolean()) return v;
+    return converted_;
+  }
+  if (text.empty() || text.size() > 64) return v;
+  char* end = nullptr;
+  if (kind == 'i') {
+    errno = 0;
+    const long long x = std::strtoll(text.c_str(), &end, 10);
+    if (*end != '\0' || errno == ERANGE || !(std::isdigit(static_cast<unsigned char>(text.back())))) return v;
+    converted_ = static_cast<int64_t>(x);
+    return converted_;
+  }
+  const double x = std::strtod(text.c_str(), &end);
+  if (*end != '\0') return v;
+  converted_ = x;
+  return converted_;
+}
+
 bool Section::read_bool(const char* key, bool& out, const AutoRule<bool>* rule) {
-  const json* v = get(key);
-  if (!v) return false;
+  const json* got = get(key);
+  if (!got) return false;
+  const json* v = &coerced(*got, 'b');
   if (is_auto(key, *v)) return take_auto(key, rule, out, show(out));
   if (!v->is_boolean()) {
     problem(key, fmt::format("must be true or false, got {}", detail::json_brief(*v)));
@@ -195,8 +235,9 @@ bool Section::whole(const char* key, const json& v, int64_t& out) {
 }
 
 bool Section::read_int(const char* key, int64_t& out, int64_t lo, int64_t hi, const AutoRule<int64_t>* rule) {
-  const json* v = get(key);
-  if (!v) return false;
+  const json* got = get(key);
+  if (!got) return false;
+  const json* v = &coerced(*got, 'i');
   int64_t x = out;
   if (is_auto(key, *v)) {
     if (!take_auto(key, rule, x, show(out))) return false;
@@ -241,8 +282,9 @@ bool Section::read_int(const char* key, std::optional<int64_t>& out, int64_t lo,
 }
 
 bool Section::read_double(const char* key, double& out, double lo, double hi, const AutoRule<double>* rule) {
-  const json* v = get(key);
-  if (!v) return false;
+  const json* got = get(key);
+  if (!got) return false;
+  const json* v = &coerced(*got, 'd');
   double x = out;
   if (is_auto(key, *v)) {
     if (!take_auto(key, rule, x, show(out))) return false;
@@ -292,7 +334,9 @@ std::optional<Section> Section::sub(const char* key, Unknown unknown) {
     problem(key, fmt::format("must be an object ({{...}}), got {}", detail::json_brief(*v)));
     return std::nullopt;
   }
-  return Section(*file_, *v, where(key), unknown);
+  Section s(*file_, *v, where(key), unknown);
+  s.lax_ = lax_;
+  return s;
 }
 
 void Section::ignore(const char* key, const std::string& reason) {

@@ -307,6 +307,7 @@ void read_zero(Section& top, FileState& file) {
     return;
   }
   Section z(file, *v, "zero_optimization", Unknown::kRefuse);
+  z.coerce_like_pydantic();  // DeepSpeedZeroConfig
   read_zero_object(z, file);
 }
 

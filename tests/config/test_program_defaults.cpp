@@ -157,3 +157,33 @@ TEST_CASE("100,000 unknown keys make a short error and a short ignored list, qui
         std::string::npos);
   CHECK(e.size() < 200'000);
 }
+
+TEST_CASE("strings in DeepSpeed's pydantic sections are converted as pydantic converts them, elsewhere refused") {
+  const AutoValues p = test::own_optimizer();
+  const EngineConfig c = parse_config_json(R"({
+      "zero_optimization": {"stage": "3", "overlap_comm": "no", "contiguous_gradients": 0,
+                            "reduce_bucket_size": " 5000000 ",
+                            "offload_optimizer": {"device": "cpu", "pin_memory": "True", "ratio": "0.5"}},
+      "bf16": {"enabled": "yes"}})",
+                                           p);
+  CHECK(c.zero.stage == 3);
+  CHECK(c.zero.overlap_comm == false);
+  CHECK(c.zero.contiguous_gradients == false);
+  CHECK(c.zero.reduce_bucket_size == 5'000'000);
+  CHECK(c.offload_optimizer.pin_memory);
+  CHECK(c.offload_optimizer.ratio == 0.5);
+  CHECK(c.bf16);
+  CHECK(parse_config_json(R"({"fp16": {"enabled": "on", "loss_scale": "128", "hysteresis": "4"}})", p).fp16.hysteresis ==
+        4);
+  // What pydantic refuses stays refused, with the value as written.
+  CHECK(test::error_of(R"({"zero_optimization": {"stage": "three"}})") ==
+        "config: zero_optimization.stage must be a whole number, got \"three\"");
+  CHECK(test::error_of(R"({"fp16": {"enabled": "maybe"}})") == "config: fp16.enabled must be true or false, got \"maybe\"");
+  CHECK(test::error_of(R"({"zero_optimization": {"overlap_comm": 2}})") ==
+        "config: zero_optimization.overlap_comm must be true or false, got 2");
+  // DeepSpeed reads the top level and optimizer params with dict lookups:
+  // a string there reaches its arithmetic (or torch's) and fails.
+  CHECK(test::error_of(R"({"train_batch_size": "8"})") == "config: train_batch_size must be a whole number, got \"8\"");
+  CHECK(test::error_of(R"({"optimizer": {"type": "AdamW", "params": {"lr": "1e-3"}}})") ==
+        "config: optimizer.params.lr must be a number, got \"1e-3\"");
+}
