@@ -238,18 +238,21 @@ void read_optimizer(Section& top, FileState& file) {
   const AutoRule<double> lr{a.learning_rate, "learning_rate", "", true, type != 2};
   const AutoRule<double> wd{a.weight_decay, "weight_decay"};
   p->read_float("lr", o.lr, 0.0, 1e6, &lr);
-  const bool wd_set = p->read_float("weight_decay", o.weight_decay, 0.0, 1e6, &wd);
   p->read_int("host_threads", o.host_threads, 1, 1024);  // ZEST's own: OptimizerConfig::host_threads
+  bool torch_adamw = false;
   if (type == 2) {
     read_sgd_params(*p, o);
   } else {
     bool torch_adam = false;
     read_adam_params(*p, file, o, type == 0, torch_adam);
-    if (torch_adam && o.kind == OptimizerKind::kAdamW && !wd_set) {
-      o.weight_decay = 0.01f;
-      file.filled(p->where("weight_decay"), "0.01 (not written: torch_adam builds torch.optim.AdamW, whose default "
-                                            "it is)");
-    }
+    torch_adamw = torch_adam && o.kind == OptimizerKind::kAdamW;
+  }
+  // torch.optim.AdamW's default weight decay is 0.01 (FusedAdam's and
+  // torch.optim.Adam's 0), an unfilled "auto" included.
+  if (torch_adamw) o.weight_decay = 0.01f;
+  if (!p->read_float("weight_decay", o.weight_decay, 0.0, 1e6, &wd) && torch_adamw && !p->get("weight_decay")) {
+    file.filled(p->where("weight_decay"), "0.01 (not written: torch_adam builds torch.optim.AdamW, whose default "
+                                          "it is)");
   }
   ignore_torch_impl(*p);
   p->finish();
@@ -307,7 +310,8 @@ void read_scheduler(Section& top, FileState& file) {
       if (c.kind == LrScheduleKind::kWarmupLR) c.warmup_max_lr = file.out.optimizer.lr;
       p->read_double("warmup_max_lr", c.warmup_max_lr, 0.0, 1e6, &max_lr);
     }
-    p->read_int("warmup_num_steps", c.warmup_num_steps, 0, kMaxCount, &warmup);
+    // DeepSpeed's schedules raise on warmup_num_steps <= 0.
+    p->read_int("warmup_num_steps", c.warmup_num_steps, 1, kMaxCount, &warmup);
     if (c.kind != LrScheduleKind::kWarmupLR) p->read_int("total_num_steps", c.total_num_steps, 1, kMaxCount, &total);
     const int wt = p->read_choice("warmup_type", {"log", "linear"});
     if (wt >= 0) c.warmup_type = wt == 0 ? WarmupType::kLog : WarmupType::kLinear;

@@ -304,7 +304,9 @@ bool Section::read_double(const char* key, double& out, double lo, double hi, co
 }
 
 bool Section::read_float(const char* key, float& out, double lo, double hi, const AutoRule<double>* rule) {
-  double x = out;
+  // The double a float's shortest form reads as (0.01f as 0.01, not
+  // 0.009999999776482582), so a default shown in a note reads as written.
+  double x = std::strtod(fmt::format("{}", out).c_str(), nullptr);
   if (!read_double(key, x, lo, hi, rule)) return false;
   out = static_cast<float>(x);
   return true;

@@ -98,6 +98,12 @@ TEST_CASE("torch_adam takes torch.optim.AdamW's default weight decay, 0.01, wher
   CHECK(wd(R"({"lr": 0.001, "torch_adam": true, "weight_decay": 0.1})") == 0.1f);
   // torch.optim.Adam (adam_w_mode false): its default is 0.
   CHECK(wd(R"({"lr": 0.001, "torch_adam": true, "adam_w_mode": false})") == 0.0f);
+  // An "auto" the program leaves unfilled takes torch's default too.
+  const EngineConfig c = parse_config_json(
+      R"({"optimizer": {"type": "AdamW", "params": {"weight_decay": "auto", "torch_adam": true}}})", p);
+  CHECK(c.optimizer.weight_decay == 0.01f);
+  CHECK(filled(c, "optimizer.params.weight_decay") ==
+        "0.01 (the default; set AutoValues::weight_decay to choose it)");
 }
 
 TEST_CASE("a total_num_steps within the warmup is a warning, as in DeepSpeed, and the schedule runs") {
@@ -115,6 +121,10 @@ TEST_CASE("a total_num_steps within the warmup is a warning, as in DeepSpeed, an
   CHECK(eq.warnings.empty());
   // WarmupDecayLR's warmup_max_lr default stays 0.001, unlike WarmupLR's.
   CHECK(c.scheduler.warmup_max_lr == 0.001);
+  // DeepSpeed's schedules raise on a warmup of 0 steps.
+  CHECK(test::error_of(R"({"optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupLR",
+      "params": {"warmup_num_steps": 0}}})") == "config: scheduler.params.warmup_num_steps is 0; allowed: 1 to "
+                                                 "1125899906842624");
 }
 
 TEST_CASE("messages say what was written") {
