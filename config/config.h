@@ -34,6 +34,14 @@
 //     refused with the feature's name;
 //   - a key DeepSpeed itself would refuse is refused with the names allowed
 //     there and the nearest one ("did you mean").
+// The keys of DeepSpeed's schema are listed in config/ds_schema_keys.h,
+// generated from its source by scripts/ds_config_keys.py (with the commit
+// read); a test holds the reader to every one of them. A file is read as
+// DeepSpeed's hjson.load reads it (comments, trailing commas, unquoted keys
+// and strings), and strings in the sections DeepSpeed validates with
+// pydantic (zero_optimization, fp16, bf16) are converted as pydantic does
+// ("3", "1e-5", "yes"); elsewhere DeepSpeed passes a string on, and ZEST
+// refuses it.
 // Every problem of a file is found before anything is thrown: one zest::Error
 // lists them all, each with its key path ("zero_optimization.stage").
 #pragma once

@@ -280,8 +280,14 @@ def write_header(out, commit, listing):
         "inline const DsSchemaSection kDeepSpeedSchema[] = {"
     ]
     for path in sorted(listing):
-        keys = ", ".join(f'"{k}"' for k in listing[path])
-        lines.append(f'    {{"{path}", {{{keys}}}}},')
+        line = f'    {{"{path}", {{'
+        for i, k in enumerate(listing[path]):
+            item = f'"{k}"' + (", " if i + 1 < len(listing[path]) else "}},")
+            if len(line) + len(item.rstrip()) > 118:
+                lines.append(line.rstrip())
+                line = "        "
+            line += item
+        lines.append(line)
     lines += ["};", "", "}  // namespace zest::config_detail", ""]
     with open(out, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
