@@ -27,6 +27,13 @@ std::string clip(std::string text, size_t max_chars) {
   return text;
 }
 
+// A key as an error shows it: escaped as JSON writes it ("a\u0000b", where
+// the raw text would end the message at the NUL), without the quotes.
+std::string shown_key(const std::string& key) {
+  std::string s = clip(json(key).dump(-1, ' ', false, json::error_handler_t::replace), 82);
+  return s.size() >= 2 && s.front() == '"' && s.back() == '"' ? s.substr(1, s.size() - 2) : s.substr(1);
+}
+
 // A pointer into the text that also records how far the parser has read,
 // so that events (which nlohmann reports without a position) can name one.
 class CountingIterator {
@@ -95,7 +102,7 @@ class Builder {
     if (!inserted) {
       fail(fmt::format("the key \"{}\" appears twice in one object; each key may appear once (which "
                        "of the two was meant?)",
-                       clip(k, 80)));
+                       shown_key(k)));
     }
     slot_ = &it->second;
     return true;
@@ -169,7 +176,7 @@ class Builder {
         const size_t index = innermost && value_pending ? e.count : (e.count == 0 ? 0 : e.count - 1);
         out += fmt::format("[{}]", index);
       } else if (!e.key.empty()) {
-        out += (out.empty() ? "" : ".") + clip(e.key, 80);
+        out += (out.empty() ? "" : ".") + shown_key(e.key);
       }
     }
     return out;

@@ -145,6 +145,11 @@ TEST_CASE("a key with a control character is shown escaped, not cut at it") {
   const std::string e = test::error_of(text);
   CAPTURE(e);
   CHECK(e.find("unknown key 'zero_optimization.stage\\u0000x' in zero_optimization") != std::string::npos);
+  // The parser's own errors (a key twice, and the key path) escape it too.
+  CHECK(test::error_of(R"({"a\u0000b": {"x": 1, "x\u0001": 1e400}})").find("(at a\\u0000b.x\\u0001)") !=
+        std::string::npos);
+  CHECK(test::error_of(R"({"a\u0000b": 1, "a\u0000b": 2})")
+            .find("the key \"a\\u0000b\" appears twice in one object") != std::string::npos);
 }
 
 TEST_CASE("100,000 unknown keys make a short error and a short ignored list, quickly") {
