@@ -202,3 +202,10 @@ TEST_CASE("strings in DeepSpeed's pydantic sections are converted as pydantic co
   CHECK(test::error_of(R"({"optimizer": {"type": "AdamW", "params": {"lr": "1e-3"}}})") ==
         "config: optimizer.params.lr must be a number, got \"1e-3\"");
 }
+
+TEST_CASE("fp16 and bf16 refuse keys their pydantic models do not have") {
+  CHECK(test::error_of(R"({"fp16": {"enabled": true, "fp16_opt_level": "O2"}})")
+            .starts_with("config: unknown key 'fp16.fp16_opt_level' in fp16; DeepSpeed accepts here: auto_cast, "));
+  CHECK(test::error_of(R"({"bf16": {"enabled": true, "master_dtype": "fp32"}})")
+            .starts_with("config: unknown key 'bf16.master_dtype' in bf16; DeepSpeed accepts here: "));
+}
