@@ -58,15 +58,6 @@ bool deepspeed_reads(const std::string& section, const std::string& key) {
   return false;
 }
 
-// A key of the file as a message shows it: control characters escaped
-// ("stage\u0000x", not "stage"), at most 80 characters.
-std::string printable(const std::string& key) {
-  std::string s = nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  s = s.substr(1, s.size() - 2);  // without the quotes
-  if (s.size() > 80) s = s.substr(0, 80) + "...";
-  return s;
-}
-
 }  // namespace
 
 std::optional<std::string> did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
@@ -363,7 +354,7 @@ void Section::finish() {
       file_->ignored({}, {});
       continue;
     }
-    const std::string shown = printable(key);
+    const std::string shown = detail::json_key_text(key);  // "stage\u0000x", not "stage"
     const std::string path = path_.empty() ? shown : path_ + "." + shown;
     const auto near = did_you_mean(key, sorted);
     if (unknown_ == Unknown::kRefuse) {

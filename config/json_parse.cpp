@@ -27,13 +27,6 @@ std::string clip(std::string text, size_t max_chars) {
   return text;
 }
 
-// A key as an error shows it: escaped as JSON writes it ("a\u0000b", where
-// the raw text would end the message at the NUL), without the quotes.
-std::string shown_key(const std::string& key) {
-  std::string s = clip(json(key).dump(-1, ' ', false, json::error_handler_t::replace), 82);
-  return s.size() >= 2 && s.front() == '"' && s.back() == '"' ? s.substr(1, s.size() - 2) : s.substr(1);
-}
-
 // A pointer into the text that also records how far the parser has read,
 // so that events (which nlohmann reports without a position) can name one.
 class CountingIterator {
@@ -102,7 +95,7 @@ class Builder {
     if (!inserted) {
       fail(fmt::format("the key \"{}\" appears twice in one object; each key may appear once (which "
                        "of the two was meant?)",
-                       shown_key(k)));
+                       json_key_text(k)));
     }
     slot_ = &it->second;
     return true;
@@ -176,7 +169,7 @@ class Builder {
         const size_t index = innermost && value_pending ? e.count : (e.count == 0 ? 0 : e.count - 1);
         out += fmt::format("[{}]", index);
       } else if (!e.key.empty()) {
-        out += (out.empty() ? "" : ".") + shown_key(e.key);
+        out += (out.empty() ? "" : ".") + json_key_text(e.key);
       }
     }
     return out;
@@ -240,6 +233,11 @@ std::optional<int64_t> json_int64(const json& v, std::string* why) {
 
 std::string json_brief(const json& v, size_t max_chars) {
   return clip(v.dump(-1, ' ', false, json::error_handler_t::replace), max_chars);
+}
+
+std::string json_key_text(const std::string& key) {
+  std::string s = json(key).dump(-1, ' ', false, json::error_handler_t::replace);
+  return clip(s.substr(1, s.size() - 2), 80);  // without the quotes
 }
 
 }  // namespace zest::detail

@@ -51,4 +51,9 @@ std::optional<int64_t> json_int64(const nlohmann::json& v, std::string* why = nu
 // v.dump(), at most `max_chars` characters (hostile values can be long).
 std::string json_brief(const nlohmann::json& v, size_t max_chars = 64);
 
+// A key as an error shows it: escaped as JSON writes it ("a\u0000b", where
+// the raw text would end the message at the NUL), without the quotes, at
+// most 80 characters and "...".
+std::string json_key_text(const std::string& key);
+
 }  // namespace zest::detail
