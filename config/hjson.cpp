@@ -254,34 +254,46 @@ class Reader {
     emit('"', pos_++);
   }
 
-  // '''...''': the opening column's indentation is removed from each line;
-  // a first line break and the last one (before the closing ''') are not
-  // part of the string.
+  // '''...''', as hjson-py's mlscanstring reads it: the opening column's
+  // indentation (at most) is skipped at the start of each line, a line
+  // break right after the opening ''' and the last one before the closing
+  // ''' are not part of the string, and carriage returns are dropped.
   void multiline_string() {
     const size_t start = pos_;
-    const size_t line_start = t_.rfind('\n', pos_ == 0 ? 0 : pos_ - 1);
+    const size_t line_start = pos_ == 0 ? std::string_view::npos : t_.rfind('\n', pos_ - 1);
     const size_t indent = pos_ - (line_start == std::string_view::npos ? 0 : line_start + 1);
-    pos_ += 3;
-    while (pos_ < t_.size() && (t_[pos_] == ' ' || t_[pos_] == '\t' || t_[pos_] == '\r')) ++pos_;
-    if (pos_ < t_.size() && t_[pos_] == '\n') ++pos_;
-    const size_t end = t_.find("'''", pos_);
-    if (end == std::string_view::npos) fail(start, "a ''' string that is never closed");
+    auto skip_indent = [&](size_t at, size_t n) {
+      for (; at < t_.size() && n > 0 && (t_[at] == ' ' || t_[at] == '\t' || t_[at] == '\r'); --n) ++at;
+      return at;
+    };
+    size_t at = skip_indent(pos_ + 3, std::string_view::npos);
+    if (at < t_.size() && t_[at] == '\n') at = skip_indent(at + 1, indent);
     emit('"', start);
-    size_t i = pos_;
-    while (i < end) {
-      for (size_t skipped = 0; skipped < indent && i < end && (t_[i] == ' ' || t_[i] == '\t'); ++skipped) ++i;
-      size_t eol = t_.find('\n', i);
-      if (eol == std::string_view::npos || eol > end) eol = end;
-      const bool last = eol == end;
-      size_t stop = eol;
-      if (!last && stop > i && t_[stop - 1] == '\r') --stop;
-      for (size_t k = i; k < stop; ++k) escaped(t_[k], k);
-      // The line break before the closing ''' is dropped.
-      if (!last && t_.find_first_not_of(" \t\r", eol + 1) != end) escaped('\n', eol);
-      i = last ? end : eol + 1;
+    size_t quotes = 0;           // ' characters seen in a row
+    size_t held_eol = t_.size();  // a line break not yet written (the last one is dropped)
+    for (;;) {
+      if (at >= t_.size()) fail(start, "a ''' string that is never closed");
+      const char c = t_[at];
+      if (c == '\'') {
+        ++at;
+        if (++quotes == 3) break;
+        continue;
+      }
+      if (held_eol < t_.size()) {
+        escaped('\n', held_eol);
+        held_eol = t_.size();
+      }
+      for (; quotes > 0; --quotes) escaped('\'', at - 1);
+      if (c == '\n') {
+        held_eol = at;
+        at = skip_indent(at + 1, indent);
+      } else {
+        if (c != '\r') escaped(c, at);
+        ++at;
+      }
     }
-    emit('"', end);
-    pos_ = end + 3;
+    emit('"', at - 3);
+    pos_ = at;
   }
 
   // A number, true, false or null when what precedes a ',', '}', ']', a

@@ -94,3 +94,13 @@ TEST_CASE("a commented DeepSpeed file loads and reaches its real obstacle") {
   CHECK(e.find("not valid") == std::string::npos);
   CHECK(e.find("zero_optimization.offload_optimizer.device is \"nvme\"") != std::string::npos);
 }
+
+TEST_CASE("Hjson: ''' strings as hjson-py reads them") {
+  // Text right after the opening quotes, quotes inside, a closing line
+  // indented deeper than the opening column (its extra spaces and the break
+  // before them stay), CRs dropped, the last line break dropped.
+  CHECK(hjson("a: '''one\r\n  two '' three\n  '''")["a"] == "one\ntwo '' three");
+  CHECK(hjson("a: '''x'''")["a"] == "x");
+  CHECK(hjson("a:\n  '''\n  x\n     '''")["a"] == "x\n   ");
+  CHECK(hjson_error("a: '''x''").find("a ''' string that is never closed") != std::string::npos);
+}
