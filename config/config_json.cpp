@@ -56,8 +56,7 @@ AutoRule<bool> dtype_rule(const AutoValues& p, DType which) {
 // kMaxStaticLossScale: Note [static loss scale bound] in optim/loss_scaler.h.
 
 void read_fp16(Section& top, FileState& file) {
-  // DeepSpeedFP16Config forbids other keys, as its other models do.
-  std::optional<Section> s = top.sub("fp16", Unknown::kRefuse);
+  std::optional<Section> s = top.sub("fp16", Unknown::kIgnoreUnlessTypo);
   if (!s) return;
   s->coerce_like_pydantic();  // DeepSpeedFP16Config
   Fp16Config& f = file.out.fp16;
@@ -86,9 +85,7 @@ void read_fp16(Section& top, FileState& file) {
 void read_bf16(Section& top, FileState& file) {
   const char* key = top.either("bf16", "bfloat16");  // "bfloat16": DeepSpeed's older name
   if (!key) return;
-  // DeepSpeedBF16Config forbids other keys (the fp16 ones below aside, which
-  // DeepSpeed's own test files write and ZEST accepts, noting them).
-  std::optional<Section> s = top.sub(key, Unknown::kRefuse);
+  std::optional<Section> s = top.sub(key, Unknown::kIgnoreUnlessTypo);
   if (!s) return;
   s->coerce_like_pydantic();  // DeepSpeedBF16Config
   const AutoRule<bool> enabled = dtype_rule(file.program, DType::kBFloat16);

@@ -370,8 +370,15 @@ void Section::finish() {
       file_->problem(fmt::format("'{}' is a key DeepSpeed reads (its schema at commit {:.12}) that this ZEST does "
                                  "not handle; remove it",
                                  path, kDeepSpeedSchemaCommit));
+    } else if (key.starts_with("_")) {
+      file_->ignored(path, "a comment");
+    } else if (lax_) {
+      // fp16 and bf16: dict lookups in DeepSpeed until its pydantic models,
+      // which forbid other keys; real files still carry such keys.
+      file_->ignored(path, "not a key of DeepSpeed's current model for this section (which refuses it; older "
+                           "DeepSpeed ignored it): ZEST ignores it");
     } else {
-      file_->ignored(path, key.starts_with("_") ? "a comment" : "DeepSpeed does not read this key either");
+      file_->ignored(path, "DeepSpeed does not read this key either");
     }
   }
 }

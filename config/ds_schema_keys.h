@@ -41,7 +41,7 @@ inline const DsSchemaSection kDeepSpeedSchema[] = {
         "initial_scale_power", "loss_scale", "loss_scale_window", "min_loss_scale"}},
     {"hybrid_engine", {"enable_cuda_graph", "enabled", "inference_tp_size", "max_out_tokens", "pin_parameters",
         "release_inference_cache", "tp_gather_partition_size"}},
-    {"timers", {"enabled", "synchronized"}},
+    {"timers.throughput", {"enabled", "synchronized"}},
     {"zero_optimization", {"allgather_bucket_size", "allgather_partitions", "allgather_sequential",
         "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
         "elastic_checkpoint", "enable_sanity_checks", "gather_16bit_weights_on_model_save",

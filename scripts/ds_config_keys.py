@@ -141,6 +141,17 @@ def param_dict_keys(node, consts):
     return keys
 
 
+def nested_key(fn, consts):
+    """K2 when `fn` reads param_dict[K][K2] (one such key), else None."""
+    found = set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Subscript) and is_param_dict(n.value.value):
+            k2 = key_of(n.slice, consts)
+            if k2:
+                found.add(k2)
+    return next(iter(found)) if len(found) == 1 else None
+
+
 def models(trees):
     """DeepSpeedConfigModel subclasses: name -> (fields with aliases, {field: nested model})."""
     classes = {}
@@ -238,8 +249,12 @@ def main():
                 built = {n.func.id for n in ast.walk(fn)
                          if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in mods}
                 if len(built) == 1 and (len(keys) == 1 or (len(keys) == 2 and fn.name.startswith("get_"))):
+                    # Built from a dict one level down (get_timers_config:
+                    # param_dict["timers"]["throughput"]): that path.
+                    inner = nested_key(fn, consts)
                     for key in sorted(keys):
-                        sections.setdefault(key, next(iter(built)))
+                        path = key + "." + inner if inner and len(keys) == 1 else key
+                        sections.setdefault(path, next(iter(built)))
     # Models built inline in DeepSpeedConfig._initialize_params: Model(**param_dict.get(K, {})).
     for tree in trees.values():
         for n in ast.walk(tree):
