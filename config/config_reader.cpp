@@ -176,6 +176,8 @@ const json& Section::coerced(const json& v, char kind) {
     converted_ = static_cast<int64_t>(x);
     return converted_;
   }
+  // strtod also reads hex floats ("0x1p3"), which pydantic does not.
+  if (text.find_first_of("xX") != std::string::npos) return v;
   const double x = std::strtod(text.c_str(), &end);
   if (*end != '\0') return v;
   converted_ = x;

@@ -194,6 +194,8 @@ TEST_CASE("strings in DeepSpeed's pydantic sections are converted as pydantic co
   CHECK(test::error_of(R"({"zero_optimization": {"stage": "three"}})") ==
         "config: zero_optimization.stage must be a whole number, got \"three\"");
   CHECK(test::error_of(R"({"fp16": {"enabled": "maybe"}})") == "config: fp16.enabled must be true or false, got \"maybe\"");
+  CHECK(test::error_of(R"({"fp16": {"min_loss_scale": "0x1p3"}})") ==
+        "config: fp16.min_loss_scale must be a number, got \"0x1p3\"");
   CHECK(test::error_of(R"({"zero_optimization": {"overlap_comm": 2}})") ==
         "config: zero_optimization.overlap_comm must be true or false, got 2");
   // DeepSpeed reads the top level and optimizer params with dict lookups:
