@@ -112,7 +112,12 @@ void read_refused(Section& top) {
   top.refuse_if("torch_autocast", is_on, "torch.autocast around the model's forward with fp32 parameters "
                 "(torch_autocast); ZEST does not run the forward: set fp16 or bf16 instead",
                 "torch_autocast is off");
-  top.refuse_if("expert_parallel", is_on, "expert (MoE) parallelism", "expert parallelism is off");
+  // parse_autoep_config: on only with "enabled" true (default false).
+  top.refuse_if("expert_parallel",
+                [](const json& v) {
+                  return v.is_object() ? v.contains("enabled") && is_on(v.at("enabled")) : is_on(v);
+                },
+                "expert (MoE) parallelism (AutoEP)", "expert parallelism is off");
   // true, the default, is what ZEST does: micro-steps counted, one update per
   // accumulation boundary.
   top.refuse_if("managed_gradient_accumulation", [](const json& v) { return !(v.is_boolean() && v.get<bool>()); },

@@ -34,7 +34,8 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
              "data_types.grad_accum_dtype is {} with {} compute: ZEST accumulates gradients in the compute dtype "
              "or in fp32; set it to {}, or remove it",
              dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute),
-             compute == DType::kFloat32 ? std::string("\"fp32\"") : fmt::format("\"fp32\" or \"{}\"", dtype_name(compute)));
+             compute == DType::kFloat32 ? std::string("\"fp32\"")
+                                        : fmt::format("\"fp32\" or \"{}\"", dtype_name(compute)));
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.grad_accum_dtype.value_or(compute) == compute,
              "zero.reduce_at_accumulation_boundary with data_types.grad_accum_dtype {} under {} compute: the "
              "local accumulation adds in the compute dtype; turn one of them off",
@@ -80,7 +81,9 @@ void log_config_notes(const EngineConfig& c, const Communicator& comm) {
     return s;
   };
   if (!c.ignored.empty()) ZEST_LOG_INFO("config: ignored (ZEST does not do what they control): {}", list(c.ignored));
-  if (!c.auto_filled.empty()) ZEST_LOG_INFO("config: from the program (\"auto\" and absent sections): {}", list(c.auto_filled));
+  if (!c.auto_filled.empty()) {
+    ZEST_LOG_INFO("config: from the program (\"auto\" and absent sections): {}", list(c.auto_filled));
+  }
   if (!c.mismatched.empty()) ZEST_LOG_WARN("config: the file differs from the program's values: {}", list(c.mismatched));
   if (!c.warnings.empty()) ZEST_LOG_WARN("config: {}", list(c.warnings));
   if (const std::string batch = c.batch_summary(comm.size()); !batch.empty()) ZEST_LOG_INFO("config: {}", batch);

@@ -159,7 +159,9 @@ zest::AutoValues config_program(std::map<std::string, std::string>& flags, int w
   const auto has = [&](const char* f) { return flags.count(f) != 0; };
   zest::AutoValues p;
   p.world_size = world;
-  if (has("--micro-batch")) p.micro_batch_size = static_cast<int64_t>(count_arg("--micro-batch", flags["--micro-batch"], 1));
+  if (has("--micro-batch")) {
+    p.micro_batch_size = static_cast<int64_t>(count_arg("--micro-batch", flags["--micro-batch"], 1));
+  }
   if (has("--hidden-size")) {
     p.hidden_size = static_cast<int64_t>(count_arg("--hidden-size", flags["--hidden-size"], 1, 0x1p25 - 1));
   }

@@ -19,6 +19,9 @@ inline AutoValues own_optimizer() {
   return p;
 }
 
+// `text` parsed with own_optimizer()'s program.
+inline EngineConfig parse(const std::string& text) { return parse_config_json(text, own_optimizer()); }
+
 // The error parse_config_json throws for `text`, or "no error".
 inline std::string error_of(const std::string& text, const AutoValues& program = own_optimizer()) {
   try {

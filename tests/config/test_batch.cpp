@@ -130,8 +130,8 @@ TEST_CASE("an inconsistent triple is an error with the arithmetic") {
 }
 
 TEST_CASE("the Engine derives the accumulation from the file's batch sizes at its world size") {
-  const EngineConfig from_file = parse_config_json(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
-                                                       "zero_optimization": {"stage": 2}})", test::own_optimizer());
+  const EngineConfig from_file = test::parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
+                                                       "zero_optimization": {"stage": 2}})");
   for (int world : {1, 2, 4}) {
     CAPTURE(world);
     const int64_t accum = 4 / world;  // 32 / 8 / world
@@ -187,8 +187,8 @@ void capture(LogLevel, std::string_view line) {
 }  // namespace
 
 TEST_CASE("the Engine logs what became of the config once, from rank 0") {
-  const EngineConfig c = parse_config_json(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
-      "steps_per_print": 10, "zero_optimization": {"stage": 1, "sub_group_size": 1e9}})", test::own_optimizer());
+  const EngineConfig c = test::parse(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+      "steps_per_print": 10, "zero_optimization": {"stage": 1, "sub_group_size": 1e9}})");
   g_log_lines.clear();
   const LogLevel level = log_level();
   set_log_level(LogLevel::kInfo);
@@ -213,8 +213,8 @@ TEST_CASE("the Engine logs what became of the config once, from rank 0") {
 }
 
 TEST_CASE("a grad_accum_dtype the Engine refuses under fp32 compute names the one choice there is") {
-  const EngineConfig c = parse_config_json(R"({"train_micro_batch_size_per_gpu": 1,
-      "data_types": {"grad_accum_dtype": "bf16"}})", test::own_optimizer());
+  const EngineConfig c = test::parse(R"({"train_micro_batch_size_per_gpu": 1,
+      "data_types": {"grad_accum_dtype": "bf16"}})");
   const std::vector<Seen> seen = drive(c, 1, 1);
   CHECK(seen[0].error == "data_types.grad_accum_dtype is bf16 with fp32 compute: ZEST accumulates gradients in the "
                          "compute dtype or in fp32; set it to \"fp32\", or remove it");

@@ -120,6 +120,9 @@ TEST_CASE("keys DeepSpeed acts on that ask for what ZEST lacks are refused by na
         std::string::npos);
   CHECK(error(R"({"bf16": {"enabled": true, "check_grad_overflow": false}})")
             .find("applying steps whose gradients are not finite") != std::string::npos);
+  CHECK(error(R"({"expert_parallel": {"enabled": true, "autoep_size": 8}})").find("expert (MoE) parallelism") !=
+        std::string::npos);
+  CHECK(error(R"({"expert_parallel": {"autoep_size": 8}})") == "no error");  // "enabled" defaults to false
   CHECK(error(R"({"managed_gradient_accumulation": false})").find("an optimizer update at every step()") !=
         std::string::npos);
 }

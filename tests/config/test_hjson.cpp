@@ -62,7 +62,8 @@ TEST_CASE("Hjson: what DeepSpeed's reader accepts becomes the same document") {
 }
 
 TEST_CASE("Hjson: a JSON file reads as before, and the root braces are optional") {
-  const std::string text = R"({"a": [1, -2, 3.5, true, null, "s\"q\\", {"b": [[]]}], "c": {}, "u": 18446744073709551615})";
+  const std::string text =
+      R"({"a": [1, -2, 3.5, true, null, "s\"q\\", {"b": [[]]}], "c": {}, "u": 18446744073709551615})";
   CHECK(hjson(text) == json::parse(text));
   CHECK(hjson("stage: 2\nname: x") == json::parse(R"({"stage": 2, "name": "x"})"));
 }

@@ -72,7 +72,8 @@ TEST_CASE("no optimizer section: the program's optimizer, or an error naming wha
 
 TEST_CASE("no scheduler section: the program's schedule, or an error naming what to set") {
   const std::string text = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})";
-  CHECK(test::error_of(text, AutoValues{}).find("scheduler: the file has no scheduler section, so DeepSpeed would step the "
+  CHECK(test::error_of(text, AutoValues{}).find("scheduler: the file has no scheduler section, so DeepSpeed would "
+                                                "step the "
                                   "program's own schedule, if any: set AutoValues::scheduler (LrScheduleConfig{} for "
                                   "a constant learning rate)") != std::string::npos);
   EngineConfig c = parse_config_json(text, constant_schedule());
@@ -161,7 +162,7 @@ TEST_CASE("100,000 unknown keys make a short error and a short ignored list, qui
   }
   ignored += "}";
   refused += "}}";
-  const EngineConfig c = parse_config_json(ignored, test::own_optimizer());
+  const EngineConfig c = test::parse(ignored);
   REQUIRE(c.ignored.size() == config_detail::FileState::kMaxIgnored + 1);
   CHECK(c.ignored.back().key == "...");
   CHECK(c.ignored.back().text == fmt::format("and {} more keys ignored, not listed",
@@ -188,12 +189,15 @@ TEST_CASE("strings in DeepSpeed's pydantic sections are converted as pydantic co
   CHECK(c.offload_optimizer.pin_memory);
   CHECK(c.offload_optimizer.ratio == 0.5);
   CHECK(c.bf16);
-  CHECK(parse_config_json(R"({"fp16": {"enabled": "on", "loss_scale": "128", "hysteresis": "4"}})", p).fp16.hysteresis ==
-        4);
+  const EngineConfig f = parse_config_json(R"({"fp16": {"enabled": "on", "loss_scale": "128", "hysteresis": "4"}})", p);
+  CHECK(f.fp16.enabled);
+  CHECK(f.fp16.loss_scale == 128.0);
+  CHECK(f.fp16.hysteresis == 4);
   // What pydantic refuses stays refused, with the value as written.
   CHECK(test::error_of(R"({"zero_optimization": {"stage": "three"}})") ==
         "config: zero_optimization.stage must be a whole number, got \"three\"");
-  CHECK(test::error_of(R"({"fp16": {"enabled": "maybe"}})") == "config: fp16.enabled must be true or false, got \"maybe\"");
+  CHECK(test::error_of(R"({"fp16": {"enabled": "maybe"}})") ==
+        "config: fp16.enabled must be true or false, got \"maybe\"");
   CHECK(test::error_of(R"({"fp16": {"min_loss_scale": "0x1p3"}})") ==
         "config: fp16.min_loss_scale must be a number, got \"0x1p3\"");
   CHECK(test::error_of(R"({"zero_optimization": {"overlap_comm": 2}})") ==
@@ -206,10 +210,11 @@ TEST_CASE("strings in DeepSpeed's pydantic sections are converted as pydantic co
 }
 
 TEST_CASE("a key fp16's or bf16's pydantic model lacks is ignored, saying so, and a typo refused") {
-  const EngineConfig c = parse_config_json(R"({"fp16": {"enabled": true, "fp16_opt_level": "O2"}})", test::own_optimizer());
+  const EngineConfig c = test::parse(R"({"fp16": {"enabled": true, "fp16_opt_level": "O2"}})");
   CHECK(test::ignored_reason(c, "fp16.fp16_opt_level") ==
         "not a key of DeepSpeed's current model for this section (which refuses it; older DeepSpeed ignored it): ZEST "
         "ignores it");
   CHECK(test::error_of(R"({"bf16": {"enabled": true, "check_grad_overflw": true}})")
-            .starts_with("config: unknown key 'bf16.check_grad_overflw' in bf16 (did you mean 'check_grad_overflow'?)"));
+            .starts_with("config: unknown key 'bf16.check_grad_overflw' in bf16 (did you mean "
+                         "'check_grad_overflow'?)"));
 }
