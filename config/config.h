@@ -8,7 +8,8 @@
 //   program.micro_batch_size = 8;
 //   program.compute_dtype = zest::DType::kBFloat16;
 //   program.hidden_size = 4096;
-//   program.learning_rate = 2e-5;
+//   program.learning_rate = 2e-5;                // the file has no optimizer: AdamW
+//   program.scheduler = zest::LrScheduleConfig{}; // nor a scheduler: a constant rate
 //   zest::EngineConfig cfg = zest::parse_config_json(R"({
 //       "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
 //       "bf16": {"enabled": "auto"}, "memory_breakdown": false,
@@ -33,6 +34,14 @@
 //     refused with the feature's name;
 //   - a key DeepSpeed itself would refuse is refused with the names allowed
 //     there and the nearest one ("did you mean").
+// The keys of DeepSpeed's schema are listed in config/ds_schema_keys.h,
+// generated from its source by scripts/ds_config_keys.py (with the commit
+// read); a test holds the reader to every one of them. A file is read as
+// DeepSpeed's hjson.load reads it (comments, trailing commas, unquoted keys
+// and strings), and strings in the sections DeepSpeed validates with
+// pydantic (zero_optimization, fp16, bf16) are converted as pydantic does
+// ("3", "1e-5", "yes"); elsewhere DeepSpeed passes a string on, and ZEST
+// refuses it.
 // Every problem of a file is found before anything is thrown: one zest::Error
 // lists them all, each with its key path ("zero_optimization.stage").
 #pragma once
@@ -176,6 +185,13 @@ struct ConfigNote {
 //   scheduler.params warmup_min_lr   0; warmup_max_lr: learning_rate
 //   scheduler.params warmup_num_steps, total_num_steps
 //                                    warmup_steps, total_steps
+// A file without an "optimizer" section leaves the optimizer to the program
+// (DeepSpeed then steps the client's): AutoValues::optimizer when set,
+// otherwise the AdamW Hugging Face's Trainer builds from learning_rate,
+// weight_decay (0 unless given), betas and eps; with neither it is an
+// error naming them. A file without a "scheduler" section takes
+// AutoValues::scheduler (LrScheduleConfig{} is a constant rate); unset, an
+// error. What was used is noted in EngineConfig::auto_filled.
 // An "auto" the program leaves unfilled takes the key's default (what
 // DeepSpeed does with one), noted in EngineConfig::auto_filled; one without
 // a default (total_num_steps) is an error naming the field to set. Where
@@ -196,6 +212,10 @@ struct AutoValues {
   std::optional<double> gradient_clipping;
   std::optional<int64_t> warmup_steps;
   std::optional<int64_t> total_steps;
+  // The program's own optimizer and schedule, for a file without the
+  // section (above).
+  std::optional<OptimizerConfig> optimizer;
+  std::optional<LrScheduleConfig> scheduler;
 };
 
 struct EngineConfig {
@@ -238,6 +258,9 @@ struct EngineConfig {
   // Written values that differ from the program's AutoValues (the written
   // one is used): logged as a warning, once, from rank 0.
   std::vector<ConfigNote> mismatched;
+  // What DeepSpeed warns about and runs anyway (a schedule whose
+  // total_num_steps is not past its warmup): logged as a warning, once.
+  std::vector<ConfigNote> warnings;
 
   // fp16, bf16 or fp32: what parameters and gradients are stored in. Throws
   // when fp16 and bf16 are both enabled.

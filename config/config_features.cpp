@@ -8,9 +8,7 @@
 #include "zest/config/config_sections.h"
 
 namespace zest::config_detail {
-namespace {
 
-// An ignored section whose keys DeepSpeed checks: they are checked too.
 void ignore_section(Section& top, const char* key, std::initializer_list<const char*> keys, const std::string& reason) {
   std::optional<Section> s = top.sub(key, Unknown::kRefuse);
   if (!s) return;
@@ -18,6 +16,8 @@ void ignore_section(Section& top, const char* key, std::initializer_list<const c
   s->finish();
   top.ignore(key, reason);
 }
+
+namespace {
 
 // Any "enabled": true inside `v` (compression_training nests its switches).
 bool any_enabled(const json& v, int depth = 0) {
@@ -62,7 +62,11 @@ void read_ignored(Section& top) {
   top.ignore("dataloader_drop_last", "for DeepSpeed's data loader; ZEST loads no data");
   top.ignore("graph_harvesting", "CUDA-graph capture of DeepSpeed's kernels, a matter of speed");
   top.ignore("disable_allgather", "read by DeepSpeed but no longer used");
-  top.ignore("seq_parallel_comm_data_type", "for sequence parallelism, which ZEST does not do");
+  top.ignore("seq_parallel_communication_data_type", "for sequence parallelism, which ZEST does not do");
+  top.ignore("datastates_ckpt", "DataStates' asynchronous checkpoint engine; ZEST's checkpoints are its own "
+                                "(checkpoint/checkpoint.h)");
+  top.ignore("log_level", "the level of DeepSpeed's logger; ZEST's own is ZEST_LOG_LEVEL");
+  top.ignore("vocabulary_size", "read by DeepSpeed only for a warning about tensor-core alignment");
   top.ignore("use_data_before_expert_parallelism", "for expert (MoE) parallelism, which ZEST does not do");
   top.ignore("timers", "DeepSpeed's throughput timers");
   top.ignore("nebula", "DeepSpeed's Nebula checkpoint service");
@@ -98,10 +102,34 @@ void read_refused(Section& top) {
   top.refuse_if("elasticity", is_on, "elastic training (elasticity)", "elasticity is off");
   top.refuse_if("hybrid_engine", is_on, "the hybrid engine (RLHF generation)", "the hybrid engine is off");
   top.refuse_if("tensor_parallel", tensor_parallel_on, "tensor parallelism (AutoTP)", "tensor parallel size 1");
+  top.refuse_if("torch_autocast", is_on, "torch.autocast around the model's forward with fp32 parameters "
+                "(torch_autocast); ZEST does not run the forward: set fp16 or bf16 instead",
+                "torch_autocast is off");
+  // parse_autoep_config: on only with "enabled" true (default false).
+  top.refuse_if("expert_parallel",
+                [](const json& v) {
+                  return v.is_object() ? v.contains("enabled") && is_on(v.at("enabled")) : is_on(v);
+                },
+                "expert (MoE) parallelism (AutoEP)", "expert parallelism is off");
+  // true, the default, is what ZEST does: micro-steps counted, one update per
+  // accumulation boundary.
+  top.refuse_if("managed_gradient_accumulation", [](const json& v) { return !(v.is_boolean() && v.get<bool>()); },
+                "an optimizer update at every step() (managed_gradient_accumulation false); ZEST steps at the "
+                "accumulation boundary", "true, as in ZEST");
   top.refuse_if("weight_quantization", [](const json& v) { return !v.is_null(); }, "weight quantization", "");
 }
 
 }  // namespace
+
+// DeepSpeed's get_gradient_allreduce_op: "mean" (the default, and ZEST's
+// averaging) or "sum", compared without case.
+void read_allreduce_op(Section& top, FileState& file) {
+  const int op = top.read_choice("gradient_allreduce_op", {"mean", "sum"});
+  if (op == 1) {
+    file.problem("gradient_allreduce_op is \"sum\": that asks for summed gradients across ranks, which ZEST does "
+                 "not have (it averages them, DeepSpeed's \"mean\"); remove the key, or write \"mean\"");
+  }
+}
 
 void read_other_features(Section& top, FileState& file) {
   EngineConfig& c = file.out;
@@ -111,6 +139,7 @@ void read_other_features(Section& top, FileState& file) {
   top.read_bool("wall_clock_breakdown", c.wall_clock_breakdown);
   read_ignored(top);
   read_refused(top);
+  read_allreduce_op(top, file);
 }
 
 }  // namespace zest::config_detail

@@ -58,6 +58,7 @@ AutoRule<bool> dtype_rule(const AutoValues& p, DType which) {
 void read_fp16(Section& top, FileState& file) {
   std::optional<Section> s = top.sub("fp16", Unknown::kIgnoreUnlessTypo);
   if (!s) return;
+  s->coerce_like_pydantic();  // DeepSpeedFP16Config
   Fp16Config& f = file.out.fp16;
   const AutoRule<bool> enabled = dtype_rule(file.program, DType::kFloat16);
   s->read_bool("enabled", f.enabled, &enabled);
@@ -86,10 +87,20 @@ void read_bf16(Section& top, FileState& file) {
   if (!key) return;
   std::optional<Section> s = top.sub(key, Unknown::kIgnoreUnlessTypo);
   if (!s) return;
+  s->coerce_like_pydantic();  // DeepSpeedBF16Config
   const AutoRule<bool> enabled = dtype_rule(file.program, DType::kBFloat16);
   s->read_bool("enabled", file.out.bf16, &enabled);
   s->ignore("immediate_grad_update", "when DeepSpeed's bf16 optimizer copies gradients to fp32, a matter of speed; "
                                      "data_types.grad_accum_dtype sets the accumulation dtype");
+  // true, DeepSpeed's default, is what ZEST does at every dtype: a step with
+  // a non-finite gradient is skipped (StepResult::skip_reason).
+  s->refuse_if("check_grad_overflow", [](const json& v) { return !(v.is_boolean() && v.get<bool>()); },
+               "applying steps whose gradients are not finite (check_grad_overflow false; ZEST always skips them)",
+               "true, as in ZEST");
+  s->refuse_if("bf16_master_weights_and_grads", is_on, "bf16 master weights and gradients (ZEST keeps the master "
+               "weights and the gradients it steps from in fp32)", "false, as in ZEST");
+  s->refuse_if("bf16_optimizer_states", is_on, "bf16 optimizer state (ZEST keeps Adam's moments in fp32)",
+               "false, as in ZEST");
   for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
                         "consecutive_hysteresis", "min_loss_scale", "auto_cast"}) {
     s->ignore(k, "an fp16 setting: bf16 needs no loss scale, and DeepSpeed reads it only under fp16");
@@ -132,8 +143,9 @@ namespace {
 
 EngineConfig parse(std::string_view text, const AutoValues& program, const std::string& source) {
   // A DeepSpeed file nests 4 levels at most (compression_training's groups);
-  // 16 leaves room and keeps every later walk shallow.
-  const json j = detail::parse_json(text, source, {.max_depth = 16});
+  // 16 leaves room and keeps every later walk shallow. DeepSpeed reads it
+  // with hjson.load, so comments and trailing commas are fine.
+  const json j = detail::parse_json(text, source, {.max_depth = 16, .hjson = true});
   ZEST_CHECK(j.is_object(), "{}: the top level must be an object ({{...}}), got {}", source, j.type_name());
   EngineConfig cfg;
   FileState file{program, cfg, {}};
@@ -147,11 +159,16 @@ EngineConfig parse(std::string_view text, const AutoValues& program, const std::
   read_scheduler(top, file);
   read_other_features(top, file);
   top.finish();
-  if (file.problems.size() == 1) ZEST_FAIL("{}: {}", source, file.problems[0]);
-  if (!file.problems.empty()) {
+  const size_t problems = file.problems.size() + file.unlisted_problems;
+  if (problems == 1) ZEST_FAIL("{}: {}", source, file.problems[0]);
+  if (problems > 0) {
     std::string all;
     for (const std::string& p : file.problems) all += "\n  - " + p;
-    ZEST_FAIL("{}: {} problems:{}", source, file.problems.size(), all);
+    if (file.unlisted_problems > 0) all += fmt::format("\n  - and {} more, not listed", file.unlisted_problems);
+    ZEST_FAIL("{}: {} problems:{}", source, problems, all);
+  }
+  if (file.unlisted_ignored > 0) {
+    cfg.ignored.push_back({"...", fmt::format("and {} more keys ignored, not listed", file.unlisted_ignored)});
   }
   return cfg;
 }

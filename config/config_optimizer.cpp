@@ -124,6 +124,14 @@ void read_moment_params(Section& p, FileState& file, OptimizerConfig& o) {
       p.problem("betas", fmt::format("must be a list of two numbers, got {}", detail::json_brief(*b)));
     } else {
       const double b1 = (*b)[0].get<double>(), b2 = (*b)[1].get<double>();
+      for (const auto& [i, beta] : {std::pair{0, b1}, std::pair{1, b2}}) {
+        // Checked as written: 0.99999999999 rounds to 1 in fp32.
+        if (!(beta >= 0.0 && static_cast<float>(beta) < 1.0f)) {
+          p.problem("betas", fmt::format("[{}] is {}; allowed: 0 to below 1 (after rounding to fp32, the optimizer's "
+                                         "precision: at most 0.99999994)",
+                                         i, beta));
+        }
+      }
       if (a.beta1 && a.beta2 && (b1 != *a.beta1 || b2 != *a.beta2)) {
         file.mismatch(p.where("betas"), fmt::format("[{}, {}] in the file, [{}, {}] from AutoValues::beta1, beta2: "
                                                     "the file's values are used (write \"auto\" to take the "
@@ -139,14 +147,17 @@ void read_moment_params(Section& p, FileState& file, OptimizerConfig& o) {
   p.read_bool("bias_correction", o.bias_correction);
 }
 
-void read_adam_params(Section& p, FileState& file, OptimizerConfig& o, bool adamw_type) {
+void read_adam_params(Section& p, FileState& file, OptimizerConfig& o, bool adamw_type, bool& torch_adam) {
   // DeepSpeed's Adam is FusedAdam with adam_w_mode on unless it is false;
   // the type "AdamW" is AdamW whatever adam_w_mode says.
   bool adam_w_mode = true;
   p.read_bool("adam_w_mode", adam_w_mode);
   o.kind = adamw_type || adam_w_mode ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
   read_moment_params(p, file, o);
-  p.ignore("torch_adam", "selects torch's Adam over DeepSpeed's fused one: the same update");
+  // torch_adam: torch.optim.Adam / AdamW take the same update; only AdamW's
+  // default weight decay differs (torch's 0.01, FusedAdam's 0), and
+  // read_optimizer applies it.
+  p.read_bool("torch_adam", torch_adam);
   p.ignore("set_grad_none", "how DeepSpeed's FusedAdam clears gradients; ZEST manages its own");
   p.refuse_if("amsgrad", is_on, "the AMSGrad variant of Adam", "false, as in ZEST");
   if (const json* v = p.get("max_grad_norm")) {
@@ -179,9 +190,56 @@ void read_sgd_params(Section& p, OptimizerConfig& o) {
 
 }  // namespace
 
+// Note [a file without an optimizer or scheduler]. DeepSpeed builds an
+// optimizer only from the file's section; without one it steps the
+// optimizer the program passes to deepspeed.initialize (Hugging Face's
+// Trainer builds AdamW from its own arguments, weight decay 0 unless set),
+// and without a scheduler section the program's schedule, if any. ZEST has
+// no client optimizer object, so the program says what it would have
+// passed: AutoValues::optimizer / scheduler, or (for the optimizer) the
+// Trainer's AdamW from AutoValues::learning_rate. Taking a default instead
+// would train with values nobody chose.
+void program_optimizer(FileState& file) {
+  const AutoValues& a = file.program;
+  OptimizerConfig& o = file.out.optimizer;
+  if (a.optimizer) {
+    o = *a.optimizer;
+    file.filled("optimizer", fmt::format("{} lr {} weight_decay {} (from AutoValues::optimizer: the file has no "
+                                         "optimizer section)",
+                                         optimizer_name(o.kind), o.lr, o.weight_decay));
+  } else if (a.learning_rate) {
+    o = OptimizerConfig{};
+    o.kind = OptimizerKind::kAdamW;
+    o.lr = static_cast<float>(*a.learning_rate);
+    o.weight_decay = static_cast<float>(a.weight_decay.value_or(0.0));
+    if (a.beta1 && a.beta2) {
+      o.beta1 = static_cast<float>(*a.beta1);
+      o.beta2 = static_cast<float>(*a.beta2);
+    }
+    if (a.eps) o.eps = static_cast<float>(*a.eps);
+    file.filled("optimizer", fmt::format("AdamW lr {} weight_decay {} betas [{}, {}] eps {} (the file has no "
+                                         "optimizer section: Hugging Face's Trainer AdamW from AutoValues::"
+                                         "learning_rate, weight_decay, beta1, beta2, eps)",
+                                         *a.learning_rate, a.weight_decay.value_or(0.0), o.beta1, o.beta2, o.eps));
+  } else {
+    file.problem("optimizer: the file has no optimizer section, so DeepSpeed would step the program's own "
+                 "optimizer: set AutoValues::optimizer (or AutoValues::learning_rate for Hugging Face's AdamW), or "
+                 "write an optimizer section");
+    return;
+  }
+  try {
+    o.validate();
+  } catch (const Error& e) {
+    file.problem("AutoValues::optimizer: " + e.message());
+  }
+}
+
 void read_optimizer(Section& top, FileState& file) {
   std::optional<Section> s = top.sub("optimizer", Unknown::kIgnoreUnlessTypo);
-  if (!s) return;
+  if (!s) {
+    if (!top.get("optimizer")) program_optimizer(file);  // absent, not malformed
+    return;
+  }
   OptimizerConfig& o = file.out.optimizer;
   const size_t problems_before = file.problems.size();
   s->ignore("legacy_fusion", "selects DeepSpeed's older fused kernels: the same update");
@@ -207,14 +265,23 @@ void read_optimizer(Section& top, FileState& file) {
   const AutoRule<double> lr{a.learning_rate, "learning_rate", "", true, type != 2};
   const AutoRule<double> wd{a.weight_decay, "weight_decay"};
   p->read_float("lr", o.lr, 0.0, 1e6, &lr);
-  p->read_float("weight_decay", o.weight_decay, 0.0, 1e6, &wd);
   p->read_int("host_threads", o.host_threads, 1, 1024);  // ZEST's own: OptimizerConfig::host_threads
+  bool torch_adamw = false;
   if (type == 2) {
     read_sgd_params(*p, o);
   } else if (type == 3) {
     read_lamb_params(*p, file, o);
   } else {
-    read_adam_params(*p, file, o, type == 0);
+    bool torch_adam = false;
+    read_adam_params(*p, file, o, type == 0, torch_adam);
+    torch_adamw = torch_adam && o.kind == OptimizerKind::kAdamW;
+  }
+  // torch.optim.AdamW's default weight decay is 0.01 (FusedAdam's and
+  // torch.optim.Adam's 0), an unfilled "auto" included.
+  if (torch_adamw) o.weight_decay = 0.01f;
+  if (!p->read_float("weight_decay", o.weight_decay, 0.0, 1e6, &wd) && torch_adamw && !p->get("weight_decay")) {
+    file.filled(p->where("weight_decay"), "0.01 (not written: torch_adam builds torch.optim.AdamW, whose default "
+                                          "it is)");
   }
   if (type != 3) ignore_torch_impl(*p);  // FusedLamb takes no such keyword: unknown there
   p->finish();
@@ -228,8 +295,26 @@ void read_optimizer(Section& top, FileState& file) {
 
 void read_scheduler(Section& top, FileState& file) {
   std::optional<Section> s = top.sub("scheduler", Unknown::kIgnoreUnlessTypo);
-  if (!s) return;
   LrScheduleConfig& c = file.out.scheduler;
+  if (!s) {
+    if (top.get("scheduler")) return;  // malformed: already a problem
+    // Note [a file without an optimizer or scheduler].
+    if (!file.program.scheduler) {
+      file.problem("scheduler: the file has no scheduler section, so DeepSpeed would step the program's own "
+                   "schedule, if any: set AutoValues::scheduler (LrScheduleConfig{} for a constant learning rate), "
+                   "or write a scheduler section");
+      return;
+    }
+    c = *file.program.scheduler;
+    file.filled("scheduler", fmt::format("{} (from AutoValues::scheduler: the file has no scheduler section)",
+                                         lr_schedule_name(c.kind)));
+    try {
+      c.validate();
+    } catch (const Error& e) {
+      file.problem("AutoValues::scheduler: " + e.message());
+    }
+    return;
+  }
   const size_t problems_before = file.problems.size();
   const int type = read_type(*s, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}, kOtherSchedules, "schedule");
   std::optional<Section> p = s->sub("params", Unknown::kRefuse);
@@ -249,9 +334,13 @@ void read_scheduler(Section& top, FileState& file) {
       p->read_double("cos_min_ratio", c.cos_min_ratio, 0.0, 1.0);
     } else {
       p->read_double("warmup_min_lr", c.warmup_min_lr, 0.0, 1e6, &min_lr);
+      // WarmupLR's warmup_max_lr defaults to the optimizer's lr (None in
+      // DeepSpeed's signature); WarmupDecayLR's to 0.001.
+      if (c.kind == LrScheduleKind::kWarmupLR) c.warmup_max_lr = file.out.optimizer.lr;
       p->read_double("warmup_max_lr", c.warmup_max_lr, 0.0, 1e6, &max_lr);
     }
-    p->read_int("warmup_num_steps", c.warmup_num_steps, 0, kMaxCount, &warmup);
+    // DeepSpeed's schedules raise on warmup_num_steps <= 0.
+    p->read_int("warmup_num_steps", c.warmup_num_steps, 1, kMaxCount, &warmup);
     if (c.kind != LrScheduleKind::kWarmupLR) p->read_int("total_num_steps", c.total_num_steps, 1, kMaxCount, &total);
     const int wt = p->read_choice("warmup_type", {"log", "linear"});
     if (wt >= 0) c.warmup_type = wt == 0 ? WarmupType::kLog : WarmupType::kLinear;
@@ -261,6 +350,13 @@ void read_scheduler(Section& top, FileState& file) {
                  "checkpoints)",
                  "-1: the schedule starts at its beginning, as in ZEST");
     p->finish();
+  } else if (c.kind == LrScheduleKind::kWarmupLR) {
+    c.warmup_max_lr = file.out.optimizer.lr;
+  }
+  if (c.kind == LrScheduleKind::kWarmupLR && !(p && p->value().contains("warmup_max_lr"))) {
+    file.filled("scheduler.params.warmup_max_lr", fmt::format("{} (not written: DeepSpeed's WarmupLR takes the "
+                                                              "optimizer's lr)",
+                                                              c.warmup_max_lr));
   }
   // DeepSpeed's WarmupDecayLR and WarmupCosineLR take total_num_steps as a
   // required argument.
@@ -270,6 +366,13 @@ void read_scheduler(Section& top, FileState& file) {
     return;
   }
   if (file.problems.size() != problems_before) return;  // validate() would only repeat them
+  if (c.kind != LrScheduleKind::kWarmupLR && c.total_num_steps < std::max<int64_t>(2, c.warmup_num_steps)) {
+    // DeepSpeed warns and runs: the decay never starts before the end.
+    file.warn("scheduler.params.total_num_steps",
+              fmt::format("{} is less than warmup_num_steps {}: the schedule warms up past the end of training "
+                          "(DeepSpeed warns and runs it; so does ZEST)",
+                          c.total_num_steps, std::max<int64_t>(2, c.warmup_num_steps)));
+  }
   try {
     c.validate();
   } catch (const Error& e) {

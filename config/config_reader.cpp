@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 
+#include "zest/config/ds_schema_keys.h"
 #include "zest/config/json_parse.h"
 
 namespace zest::config_detail {
@@ -43,6 +46,16 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     }
   }
   return d[n][m];
+}
+
+// Whether DeepSpeed's schema (ds_schema_keys.h) has `key` in `section`.
+bool deepspeed_reads(const std::string& section, const std::string& key) {
+  for (const DsSchemaSection& s : kDeepSpeedSchema) {
+    if (section != s.path) continue;
+    for (const char* k : s.keys)
+      if (key == k) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -132,9 +145,49 @@ void Section::check_match(const char* key, const AutoRule<T>* rule, const T& wri
                                           show(written), show(*rule->program), rule->field));
 }
 
+const json& Section::coerced(const json& v, char kind) {
+  if (!lax_) return v;
+  if (kind == 'b' && v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) {
+    converted_ = v.get<int64_t>() == 1;
+    return converted_;
+  }
+  if (!v.is_string() || is_auto("", v)) return v;
+  converted_ = nullptr;
+  const std::string& s = v.get_ref<const std::string&>();
+  const size_t a = s.find_first_not_of(" \t\n\r"), b = s.find_last_not_of(" \t\n\r");
+  const std::string text = a == std::string::npos ? "" : s.substr(a, b - a + 1);
+  if (kind == 'b') {
+    const std::string t = lower(text);
+    for (const char* yes : {"true", "yes", "on", "t", "y", "1"}) {
+      if (t == yes) converted_ = true;
+    }
+    for (const char* no : {"false", "no", "off", "f", "n", "0"}) {
+      if (t == no) converted_ = false;
+    }
+    if (!converted_.is_boolean()) return v;
+    return converted_;
+  }
+  if (text.empty() || text.size() > 64) return v;
+  char* end = nullptr;
+  if (kind == 'i') {
+    errno = 0;
+    const long long x = std::strtoll(text.c_str(), &end, 10);
+    if (*end != '\0' || errno == ERANGE || !(std::isdigit(static_cast<unsigned char>(text.back())))) return v;
+    converted_ = static_cast<int64_t>(x);
+    return converted_;
+  }
+  // strtod also reads hex floats ("0x1p3"), which pydantic does not.
+  if (text.find_first_of("xX") != std::string::npos) return v;
+  const double x = std::strtod(text.c_str(), &end);
+  if (*end != '\0') return v;
+  converted_ = x;
+  return converted_;
+}
+
 bool Section::read_bool(const char* key, bool& out, const AutoRule<bool>* rule) {
-  const json* v = get(key);
-  if (!v) return false;
+  const json* got = get(key);
+  if (!got) return false;
+  const json* v = &coerced(*got, 'b');
   if (is_auto(key, *v)) return take_auto(key, rule, out, show(out));
   if (!v->is_boolean()) {
     problem(key, fmt::format("must be true or false, got {}", detail::json_brief(*v)));
@@ -175,8 +228,9 @@ bool Section::whole(const char* key, const json& v, int64_t& out) {
 }
 
 bool Section::read_int(const char* key, int64_t& out, int64_t lo, int64_t hi, const AutoRule<int64_t>* rule) {
-  const json* v = get(key);
-  if (!v) return false;
+  const json* got = get(key);
+  if (!got) return false;
+  const json* v = &coerced(*got, 'i');
   int64_t x = out;
   if (is_auto(key, *v)) {
     if (!take_auto(key, rule, x, show(out))) return false;
@@ -221,8 +275,9 @@ bool Section::read_int(const char* key, std::optional<int64_t>& out, int64_t lo,
 }
 
 bool Section::read_double(const char* key, double& out, double lo, double hi, const AutoRule<double>* rule) {
-  const json* v = get(key);
-  if (!v) return false;
+  const json* got = get(key);
+  if (!got) return false;
+  const json* v = &coerced(*got, 'd');
   double x = out;
   if (is_auto(key, *v)) {
     if (!take_auto(key, rule, x, show(out))) return false;
@@ -242,7 +297,9 @@ bool Section::read_double(const char* key, double& out, double lo, double hi, co
 }
 
 bool Section::read_float(const char* key, float& out, double lo, double hi, const AutoRule<double>* rule) {
-  double x = out;
+  // The double a float's shortest form reads as (0.01f as 0.01, not
+  // 0.009999999776482582), so a default shown in a note reads as written.
+  double x = std::strtod(fmt::format("{}", out).c_str(), nullptr);
   if (!read_double(key, x, lo, hi, rule)) return false;
   out = static_cast<float>(x);
   return true;
@@ -272,7 +329,9 @@ std::optional<Section> Section::sub(const char* key, Unknown unknown) {
     problem(key, fmt::format("must be an object ({{...}}), got {}", detail::json_brief(*v)));
     return std::nullopt;
   }
-  return Section(*file_, *v, where(key), unknown);
+  Section s(*file_, *v, where(key), unknown);
+  s.lax_ = lax_;
+  return s;
 }
 
 void Section::ignore(const char* key, const std::string& reason) {
@@ -287,7 +346,18 @@ void Section::finish() {
   const std::string name = path_.empty() ? "the top level" : path_;
   for (const auto& [key, value] : j_.items()) {
     if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
-    const std::string path = where(key.c_str());
+    // Past the caps a key is only counted: no message is built for it, and
+    // no "did you mean" search runs (100,000 keys would take seconds).
+    if (unknown_ == Unknown::kRefuse && file_->problems_full()) {
+      file_->problem({});
+      continue;
+    }
+    if (unknown_ != Unknown::kRefuse && file_->problems_full() && file_->ignored_full()) {
+      file_->ignored({}, {});
+      continue;
+    }
+    const std::string shown = detail::json_key_text(key);  // "stage\u0000x", not "stage"
+    const std::string path = path_.empty() ? shown : path_ + "." + shown;
     const auto near = did_you_mean(key, sorted);
     if (unknown_ == Unknown::kRefuse) {
       file_->problem(fmt::format("unknown key '{}' in {}{}; DeepSpeed accepts here: {}", path, name,
@@ -296,8 +366,21 @@ void Section::finish() {
       file_->problem(fmt::format("unknown key '{}' in {} (did you mean '{}'?): DeepSpeed would skip it silently; "
                                  "correct it, or remove it",
                                  path, name, *near));
+    } else if (deepspeed_reads(path_, key)) {
+      // Every key of the schema has a reading here (test_ds_schema): one
+      // without is refused rather than called unread.
+      file_->problem(fmt::format("'{}' is a key DeepSpeed reads (its schema at commit {:.12}) that this ZEST does "
+                                 "not handle; remove it",
+                                 path, kDeepSpeedSchemaCommit));
+    } else if (key.starts_with("_")) {
+      file_->ignored(path, "a comment");
+    } else if (lax_) {
+      // fp16 and bf16: dict lookups in DeepSpeed until its pydantic models,
+      // which forbid other keys; real files still carry such keys.
+      file_->ignored(path, "not a key of DeepSpeed's current model for this section (which refuses it; older "
+                           "DeepSpeed ignored it): ZEST ignores it");
     } else {
-      file_->ignored(path, key.starts_with("_") ? "a comment" : "DeepSpeed does not read this key either");
+      file_->ignored(path, "DeepSpeed does not read this key either");
     }
   }
 }

@@ -18,15 +18,37 @@ using nlohmann::json;
 
 // One file's reading: the program's values for "auto", the config being
 // filled, and the problems found so far.
+//
+// Both lists are capped: a hostile file of 100,000 unknown keys makes an
+// error, and a log line, of the first ones and a count, not of megabytes.
 struct FileState {
+  static constexpr size_t kMaxProblems = 50;
+  static constexpr size_t kMaxIgnored = 200;
+
   const AutoValues& program;
   EngineConfig& out;
   std::vector<std::string> problems;
+  size_t unlisted_problems = 0, unlisted_ignored = 0;
 
-  void problem(std::string text) { problems.push_back(std::move(text)); }
-  void ignored(std::string key, std::string reason) { out.ignored.push_back({std::move(key), std::move(reason)}); }
+  bool problems_full() const { return problems.size() >= kMaxProblems; }
+  bool ignored_full() const { return out.ignored.size() >= kMaxIgnored; }
+  void problem(std::string text) {
+    if (problems.size() < kMaxProblems) {
+      problems.push_back(std::move(text));
+    } else {
+      ++unlisted_problems;
+    }
+  }
+  void ignored(std::string key, std::string reason) {
+    if (out.ignored.size() < kMaxIgnored) {
+      out.ignored.push_back({std::move(key), std::move(reason)});
+    } else {
+      ++unlisted_ignored;
+    }
+  }
   void filled(std::string key, std::string how) { out.auto_filled.push_back({std::move(key), std::move(how)}); }
   void mismatch(std::string key, std::string text) { out.mismatched.push_back({std::move(key), std::move(text)}); }
+  void warn(std::string key, std::string text) { out.warnings.push_back({std::move(key), std::move(text)}); }
 };
 
 // How a value written "auto" is filled, after Hugging Face's Trainer
@@ -105,6 +127,17 @@ class Section {
   // Every key of the section must have been asked about (see Unknown).
   void finish();
 
+  // Note [pydantic's coercion]. DeepSpeed validates zero_optimization (and
+  // its offload sections), fp16 and bf16 with pydantic models in lax mode,
+  // which convert what a JSON value can mean: "3" or " 3 " to 3 for a whole
+  // number, "1e-5" to 1e-5 for a number, and for a flag "true"/"false",
+  // "yes"/"no", "on"/"off", "t"/"f", "y"/"n", "1"/"0" (any case) and the
+  // numbers 1 and 0. The sections it reads with dict lookups (the top level,
+  // optimizer and scheduler params) pass a string on as it is, and
+  // DeepSpeed or torch then fails on it; there it stays an error. On, the
+  // reads of this section (and of its sub-sections) convert as pydantic does.
+  void coerce_like_pydantic() { lax_ = true; }
+
  private:
   bool is_auto(const char* key, const json& v) const;
   template <typename T>
@@ -112,11 +145,16 @@ class Section {
   template <typename T>
   void check_match(const char* key, const AutoRule<T>* rule, const T& written);
   bool whole(const char* key, const json& v, int64_t& out);
+  // The value a read sees: `v`, or with coerce_like_pydantic what pydantic
+  // makes of it (`kind` 'b' a flag, 'i' a whole number, 'd' a number).
+  const json& coerced(const json& v, char kind);
 
   FileState* file_;
   const json& j_;
   std::string path_;
   Unknown unknown_;
+  bool lax_ = false;
+  json converted_;  // the last coerced value
   std::vector<std::string> known_;
 };
 

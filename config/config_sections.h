@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "zest/config/config_reader.h"
 
@@ -23,5 +25,8 @@ void read_scheduler(Section& top, FileState& file);
 // The top-level keys of DeepSpeed's that are about something ZEST does not
 // do (ignored, with the reason) or ask for a feature it lacks (refused).
 void read_other_features(Section& top, FileState& file);
+// An ignored section whose keys DeepSpeed checks (a pydantic model): they
+// are checked too, so a misspelt one is still refused.
+void ignore_section(Section& top, const char* key, std::initializer_list<const char*> keys, const std::string& reason);
 
 }  // namespace zest::config_detail

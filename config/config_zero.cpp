@@ -171,7 +171,10 @@ void read_deprecated_offload(Section& z, FileState& file, int stage, const Offlo
       file.ignored(z.where(old.key), "true at stage 0: DeepSpeed offloads the optimizer only under ZeRO (stages "
                                      "1-3), and so does ZEST; nothing is offloaded");
     } else {
-      file.ignored(z.where(old.key), fmt::format("deprecated: read as {} {{\"device\": \"cpu\"}}", old.section));
+      // Honoured, so not "ignored": DeepSpeed warns that it is deprecated.
+      file.warn(z.where(old.key), fmt::format("deprecated: read as {} {{\"device\": \"cpu\"}} (write that "
+                                              "instead)",
+                                              old.section));
       if (params) file.out.offload_param.device = OffloadDevice::kCpu;
       else file.out.offload_optimizer.device = OffloadDevice::kCpu;
     }
@@ -266,6 +269,16 @@ void read_zero_object(Section& z, FileState& file) {
   z.ignore("override_module_apply", "a stage-3 module hook of DeepSpeed's; ZEST does not run the model");
   z.ignore("pipeline_loading_checkpoint", "checkpoint loading for DeepSpeed's pipeline engine");
   z.ignore("log_trace_cache_warnings", "logging of DeepSpeed's stage-3 trace cache");
+  if (const char* k = z.either("allgather_sequential", "stage3_allgather_sequential"))
+    z.ignore(k, "gathers stage-3 parameters one by one in DeepSpeed, a matter of memory and speed; ZEST gathers "
+                "each unit you register as one flat buffer");
+  z.ignore("enable_sanity_checks", "debugging checks inside DeepSpeed's ZeRO code");
+  z.ignore("save_muon_momentum_buffer_in_memory", "for the Muon optimizer with NVMe offload, neither of which ZEST "
+                                                  "has");
+  ignore_section(z, "leaf_module", {"classes", "name_suffixes", "names"},
+                 "modules DeepSpeed's stage-3 hooks gather whole; ZEST gathers the units you register");
+  z.refuse_if("zenflow", [](const json& v) { return !v.is_null(); }, "ZenFlow (stall-free offloaded optimizer "
+              "updates)", "");
   const OffloadSection param = read_offload_param(z, file, c.stage);
   const OffloadSection opt = read_offload_optimizer(z, file, c.stage);
   read_deprecated_offload(z, file, c.stage, opt, param);
@@ -277,6 +290,9 @@ void read_zero_object(Section& z, FileState& file) {
 
 void read_zero(Section& top, FileState& file) {
   const json* v = top.get("zero_optimization");
+  if (!v || !v->is_boolean()) {
+    top.ignore("allgather_size", "read by DeepSpeed only with the deprecated \"zero_optimization\": true");
+  }
   if (!v) return;
   if (v->is_boolean()) {
     // DeepSpeed's read_zero_config_deprecated: true is stage 1 with the
@@ -291,6 +307,7 @@ void read_zero(Section& top, FileState& file) {
     return;
   }
   Section z(file, *v, "zero_optimization", Unknown::kRefuse);
+  z.coerce_like_pydantic();  // DeepSpeedZeroConfig
   read_zero_object(z, file);
 }
 

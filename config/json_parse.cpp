@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "zest/config/hjson.h"
 #include "zest/core/check.h"
 
 namespace zest::detail {
@@ -65,8 +66,12 @@ struct PathEntry {
 
 class Builder {
  public:
-  Builder(std::string_view text, const char** furthest, const std::string& source, JsonLimits limits)
-      : begin_(text.data()), size_(text.size()), furthest_(furthest), source_(source), limits_(limits) {}
+  // `origin`, when set, maps each byte of `text` (translated from Hjson) to
+  // the byte of the file it came from.
+  Builder(std::string_view text, const char** furthest, const std::string& source, JsonLimits limits,
+          const std::vector<size_t>* origin)
+      : begin_(text.data()), size_(text.size()), furthest_(furthest), source_(source), limits_(limits),
+        origin_(origin) {}
 
   json take() { return std::move(root_); }
 
@@ -90,7 +95,7 @@ class Builder {
     if (!inserted) {
       fail(fmt::format("the key \"{}\" appears twice in one object; each key may appear once (which "
                        "of the two was meant?)",
-                       clip(k, 80)));
+                       json_key_text(k)));
     }
     slot_ = &it->second;
     return true;
@@ -164,7 +169,7 @@ class Builder {
         const size_t index = innermost && value_pending ? e.count : (e.count == 0 ? 0 : e.count - 1);
         out += fmt::format("[{}]", index);
       } else if (!e.key.empty()) {
-        out += (out.empty() ? "" : ".") + clip(e.key, 80);
+        out += (out.empty() ? "" : ".") + json_key_text(e.key);
       }
     }
     return out;
@@ -177,7 +182,9 @@ class Builder {
   [[noreturn]] void fail_at(size_t offset, const std::string& what, bool value_pending) {
     const std::string where = path(value_pending);
     // nlohmann counts the end of input as a character read.
-    ZEST_FAIL("{}: byte {}{}: {}", source_, std::min(offset, size_), where.empty() ? "" : " (at " + where + ")", what);
+    offset = std::min(offset, size_);
+    if (origin_) offset = (*origin_)[offset];
+    ZEST_FAIL("{}: byte {}{}: {}", source_, offset, where.empty() ? "" : " (at " + where + ")", what);
   }
 
   const char* begin_;
@@ -185,6 +192,7 @@ class Builder {
   const char** furthest_;
   const std::string& source_;
   JsonLimits limits_;
+  const std::vector<size_t>* origin_;
   json root_;
   std::vector<json*> stack_;  // the open containers, innermost last
   std::vector<PathEntry> path_;
@@ -195,9 +203,14 @@ class Builder {
 
 json parse_json(std::string_view text, const std::string& source, JsonLimits limits) {
   ZEST_INTERNAL_ASSERT(limits.max_depth >= 1);
+  HjsonText translated;
+  if (limits.hjson) {
+    translated = hjson_to_json(text, source, limits.max_depth);
+    text = translated.json;
+  }
   const char* begin = text.data();
   const char* furthest = begin;
-  Builder builder(text, &furthest, source, limits);
+  Builder builder(text, &furthest, source, limits, limits.hjson ? &translated.origin : nullptr);
   const bool ok = json::sax_parse(CountingIterator(begin, &furthest), CountingIterator(begin + text.size(), &furthest),
                                   &builder);
   // Every failure throws from the builder; a false return would be a SAX
@@ -220,6 +233,11 @@ std::optional<int64_t> json_int64(const json& v, std::string* why) {
 
 std::string json_brief(const json& v, size_t max_chars) {
   return clip(v.dump(-1, ' ', false, json::error_handler_t::replace), max_chars);
+}
+
+std::string json_key_text(const std::string& key) {
+  std::string s = json(key).dump(-1, ' ', false, json::error_handler_t::replace);
+  return clip(s.substr(1, s.size() - 2), 80);  // without the quotes
 }
 
 }  // namespace zest::detail

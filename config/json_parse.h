@@ -33,6 +33,10 @@ struct JsonLimits {
   // 1. What a file of the kind holds, with room to spare: never more than a
   // few hundred, so that no caller recurses deep on a parsed document.
   int max_depth = 16;
+  // Read as Hjson (config/hjson.h), as DeepSpeed reads its config files:
+  // comments, trailing commas, unquoted keys and strings. Byte offsets in
+  // errors are the file's as written.
+  bool hjson = false;
 };
 
 // Parses `text` as one JSON value (nothing but whitespace after it).
@@ -46,5 +50,10 @@ std::optional<int64_t> json_int64(const nlohmann::json& v, std::string* why = nu
 
 // v.dump(), at most `max_chars` characters (hostile values can be long).
 std::string json_brief(const nlohmann::json& v, size_t max_chars = 64);
+
+// A key as an error shows it: escaped as JSON writes it ("a\u0000b", where
+// the raw text would end the message at the NUL), without the quotes, at
+// most 80 characters and "...".
+std::string json_key_text(const std::string& key);
 
 }  // namespace zest::detail

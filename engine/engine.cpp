@@ -32,8 +32,10 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
   const DType compute = c.compute_dtype();
   ZEST_CHECK(!c.grad_accum_dtype || *c.grad_accum_dtype == compute || *c.grad_accum_dtype == DType::kFloat32,
              "data_types.grad_accum_dtype is {} with {} compute: ZEST accumulates gradients in the compute dtype "
-             "or in fp32; set it to \"fp32\" or \"{}\", or remove it",
-             dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute), dtype_name(compute));
+             "or in fp32; set it to {}, or remove it",
+             dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute),
+             compute == DType::kFloat32 ? std::string("\"fp32\"")
+                                        : fmt::format("\"fp32\" or \"{}\"", dtype_name(compute)));
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.grad_accum_dtype.value_or(compute) == compute,
              "zero.reduce_at_accumulation_boundary with data_types.grad_accum_dtype {} under {} compute: the "
              "local accumulation adds in the compute dtype; turn one of them off",
@@ -84,8 +86,11 @@ void log_config_notes(const EngineConfig& c, const Communicator& comm) {
     return s;
   };
   if (!c.ignored.empty()) ZEST_LOG_INFO("config: ignored (ZEST does not do what they control): {}", list(c.ignored));
-  if (!c.auto_filled.empty()) ZEST_LOG_INFO("config: \"auto\" values: {}", list(c.auto_filled));
+  if (!c.auto_filled.empty()) {
+    ZEST_LOG_INFO("config: from the program (\"auto\" and absent sections): {}", list(c.auto_filled));
+  }
   if (!c.mismatched.empty()) ZEST_LOG_WARN("config: the file differs from the program's values: {}", list(c.mismatched));
+  if (!c.warnings.empty()) ZEST_LOG_WARN("config: {}", list(c.warnings));
   if (const std::string batch = c.batch_summary(comm.size()); !batch.empty()) ZEST_LOG_INFO("config: {}", batch);
 }
 

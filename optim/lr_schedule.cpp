@@ -38,9 +38,9 @@ void LrScheduleConfig::validate() const {
              "{}: warmup_min_lr and warmup_max_lr must be finite and >= 0, got {} and {}", name,
              warmup_min_lr, warmup_max_lr);
   if (kind == LrScheduleKind::kWarmupDecayLR || kind == LrScheduleKind::kWarmupCosineLR) {
-    ZEST_CHECK(total_num_steps > std::max<int64_t>(2, warmup_num_steps),
-               "{}: total_num_steps ({}) must be larger than warmup_num_steps ({}, at least 2)",
-               name, total_num_steps, warmup_num_steps);
+    // At or below the warmup DeepSpeed only warns (the decay never starts
+    // before the end); the config reader notes it.
+    ZEST_CHECK(total_num_steps >= 1, "{}: total_num_steps must be at least 1, got {}", name, total_num_steps);
   }
   if (kind == LrScheduleKind::kWarmupCosineLR) {
     ZEST_CHECK(warmup_min_ratio >= 0 && warmup_min_ratio <= 1 && cos_min_ratio >= 0 && cos_min_ratio <= 1,
@@ -74,9 +74,12 @@ double lr_for_step(const LrScheduleConfig& c, double base_lr, int64_t applied_st
       if (it < warmup) {
         ratio = c.warmup_min_ratio + warmup_gamma(c, warmup, it) * (1.0 - c.warmup_min_ratio);
       } else {
+        // Past total_num_steps the progress holds at 1: the rate stays at
+        // its floor (cos_min_ratio), as DeepSpeed's get_lr_ratio clamps it.
         const double done = static_cast<double>(it - warmup + 1);
-        const double span = static_cast<double>(c.total_num_steps - warmup);
-        const double cosine = (1.0 + std::cos(std::numbers::pi * done / span)) / 2.0;
+        const double span = static_cast<double>(std::max<int64_t>(1, c.total_num_steps - warmup));
+        const double progress = std::min(1.0, done / span);
+        const double cosine = (1.0 + std::cos(std::numbers::pi * progress)) / 2.0;
         ratio = std::max(0.0, c.cos_min_ratio + (1.0 - c.cos_min_ratio) * cosine);
       }
       return base_lr * ratio;

@@ -51,6 +51,11 @@ options:
   --ranks-per-host N       ranks sharing --host-memory (default: --world, one machine)
   --config FILE            a DeepSpeed JSON config: stage, dtype, optimizer, accumulation,
                            thresholds and buckets from it; the flags above override it
+  --micro-batch N          with --config: what "auto" micro-batch sizes take (train_batch_size
+                           "auto" too, with --world and --accum)
+  --hidden-size N          with --config: the model's hidden size, for "auto" bucket sizes (as
+                           Hugging Face fills them: hidden^2, 0.9 hidden^2, 10 hidden)
+  --total-steps N          with --config: what an "auto" scheduler total_num_steps takes
 )";
 
 using cli::usage_error;
@@ -96,7 +101,8 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
                                  "--dtype", "--optimizer", "--accum", "--persistence-threshold",
                                  "--live-units", "--grad-units", "--device-memory",
                                  "--offload-optimizer", "--offload-ratio", "--offload-param",
-                                 "--host-memory", "--ranks-per-host", "--config"};
+                                 "--host-memory", "--ranks-per-host", "--config", "--micro-batch",
+                                 "--hidden-size", "--total-steps"};
   CLI::App app("zest-estimate");
   std::map<std::string, std::string> values;
   for (const char* f : kFlags) app.add_option(f, values[f]);
@@ -145,6 +151,31 @@ zest::ModelDescription units_file(const std::string& path) {
   }
 }
 
+// What a --config file's "auto" values take, as a Trainer would fill them:
+// the flags given. Memory does not depend on the learning rate or its
+// schedule, so a file without an optimizer section is estimated with
+// --optimizer (default AdamW) and one without a scheduler with a constant
+// rate, where the engine would need the program's own.
+zest::AutoValues config_program(std::map<std::string, std::string>& flags, int world) {
+  const auto has = [&](const char* f) { return flags.count(f) != 0; };
+  zest::AutoValues p;
+  p.world_size = world;
+  if (has("--micro-batch")) {
+    p.micro_batch_size = static_cast<int64_t>(count_arg("--micro-batch", flags["--micro-batch"], 1));
+  }
+  if (has("--hidden-size")) {
+    p.hidden_size = static_cast<int64_t>(count_arg("--hidden-size", flags["--hidden-size"], 1, 0x1p25 - 1));
+  }
+  if (has("--total-steps")) p.total_steps = static_cast<int64_t>(count_arg("--total-steps", flags["--total-steps"], 1));
+  if (has("--accum")) p.gradient_accumulation_steps = static_cast<int64_t>(count_arg("--accum", flags["--accum"], 1));
+  if (has("--dtype")) {
+    p.compute_dtype = zest::parse_dtype(cli::choice("--dtype", flags["--dtype"], {"fp16", "bf16", "fp32"}));
+  }
+  p.optimizer = has("--optimizer") ? optimizer_arg(flags["--optimizer"]) : zest::OptimizerConfig{};
+  p.scheduler = zest::LrScheduleConfig{};
+  return p;
+}
+
 int run(int argc, char** argv) {
   std::map<std::string, std::string> flags = parse_flags(argc, argv);
   const auto has = [&](const char* f) { return flags.count(f) != 0; };
@@ -158,8 +189,21 @@ int run(int argc, char** argv) {
 
   const int world = static_cast<int>(count_arg("--world", flags["--world"], 1, 1 << 20));
   zest::EstimateOptions opt;
+  for (const char* f : {"--micro-batch", "--hidden-size", "--total-steps"}) {
+    if (has(f) && !has("--config")) usage_error("{} goes with --config (it fills the file's \"auto\" values)", f);
+  }
   if (has("--config")) {
-    opt = zest::EstimateOptions::from_config(zest::load_config_file(flags["--config"]), world);
+    zest::EngineConfig config;
+    try {
+      config = zest::load_config_file(flags["--config"], config_program(flags, world));
+    } catch (const zest::Error& e) {
+      if (e.message().find("AutoValues::") == std::string::npos) throw;
+      // The flags are this tool's AutoValues: say which fills what.
+      throw zest::Error(e.message() + "\n(zest-estimate: --micro-batch, --hidden-size and --total-steps set "
+                                      "AutoValues::micro_batch_size, hidden_size and total_steps)",
+                        e.file(), e.line());
+    }
+    opt = zest::EstimateOptions::from_config(config, world);
   }
   opt.world_size = world;
   zest::TableOptions table;

@@ -70,19 +70,22 @@ Options parse_options(int argc, char** argv) {
 }
 
 zest::EngineConfig engine_config(const Options& opt, int stage, int world) {
-  zest::EngineConfig c;
-  if (opt.config_path.empty()) {
-    c = examples::default_engine_config(opt.lr);
-    c.optimizer.beta2 = 0.95f;
-    c.optimizer.weight_decay = 0.1f;
-    c.scheduler.kind = zest::LrScheduleKind::kWarmupCosineLR;
-    c.scheduler.warmup_num_steps = std::max<int64_t>(opt.warmup, 2);  // DeepSpeed's least
-    c.scheduler.warmup_type = zest::WarmupType::kLinear;
-    const int64_t span = opt.schedule_steps > 0 ? opt.schedule_steps : opt.steps;
-    c.scheduler.total_num_steps = std::max(span, c.scheduler.warmup_num_steps + 1);
-    c.scheduler.cos_min_ratio = 0.1;
-  } else {
-    c = zest::load_config_file(opt.config_path);
+  zest::EngineConfig c = examples::default_engine_config(opt.lr);
+  c.optimizer.beta2 = 0.95f;
+  c.optimizer.weight_decay = 0.1f;
+  c.scheduler.kind = zest::LrScheduleKind::kWarmupCosineLR;
+  c.scheduler.warmup_num_steps = std::max<int64_t>(opt.warmup, 2);  // DeepSpeed's least
+  c.scheduler.warmup_type = zest::WarmupType::kLinear;
+  const int64_t span = opt.schedule_steps > 0 ? opt.schedule_steps : opt.steps;
+  c.scheduler.total_num_steps = std::max(span, c.scheduler.warmup_num_steps + 1);
+  c.scheduler.cos_min_ratio = 0.1;
+  if (!opt.config_path.empty()) {
+    // The example's own optimizer and schedule, for a file without those
+    // sections (DeepSpeed steps the program's then).
+    zest::AutoValues program;
+    program.optimizer = c.optimizer;
+    program.scheduler = c.scheduler;
+    c = zest::load_config_file(opt.config_path, program);
   }
   c.zero.stage = stage;
   if (opt.offload) {

@@ -64,8 +64,15 @@ Options parse_options(int argc, char** argv) {
 }
 
 zest::EngineConfig engine_config(const Options& opt, int stage) {
-  zest::EngineConfig c = opt.config_path.empty() ? examples::default_engine_config(opt.lr)
-                                                  : zest::load_config_file(opt.config_path);
+  zest::EngineConfig c = examples::default_engine_config(opt.lr);
+  if (!opt.config_path.empty()) {
+    // The example's own optimizer and schedule, for a file without those
+    // sections (DeepSpeed steps the program's then).
+    zest::AutoValues program;
+    program.optimizer = c.optimizer;
+    program.scheduler = c.scheduler;
+    c = zest::load_config_file(opt.config_path, program);
+  }
   c.zero.stage = stage;
   if (opt.accum > 0) c.gradient_accumulation_steps = opt.accum;
   if (!opt.dtype.empty()) examples::set_compute_dtype(c, opt.dtype);

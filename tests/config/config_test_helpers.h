@@ -9,8 +9,21 @@
 
 namespace zest::test {
 
+// A program that passes its own optimizer (ZEST's default AdamW) and no
+// schedule: what a file without those sections then runs with (Note [a
+// file without an optimizer or scheduler]).
+inline AutoValues own_optimizer() {
+  AutoValues p;
+  p.optimizer = OptimizerConfig{};
+  p.scheduler = LrScheduleConfig{};
+  return p;
+}
+
+// `text` parsed with own_optimizer()'s program.
+inline EngineConfig parse(const std::string& text) { return parse_config_json(text, own_optimizer()); }
+
 // The error parse_config_json throws for `text`, or "no error".
-inline std::string error_of(const std::string& text, const AutoValues& program = {}) {
+inline std::string error_of(const std::string& text, const AutoValues& program = own_optimizer()) {
   try {
     (void)parse_config_json(text, program);
   } catch (const Error& e) {
@@ -49,6 +62,9 @@ inline AutoValues ds_config_program() {
   p.gradient_clipping = 1.0;
   p.warmup_steps = 100;
   p.total_steps = 1000;
+  // A file without a scheduler section: a constant rate, as a program
+  // passing no schedule to deepspeed.initialize gets.
+  p.scheduler = LrScheduleConfig{};
   return p;
 }
 

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string_view>
 
+#include "config_test_helpers.h"
 #include "engine/engine_harness.h"
 #include "zest/config/config.h"
 #include "zest/core/logging.h"
@@ -129,7 +130,7 @@ TEST_CASE("an inconsistent triple is an error with the arithmetic") {
 }
 
 TEST_CASE("the Engine derives the accumulation from the file's batch sizes at its world size") {
-  const EngineConfig from_file = parse_config_json(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
+  const EngineConfig from_file = test::parse(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 8,
                                                        "zero_optimization": {"stage": 2}})");
   for (int world : {1, 2, 4}) {
     CAPTURE(world);
@@ -186,7 +187,7 @@ void capture(LogLevel, std::string_view line) {
 }  // namespace
 
 TEST_CASE("the Engine logs what became of the config once, from rank 0") {
-  const EngineConfig c = parse_config_json(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+  const EngineConfig c = test::parse(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
       "steps_per_print": 10, "zero_optimization": {"stage": 1, "sub_group_size": 1e9}})");
   g_log_lines.clear();
   const LogLevel level = log_level();
@@ -198,10 +199,22 @@ TEST_CASE("the Engine logs what became of the config once, from rank 0") {
   std::vector<std::string> config_lines;
   for (const std::string& l : g_log_lines)
     if (l.find("] config: ") != std::string::npos) config_lines.push_back(l);
-  REQUIRE(config_lines.size() == 2);
+  REQUIRE(config_lines.size() == 3);
   CHECK(config_lines[0].find(" r0/2] config: ignored (ZEST does not do what they control): "
                              "zero_optimization.sub_group_size: the tile size of DeepSpeed's offloaded optimizer "
                              "step; ZEST steps each shard whole") != std::string::npos);
-  CHECK(config_lines[1].find(" r0/2] config: train_batch_size 16 = micro 4 x accumulation 2 x 2 ranks") !=
+  CHECK(config_lines[1].find(" r0/2] config: from the program (\"auto\" and absent sections): optimizer: AdamW lr "
+                             "0.001 weight_decay 0.01 (from AutoValues::optimizer: the file has no optimizer "
+                             "section); scheduler: constant (from AutoValues::scheduler: the file has no scheduler "
+                             "section)") != std::string::npos);
+  CHECK(config_lines[2].find(" r0/2] config: train_batch_size 16 = micro 4 x accumulation 2 x 2 ranks") !=
         std::string::npos);
+}
+
+TEST_CASE("a grad_accum_dtype the Engine refuses under fp32 compute names the one choice there is") {
+  const EngineConfig c = test::parse(R"({"train_micro_batch_size_per_gpu": 1,
+      "data_types": {"grad_accum_dtype": "bf16"}})");
+  const std::vector<Seen> seen = drive(c, 1, 1);
+  CHECK(seen[0].error == "data_types.grad_accum_dtype is bf16 with fp32 compute: ZEST accumulates gradients in the "
+                         "compute dtype or in fp32; set it to \"fp32\", or remove it");
 }

@@ -2,6 +2,7 @@
 // (transformers' HfTrainerDeepSpeedConfig), or the key's default, noted.
 #include <doctest/doctest.h>
 
+#include "config_test_helpers.h"
 #include "zest/config/config.h"
 #include "zest/core/check.h"
 
@@ -120,6 +121,7 @@ TEST_CASE("\"auto\" the program leaves unfilled takes the default, noted, one wi
 
 TEST_CASE("hidden-size keys at stages below 3 and values written in the file") {
   AutoValues p = full_program();
+  p.scheduler = LrScheduleConfig{};
   const EngineConfig z2 = parse_config_json(R"({"train_micro_batch_size_per_gpu": 4,
       "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}})",
                                             p);
@@ -139,7 +141,7 @@ TEST_CASE("hidden-size keys at stages below 3 and values written in the file") {
         "the program's)");
   CHECK(w.mismatched.size() == 3);  // micro, lr, betas
   // A program value out of range for the key is named.
-  AutoValues big;
+  AutoValues big = test::own_optimizer();
   big.hidden_size = int64_t{1} << 30;
   CHECK(error_of(R"({"zero_optimization": {"reduce_bucket_size": "auto"}})", big) ==
         "config: AutoValues::hidden_size is 1073741824; allowed: 1 to 2^25");
@@ -151,6 +153,7 @@ TEST_CASE("the header's example") {
   program.compute_dtype = zest::DType::kBFloat16;
   program.hidden_size = 4096;
   program.learning_rate = 2e-5;
+  program.scheduler = zest::LrScheduleConfig{};  // a constant rate: the file has no scheduler
   zest::EngineConfig cfg = zest::parse_config_json(R"({
       "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
       "bf16": {"enabled": "auto"}, "memory_breakdown": false,

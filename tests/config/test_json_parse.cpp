@@ -85,7 +85,8 @@ TEST_CASE("invalid JSON names the source and the byte") {
 }
 
 TEST_CASE("config files, checkpoint manifests and units files all go through it") {
-  CHECK(error_of([] { (void)parse_config_json(nested(100'000)); }).starts_with("config: byte 17 "));
+  CHECK(error_of([] { (void)parse_config_json(nested(100'000)); })
+            .starts_with("config: byte 17: values nest 17 levels deep here"));
   CHECK(error_of([] { (void)parse_config_json(R"({"steps_per_print": 1, "steps_per_print": 2})"); }) ==
         "config: byte 40 (at steps_per_print): the key \"steps_per_print\" appears twice in one object; each key "
         "may appear once (which of the two was meant?)");

@@ -27,6 +27,7 @@ zest::AutoValues full_program() {
   p.gradient_clipping = 1.0;
   p.warmup_steps = 10;
   p.total_steps = 100;
+  p.scheduler = zest::LrScheduleConfig{};  // a file without a scheduler section: a constant rate
   return p;
 }
 

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <numbers>
 
 #include "zest/core/check.h"
 #include "zest/optim/lr_schedule.h"
@@ -53,13 +54,39 @@ TEST_CASE("WarmupCosineLR scales the optimizer's lr by a ratio") {
   CHECK(lr_for_step(c, 0.5, 12) == doctest::Approx(0.0).epsilon(1e-12));  // iteration 11
 }
 
-TEST_CASE("schedules with impossible settings are refused") {
+TEST_CASE("WarmupCosineLR holds at its floor past total_num_steps, as DeepSpeed clamps the progress") {
+  LrScheduleConfig c;
+  c.kind = LrScheduleKind::kWarmupCosineLR;
+  c.warmup_num_steps = 2;
+  c.warmup_type = WarmupType::kLinear;
+  c.total_num_steps = 12;
+  c.cos_min_ratio = 0.25;
+  // Iteration 11 completes the 10 cosine steps: ratio cos_min_ratio exactly
+  // (cos(pi) = -1); without the clamp iteration 21 would be back at 1.
+  const double floor = 0.5 * (0.25 + 0.75 * ((1.0 + std::cos(std::numbers::pi * 1.0)) / 2.0));
+  CHECK(lr_for_step(c, 0.5, 12) == floor);
+  CHECK(lr_for_step(c, 0.5, 17) == floor);
+  CHECK(lr_for_step(c, 0.5, 22) == floor);
+  CHECK(lr_for_step(c, 0.5, 1000) == floor);
+}
+
+TEST_CASE("a total_num_steps within the warmup runs (DeepSpeed warns), and 0 is refused") {
   LrScheduleConfig c;
   c.kind = LrScheduleKind::kWarmupDecayLR;
   c.warmup_num_steps = 100;
+  c.warmup_max_lr = 0.02;
+  c.warmup_type = WarmupType::kLinear;
   c.total_num_steps = 50;
-  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("total_num_steps (50) must be larger than warmup_num_steps (100"),
-                       Error);
+  CHECK_NOTHROW(c.validate());
+  // Still warming up at iteration 49; at iteration 100 the decay gamma is
+  // max(0, (50 - 100) / max(1, 50 - 100)) = 0, as in DeepSpeed.
+  CHECK(lr_for_step(c, 1.0, 50) == 0.02 * (49.0 / 100.0));
+  CHECK(lr_for_step(c, 1.0, 101) == 0.0);
+  c.kind = LrScheduleKind::kWarmupCosineLR;
+  c.cos_min_ratio = 0.5;
+  CHECK(lr_for_step(c, 1.0, 101) == 0.5);  // progress clamped to 1 at once
+  c.total_num_steps = 0;
+  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("total_num_steps must be at least 1, got 0"), Error);
   c.kind = LrScheduleKind::kConstant;
   CHECK(lr_for_step(c, 0.3, 7) == 0.3);
   CHECK_THROWS_AS(lr_for_step(c, 0.3, -1), Error);
