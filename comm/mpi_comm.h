@@ -30,9 +30,11 @@
 // exist and fail with an error saying how to get the backend.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zest/comm/communicator.h"
 
@@ -178,6 +180,8 @@ class MpiCommunicator final : public Communicator {
   std::chrono::microseconds poll_spin(const CollectiveDesc& desc, bool moving_data) const;
   void wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
             std::shared_ptr<void> buffers);
+  // For a timeout's message: which members are missing, and where they are.
+  std::string whereabouts(const CollectiveDesc& desc, bool moving_data);
   template <typename Fn>
   void guard(const CollectiveDesc& desc, Fn&& fn);
   template <typename Fn>
@@ -187,7 +191,14 @@ class MpiCommunicator final : public Communicator {
   void combine(const CollectiveDesc& desc, const char* copies, size_t count, void* out);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
+  // How long a member that left may take to finish the call it is in (its
+  // part may be on the way), and how long a timeout waits for the members'
+  // answers (Note [the presence channel] in mpi_presence.h).
+  static constexpr std::chrono::milliseconds kDepartedGrace{2000};
+  static constexpr std::chrono::milliseconds kAskGrace{1000};
+
   Owned owned_;
+  std::vector<int> world_ranks_;  // the members' ranks in MPI_COMM_WORLD
   std::shared_ptr<DescExchange> exchange_;
   CollectiveDesc last_agreed_;
   std::shared_ptr<ReduceScratch> scratch_;
