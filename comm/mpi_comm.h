@@ -10,7 +10,11 @@
 //   mpirun -np 4 ./trainer
 //
 // Collectives are MPI's non-blocking ones, polled until CommOptions::timeout,
-// so that a rank that never arrives ends in a CommError instead of a hang.
+// so that a rank that never arrives ends in a CommError instead of a hang;
+// the error names the ranks that did not come (world rank, host, pid) and
+// what those that answered are in. A rank that leaves (finalizes MPI on its
+// way out of the program) fails the others' calls within 2 s, naming it
+// (Note [the presence channel] in mpi_presence.h).
 // Before each one the ranks exchange its CollectiveDesc, so ranks that
 // diverged (different operations, sizes or numbering) get a CommError naming
 // every rank's call before any data moves. Reductions give the in-process
@@ -60,13 +64,15 @@ namespace zest {
 // kept whoever started MPI, so a program that called MPI_Init itself learns
 // of them from abort_reason() and should end with MPI_Abort then.
 //
-// A rank that fails must end the job, not return from main: the others would
-// wait out their collectives' timeout for it (10 minutes by default) while
-// its MPI_Finalize waited for them. So an exception that nobody catches ends
-// the job through MPI_Abort (the environment installs a std::terminate
-// handler that prints it first), an environment destroyed by an exception
-// passing through its scope does the same, and main's own catch block should
-// call abort_job():
+// A rank that fails should end the job, not return from main: its
+// MPI_Finalize would wait for the others, which learn that it left only
+// when they next wait for it in a collective (they then fail within 2 s,
+// and it ends the job), or, without make_mpi_world's presence channel, when
+// their collectives time out (10 minutes by default). So an exception that
+// nobody catches ends the job through MPI_Abort (the environment installs a
+// std::terminate handler that prints it first), an environment destroyed by
+// an exception passing through its scope does the same, and main's own
+// catch block should call abort_job():
 //
 //   // zest-example: needs=mpi
 //   int main(int argc, char** argv) {

@@ -11,6 +11,9 @@
 //   mpi_departure stop     stops itself with SIGSTOP; the others' barrier
 //                          has a 3 s timeout (the ranks' harness continues
 //                          it once they reported)
+//   mpi_departure kill     kills itself with SIGKILL: no ZEST code runs, and
+//                          Open MPI's mpiexec ends the job, saying so; the
+//                          others wait with the default timeout meanwhile
 //
 // Ranks 0 and 2 print "DEPART-REPORT: rank R after S s: <the CommError>",
 // or "DEPART-UNEXPECTED: ..." when the call did not fail, failed otherwise,
@@ -104,13 +107,28 @@ int stop() {
 
 }  // namespace
 
+int kill_self() {
+  MpiEnvironment mpi;
+  std::unique_ptr<Communicator> comm = make_mpi_world();
+  comm->barrier(host());
+  if (comm->rank() == 1) ::raise(SIGKILL);
+  try {
+    comm->barrier(host());
+    std::fprintf(stderr, "DEPART-UNEXPECTED: rank %d's barrier completed\n", comm->rank());
+  } catch (const CommError& e) {
+    std::fprintf(stderr, "DEPART-UNEXPECTED: rank %d: %s\n", comm->rank(), e.what());
+  }
+  return 1;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "kill") return kill_self();
   if (mode == "return") return leave_return();
   if (mode == "static") return leave_static(false);
   if (mode == "exit") return leave_static(true);
   if (mode == "stop") return stop();
-  std::fprintf(stderr, "DEPART-UNEXPECTED: unknown mode '%s'; use return, static, exit or stop\n",
+  std::fprintf(stderr, "DEPART-UNEXPECTED: unknown mode '%s'; use return, static, exit, stop or kill\n",
                mode.c_str());
   return 2;
 }
