@@ -264,9 +264,16 @@ void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, boo
     }
     return departed_grace && departed_grace->passed();
   };
-  if (mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data), between)) {
-    return;
+  bool done = false;
+  try {
+    done = mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data), between);
+  } catch (...) {
+    // A failed MPI call (on the request or the presence channel) leaves the
+    // operation pending, its buffers in MPI's hands.
+    if (buffers) MpiEnvironment::keep_until_exit(std::move(buffers));
+    throw;
   }
+  if (done) return;
   // MPI cannot cancel a collective: it stays pending and may still write
   // into its buffers whenever MPI makes progress.
   if (buffers) MpiEnvironment::keep_until_exit(std::move(buffers));

@@ -60,6 +60,8 @@ struct Presence {
   std::vector<std::string> departed;         // by world rank: how it left, "" while here
   std::vector<std::pair<int, std::string>> objections;  // (world rank, what it waits in)
   std::vector<std::unique_ptr<PendingSend>> sends;
+  // Sends freed unfinished at MPI_Finalize: MPI may still read them.
+  std::vector<std::unique_ptr<PendingSend>> abandoned;
   int64_t round = 0;                         // this process's questions so far
 };
 
@@ -189,7 +191,7 @@ int on_finalize(MPI_Comm /*self*/, int /*keyval*/, void* /*attribute*/, void* /*
     }
     for (auto& s : p.sends) {
       ZEST_MPI_WARN(MPI_Request_free(&s->request));
-      (void)s.release();  // MPI may still read it
+      p.abandoned.push_back(std::move(s));
     }
     p.sends.clear();
   } catch (const std::exception& e) {
