@@ -11,6 +11,9 @@
 //   mpi_departure stop     stops itself with SIGSTOP; the others' barrier
 //                          has a 3 s timeout (the ranks' harness continues
 //                          it once they reported)
+//   mpi_departure elsewhere  waits in a barrier of another communicator
+//                          while the others wait in the world's (3 s
+//                          timeouts): each side names where the other is
 //   mpi_departure kill     kills itself with SIGKILL: no ZEST code runs, and
 //                          Open MPI's mpiexec ends the job, saying so; the
 //                          others wait with the default timeout meanwhile
@@ -107,6 +110,24 @@ int stop() {
 
 }  // namespace
 
+int elsewhere() {
+  MpiEnvironment mpi;
+  CommOptions options;
+  options.timeout = std::chrono::seconds(3);
+  std::unique_ptr<Communicator> world = make_mpi_world(options);
+  std::unique_ptr<Communicator> other = make_mpi_world(options);
+  world->barrier(host());  // #1
+  if (world->rank() == 1) {
+    report(1, 3 + 3, "rank 0 (world rank 0 on host ", [&] { other->barrier(host()); });
+  } else {
+    report(world->rank(), 3 + 3,
+           "rank 1 (world rank 1 on host ", [&] { world->barrier(host()); });
+  }
+  // Every report out before the MpiEnvironments end the job.
+  ZEST_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  return 1;
+}
+
 int kill_self() {
   MpiEnvironment mpi;
   std::unique_ptr<Communicator> comm = make_mpi_world();
@@ -124,11 +145,12 @@ int kill_self() {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "kill") return kill_self();
+  if (mode == "elsewhere") return elsewhere();
   if (mode == "return") return leave_return();
   if (mode == "static") return leave_static(false);
   if (mode == "exit") return leave_static(true);
   if (mode == "stop") return stop();
-  std::fprintf(stderr, "DEPART-UNEXPECTED: unknown mode '%s'; use return, static, exit, stop or kill\n",
+  std::fprintf(stderr, "DEPART-UNEXPECTED: unknown mode '%s'; use return, static, exit, stop, elsewhere or kill\n",
                mode.c_str());
   return 2;
 }
