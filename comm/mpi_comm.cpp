@@ -260,13 +260,16 @@ void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, boo
     mpi::serve_presence(mpi::WaitingIn{what, rank(), size(), moving_data});
     if (!departed) {
       departed = mpi::departed_among(world_ranks_);
-      if (departed) departed_grace.emplace(std::min<std::chrono::milliseconds>(kDepartedGrace, options().timeout));
+      if (departed) {
+        departed_grace.emplace(std::min<std::chrono::milliseconds>(kDepartedGrace, options().timeout));
+      }
     }
     return departed_grace && departed_grace->passed();
   };
   bool done = false;
   try {
-    done = mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data), between);
+    done = mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data),
+                           between);
   } catch (...) {
     // A failed MPI call (on the request or the presence channel) leaves the
     // operation pending, its buffers in MPI's hands.
@@ -320,7 +323,8 @@ std::string MpiCommunicator::whereabouts(const CollectiveDesc& desc, bool moving
   for (int r = 0; r < size(); ++r) {
     if (r == rank()) continue;
     const auto& a = answers[static_cast<size_t>(r)];
-    const std::string who = fmt::format("rank {} ({})", r, mpi::describe_world_rank(world_ranks_[r]));
+    const std::string who =
+        fmt::format("rank {} ({})", r, mpi::describe_world_rank(world_ranks_[static_cast<size_t>(r)]));
     if (!a) {
       missing.push_back(fmt::format("{} did not answer within {} ms (stopped, busy outside ZEST's "
                                     "collectives, or dead)", who, grace.count()));

@@ -21,16 +21,20 @@ namespace {
 std::vector<int64_t> iota_indices(int64_t n, int64_t capacity, const char* who) {
   const long page = sysconf(_SC_PAGESIZE);
   const long pages = sysconf(_SC_PHYS_PAGES);
-  const uint64_t physical = page > 0 && pages > 0 ? static_cast<uint64_t>(page) * static_cast<uint64_t>(pages)
-                                                  : std::numeric_limits<uint64_t>::max();
-  const uint64_t bytes = static_cast<uint64_t>(capacity) * sizeof(int64_t);  // capacity < 2^63: no overflow
+  const uint64_t physical = page > 0 && pages > 0
+                                ? static_cast<uint64_t>(page) * static_cast<uint64_t>(pages)
+                                : std::numeric_limits<uint64_t>::max();
   const auto refuse = [&] {
+    // capacity x 8 bytes passes 2^64 from capacity 2^61 on: said in index units then.
+    const bool fits = static_cast<uint64_t>(capacity) <= (uint64_t{1} << 60);
     ZEST_FAIL("{}: an order of {} indices needs {} and this machine has {}; shard the dataset "
               "into parts that fit, each with its own sampler",
-              who, capacity, format_bytes(static_cast<int64_t>(std::min<uint64_t>(bytes, INT64_MAX))),
+              who, capacity,
+              fits ? format_bytes(capacity * static_cast<int64_t>(sizeof(int64_t)))
+                   : fmt::format("{} x 8 bytes", capacity),
               format_bytes(static_cast<int64_t>(std::min<uint64_t>(physical, INT64_MAX))));
   };
-  if (bytes > physical) refuse();
+  if (static_cast<uint64_t>(capacity) > physical / sizeof(int64_t)) refuse();
   try {
     std::vector<int64_t> r;
     r.reserve(static_cast<size_t>(capacity));

@@ -150,7 +150,9 @@ int main(int argc, char** argv) {
   if (mode == "static") return leave_static(false);
   if (mode == "exit") return leave_static(true);
   if (mode == "stop") return stop();
-  std::fprintf(stderr, "DEPART-UNEXPECTED: unknown mode '%s'; use return, static, exit, stop, elsewhere or kill\n",
+  std::fprintf(stderr,
+               "DEPART-UNEXPECTED: unknown mode '%s'; use return, static, exit, stop, elsewhere "
+               "or kill\n",
                mode.c_str());
   return 2;
 }
