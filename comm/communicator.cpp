@@ -2,7 +2,9 @@
 // backend; the backends only move and reduce data.
 #include "zest/comm/communicator.h"
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 namespace zest {
 namespace {
@@ -19,6 +21,20 @@ Range range(const void* p, size_t bytes) {
 }
 
 }  // namespace
+
+std::chrono::milliseconds default_comm_timeout() {
+  const char* text = std::getenv("ZEST_COMM_TIMEOUT");
+  if (text == nullptr || *text == '\0') return std::chrono::minutes(10);
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  ZEST_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds >= 0.001 &&
+                 seconds <= 1e6,
+             "ZEST_COMM_TIMEOUT is '{}', not a number of seconds from 0.001 to 1e6; set it to how "
+             "long a collective may wait for the other ranks (e.g. ZEST_COMM_TIMEOUT=600), or "
+             "unset it for the default of 10 minutes",
+             text);
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
 
 void check_comm_options(const CommOptions& options) {
   ZEST_CHECK(options.timeout.count() > 0, "CommOptions::timeout must be positive, got {} ms",

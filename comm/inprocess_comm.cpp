@@ -88,6 +88,21 @@ class Group {
     }
   }
 
+  // `rank`'s function returned (run_inprocess): it calls no more
+  // collectives here, so a rank still waiting for it, or calling another,
+  // fails at once naming it instead of waiting out the timeout. Collectives
+  // it took part in are done (it left their last barrier, so every rank
+  // arrived there). Groups split from this one are left alone: their ranks
+  // need not include it.
+  void depart(int rank) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_locked(CommError::Reason::kAborted,
+                 fmt::format("rank {} left: its function returned, so it calls no more "
+                             "collectives on this communicator",
+                             rank),
+                 rank);
+  }
+
   // The rank whose failure aborted the group (-1: none did, or not known).
   int abort_origin() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -435,6 +450,7 @@ void run_inprocess(int world_size, const std::function<void(Communicator&)>& fn,
       Communicator& comm = *comms[static_cast<size_t>(r)];
       try {
         fn(comm);
+        static_cast<InProcessCommunicator&>(comm).group().depart(r);
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
         // The others may be waiting for this rank in a collective, or about

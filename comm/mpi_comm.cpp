@@ -8,11 +8,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "zest/comm/host_reduce.h"
 #include "zest/comm/mpi_poll.h"
+#include "zest/comm/mpi_presence.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"
 
@@ -170,11 +174,20 @@ MpiCommunicator::Owned MpiCommunicator::duplicate(MPI_Comm comm, const CommOptio
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions options)
-    : MpiCommunicator(duplicate(comm, options), options) {}
+    : MpiCommunicator(duplicate(comm, options), options) {
+  // Over the whole world, so collective over every process: the moment to
+  // open the process's presence channel, if it is not open yet.
+  int same = MPI_UNEQUAL;
+  ZEST_MPI_CHECK(MPI_Comm_compare(comm, MPI_COMM_WORLD, &same));
+  if (same == MPI_IDENT || same == MPI_CONGRUENT) {
+    mpi::open_presence(Deadline(options.timeout), options.spin);
+  }
+}
 
 MpiCommunicator::MpiCommunicator(Owned owned, CommOptions options)
     : Communicator(rank_of(owned.comm), size_of(owned.comm), Device::host(), options),
       owned_(std::move(owned)),
+      world_ranks_(mpi::world_ranks_of(owned_.comm)),
       exchange_(std::make_shared<DescExchange>()),
       scratch_(std::make_shared<ReduceScratch>(size())) {
   exchange_->all.resize(static_cast<size_t>(size()) * kDescWords);
@@ -233,28 +246,102 @@ std::chrono::microseconds MpiCommunicator::poll_spin(const CollectiveDesc& desc,
   return options().spin + transfer;
 }
 
+// Note [the presence channel]: while it waits past its spin, a rank reads
+// the channel (answering the others, learning who left). A member that left
+// fails the call after a short grace (the call may have been its last, its
+// part already on the way); a timeout asks the members where they are.
 void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
                            std::shared_ptr<void> buffers) {
-  if (mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data))) return;
+  std::string what;  // desc.str(), made once the wait is long enough to read the channel
+  std::optional<mpi::Departure> departed;
+  std::optional<Deadline> departed_grace;
+  const auto between = [&] {
+    if (what.empty()) what = desc.str();
+    mpi::serve_presence(mpi::WaitingIn{what, rank(), size(), moving_data});
+    if (!departed) {
+      departed = mpi::departed_among(world_ranks_);
+      if (departed) {
+        departed_grace.emplace(std::min<std::chrono::milliseconds>(kDepartedGrace, options().timeout));
+      }
+    }
+    return departed_grace && departed_grace->passed();
+  };
+  bool done = false;
+  try {
+    done = mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data),
+                           between);
+  } catch (...) {
+    // A failed MPI call (on the request or the presence channel) leaves the
+    // operation pending, its buffers in MPI's hands.
+    if (buffers) MpiEnvironment::keep_until_exit(std::move(buffers));
+    throw;
+  }
+  if (done) return;
   // MPI cannot cancel a collective: it stays pending and may still write
   // into its buffers whenever MPI makes progress.
   if (buffers) MpiEnvironment::keep_until_exit(std::move(buffers));
+  if (departed_grace && departed_grace->passed()) {
+    mpi::object_to_departure(departed->world_rank, mpi::WaitingIn{what, rank(), size(), moving_data});
+    const auto it = std::find(world_ranks_.begin(), world_ranks_.end(), departed->world_rank);
+    fail(CommError::Reason::kAborted,
+         fmt::format("MPI {} cannot complete on rank {} of {}: rank {} ({}) {} while this rank "
+                     "waited for it {}; the job cannot go on without it",
+                     desc.str(), rank(), size(), it - world_ranks_.begin(),
+                     mpi::describe_world_rank(departed->world_rank), departed->how,
+                     moving_data ? "to move this call's data" : "to call it"));
+  }
   const auto ms = options().timeout.count();
+  const std::string where = whereabouts(desc, moving_data);
   if (moving_data) {
     fail(CommError::Reason::kTimeout,
          fmt::format("MPI {} timed out after {} ms on rank {} of {} while moving its data: every "
-                     "rank had called it, so one has died or stalled inside MPI",
-                     desc.str(), ms, rank(), size()));
+                     "rank had called it, so one has died or stalled inside MPI; {}",
+                     desc.str(), ms, rank(), size(), where));
   }
   const std::string reached = last_agreed_.seq == 0
                                   ? std::string("it is the first collective on this communicator")
                                   : fmt::format("every rank reached {}", last_agreed_.str());
   fail(CommError::Reason::kTimeout,
-       fmt::format("MPI {} timed out after {} ms on rank {} of {}: not every rank called it; the "
-                   "ranks that have not are unknown (MPI does not say whom a pending all-gather "
-                   "still waits for); {}. A rank that skipped this call, died, or is busy "
-                   "elsewhere leaves the others waiting here",
-                   desc.str(), ms, rank(), size(), reached));
+       fmt::format("MPI {} timed out after {} ms on rank {} of {}: not every rank called it; {}; "
+                   "{}. A rank that skipped this call, died, or is busy elsewhere leaves the "
+                   "others waiting here",
+                   desc.str(), ms, rank(), size(), where, reached));
+}
+
+// Who is where, from the members' answers (Note [the presence channel]).
+std::string MpiCommunicator::whereabouts(const CollectiveDesc& desc, bool moving_data) {
+  if (!mpi::presence_open()) {
+    return "which ranks it waits for is unknown (MPI does not say, and this process has no "
+           "presence channel to ask: make_mpi_world opens one)";
+  }
+  const std::string what = desc.str();
+  const auto grace = std::min<std::chrono::milliseconds>(kAskGrace, options().timeout);
+  const std::vector<std::optional<mpi::Answer>> answers =
+      mpi::ask_members(world_ranks_, mpi::WaitingIn{what, rank(), size(), moving_data}, grace);
+  std::vector<int> here;
+  std::vector<std::string> missing;
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank()) continue;
+    const auto& a = answers[static_cast<size_t>(r)];
+    const std::string who =
+        fmt::format("rank {} ({})", r, mpi::describe_world_rank(world_ranks_[static_cast<size_t>(r)]));
+    if (!a) {
+      missing.push_back(fmt::format("{} did not answer within {} ms (stopped, busy outside ZEST's "
+                                    "collectives, or dead)", who, grace.count()));
+    } else if (a->what == what && a->comm_size == size()) {
+      here.push_back(r);
+    } else {
+      missing.push_back(fmt::format("{} is {} {} on a communicator of {} ranks", who,
+                                    a->moving_data ? "moving the data of" : "waiting in", a->what,
+                                    a->comm_size));
+    }
+  }
+  if (missing.empty()) {
+    return fmt::format("every other rank says it is in this call ({})", rank_list(here));
+  }
+  if (here.empty()) return fmt::format("{}; no other rank is in this call", fmt::join(missing, "; "));
+  return fmt::format("{}; {} {} in this call too", fmt::join(missing, "; "), rank_list(here),
+                     here.size() == 1 ? "is" : "are");
 }
 
 void MpiCommunicator::agree(const CollectiveDesc& desc) {

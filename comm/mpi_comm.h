@@ -10,7 +10,11 @@
 //   mpirun -np 4 ./trainer
 //
 // Collectives are MPI's non-blocking ones, polled until CommOptions::timeout,
-// so that a rank that never arrives ends in a CommError instead of a hang.
+// so that a rank that never arrives ends in a CommError instead of a hang;
+// the error names the ranks that did not come (world rank, host, pid) and
+// what those that answered are in. A rank that leaves (finalizes MPI on its
+// way out of the program) fails the others' calls within 2 s, naming it
+// (Note [the presence channel] in mpi_presence.h).
 // Before each one the ranks exchange its CollectiveDesc, so ranks that
 // diverged (different operations, sizes or numbering) get a CommError naming
 // every rank's call before any data moves. Reductions give the in-process
@@ -30,9 +34,11 @@
 // exist and fail with an error saying how to get the backend.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zest/comm/communicator.h"
 
@@ -58,13 +64,15 @@ namespace zest {
 // kept whoever started MPI, so a program that called MPI_Init itself learns
 // of them from abort_reason() and should end with MPI_Abort then.
 //
-// A rank that fails must end the job, not return from main: the others would
-// wait out their collectives' timeout for it (10 minutes by default) while
-// its MPI_Finalize waited for them. So an exception that nobody catches ends
-// the job through MPI_Abort (the environment installs a std::terminate
-// handler that prints it first), an environment destroyed by an exception
-// passing through its scope does the same, and main's own catch block should
-// call abort_job():
+// A rank that fails should end the job, not return from main: its
+// MPI_Finalize would wait for the others, which learn that it left only
+// when they next wait for it in a collective (they then fail within 2 s,
+// and it ends the job), or, without make_mpi_world's presence channel, when
+// their collectives time out (10 minutes by default). So an exception that
+// nobody catches ends the job through MPI_Abort (the environment installs a
+// std::terminate handler that prints it first), an environment destroyed by
+// an exception passing through its scope does the same, and main's own
+// catch block should call abort_job():
 //
 //   // zest-example: needs=mpi
 //   int main(int argc, char** argv) {
@@ -178,6 +186,8 @@ class MpiCommunicator final : public Communicator {
   std::chrono::microseconds poll_spin(const CollectiveDesc& desc, bool moving_data) const;
   void wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
             std::shared_ptr<void> buffers);
+  // For a timeout's message: which members are missing, and where they are.
+  std::string whereabouts(const CollectiveDesc& desc, bool moving_data);
   template <typename Fn>
   void guard(const CollectiveDesc& desc, Fn&& fn);
   template <typename Fn>
@@ -187,7 +197,14 @@ class MpiCommunicator final : public Communicator {
   void combine(const CollectiveDesc& desc, const char* copies, size_t count, void* out);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
+  // How long a member that left may take to finish the call it is in (its
+  // part may be on the way), and how long a timeout waits for the members'
+  // answers (Note [the presence channel] in mpi_presence.h).
+  static constexpr std::chrono::milliseconds kDepartedGrace{2000};
+  static constexpr std::chrono::milliseconds kAskGrace{1000};
+
   Owned owned_;
+  std::vector<int> world_ranks_;  // the members' ranks in MPI_COMM_WORLD
   std::shared_ptr<DescExchange> exchange_;
   CollectiveDesc last_agreed_;
   std::shared_ptr<ReduceScratch> scratch_;

@@ -14,7 +14,8 @@ namespace zest::mpi {
 // to the ranks this one waits for (often more ranks than cores on a test
 // machine); the pause grows so that a long wait costs little, and stays
 // short so that a finished operation is seen soon.
-bool poll_until(MPI_Request& request, const Deadline& deadline, std::chrono::microseconds spin) {
+bool poll_until(MPI_Request& request, const Deadline& deadline, std::chrono::microseconds spin,
+                const std::function<bool()>& between) {
   const auto test = [&] {
     int done = 0;
     ZEST_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
@@ -26,6 +27,7 @@ bool poll_until(MPI_Request& request, const Deadline& deadline, std::chrono::mic
     if (deadline.passed()) return false;
     std::this_thread::sleep_for(std::min(pause, deadline.remaining_us()));
     if (test()) return true;
+    if (between && between()) return false;
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
 }

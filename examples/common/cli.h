@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
@@ -27,6 +28,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "zest/comm/communicator.h"
 
 namespace cli {
 
@@ -66,6 +69,21 @@ inline CLI::Validator real_range(double lo, double hi) {
         return {};
       },
       fmt::format("REAL in [{:g}, {:g}]", lo, hi));
+}
+
+// --timeout SECONDS, for every program that communicates: how long a
+// collective waits for the other ranks before it fails naming them
+// (CommOptions::timeout, decimals allowed). Without the flag, `options`
+// keeps its default: ZEST_COMM_TIMEOUT's value, else 10 minutes.
+inline CLI::Option* add_timeout(CLI::App& app, zest::CommOptions& options) {
+  return app
+      .add_option_function<double>(
+          "--timeout",
+          [&options](const double& seconds) {
+            options.timeout = std::chrono::milliseconds(std::llround(seconds * 1000));
+          },
+          "seconds a collective waits for the other ranks")
+      ->check(real_range(0.001, 1e6));
 }
 
 template <typename T>

@@ -36,6 +36,7 @@
 #include "sample.h"
 #include "trainer.h"
 #include "zest/comm/inprocess_comm.h"
+#include "zest/comm/mpi_comm.h"
 #include "zest/launch/bootstrap.h"
 #include "zest/memory/raw_allocator.h"
 
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
   try {
     const gpt::Options opt = gpt::parse_options(argc, argv);
     std::unique_ptr<zest::Communicator> launched;
-    if (opt.launch) launched = zest::init_distributed(zest::Device::host());
+    if (opt.launch) launched = zest::init_distributed(zest::Device::host(), opt.comm);
     const bool printer = !launched || launched->rank() == 0;
     const int world = launched ? launched->size() : opt.ranks;
     const gpt::Corpus corpus = gpt::Corpus::load(opt.data);
@@ -173,7 +174,7 @@ int main(int argc, char** argv) {
       if (launched) {
         body(*launched);
       } else {
-        zest::run_inprocess(opt.ranks, body);
+        zest::run_inprocess(opt.ranks, body, zest::Device::host(), opt.comm);
       }
       samples.push_back(rank0.sample);
       rows.push_back({stage, world, rank0.val_loss, rank0.tokens_per_s, rank0.memory.at(0).model_states(),
@@ -202,7 +203,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpt: %s\n%s", e.what(), gpt::usage().c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt: %s\n", e.what());
-    return 1;
+    // Under mpirun the other ranks would wait for this one (a missing
+    // --data on one rank, say) in their next collective: end the job.
+    zest::MpiEnvironment::abort_job(fmt::format("gpt: {}", e.what()));
   }
 }

@@ -17,6 +17,7 @@ std::string usage() {
          "           [--data FORTUNE_FILE_OR_DIR] [--eval-every N] [--val-windows N] [--print-every N]\n"
          "           [--save CKPT_ROOT] [--load CKPT_ROOT] [--export MODEL.safetensors]\n"
          "           [--sample-bytes N] [--temperature T] [--sample-seed N] [--prompt TEXT]\n"
+         "           [--timeout SECONDS]\n"
          "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n";
 }
 
@@ -27,6 +28,7 @@ Options parse_options(int argc, char** argv) {
   std::vector<int> stages;
   bool untied = false;
   app.add_flag("--launch", o.launch);
+  cli::add_timeout(app, o.comm);
   app.add_flag("--untied", untied);
   app.add_flag("--offload", o.offload);
   app.add_flag("--offload-param", o.offload_param);

@@ -37,6 +37,7 @@ struct Options {
   uint64_t seed = 1234;
   int threads = 1;  // torch intra-op threads per rank: see main.cpp
   std::string data = "/usr/share/games/fortunes";
+  zest::CommOptions comm;  // --timeout SECONDS (else ZEST_COMM_TIMEOUT, else 10 min)
   int64_t eval_every = 50;
   int64_t val_windows = 256;  // of `context` bytes each; rounded down to a multiple of the ranks
   int64_t print_every = 10;

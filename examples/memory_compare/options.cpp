@@ -9,7 +9,7 @@ namespace memory_compare {
 std::string usage() {
   return "usage: memory_compare [--stages 0,1,2,3] [--worlds 1,2,4,8] [--steps N] [--dtype fp32|bf16|fp16]\n"
          "                      [--hidden N] [--layers N] [--rows N] [--seed N]\n"
-         "                      [--markdown FILE] [--svg FILE]\n"
+         "                      [--markdown FILE] [--svg FILE] [--timeout SECONDS]\n"
          "Trains the example MLP on in-process ranks under each ZeRO stage and world size, and\n"
          "compares each rank's memory by category with zest::estimate_memory. Exits 1 when a\n"
          "model-state category differs from the estimate or ranks disagree.\n";
@@ -27,6 +27,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--seed", o.seed)->check(CLI::Range(0u, ~0u));
   app.add_option("--markdown", o.markdown_path);
   app.add_option("--svg", o.svg_path);
+  cli::add_timeout(app, o.comm);
   app.add_option("--dtype", o.dtype);  // checked below, with the examples' message
   cli::parse(app, argc, argv);
   if (app.count("--dtype") > 0) o.dtype = examples::dtype_flag("--dtype", o.dtype);

@@ -23,6 +23,7 @@ struct Options {
   unsigned seed = 1234;
   std::string markdown_path = "memory_compare.md";
   std::string svg_path = "memory_compare.svg";
+  zest::CommOptions comm;  // --timeout SECONDS (else ZEST_COMM_TIMEOUT, else 10 min)
 };
 
 std::string usage();

@@ -88,7 +88,7 @@ Comparison run_comparison(const Options& opt, int stage, int world) {
   std::vector<RankMemory> ranks(static_cast<size_t>(world));
   zest::run_inprocess(world, [&](zest::Communicator& comm) {
     ranks[static_cast<size_t>(comm.rank())] = train_rank(opt, config, comm, comm.rank() == 0 ? &c.model : nullptr);
-  });
+  }, zest::Device::host(), opt.comm);
   c.measured = ranks[0];
   for (int r = 1; r < world; ++r) {
     const std::string d = ranks[static_cast<size_t>(r)].difference(ranks[0]);

@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     // job (NCCL on cuda:(local rank) for --device cuda, whatever its index);
     // otherwise the ranks are threads of this process, all on opt.device.
     std::unique_ptr<zest::Communicator> launched;
-    if (opt.launch) launched = zest::init_distributed(opt.device);
+    if (opt.launch) launched = zest::init_distributed(opt.device, opt.comm);
     const bool printer = !launched || launched->rank() == 0;
 
     std::vector<mlp::StageRow> rows;
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
       if (launched) {
         body(*launched);
       } else {
-        zest::run_inprocess(opt.ranks, body, opt.device);
+        zest::run_inprocess(opt.ranks, body, opt.device, opt.comm);
       }
       rows.push_back({stage, world, rank0});
     }

@@ -28,7 +28,8 @@ std::string usage() {
   return "usage: mlp [--ranks N] [--stage S | --stages 0,1,2,3] [--dtype fp32|bf16|fp16]\n"
          "           [--steps N] [--batch ROWS] [--accum N] [--lr X] [--layers N] [--hidden N]\n"
          "           [--seed N] [--config ds_config.json] [--launch] [--device host|cuda[:N]]\n"
-         "           [--print-every N] [--table] [--save CKPT_ROOT] [--load CKPT_ROOT]\n";
+         "           [--print-every N] [--table] [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
+         "           [--timeout SECONDS]\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -38,6 +39,7 @@ Options parse_options(int argc, char** argv) {
   std::vector<int> stages;
   std::string device_name;
   app.add_flag("--launch", o.launch);
+  cli::add_timeout(app, o.comm);
   app.add_flag("--table", o.table);
   app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 20));
   CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));

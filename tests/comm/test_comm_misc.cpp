@@ -1,8 +1,13 @@
 // Sub-communicators, byte counters, grouping and argument checks.
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "zest/comm/inprocess_comm.h"
@@ -208,4 +213,38 @@ TEST_CASE("a group that the backend could not start is not left open") {
   CHECK_THROWS_WITH_AS(comm.split(0, 0), doctest::Contains(why.c_str()), CommError);
   CHECK_THROWS_WITH_AS(comm.group_end(), doctest::Contains(why.c_str()), CommError);
   CHECK(comm.groups_ended == 0);
+}
+
+TEST_CASE("ZEST_COMM_TIMEOUT sets the default timeout, and a bad value is named") {
+  // Restores the variable as it was, whatever the checks do.
+  struct Restore {
+    std::optional<std::string> old;
+    Restore() {
+      if (const char* v = std::getenv("ZEST_COMM_TIMEOUT")) old = v;
+    }
+    ~Restore() {
+      if (old) {
+        ::setenv("ZEST_COMM_TIMEOUT", old->c_str(), 1);
+      } else {
+        ::unsetenv("ZEST_COMM_TIMEOUT");
+      }
+    }
+  } restore;
+  ::unsetenv("ZEST_COMM_TIMEOUT");
+  CHECK(CommOptions{}.timeout == std::chrono::minutes(10));
+  ::setenv("ZEST_COMM_TIMEOUT", "", 1);
+  CHECK(CommOptions{}.timeout == std::chrono::minutes(10));
+  ::setenv("ZEST_COMM_TIMEOUT", "2.5", 1);
+  CHECK(CommOptions{}.timeout == std::chrono::milliseconds(2500));
+  ::setenv("ZEST_COMM_TIMEOUT", "30", 1);
+  CHECK(CommOptions{}.timeout == std::chrono::seconds(30));
+  // What every backend's default is: the in-process group's here.
+  CHECK(make_inprocess_group(2)[1]->options().timeout == std::chrono::seconds(30));
+  for (const char* bad : {"abc", "0", "-1", "inf", "nan", "1e7", "5s", "0.0001"}) {
+    CAPTURE(bad);
+    ::setenv("ZEST_COMM_TIMEOUT", bad, 1);
+    const std::string expected =
+        fmt::format("ZEST_COMM_TIMEOUT is '{}', not a number of seconds from 0.001 to 1e6", bad);
+    CHECK_THROWS_WITH_AS(static_cast<void>(CommOptions{}), doctest::Contains(expected.c_str()), Error);
+  }
 }

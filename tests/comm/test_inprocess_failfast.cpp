@@ -179,3 +179,46 @@ TEST_CASE("run_inprocess reports the timeout that started a failure, not what it
       }, Device::host(), o),
       doctest::Contains("timed out after 200 ms on rank 1"), CommError);
 }
+
+TEST_CASE("a rank whose function returns while the others still call collectives is named at once") {
+  std::vector<std::string> errors(3);
+  std::vector<double> waited(3, -1.0);
+  const auto start = Clock::now();
+  CHECK_THROWS_WITH_AS(
+      run_inprocess(3, [&](Communicator& comm) {
+        OwnedStream stream(Device::host());
+        comm.barrier(stream);
+        if (comm.rank() == 1) return;  // a per-rank early exit, without an error
+        // Late enough that rank 1 has usually left: either way, the call fails.
+        std::this_thread::sleep_for(std::chrono::milliseconds(comm.rank() == 0 ? 0 : 100));
+        const auto t = Clock::now();
+        try {
+          comm.barrier(stream);
+        } catch (const CommError& e) {
+          waited[static_cast<size_t>(comm.rank())] = seconds_since(t);
+          errors[static_cast<size_t>(comm.rank())] = e.message();
+          throw;
+        }
+      }, Device::host(), ten_minutes()),
+      doctest::Contains("in-process barrier #2 on rank 0 ended: rank 1 left: its function "
+                        "returned, so it calls no more collectives on this communicator"),
+      CommError);
+  CHECK(seconds_since(start) < 5.0);
+  for (int r : {0, 2}) {
+    CAPTURE(r);
+    CAPTURE(errors[static_cast<size_t>(r)]);
+    CHECK(errors[static_cast<size_t>(r)].find(fmt::format("in-process barrier #2 on rank {} ended: "
+                                                          "rank 1 left",
+                                                          r)) != std::string::npos);
+    CHECK(waited[static_cast<size_t>(r)] >= 0.0);
+    CHECK(waited[static_cast<size_t>(r)] < 2.0);
+    MESSAGE("rank ", r, " was told that rank 1 left after ", waited[static_cast<size_t>(r)], " s");
+  }
+  // Ranks that finish at different times without calling anything more end
+  // cleanly: the departures fail no collective.
+  run_inprocess(3, [&](Communicator& comm) {
+    OwnedStream stream(Device::host());
+    comm.barrier(stream);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * comm.rank()));
+  }, Device::host(), ten_minutes());
+}

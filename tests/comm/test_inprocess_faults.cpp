@@ -4,9 +4,11 @@
 // divergence or a failure); never a hang.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <latch>
 #include <string>
+#include <thread>
 
 #include "zest/comm/inprocess_comm.h"
 
@@ -31,10 +33,16 @@ TEST_CASE("a rank that never arrives times out the others, naming it") {
   std::vector<std::string> errors(3);
   std::vector<double> waited(3);
   std::vector<char> aborted_after(3);  // not vector<bool>: ranks write their own element at once
+  std::atomic<int> done{0};
   run_inprocess(3, [&](Communicator& comm) {
     OwnedStream stream(Device::host());
     comm.barrier(stream);
-    if (comm.rank() == 1) return;  // skips the all_reduce below
+    if (comm.rank() == 1) {
+      // Skips the all_reduce below, busy elsewhere until the others are done
+      // (a rank that returned would be named as gone at once instead).
+      while (done.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return;
+    }
     float x[10] = {};
     const auto start = Clock::now();
     try {
@@ -48,6 +56,7 @@ TEST_CASE("a rank that never arrives times out the others, naming it") {
     // Every later call fails at once with the same reason.
     CHECK_THROWS_WITH_AS(comm.barrier(stream), doctest::Contains("aborted by an earlier failure"),
                          CommError);
+    ++done;
   }, Device::host(), with_timeout(300));
   for (int r : {0, 2}) {
     CAPTURE(r);

@@ -3,6 +3,7 @@
 // algorithm; test_sampler_torch.cpp compares with libtorch itself.
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <vector>
 
 #include "zest/core/check.h"
@@ -84,4 +85,37 @@ TEST_CASE("DistributedSampler refuses bad arguments by name") {
   CHECK_THROWS_WITH_AS(DistributedSampler(-1, 4, 0), doctest::Contains("dataset_size is -1"), zest::Error);
   // An empty dataset needs no padding: nothing for anyone, as torch.
   CHECK(DistributedSampler(0, 4, 0).indices().empty());
+}
+
+TEST_CASE("DistributedSampler sizes near INT64_MAX: exact counts, or a clear error") {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();  // 3 x 3074457345618258602 + 1
+  // Padding to a multiple of 3 would pass INT64_MAX: refused by name, not a
+  // negative size().
+  CHECK_THROWS_WITH_AS(DistributedSampler(kMax, 3, 0, {.shuffle = false}),
+                       doctest::Contains("exceeds the int64 range of indices"), zest::Error);
+  // drop_last drops the one extra sample; one replica pads nothing.
+  const DistributedSampler dropped(kMax, 3, 2, {.shuffle = false, .drop_last = true});
+  CHECK(dropped.size() == 3074457345618258602);
+  CHECK(dropped.total_size() == kMax - 1);
+  const DistributedSampler one(kMax, 1, 0, {.shuffle = false});
+  CHECK(one.size() == kMax);
+  CHECK(one.total_size() == kMax);
+  // ceil(n / R) where n + R - 1 overflows.
+  const DistributedSampler padded(kMax - 1, 2, 1);
+  CHECK(padded.size() == int64_t{4611686018427387903});
+  CHECK(padded.total_size() == kMax - 1);
+  const DistributedSampler odd(kMax - 2, 2, 0);
+  CHECK(odd.size() == int64_t{4611686018427387903});
+  CHECK(odd.total_size() == kMax - 1);
+  // Orders larger than memory are refused by name before allocating, not a
+  // bare std::bad_alloc.
+  CHECK_THROWS_WITH_AS(static_cast<void>(one.indices()),
+                       doctest::Contains("DistributedSampler::indices: an order of 9223372036854775807 "
+                                         "indices needs"),
+                       zest::Error);
+  CHECK_THROWS_WITH_AS(static_cast<void>(DistributedSampler(int64_t{1} << 50, 4, 0).indices()),
+                       doctest::Contains("torch_randperm: an order of 1125899906842624 indices needs"),
+                       zest::Error);
+  CHECK_THROWS_WITH_AS(static_cast<void>(zest::torch_randperm(kMax, 0)),
+                       doctest::Contains("shard the dataset"), zest::Error);
 }
