@@ -1,6 +1,8 @@
 #include "zest/checkpoint/weights_io.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -75,13 +77,12 @@ void export_weights(Engine& engine, const std::string& path, const WeightsExport
 
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options) {
   const ModelLayout& layout = engine.layout();
-  const int part = engine.partition();
-  std::vector<std::vector<float>> masters(static_cast<size_t>(layout.num_units()));
-  on_every_rank(engine, "importing weights", [&] {
-    const SafetensorsFile file = SafetensorsFile::open(path);
+  std::optional<SafetensorsFile> file;
+  on_every_rank(engine, "checking the weights file", [&] {
+    file.emplace(SafetensorsFile::open(path));
     for (const UnitLayout& u : layout.units()) {
       for (const ParamLayout& p : u.params) {
-        const SafetensorsTensor* t = file.find(p.name);
+        const SafetensorsTensor* t = file->find(p.name);
         ZEST_CHECK(t != nullptr, "'{}' has no tensor '{}' (registered in unit '{}' with shape [{}])", path, p.name,
                    u.name, fmt::join(p.shape, ", "));
         ZEST_CHECK(t->shape == p.shape, "'{}': tensor '{}' has shape [{}], the model registers [{}]", path, p.name,
@@ -94,30 +95,82 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
       }
     }
     if (!options.ignore_unknown) {
-      for (const SafetensorsTensor& t : file.tensors()) {
+      for (const SafetensorsTensor& t : file->tensors()) {
         ZEST_CHECK(layout.contains(t.name),
                    "'{}' has a tensor '{}' that the model does not register (set ignore_unknown to skip it)", path,
                    t.name);
       }
     }
-    // This rank's shard of each unit: the parts of parameters inside it.
-    SafetensorsReadOptions read_options;
-    read_options.check_finite = true;
-    for (int u = 0; u < layout.num_units(); ++u) {
-      const UnitLayout& U = layout.unit(u);
-      const size_t begin = U.shard * static_cast<size_t>(part);
-      std::vector<float>& shard = masters[static_cast<size_t>(u)];
-      shard.assign(U.shard, 0.0f);
-      for (const ParamLayout& p : U.params) {
-        const size_t b = std::max(begin, p.offset);
-        const size_t e = std::min(begin + U.shard, p.offset + p.numel);
-        if (b >= e) continue;
-        file.read_range_as(p.name, DType::kFloat32, b - p.offset,
-                           std::as_writable_bytes(std::span(shard.data() + (b - begin), e - b)), read_options);
-      }
+  });
+  OwnedWeights owned;
+  on_every_rank(engine, "importing weights", [&] {
+    owned = read_owned_weights(engine, [&](const ParamLayout& p) { return OwnedWeightSource{&*file, p.name}; });
+    if (!owned.non_finite.empty()) {
+      const auto& [name, element] = owned.non_finite.front();
+      ZEST_FAIL("'{}': tensor '{}': element {} is not finite (NaN or Inf); fix the file", path, name, element);
     }
   });
-  start_from_weights(engine, masters);
+  start_from_weights(engine, owned.masters);
+}
+
+OwnedWeights read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                const std::function<void(uint64_t, uint64_t)>& progress) {
+  const ModelLayout& layout = engine.layout();
+  const auto part = static_cast<size_t>(engine.partition());
+  // Each parameter's elements inside this rank's shard of its unit.
+  struct Piece {
+    int unit;
+    const ParamLayout* param;
+    OwnedWeightSource from;
+    size_t begin, end;  // in the unit's flat buffer
+  };
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
+  OwnedWeights out;
+  out.masters.resize(static_cast<size_t>(layout.num_units()));
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const UnitLayout& U = layout.unit(u);
+    const size_t begin = U.shard * part;
+    bool keeps_some = false;
+    for (const ParamLayout& p : U.params) {
+      const size_t b = std::max(begin, p.offset);
+      const size_t e = std::min(begin + U.shard, p.offset + p.numel);
+      if (b >= e) continue;
+      OwnedWeightSource from = source(p);
+      if (from.file == nullptr) {
+        keeps_some = true;
+        continue;
+      }
+      total += (e - b) * from.file->tensor(from.tensor).elem_size;
+      pieces.push_back({u, &p, std::move(from), b, e});
+    }
+    // The values of parameters without a source (and zeros in the padding).
+    out.masters[static_cast<size_t>(u)] = keeps_some ? engine.read_shard(u, 0) : std::vector<float>(U.shard, 0.0f);
+  }
+  // Bounded pieces, so that progress moves through a large tensor.
+  constexpr size_t kPieceElems = size_t{1} << 22;
+  uint64_t done = 0;
+  for (const Piece& piece : pieces) {
+    const size_t shard_begin = layout.unit(piece.unit).shard * part;
+    float* shard = out.masters[static_cast<size_t>(piece.unit)].data();
+    const size_t elem = piece.from.file->tensor(piece.from.tensor).elem_size;
+    bool reported = false;
+    for (size_t b = piece.begin; b < piece.end; b += kPieceElems) {
+      const std::span<float> values(shard + (b - shard_begin), std::min(kPieceElems, piece.end - b));
+      piece.from.file->read_range_as(piece.from.tensor, DType::kFloat32, b - piece.param->offset,
+                                     std::as_writable_bytes(values));
+      // fp32, fp16 and bf16 convert exactly (F64 beyond fp32 becomes Inf),
+      // so a non-finite value read is one in the file.
+      const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+      if (bad != values.end() && !reported) {
+        out.non_finite.emplace_back(piece.param->name, b - piece.param->offset + static_cast<size_t>(bad - values.begin()));
+        reported = true;
+      }
+      done += values.size() * elem;
+      if (progress) progress(done, total);
+    }
+  }
+  return out;
 }
 
 void start_from_weights(Engine& engine, const std::vector<std::vector<float>>& masters) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zest/engine/engine.h"
@@ -51,6 +52,32 @@ struct WeightsImportOptions {
 // zeroes the optimizer state and restarts the step count: a fine-tuning run's
 // starting point.
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options = {});
+
+// Where read_owned_weights finds one registered parameter: a tensor of an
+// open file, whose shape and dtype the caller has checked, or nowhere (file
+// null): the parameter keeps the values it has.
+struct OwnedWeightSource {
+  const SafetensorsFile* file = nullptr;
+  std::string tensor;
+};
+
+struct OwnedWeights {
+  // This rank's shard of each unit, for start_from_weights.
+  std::vector<std::vector<float>> masters;
+  // Parameters holding a NaN or Inf in this rank's part: (name, index in
+  // the whole tensor of the first such element found).
+  std::vector<std::pair<std::string, uint64_t>> non_finite;
+};
+
+// Not collective. This rank's shard of every unit: of each parameter only
+// the elements inside the shard, read with positioned reads of just their
+// bytes and converted to fp32, in pieces of a bounded size (memory: the
+// shard plus the reader's staging). `progress` is called after each piece
+// with (tensor bytes read, tensor bytes this rank reads in all). Every rank
+// reads its own shard, so at stages 1-3 the ranks together read each file
+// about once; at stage 0 every rank owns and reads everything.
+OwnedWeights read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 // Collective. What import_weights and a weights-only load_checkpoint do with
 // the values they read: `masters[u]` (this rank's shard of unit u) become the
