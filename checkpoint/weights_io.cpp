@@ -1,6 +1,7 @@
 #include "zest/checkpoint/weights_io.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <optional>
 
@@ -24,6 +25,14 @@ SafetensorsProgress log_every_tenth(const std::string& path) {
     ZEST_LOG_INFO("export {}: {}%", path, done * 100 / total);
     next = done + total / 10;
   };
+}
+
+// Whether no value is a NaN or Inf (exponent bits all ones), without an
+// early exit, so that the loop vectorizes: a load's pass over every value.
+bool all_finite(std::span<const float> values) {
+  uint32_t any = 0;
+  for (const float v : values) any |= static_cast<uint32_t>((std::bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
+  return any == 0;
 }
 
 // export_weights calls it on every rank before anything is written, so every
@@ -102,86 +111,106 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
       }
     }
   });
-  OwnedWeights owned;
+  std::vector<std::vector<float>> masters(static_cast<size_t>(layout.num_units()));
   on_every_rank(engine, "importing weights", [&] {
-    owned = read_owned_weights(engine, [&](const ParamLayout& p) { return OwnedWeightSource{&*file, p.name}; });
-    if (!owned.non_finite.empty()) {
-      const auto& [name, element] = owned.non_finite.front();
-      ZEST_FAIL("'{}': tensor '{}': element {} is not finite (NaN or Inf); fix the file", path, name, element);
+    const NonFiniteValues bad = read_owned_weights(
+        engine, [&](const ParamLayout& p) { return OwnedWeightSource{&*file, p.name}; },
+        [&](int u, std::span<const float> shard) { masters[static_cast<size_t>(u)].assign(shard.begin(), shard.end()); });
+    if (!bad.empty()) {
+      ZEST_FAIL("'{}': tensor '{}': element {} is not finite (NaN or Inf); fix the file", path, bad.front().first,
+                bad.front().second);
     }
   });
-  start_from_weights(engine, owned.masters);
+  start_from_weights(engine, masters);
 }
 
-OwnedWeights read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
-                                const std::function<void(uint64_t, uint64_t)>& progress) {
+NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                   const std::function<void(int unit, std::span<const float> shard)>& sink,
+                                   const std::function<void(uint64_t, uint64_t)>& progress) {
   const ModelLayout& layout = engine.layout();
   const auto part = static_cast<size_t>(engine.partition());
   // Each parameter's elements inside this rank's shard of its unit.
   struct Piece {
-    int unit;
     const ParamLayout* param;
     OwnedWeightSource from;
     size_t begin, end;  // in the unit's flat buffer
   };
-  std::vector<Piece> pieces;
+  std::vector<std::vector<Piece>> pieces(static_cast<size_t>(layout.num_units()));
+  std::vector<bool> keeps_some(pieces.size(), false);
   uint64_t total = 0;
-  OwnedWeights out;
-  out.masters.resize(static_cast<size_t>(layout.num_units()));
+  size_t largest = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     const UnitLayout& U = layout.unit(u);
     const size_t begin = U.shard * part;
-    bool keeps_some = false;
+    largest = std::max(largest, U.shard);
     for (const ParamLayout& p : U.params) {
       const size_t b = std::max(begin, p.offset);
       const size_t e = std::min(begin + U.shard, p.offset + p.numel);
       if (b >= e) continue;
       OwnedWeightSource from = source(p);
       if (from.file == nullptr) {
-        keeps_some = true;
+        keeps_some[static_cast<size_t>(u)] = true;
         continue;
       }
       total += (e - b) * from.file->tensor(from.tensor).elem_size;
-      pieces.push_back({u, &p, std::move(from), b, e});
+      pieces[static_cast<size_t>(u)].push_back({&p, std::move(from), b, e});
     }
-    // The values of parameters without a source (and zeros in the padding).
-    out.masters[static_cast<size_t>(u)] = keeps_some ? engine.read_shard(u, 0) : std::vector<float>(U.shard, 0.0f);
   }
   // Bounded pieces, so that progress moves through a large tensor.
   constexpr size_t kPieceElems = size_t{1} << 22;
+  NonFiniteValues non_finite;
+  std::vector<float> buffer;
+  buffer.reserve(largest);
   uint64_t done = 0;
-  for (const Piece& piece : pieces) {
-    const size_t shard_begin = layout.unit(piece.unit).shard * part;
-    float* shard = out.masters[static_cast<size_t>(piece.unit)].data();
-    const size_t elem = piece.from.file->tensor(piece.from.tensor).elem_size;
-    bool reported = false;
-    for (size_t b = piece.begin; b < piece.end; b += kPieceElems) {
-      const std::span<float> values(shard + (b - shard_begin), std::min(kPieceElems, piece.end - b));
-      piece.from.file->read_range_as(piece.from.tensor, DType::kFloat32, b - piece.param->offset,
-                                     std::as_writable_bytes(values));
-      // fp32, fp16 and bf16 convert exactly (F64 beyond fp32 becomes Inf),
-      // so a non-finite value read is one in the file.
-      const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
-      if (bad != values.end() && !reported) {
-        out.non_finite.emplace_back(piece.param->name, b - piece.param->offset + static_cast<size_t>(bad - values.begin()));
-        reported = true;
-      }
-      done += values.size() * elem;
-      if (progress) progress(done, total);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const UnitLayout& U = layout.unit(u);
+    // The values of parameters without a source (and zeros in the padding).
+    if (keeps_some[static_cast<size_t>(u)]) {
+      buffer = engine.read_shard(u, 0);
+    } else {
+      buffer.assign(U.shard, 0.0f);
     }
+    const size_t shard_begin = U.shard * part;
+    const size_t bad_before = non_finite.size();
+    for (const Piece& piece : pieces[static_cast<size_t>(u)]) {
+      const size_t elem = piece.from.file->tensor(piece.from.tensor).elem_size;
+      bool reported = false;
+      for (size_t b = piece.begin; b < piece.end; b += kPieceElems) {
+        const std::span<float> values(buffer.data() + (b - shard_begin), std::min(kPieceElems, piece.end - b));
+        piece.from.file->read_range_as(piece.from.tensor, DType::kFloat32, b - piece.param->offset,
+                                       std::as_writable_bytes(values));
+        // fp32, fp16 and bf16 convert exactly (F64 beyond fp32 becomes
+        // Inf), so a non-finite value read is one in the file.
+        if (!reported && !all_finite(values)) {
+          const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+          non_finite.emplace_back(piece.param->name,
+                                  b - piece.param->offset + static_cast<size_t>(bad - values.begin()));
+          reported = true;
+        }
+        done += values.size() * elem;
+        if (progress) progress(done, total);
+      }
+    }
+    if (non_finite.size() == bad_before) sink(u, buffer);
   }
-  return out;
+  return non_finite;
 }
 
 void start_from_weights(Engine& engine, const std::vector<std::vector<float>>& masters) {
   const ModelLayout& layout = engine.layout();
   ZEST_INTERNAL_ASSERT(masters.size() == static_cast<size_t>(layout.num_units()));
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const std::vector<float> zeros(layout.unit(u).shard, 0.0f);
-    engine.write_shard(u, 0, masters[static_cast<size_t>(u)]);
-    if (layout.unit(u).frozen) continue;  // no optimizer state
-    for (int b = 1; b < engine.shard_buffers(); ++b) engine.write_shard(u, b, zeros);
-  }
+  for (int u = 0; u < layout.num_units(); ++u) start_unit_from_weights(engine, u, masters[static_cast<size_t>(u)]);
+  finish_start_from_weights(engine);
+}
+
+void start_unit_from_weights(Engine& engine, int unit, std::span<const float> master) {
+  engine.write_shard(unit, 0, master);
+  if (engine.layout().unit(unit).frozen) return;  // no optimizer state
+  const std::vector<float> zeros(engine.layout().unit(unit).shard, 0.0f);
+  for (int b = 1; b < engine.shard_buffers(); ++b) engine.write_shard(unit, b, zeros);
+}
+
+void finish_start_from_weights(Engine& engine) {
   // The loss scaler and a set_lr() value stay this engine's.
   Engine::Progress fresh = engine.progress();
   fresh.applied_steps = 0;

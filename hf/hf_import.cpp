@@ -10,6 +10,7 @@
 #include "zest/checkpoint/on_every_rank.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/core/check.h"
+#include "zest/core/logging.h"
 #include "zest/hf/hf_checkpoint.h"
 #include "zest/hf/hf_progress.h"
 
@@ -91,34 +92,51 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
                                  "to be missing (allow_missing) or ignore extra tensors (ignore_extra).");
     }
   });
-  OwnedWeights owned;
+  // Each unit's shard becomes master weights as soon as it is read, so the
+  // rank holds one unit's shard besides the engine's own memory; the
+  // parameters follow once every rank is done (finish_start_from_weights,
+  // collective, reached on every path so the engine stays consistent).
+  NonFiniteValues non_finite;
   uint64_t total = 0;
-  on_every_rank(engine, "reading the Hugging Face checkpoint", [&] {
-    owned = read_owned_weights(
-        engine,
-        [&](const ParamLayout& p) {
-          const auto it = source.find(p.name);
-          if (it == source.end()) return OwnedWeightSource{};
-          return OwnedWeightSource{&ckpt->file_of(it->second), it->second};
-        },
-        [&](uint64_t done, uint64_t all) {
-          total = all;
-          progress(done, all);
-        });
-  });
+  try {
+    on_every_rank(engine, "reading the Hugging Face checkpoint", [&] {
+      non_finite = read_owned_weights(
+          engine,
+          [&](const ParamLayout& p) {
+            const auto it = source.find(p.name);
+            if (it == source.end()) return OwnedWeightSource{};
+            return OwnedWeightSource{&ckpt->file_of(it->second), it->second};
+          },
+          [&](int u, std::span<const float> shard) { start_unit_from_weights(engine, u, shard); },
+          [&](uint64_t done, uint64_t all) {
+            total = all;
+            progress(done, all);
+          });
+    });
+  } catch (...) {
+    try {
+      finish_start_from_weights(engine);
+    } catch (const std::exception& e) {
+      ZEST_LOG_ERROR("after a failed import, rebuilding the parameters failed too: {}", e.what());
+    }
+    throw;
+  }
   progress.finish(total);
+  const double read_seconds = progress.seconds();
+  finish_start_from_weights(engine);
 
   // Non-finite values, found by whichever rank owns them: the first element
   // of each parameter, the lowest over ranks, so every rank lists the same.
   std::vector<const ParamLayout*> params;
-  for (const UnitLayout& u : layout.units())
-    for (const ParamLayout& p : u.params) params.push_back(&p);
-  std::vector<int64_t> mine(params.size(), -1);
-  for (const auto& [name, element] : owned.non_finite) {
-    const auto at = std::find_if(params.begin(), params.end(), [&](const ParamLayout* p) { return p->name == name; });
-    ZEST_INTERNAL_ASSERT(at != params.end());
-    mine[static_cast<size_t>(at - params.begin())] = static_cast<int64_t>(element);
+  std::map<std::string, size_t> index;
+  for (const UnitLayout& u : layout.units()) {
+    for (const ParamLayout& p : u.params) {
+      index.emplace(p.name, params.size());
+      params.push_back(&p);
+    }
   }
+  std::vector<int64_t> mine(params.size(), -1);
+  for (const auto& [name, element] : non_finite) mine[index.at(name)] = static_cast<int64_t>(element);
   const std::vector<int64_t> all = engine.all_gather_scalars(mine);
   std::vector<std::string> problems;
   for (size_t k = 0; k < params.size(); ++k) {
@@ -134,13 +152,15 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
   }
   if (!problems.empty()) {
     detail::fail_with_problems(fmt::format("Hugging Face checkpoint '{}' holds values that cannot be weights", dir),
-                               problems, "The engine is unchanged; fix the checkpoint.");
+                               problems,
+                               "Each rank's shards of the units holding them kept their previous values, the "
+                               "others were loaded: fix the checkpoint and import again.");
   }
-  start_from_weights(engine, owned.masters);
   HfImportReport report;
   report.bytes_read = ckpt->bytes_read();
   report.tensor_bytes = ckpt->tensor_bytes();
   report.tensors_loaded = static_cast<int>(source.size());
+  report.read_seconds = read_seconds;
   report.seconds = progress.seconds();
   return report;
 }
