@@ -28,18 +28,19 @@ std::map<std::string, std::string> match(const ModelLayout& layout, const HfChec
   std::map<std::string, std::string> source;
   for (const std::string& name : ckpt.names()) {
     const std::string e = options.names.engine_name(name);
-    if (const std::string back = options.names.checkpoint_name(e); back != name) {
-      problems.push_back(fmt::format("the name map takes tensor '{}' to '{}', which maps back to '{}'; give it a "
-                                     "table entry",
-                                     name, e, back));
-      continue;
-    }
     if (!layout.contains(e)) {
       if (!options.ignore_extra) {
         problems.push_back(fmt::format("extra: tensor '{}'{} is not a registered parameter (set ignore_extra to "
                                        "skip such tensors)",
                                        name, e == name ? "" : fmt::format(" (mapped to '{}')", e)));
       }
+      continue;
+    }
+    // Export maps back: a map that does not is refused here already.
+    if (const std::string back = options.names.checkpoint_name(e); back != name) {
+      problems.push_back(fmt::format("the name map takes tensor '{}' to '{}', which maps back to '{}'; give it a "
+                                     "table entry",
+                                     name, e, back));
       continue;
     }
     if (const auto [it, fresh] = source.emplace(e, name); !fresh) {

@@ -101,7 +101,7 @@ TEST_CASE("an fp32 export of trained weights imports back bit for bit on another
   }
 }
 
-TEST_CASE("shards hold at most max_shard_size bytes of tensor data; a larger tensor gets a shard of its own") {
+TEST_CASE("shards hold at most max_shard_size bytes of tensor data and a larger tensor gets a shard of its own") {
   TempDir tmp;
   HfExportOptions options;
   options.config_json = R"({"model_type": "llama"})";
@@ -174,7 +174,7 @@ TEST_CASE("the export is published atomically: a failed export leaves the direct
   CHECK(fs::exists(out + "/model.safetensors.index.json"));
 }
 
-TEST_CASE("a transform merges LoRA adapters into the weights; `adapter` writes them apart, as PEFT does") {
+TEST_CASE("a transform merges LoRA adapters into the weights and `adapter` writes them apart, as PEFT does") {
   TempDir tmp;
   write_llama_checkpoint(tmp / "in", "bf16", kShard);
   TinyLlama m;

@@ -12,6 +12,7 @@
 #include "zest/checkpoint/safetensors.h"
 #include "zest/core/file_io.h"
 #include "zest/hf/hf_checkpoint.h"
+#include "zest/hf/hf_export.h"
 #include "zest/hf/hf_import.h"
 
 using namespace zest;
@@ -189,7 +190,7 @@ TEST_CASE("missing, extra and mis-shaped tensors are one error listing all of th
   CHECK(only_shape.find("lm_head.weight") != std::string::npos);
 }
 
-TEST_CASE("non-finite values found on different ranks are listed together; their units keep their values") {
+TEST_CASE("non-finite values found on different ranks are listed together and their units keep their values") {
   TempDir dir;
   // The embedding's element 3 lies in rank 0's shard, lm_head's elements
   // 1600 and 1607 in rank 1's (stage 3, 2 ranks).
@@ -286,7 +287,7 @@ TEST_CASE("hostile index files are errors, never a crash or a read outside the d
   CHECK(e.find("2 problems") != std::string::npos);  // config.json and the header
 }
 
-TEST_CASE("a name map renames prefixes and single tensors; allow_missing keeps an adapter's values") {
+TEST_CASE("a name map renames prefixes and single tensors and allow_missing keeps an adapter's values") {
   TempDir dir;
   write_llama_checkpoint(dir.str(), "bf16", kShard);
   HfImportOptions options;
@@ -326,4 +327,29 @@ TEST_CASE("a name map renames prefixes and single tensors; allow_missing keeps a
   const std::string e = error_of([&] { import_run(1, 0, dir.str(), options, model); });
   CHECK(e.find("4 problems") != std::string::npos);
   CHECK(e.find("missing: parameter 'decoder.layers.0.self_attn.q_proj.lora_A.weight'") != std::string::npos);
+}
+
+TEST_CASE("a name map that does not map back is refused naming the tensor and with a table entry it round-trips") {
+  TempDir dir;
+  write_llama_checkpoint(dir / "in", "bf16", kShard);
+  const auto model = [](Engine& e) { register_llama(e, {}, ""); };  // "layers.0....", "lm_head.weight"
+  HfImportOptions options;
+  options.names.checkpoint_prefix = "model.";
+  const std::string e = error_of([&] { import_run(1, 0, dir / "in", options, model); });
+  CHECK(e.find("2 problems") != std::string::npos);  // and so the head has no tensor:
+  CHECK(e.find("missing: parameter 'lm_head.weight'") != std::string::npos);
+  CHECK(e.find("the name map takes tensor 'lm_head.weight' to 'lm_head.weight', which maps back to "
+               "'model.lm_head.weight'") != std::string::npos);
+  options.names.table["lm_head.weight"] = "lm_head.weight";
+  run_inprocess(2, [&](Communicator& comm) {
+    RankEngine engine(comm, 3, model);
+    import_hf(*engine, dir / "in", options);
+    HfExportOptions out;
+    out.config_from = dir / "in";
+    out.max_shard_size = kShard;
+    out.names = options.names;
+    export_hf(*engine, dir / "out", out);
+  });
+  // The export carries the checkpoint's names again, and its bytes.
+  CHECK(std::system(hf_tool(fmt::format("compare {} {}", dir / "in", dir / "out")).c_str()) == 0);
 }
