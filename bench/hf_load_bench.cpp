@@ -23,6 +23,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -198,9 +199,15 @@ int main(int argc, char** argv) {
     write_checkpoint(opt, m);
     const std::vector<std::string> files = safetensors_files(opt.dir);
     const bool cold = drop_caches();
-    fmt::print("hf_load_bench: {} files, {:.0f} MiB of bf16 in {} units, stage 3, build {}; page cache {}\n",
+    // Other work on the host slows the load (CPU-bound when warm) more than
+    // the raw read (a copy): said with the figures.
+    std::string load_average = "unknown";  // /proc files report size 0: read as a stream
+    std::ifstream("/proc/loadavg") >> load_average;
+    fmt::print("hf_load_bench: {} files, {:.0f} MiB of bf16 in {} units, stage 3, {} read threads per rank, build "
+               "{}; load average {} on {} CPUs; page cache {}\n",
                files.size(), static_cast<double>(zest::HfCheckpoint::open(opt.dir).tensor_bytes()) / (1 << 20),
-               m.units, ZEST_BENCH_BUILD_TYPE,
+               m.units, zest::HfImportOptions{}.read_threads, ZEST_BENCH_BUILD_TYPE, load_average,
+               std::thread::hardware_concurrency(),
                cold ? "dropped before each cold run" : "cannot be dropped here (not root): warm runs only");
     std::vector<int> worlds{1};
     if (opt.ranks > 1) worlds.push_back(opt.ranks);

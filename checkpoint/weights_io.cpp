@@ -1,6 +1,9 @@
 #include "zest/checkpoint/weights_io.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
 #include <bit>
 #include <cmath>
 #include <optional>
@@ -29,10 +32,33 @@ SafetensorsProgress log_every_tenth(const std::string& path) {
 
 // Whether no value is a NaN or Inf (exponent bits all ones), without an
 // early exit, so that the loop vectorizes: a load's pass over every value.
+// Adding 1 to an all-ones exponent carries into the sign bit, and only then.
 bool all_finite(std::span<const float> values) {
   uint32_t any = 0;
-  for (const float v : values) any |= static_cast<uint32_t>((std::bit_cast<uint32_t>(v) & 0x7f800000u) == 0x7f800000u);
-  return any == 0;
+  for (const float v : values) any |= (std::bit_cast<uint32_t>(v) & 0x7f800000u) + 0x00800000u;
+  return (any & 0x80000000u) == 0;
+}
+
+// Runs work(reports) on n threads, this one (reports = true) and n - 1
+// more, and rethrows the first exception any of them threw, after calling
+// stop() so that the others finish early.
+void run_on_threads(size_t n, const std::function<void(bool reports)>& work, const std::function<void()>& stop) {
+  std::vector<std::exception_ptr> errors(std::max<size_t>(n, 1));
+  const auto guarded = [&](size_t t) {
+    try {
+      work(t == 0);
+    } catch (...) {
+      errors[t] = std::current_exception();
+      stop();
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < n; ++t) helpers.emplace_back(guarded, t);
+  guarded(0);
+  for (std::thread& h : helpers) h.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 // export_weights calls it on every rank before anything is written, so every
@@ -126,7 +152,7 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
 
 NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
                                    const std::function<void(int unit, std::span<const float> shard)>& sink,
-                                   const std::function<void(uint64_t, uint64_t)>& progress) {
+                                   const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
   const ModelLayout& layout = engine.layout();
   const auto part = static_cast<size_t>(engine.partition());
   // Each parameter's elements inside this rank's shard of its unit.
@@ -156,12 +182,19 @@ NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeig
       pieces[static_cast<size_t>(u)].push_back({&p, std::move(from), b, e});
     }
   }
-  // Bounded pieces, so that progress moves through a large tensor.
-  constexpr size_t kPieceElems = size_t{1} << 22;
+  // Bounded chunks, so that progress moves through a large tensor and
+  // several threads share a unit.
+  constexpr size_t kChunkElems = size_t{1} << 20;
+  struct Chunk {
+    const Piece* piece;
+    size_t begin, end;
+    int64_t first_bad = -1;  // in the whole tensor
+  };
   NonFiniteValues non_finite;
   std::vector<float> buffer;
   buffer.reserve(largest);
-  uint64_t done = 0;
+  std::atomic<uint64_t> done{0};
+  uint64_t reported = 0;  // by the calling thread only
   for (int u = 0; u < layout.num_units(); ++u) {
     const UnitLayout& U = layout.unit(u);
     // The values of parameters without a source (and zeros in the padding).
@@ -171,25 +204,48 @@ NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeig
       buffer.assign(U.shard, 0.0f);
     }
     const size_t shard_begin = U.shard * part;
-    const size_t bad_before = non_finite.size();
+    std::vector<Chunk> chunks;
     for (const Piece& piece : pieces[static_cast<size_t>(u)]) {
-      const size_t elem = piece.from.file->tensor(piece.from.tensor).elem_size;
-      bool reported = false;
-      for (size_t b = piece.begin; b < piece.end; b += kPieceElems) {
-        const std::span<float> values(buffer.data() + (b - shard_begin), std::min(kPieceElems, piece.end - b));
-        piece.from.file->read_range_as(piece.from.tensor, DType::kFloat32, b - piece.param->offset,
-                                       std::as_writable_bytes(values));
+      for (size_t b = piece.begin; b < piece.end; b += kChunkElems) {
+        chunks.push_back({&piece, b, std::min(piece.end, b + kChunkElems)});
+      }
+    }
+    std::atomic<size_t> next{0};
+    // Worker 0 is this thread: it alone calls `progress`.
+    const auto work = [&](bool reports) {
+      for (size_t i = next++; i < chunks.size(); i = next++) {
+        Chunk& c = chunks[i];
+        const OwnedWeightSource& from = c.piece->from;
+        const std::span<float> values(buffer.data() + (c.begin - shard_begin), c.end - c.begin);
+        from.file->read_range_as(from.tensor, DType::kFloat32, c.begin - c.piece->param->offset,
+                                 std::as_writable_bytes(values));
         // fp32, fp16 and bf16 convert exactly (F64 beyond fp32 becomes
         // Inf), so a non-finite value read is one in the file.
-        if (!reported && !all_finite(values)) {
+        if (!all_finite(values)) {
           const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
-          non_finite.emplace_back(piece.param->name,
-                                  b - piece.param->offset + static_cast<size_t>(bad - values.begin()));
-          reported = true;
+          c.first_bad = static_cast<int64_t>(c.begin - c.piece->param->offset) + (bad - values.begin());
         }
-        done += values.size() * elem;
-        if (progress) progress(done, total);
+        const uint64_t now = done += values.size() * from.file->tensor(from.tensor).elem_size;
+        if (reports && progress) {
+          progress(now, total);
+          reported = now;
+        }
       }
+    };
+    run_on_threads(std::min(static_cast<size_t>(std::max(threads, 1)), chunks.size()), work,
+                   [&] { next = chunks.size(); });
+    // The chunks other threads finished last.
+    if (progress && reported != done) {
+      reported = done;
+      progress(reported, total);
+    }
+    const size_t bad_before = non_finite.size();
+    for (const Chunk& c : chunks) {
+      // Chunks are in order: the first bad chunk of a parameter has its first bad element.
+      if (c.first_bad < 0 || (non_finite.size() > bad_before && non_finite.back().first == c.piece->param->name)) {
+        continue;
+      }
+      non_finite.emplace_back(c.piece->param->name, static_cast<uint64_t>(c.first_bad));
     }
     if (non_finite.size() == bad_before) sink(u, buffer);
   }

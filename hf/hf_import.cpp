@@ -112,7 +112,8 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
           [&](uint64_t done, uint64_t all) {
             total = all;
             progress(done, all);
-          });
+          },
+          options.read_threads);
     });
   } catch (...) {
     try {

@@ -44,6 +44,10 @@ struct HfImportOptions {
   // Tensors of the checkpoint that the model does not register are skipped
   // instead of being an error.
   bool ignore_extra = false;
+  // Threads per rank that read and convert (positioned reads of a unit's
+  // pieces at once: what a fast disk or the page cache needs to be kept
+  // busy). With many ranks on one host, fewer.
+  int read_threads = 4;
   // Called on every rank after each piece read, with this rank's tensor
   // bytes read and the total it reads. Unset: rank 0 logs the progress
   // every few seconds of a long load.
