@@ -71,12 +71,13 @@ using NonFiniteValues = std::vector<std::pair<std::string, uint64_t>>;
 // with the unit's index (memory: the largest unit's shard, plus the
 // reader's bounded staging), unless the unit holds a non-finite value: it
 // is skipped and its parameters returned. A unit of which this rank reads
-// nothing still reaches `sink`, with its current values. `progress` is called after each
-// piece with (tensor bytes read, tensor bytes this rank reads in all), on
-// the calling thread; `threads` threads read and convert each unit's pieces
-// (the calling thread and threads - 1 more, for a unit of several MiB). Every
-// rank reads its own shard, so at stages 1-3 the ranks together read each
-// file about once; at stage 0 every rank owns and reads everything.
+// nothing still reaches `sink`, with its current values. `progress` is
+// called after each piece with (tensor bytes read, tensor bytes this rank
+// reads in all), on the calling thread; `threads` threads read and convert
+// each unit's pieces (the calling thread and threads - 1 more, for a unit of
+// several MiB). Every rank reads its own shard, so at stages 1-3 the ranks
+// together read each file about once; at stage 0 every rank owns and reads
+// everything.
 NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
                                    const std::function<void(int unit, std::span<const float> shard)>& sink,
                                    const std::function<void(uint64_t, uint64_t)>& progress = {}, int threads = 1);
