@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -72,8 +73,8 @@ std::string partial_checkpoint_dir(const std::string& root, const std::string& t
   return (fs::path(root) / fmt::format(".{}.partial.{:016x}", tag, nonce)).string();
 }
 
-CheckpointPublisher::CheckpointPublisher(std::string root, std::string tag)
-    : root_(std::move(root)), tag_(std::move(tag)) {
+CheckpointPublisher::CheckpointPublisher(std::string root, std::string tag, bool move_latest)
+    : root_(std::move(root)), tag_(std::move(tag)), move_latest_(move_latest) {
   check_tag(tag_);
   ZEST_CHECK(!root_.empty(), "the checkpoint root is an empty path; give a directory");
   std::error_code ec;
@@ -116,7 +117,7 @@ CheckpointPublisher::CheckpointPublisher(std::string root, std::string tag)
   }
 
   try {
-    check_kind(fs::path(root_) / kLatestFileName, S_IFREG, "a regular file");
+    if (move_latest_) check_kind(fs::path(root_) / kLatestFileName, S_IFREG, "a regular file");
     check_kind(fs::path(root_) / tag_, S_IFDIR, "a directory");
     clear_leftovers();
     nonce_ = random_u64();
@@ -211,15 +212,18 @@ std::string CheckpointPublisher::publish() {
   const std::string dir = (fs::path(root_) / tag_).string();
   // Every fallible step of moving `latest` but the last rename happens
   // before root/TAG appears, so a failure leaves the root as it was.
-  AtomicFile latest((fs::path(root_) / kLatestFileName).string());
-  latest.write(tag_ + "\n");
-  latest.sync();
+  std::optional<AtomicFile> latest;
+  if (move_latest_) {
+    latest.emplace((fs::path(root_) / kLatestFileName).string());
+    latest->write(tag_ + "\n");
+    latest->sync();
+  }
   fsync_directory(partial_);
   at_step("partial written");
   replace_tag(dir);
   fsync_directory(root_);
   at_step("tag in place");
-  latest.commit();
+  if (latest) latest->commit();
   // The commit point (Note [crash-safe publish]): nothing below may throw.
   published_ = true;
   try {

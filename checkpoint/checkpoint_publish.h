@@ -50,7 +50,10 @@ class CheckpointPublisher {
   // Creates root if needed and locks it, clears what killed saves left
   // there, and creates an empty partial directory for `tag`. Refuses a
   // root/latest or root/TAG that is a link or not of its kind.
-  CheckpointPublisher(std::string root, std::string tag);
+  // `move_latest` false publishes root/TAG alone, for a directory that is
+  // not one of a series of checkpoints (a Hugging Face export): root/latest
+  // is neither checked nor written, and the commit point is TAG's rename.
+  CheckpointPublisher(std::string root, std::string tag, bool move_latest = true);
   // Unpublished: removes the partial directory. Releases the lock.
   ~CheckpointPublisher();
   CheckpointPublisher(const CheckpointPublisher&) = delete;
@@ -68,6 +71,7 @@ class CheckpointPublisher {
 
   std::string root_;
   std::string tag_;
+  bool move_latest_ = true;
   uint64_t nonce_ = 0;
   std::string partial_;
   int lock_fd_ = -1;

@@ -1,6 +1,12 @@
 #include "zest/checkpoint/weights_io.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
+#include <bit>
+#include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -22,6 +28,37 @@ SafetensorsProgress log_every_tenth(const std::string& path) {
     ZEST_LOG_INFO("export {}: {}%", path, done * 100 / total);
     next = done + total / 10;
   };
+}
+
+// Whether no value is a NaN or Inf (exponent bits all ones), without an
+// early exit, so that the loop vectorizes: a load's pass over every value.
+// Adding 1 to an all-ones exponent carries into the sign bit, and only then.
+bool all_finite(std::span<const float> values) {
+  uint32_t any = 0;
+  for (const float v : values) any |= (std::bit_cast<uint32_t>(v) & 0x7f800000u) + 0x00800000u;
+  return (any & 0x80000000u) == 0;
+}
+
+// Runs work(reports) on n threads, this one (reports = true) and n - 1
+// more, and rethrows the first exception any of them threw, after calling
+// stop() so that the others finish early.
+void run_on_threads(size_t n, const std::function<void(bool reports)>& work, const std::function<void()>& stop) {
+  std::vector<std::exception_ptr> errors(std::max<size_t>(n, 1));
+  const auto guarded = [&](size_t t) {
+    try {
+      work(t == 0);
+    } catch (...) {
+      errors[t] = std::current_exception();
+      stop();
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < n; ++t) helpers.emplace_back(guarded, t);
+  guarded(0);
+  for (std::thread& h : helpers) h.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 // export_weights calls it on every rank before anything is written, so every
@@ -75,13 +112,12 @@ void export_weights(Engine& engine, const std::string& path, const WeightsExport
 
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options) {
   const ModelLayout& layout = engine.layout();
-  const int part = engine.partition();
-  std::vector<std::vector<float>> masters(static_cast<size_t>(layout.num_units()));
-  on_every_rank(engine, "importing weights", [&] {
-    const SafetensorsFile file = SafetensorsFile::open(path);
+  std::optional<SafetensorsFile> file;
+  on_every_rank(engine, "checking the weights file", [&] {
+    file.emplace(SafetensorsFile::open(path));
     for (const UnitLayout& u : layout.units()) {
       for (const ParamLayout& p : u.params) {
-        const SafetensorsTensor* t = file.find(p.name);
+        const SafetensorsTensor* t = file->find(p.name);
         ZEST_CHECK(t != nullptr, "'{}' has no tensor '{}' (registered in unit '{}' with shape [{}])", path, p.name,
                    u.name, fmt::join(p.shape, ", "));
         ZEST_CHECK(t->shape == p.shape, "'{}': tensor '{}' has shape [{}], the model registers [{}]", path, p.name,
@@ -94,41 +130,143 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
       }
     }
     if (!options.ignore_unknown) {
-      for (const SafetensorsTensor& t : file.tensors()) {
+      for (const SafetensorsTensor& t : file->tensors()) {
         ZEST_CHECK(layout.contains(t.name),
                    "'{}' has a tensor '{}' that the model does not register (set ignore_unknown to skip it)", path,
                    t.name);
       }
     }
-    // This rank's shard of each unit: the parts of parameters inside it.
-    SafetensorsReadOptions read_options;
-    read_options.check_finite = true;
-    for (int u = 0; u < layout.num_units(); ++u) {
-      const UnitLayout& U = layout.unit(u);
-      const size_t begin = U.shard * static_cast<size_t>(part);
-      std::vector<float>& shard = masters[static_cast<size_t>(u)];
-      shard.assign(U.shard, 0.0f);
-      for (const ParamLayout& p : U.params) {
-        const size_t b = std::max(begin, p.offset);
-        const size_t e = std::min(begin + U.shard, p.offset + p.numel);
-        if (b >= e) continue;
-        file.read_range_as(p.name, DType::kFloat32, b - p.offset,
-                           std::as_writable_bytes(std::span(shard.data() + (b - begin), e - b)), read_options);
-      }
+  });
+  std::vector<std::vector<float>> masters(static_cast<size_t>(layout.num_units()));
+  on_every_rank(engine, "importing weights", [&] {
+    const NonFiniteValues bad = read_owned_weights(
+        engine, [&](const ParamLayout& p) { return OwnedWeightSource{&*file, p.name}; },
+        [&](int u, std::span<const float> shard) { masters[static_cast<size_t>(u)].assign(shard.begin(), shard.end()); });
+    if (!bad.empty()) {
+      ZEST_FAIL("'{}': tensor '{}': element {} is not finite (NaN or Inf); fix the file", path, bad.front().first,
+                bad.front().second);
     }
   });
   start_from_weights(engine, masters);
 }
 
+NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                   const std::function<void(int unit, std::span<const float> shard)>& sink,
+                                   const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
+  const ModelLayout& layout = engine.layout();
+  const auto part = static_cast<size_t>(engine.partition());
+  // Each parameter's elements inside this rank's shard of its unit.
+  struct Piece {
+    const ParamLayout* param;
+    OwnedWeightSource from;
+    size_t begin, end;  // in the unit's flat buffer
+  };
+  std::vector<std::vector<Piece>> pieces(static_cast<size_t>(layout.num_units()));
+  std::vector<bool> keeps_some(pieces.size(), false);
+  uint64_t total = 0;
+  size_t largest = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const UnitLayout& U = layout.unit(u);
+    const size_t begin = U.shard * part;
+    largest = std::max(largest, U.shard);
+    for (const ParamLayout& p : U.params) {
+      const size_t b = std::max(begin, p.offset);
+      const size_t e = std::min(begin + U.shard, p.offset + p.numel);
+      if (b >= e) continue;
+      OwnedWeightSource from = source(p);
+      if (from.file == nullptr) {
+        keeps_some[static_cast<size_t>(u)] = true;
+        continue;
+      }
+      total += (e - b) * from.file->tensor(from.tensor).elem_size;
+      pieces[static_cast<size_t>(u)].push_back({&p, std::move(from), b, e});
+    }
+  }
+  // Bounded chunks, so that progress moves through a large tensor and
+  // several threads share a unit.
+  constexpr size_t kChunkElems = size_t{1} << 20;
+  struct Chunk {
+    const Piece* piece;
+    size_t begin, end;
+    int64_t first_bad = -1;  // in the whole tensor
+  };
+  NonFiniteValues non_finite;
+  std::vector<float> buffer;
+  buffer.reserve(largest);
+  std::atomic<uint64_t> done{0};
+  uint64_t reported = 0;  // by the calling thread only
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const UnitLayout& U = layout.unit(u);
+    // The values of parameters without a source (and zeros in the padding).
+    if (keeps_some[static_cast<size_t>(u)]) {
+      buffer = engine.read_shard(u, 0);
+    } else {
+      buffer.assign(U.shard, 0.0f);
+    }
+    const size_t shard_begin = U.shard * part;
+    std::vector<Chunk> chunks;
+    for (const Piece& piece : pieces[static_cast<size_t>(u)]) {
+      for (size_t b = piece.begin; b < piece.end; b += kChunkElems) {
+        chunks.push_back({&piece, b, std::min(piece.end, b + kChunkElems)});
+      }
+    }
+    std::atomic<size_t> next{0};
+    // Worker 0 is this thread: it alone calls `progress`.
+    const auto work = [&](bool reports) {
+      for (size_t i = next++; i < chunks.size(); i = next++) {
+        Chunk& c = chunks[i];
+        const OwnedWeightSource& from = c.piece->from;
+        const std::span<float> values(buffer.data() + (c.begin - shard_begin), c.end - c.begin);
+        from.file->read_range_as(from.tensor, DType::kFloat32, c.begin - c.piece->param->offset,
+                                 std::as_writable_bytes(values));
+        // fp32, fp16 and bf16 convert exactly (F64 beyond fp32 becomes
+        // Inf), so a non-finite value read is one in the file.
+        if (!all_finite(values)) {
+          const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+          c.first_bad = static_cast<int64_t>(c.begin - c.piece->param->offset) + (bad - values.begin());
+        }
+        const uint64_t now = done += values.size() * from.file->tensor(from.tensor).elem_size;
+        if (reports && progress) {
+          progress(now, total);
+          reported = now;
+        }
+      }
+    };
+    run_on_threads(std::min(static_cast<size_t>(std::max(threads, 1)), chunks.size()), work,
+                   [&] { next = chunks.size(); });
+    // The chunks other threads finished last.
+    if (progress && reported != done) {
+      reported = done;
+      progress(reported, total);
+    }
+    const size_t bad_before = non_finite.size();
+    for (const Chunk& c : chunks) {
+      // Chunks are in order: the first bad chunk of a parameter has its first bad element.
+      if (c.first_bad < 0 || (non_finite.size() > bad_before && non_finite.back().first == c.piece->param->name)) {
+        continue;
+      }
+      non_finite.emplace_back(c.piece->param->name, static_cast<uint64_t>(c.first_bad));
+    }
+    if (non_finite.size() == bad_before) sink(u, buffer);
+  }
+  return non_finite;
+}
+
 void start_from_weights(Engine& engine, const std::vector<std::vector<float>>& masters) {
   const ModelLayout& layout = engine.layout();
   ZEST_INTERNAL_ASSERT(masters.size() == static_cast<size_t>(layout.num_units()));
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const std::vector<float> zeros(layout.unit(u).shard, 0.0f);
-    engine.write_shard(u, 0, masters[static_cast<size_t>(u)]);
-    if (layout.unit(u).frozen) continue;  // no optimizer state
-    for (int b = 1; b < engine.shard_buffers(); ++b) engine.write_shard(u, b, zeros);
-  }
+  for (int u = 0; u < layout.num_units(); ++u) start_unit_from_weights(engine, u, masters[static_cast<size_t>(u)]);
+  finish_start_from_weights(engine);
+}
+
+void start_unit_from_weights(Engine& engine, int unit, std::span<const float> master) {
+  engine.write_shard(unit, 0, master);
+  if (engine.layout().unit(unit).frozen) return;  // no optimizer state
+  const std::vector<float> zeros(engine.layout().unit(unit).shard, 0.0f);
+  for (int b = 1; b < engine.shard_buffers(); ++b) engine.write_shard(unit, b, zeros);
+}
+
+void finish_start_from_weights(Engine& engine) {
   // The loss scaler and a set_lr() value stay this engine's.
   Engine::Progress fresh = engine.progress();
   fresh.applied_steps = 0;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zest/engine/engine.h"
@@ -52,10 +53,44 @@ struct WeightsImportOptions {
 // starting point.
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options = {});
 
+// Where read_owned_weights finds one registered parameter: a tensor of an
+// open file, whose shape and dtype the caller has checked, or nowhere (file
+// null): the parameter keeps the values it has.
+struct OwnedWeightSource {
+  const SafetensorsFile* file = nullptr;
+  std::string tensor;
+};
+
+// Parameters holding a NaN or Inf in this rank's part: (name, index in the
+// whole tensor of the first such element found).
+using NonFiniteValues = std::vector<std::pair<std::string, uint64_t>>;
+
+// Not collective. This rank's shard of each unit in turn: of each parameter
+// only the elements inside the shard, read with positioned reads of just
+// their bytes and converted to fp32, into one buffer that `sink` receives
+// with the unit's index (memory: the largest unit's shard, plus the
+// reader's bounded staging), unless the unit holds a non-finite value: it
+// is skipped and its parameters returned. A unit of which this rank reads
+// nothing still reaches `sink`, with its current values. `progress` is
+// called after each piece with (tensor bytes read, tensor bytes this rank
+// reads in all), on the calling thread; `threads` threads read and convert
+// each unit's pieces (the calling thread and threads - 1 more, for a unit of
+// several MiB). Every rank reads its own shard, so at stages 1-3 the ranks
+// together read each file about once; at stage 0 every rank owns and reads
+// everything.
+NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                   const std::function<void(int unit, std::span<const float> shard)>& sink,
+                                   const std::function<void(uint64_t, uint64_t)>& progress = {}, int threads = 1);
+
 // Collective. What import_weights and a weights-only load_checkpoint do with
 // the values they read: `masters[u]` (this rank's shard of unit u) become the
 // master weights and parameters, the optimizer state is zeroed and the step
 // counts restart at 0; the loss scaler and a set_lr() value are kept.
 void start_from_weights(Engine& engine, const std::vector<std::vector<float>>& masters);
+// start_from_weights in steps, for a caller that reads one unit at a time:
+// unit u's master shard (not collective), then, once every unit read is in,
+// the progress and parameters (collective).
+void start_unit_from_weights(Engine& engine, int unit, std::span<const float> master);
+void finish_start_from_weights(Engine& engine);
 
 }  // namespace zest

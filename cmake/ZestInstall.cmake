@@ -10,7 +10,7 @@ install(TARGETS ${_zest_install_targets} EXPORT zestTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Internal headers (used only inside the library; some include <mpi.h>) stay out.
-set(_zest_layers core data memory comm launch optim config engine checkpoint estimate)
+set(_zest_layers core data memory comm launch optim config engine checkpoint hf estimate)
 if(ZEST_TORCH)
   list(APPEND _zest_layers torch)
 endif()
@@ -27,6 +27,7 @@ foreach(layer ${_zest_layers})
     PATTERN "engine_state.h" EXCLUDE
     PATTERN "optimizer_offload.h" EXCLUDE
     PATTERN "on_every_rank.h" EXCLUDE
+    PATTERN "hf_progress.h" EXCLUDE
     PATTERN "json_parse.h" EXCLUDE
     PATTERN "config_reader.h" EXCLUDE
     PATTERN "config_sections.h" EXCLUDE

@@ -1,0 +1,240 @@
+// Loading a Hugging Face checkpoint directory (import_hf) into an engine on
+// W in-process ranks at stage 3, against a raw read of the same files in the
+// same run: pread of every file, start to end, in 8 MiB pieces, on one
+// thread. Two rates of the load, each the files' bytes over a wall time:
+// "read" up to the values being in host memory as fp32 (open, header
+// checks, positioned reads of each rank's shard, bf16 -> fp32), "all" with
+// the engine taking them as master weights and parameters too; each with
+// its percentage of the raw read's rate (the target of the issue "Fine-tune
+// a pretrained model too large for one rank": at least 80%).
+//
+// Cold runs drop the page cache first (echo 3 > /proc/sys/vm/drop_caches,
+// which needs root); where that is refused only warm runs are reported, and
+// the output says so.
+//
+//   hf_load_bench [--mb N] [--ranks W] [--shard-mb S] [--repeat R] [--dir PATH]
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "zest/checkpoint/safetensors.h"
+#include "zest/comm/inprocess_comm.h"
+#include "zest/core/check.h"
+#include "zest/core/file_io.h"
+#include "zest/core/float16.h"
+#include "zest/core/system_error.h"
+#include "zest/engine/engine.h"
+#include "zest/hf/hf_checkpoint.h"
+#include "zest/hf/hf_import.h"
+#include "zest/memory/raw_allocator.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  size_t mb = 256;       // of bf16 tensor data
+  int ranks = 2;         // the largest world; 1 is always run too
+  size_t shard_mb = 64;  // max shard size
+  int repeat = 3;
+  std::string dir;       // empty: a temporary directory, removed at the end
+};
+
+constexpr int64_t kCols = 2048;
+constexpr int kTensorsPerUnit = 4;
+
+// The model: units of kTensorsPerUnit [rows, kCols] tensors, rows chosen so
+// the whole is about opt.mb MiB of bf16.
+struct Model {
+  int units = 0;
+  int64_t rows = 0;
+  std::string name(int u, int t) const { return fmt::format("model.layers.{}.w{}.weight", u, t); }
+};
+
+Model model_for(const Options& opt) {
+  Model m;
+  m.rows = 1024;
+  const size_t tensor_bytes = static_cast<size_t>(m.rows * kCols) * 2;
+  m.units = static_cast<int>(std::max<size_t>(1, (opt.mb << 20) / (tensor_bytes * kTensorsPerUnit)));
+  return m;
+}
+
+// The directory as save_pretrained writes it: shards of at most shard_mb,
+// the index and a config.
+void write_checkpoint(const Options& opt, const Model& m) {
+  fs::create_directories(opt.dir);
+  const uint64_t tensor_bytes = static_cast<uint64_t>(m.rows * kCols) * 2;
+  const uint64_t per_shard = std::max<uint64_t>(1, (opt.shard_mb << 20) / tensor_bytes);
+  const int tensors = m.units * kTensorsPerUnit;
+  const int shards = static_cast<int>((static_cast<uint64_t>(tensors) + per_shard - 1) / per_shard);
+  std::vector<uint16_t> values(static_cast<size_t>(m.rows * kCols));
+  std::string weight_map;
+  for (int s = 0; s < shards; ++s) {
+    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards);
+    std::vector<zest::SafetensorsEntry> entries;
+    for (int k = s * static_cast<int>(per_shard); k < std::min(tensors, (s + 1) * static_cast<int>(per_shard)); ++k) {
+      entries.push_back({m.name(k / kTensorsPerUnit, k % kTensorsPerUnit), "BF16", {m.rows, kCols}});
+      weight_map += fmt::format("{}\"{}\": \"{}\"", weight_map.empty() ? "" : ", ", entries.back().name, file);
+    }
+    zest::SafetensorsWriter w((fs::path(opt.dir) / file).string(), entries, {{"format", "pt"}});
+    for (const zest::SafetensorsEntry& e : entries) {
+      for (size_t i = 0; i < values.size(); ++i) {
+        values[i] = zest::float_to_bf16_bits(static_cast<float>((i * 7 + e.name.size()) % 255) / 128.0f - 1.0f);
+      }
+      w.write_tensor(e.name, std::as_bytes(std::span(values)));
+    }
+    w.finish();
+  }
+  std::ofstream(fs::path(opt.dir) / "model.safetensors.index.json")
+      << fmt::format("{{\"metadata\": {{\"total_size\": {}}}, \"weight_map\": {{{}}}}}\n",
+                     tensor_bytes * static_cast<uint64_t>(tensors), weight_map);
+  std::ofstream(fs::path(opt.dir) / "config.json") << "{\"model_type\": \"llama\"}\n";
+}
+
+std::vector<std::string> safetensors_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Drops the page cache; false where that is not allowed.
+bool drop_caches() {
+  ::sync();
+  const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, "3\n", 2) == 2;
+  ::close(fd);
+  return ok;
+}
+
+// Seconds to pread every file whole.
+double raw_read(const std::vector<std::string>& files, uint64_t& bytes) {
+  std::vector<std::byte> buf(size_t{8} << 20);
+  bytes = 0;
+  const auto start = Clock::now();
+  for (const std::string& path : files) {
+    const zest::ReadOnlyFile f(path);
+    for (uint64_t off = 0; off < f.size(); off += buf.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), f.size() - off));
+      f.read_at(off, std::span(buf.data(), n));
+      bytes += n;
+    }
+  }
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct LoadTimes {
+  double read = 0;   // open, checks, positioned reads and conversion (HfImportReport::read_seconds)
+  double total = 0;  // and the engine taking the values
+};
+
+// import_hf on `ranks` ranks at stage 3 (the engines built before the clock
+// starts); rank 0's times.
+LoadTimes load(const Options& opt, const Model& m, int ranks) {
+  LoadTimes times;
+  zest::run_inprocess(ranks, [&](zest::Communicator& comm) {
+    zest::CachingAllocator alloc(zest::make_host_allocator());
+    zest::EngineConfig config;
+    config.zero.stage = 3;
+    config.bf16 = true;
+    config.optimizer.kind = zest::OptimizerKind::kSgd;
+    zest::Engine engine(config, comm, alloc, zest::Stream::default_for(zest::Device::host()));
+    for (int u = 0; u < m.units; ++u) {
+      std::vector<zest::ParamSpec> specs;
+      for (int t = 0; t < kTensorsPerUnit; ++t) specs.push_back({m.name(u, t), {m.rows, kCols}});
+      engine.add_unit(fmt::format("layer{}", u), specs);
+    }
+    engine.finalize([](const zest::ParamLayout&, std::span<float> v) { std::fill(v.begin(), v.end(), 0.0f); },
+                    zest::InitFrom::kEveryRank);
+    engine.all_gather_scalars(std::vector<int64_t>{0});  // start together
+    const auto start = Clock::now();
+    const zest::HfImportReport r = zest::import_hf(engine, opt.dir);
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    if (comm.rank() == 0) times = {r.read_seconds, s};
+  });
+  return times;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    ZEST_CHECK(i + 1 < argc, "hf_load_bench: {} needs a value", flag);
+    const std::string value = argv[i + 1];
+    if (flag == "--mb") o.mb = std::stoull(value);
+    else if (flag == "--ranks") o.ranks = std::stoi(value);
+    else if (flag == "--shard-mb") o.shard_mb = std::stoull(value);
+    else if (flag == "--repeat") o.repeat = std::stoi(value);
+    else if (flag == "--dir") o.dir = value;
+    else ZEST_FAIL("hf_load_bench: unknown option {} (--mb N, --ranks W, --shard-mb S, --repeat R, --dir PATH)", flag);
+  }
+  ZEST_CHECK(o.mb >= 1 && o.ranks >= 1 && o.shard_mb >= 1 && o.repeat >= 1,
+             "hf_load_bench: --mb, --ranks, --shard-mb and --repeat must be at least 1");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Options opt = parse(argc, argv);
+    const bool temp = opt.dir.empty();
+    if (temp) opt.dir = (fs::temp_directory_path() / fmt::format("zest_hf_bench_{}", zest::unique_suffix())).string();
+    const Model m = model_for(opt);
+    write_checkpoint(opt, m);
+    const std::vector<std::string> files = safetensors_files(opt.dir);
+    const bool cold = drop_caches();
+    // Other work on the host slows the load (CPU-bound when warm) more than
+    // the raw read (a copy): said with the figures.
+    std::string load_average = "unknown";  // /proc files report size 0: read as a stream
+    std::ifstream("/proc/loadavg") >> load_average;
+    fmt::print("hf_load_bench: {} files, {:.0f} MiB of bf16 in {} units, stage 3, {} read threads per rank, build "
+               "{}; load average {} on {} CPUs; page cache {}\n",
+               files.size(), static_cast<double>(zest::HfCheckpoint::open(opt.dir).tensor_bytes()) / (1 << 20),
+               m.units, zest::HfImportOptions{}.read_threads, ZEST_BENCH_BUILD_TYPE, load_average,
+               std::thread::hardware_concurrency(),
+               cold ? "dropped before each cold run" : "cannot be dropped here (not root): warm runs only");
+    std::vector<int> worlds{1};
+    if (opt.ranks > 1) worlds.push_back(opt.ranks);
+    for (const bool drop : cold ? std::vector<bool>{true, false} : std::vector<bool>{false}) {
+      if (!drop) {
+        uint64_t bytes = 0;
+        raw_read(files, bytes);  // warm the cache
+      }
+      for (int r = 0; r < opt.repeat; ++r) {
+        uint64_t bytes = 0;
+        if (drop) drop_caches();
+        const double raw = raw_read(files, bytes);
+        const double mib = static_cast<double>(bytes) / (1 << 20);
+        std::string line = fmt::format("{} raw read {:.0f} MiB/s", drop ? "cold" : "warm", mib / raw);
+        for (const int w : worlds) {
+          if (drop) drop_caches();
+          const LoadTimes t = load(opt, m, w);
+          line += fmt::format(" | W={}: read {:.0f} MiB/s ({:.0f}%), all {:.0f} MiB/s ({:.0f}%)", w, mib / t.read,
+                              100.0 * raw / t.read, mib / t.total, 100.0 * raw / t.total);
+        }
+        fmt::print("{}\n", line);
+      }
+    }
+    if (temp) fs::remove_all(opt.dir);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hf_load_bench: %s\n", e.what());
+    return 1;
+  }
+}

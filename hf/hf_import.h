@@ -1,0 +1,67 @@
+// Loading a Hugging Face checkpoint directory (hf_checkpoint.h) into a
+// finalized engine: a fine-tuning run's starting point.
+//
+//   // zest-example: prelude=engine
+//   #include <zest/hf/hf_import.h>
+//   zest::HfImportOptions options;
+//   options.allow_missing = [](const std::string& name) { return name.find(".lora_") != std::string::npos; };
+//   zest::HfImportReport r = zest::import_hf(engine, "Llama-3.2-1B", options);  // after finalize()
+//
+// Collective. Every rank opens the directory (headers only), maps the
+// checkpoint's names to the engine's (options.names; Llama's names map to
+// themselves) and checks the match: every registered parameter present
+// (unless allow_missing says it may keep its values: LoRA adapters), no
+// tensor the model does not register (unless ignore_extra), every shape the
+// registered one, every dtype F32, F16, BF16 or F64. Then each rank reads,
+// with positioned reads, only the byte ranges of the elements of the shard it
+// owns (stages 1-3: the ranks together read the checkpoint about once; stage
+// 0: every rank owns and reads everything), converting to fp32 (exact from
+// bf16, fp16 and fp32), through a bounded staging buffer, one unit at a
+// time: each unit's shard becomes master weights as soon as it is read, so
+// the memory an import adds is one unit's shard and a few MiB, whatever the
+// model's size. The optimizer state is zeroed, the step count restarts and
+// the parameters are rebuilt (start_from_weights). Every problem is reported
+// together in ONE zest::Error, identical on every rank, each line naming the
+// tensor: those of the match before anything is read (the engine is then
+// unchanged), the non-finite values found on any rank after the reads (the
+// shards of units holding one keep their previous values).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "zest/engine/engine.h"
+#include "zest/hf/hf_name_map.h"
+
+namespace zest {
+
+struct HfImportOptions {
+  HfNameMap names{};
+  // Registered parameters (by the engine's name) that may be absent from
+  // the checkpoint: they keep the values they have.
+  std::function<bool(const std::string& engine_name)> allow_missing{};
+  // Tensors of the checkpoint that the model does not register are skipped
+  // instead of being an error.
+  bool ignore_extra = false;
+  // Threads per rank that read and convert (positioned reads of a unit's
+  // pieces at once: what a fast disk or the page cache needs to be kept
+  // busy). With many ranks on one host, fewer.
+  int read_threads = 4;
+  // Called on every rank after each piece read, with this rank's tensor
+  // bytes read and the total it reads. Unset: rank 0 logs the progress
+  // every few seconds of a long load.
+  std::function<void(uint64_t done, uint64_t total)> progress{};
+};
+
+struct HfImportReport {
+  uint64_t bytes_read = 0;    // by this rank, headers included
+  uint64_t tensor_bytes = 0;  // of the whole checkpoint
+  int tensors_loaded = 0;     // registered parameters set from the checkpoint
+  double read_seconds = 0;    // this rank's open, checks and reads
+  double seconds = 0;         // all of it, the engine taking the values included
+};
+
+HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportOptions& options = {});
+
+}  // namespace zest
