@@ -101,7 +101,8 @@ Config Config::from_json(const std::string& content, const std::string& where) {
   c.attention_bias = boolean(j, "attention_bias", false, where);
   c.mlp_bias = boolean(j, "mlp_bias", false, where);
   c.hidden_act = text(j, "hidden_act", "silu", where);
-  c.torch_dtype = text(j, "torch_dtype", "float32", where);
+  // Newer transformers write "dtype" where older ones wrote "torch_dtype".
+  c.torch_dtype = text(j, "torch_dtype", text(j, "dtype", "float32", where), where);
   c.initializer_range = number(j, "initializer_range", 0.02, where);
   if (c.hidden_act != "silu") {
     fail(where, fmt::format("hidden_act \"{}\" is not supported: Llama's MLP is SwiGLU (\"silu\")", c.hidden_act));

@@ -135,6 +135,9 @@ TEST_CASE("llama config.json: LlamaConfig's keys and defaults, refused kinds nam
   CHECK(d.num_key_value_heads == 4);
   CHECK(d.resolved_head_dim() == 16);
   CHECK(d.rms_norm_eps == 1e-6);
+  CHECK(d.torch_dtype == "float32");
+  CHECK(llama::Config::from_json(R"({"vocab_size": 300, "hidden_size": 64, "intermediate_size": 100,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "dtype": "bfloat16"})").torch_dtype == "bfloat16");
   CHECK_FALSE(d.tie_word_embeddings);
 
   const auto refused = [&](const std::string& json, const char* message) {
