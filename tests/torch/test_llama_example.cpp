@@ -337,7 +337,7 @@ void check_lora_trains_adapters_only(const std::vector<int>& stages, int64_t per
 
 }  // namespace
 
-TEST_CASE("llama --lora: only the adapters train; stages 0-3 (units kept whole at stage 3) bit for bit") {
+TEST_CASE("llama --lora: only the adapters train, stages 0-3 (units kept whole at stage 3) bit for bit") {
   check_lora_trains_adapters_only({0, 1, 2, 3}, int64_t{1} << 30);
 }
 

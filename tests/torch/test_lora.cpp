@@ -335,7 +335,7 @@ TEST_CASE("enable_lora: PEFT's target matching, everything else frozen, values i
   CHECK_THROWS_WITH_AS(enable_lora(*none, kTargets, bad, 1), doctest::Contains("rank r is 0"), Error);
 }
 
-TEST_CASE("merge_lora: the merged weight computes the adapted Linear; the adapters are dropped") {
+TEST_CASE("merge_lora: the merged weight computes the adapted Linear, the adapters are dropped") {
   auto net = make_lora_net();
   LoraLinearImpl& up = *net->b0->up_proj;
   {
