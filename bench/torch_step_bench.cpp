@@ -29,7 +29,7 @@
 #include <fmt/format.h>
 
 #include "common/cli.h"
-#include "corpus.h"
+#include "common/corpus.h"
 #include "model.h"
 #include "trainer.h"
 #include "zest/comm/inprocess_comm.h"
@@ -63,11 +63,11 @@ double median(std::vector<double> v) {
 }
 
 // Text for the batches: fortune-like lines, so the bench needs no corpus.
-const gpt::Corpus& corpus() {
-  static const gpt::Corpus c = [] {
+const examples::Corpus& corpus() {
+  static const examples::Corpus c = [] {
     std::string t;
     for (int i = 0; i < 2000; ++i) t += fmt::format("Fortune {} favours the {} mind.\n%\n", i, i % 3 ? "prepared" : "idle");
-    return gpt::Corpus::from_text(t);
+    return examples::Corpus::from_text(t);
   }();
   return c;
 }
@@ -79,7 +79,7 @@ Result plain(const Options& o) {
                             torch::optim::AdamWOptions(kLr).betas({0.9, 0.95}).weight_decay(0.01));
   std::vector<double> ms;
   for (int s = 0; s < kWarmup + o.steps; ++s) {
-    const gpt::Batch b = corpus().train_batch(s, 0, o.batch, o.model.context, kSeed);
+    const examples::Batch b = corpus().train_batch(s, 0, o.batch, o.model.context, kSeed);
     const auto t0 = Clock::now();
     adamw.zero_grad();
     gpt::lm_loss(model->forward(b.inputs), b.targets).backward();
@@ -108,7 +108,7 @@ Result zest_run(const Options& o, int stage, int world) {
     alloc.reset_peak_stats();  // the steps' peak, not finalize's staging
     const int64_t rows = o.batch / world;
     for (int s = 0; s < kWarmup + o.steps; ++s) {
-      const gpt::Batch b = corpus().train_batch(s, comm.rank() * rows, rows, o.model.context, kSeed);
+      const examples::Batch b = corpus().train_batch(s, comm.rank() * rows, rows, o.model.context, kSeed);
       const auto t0 = Clock::now();
       gpt::train_micro_step(*zt, *model, b);
       if (comm.rank() == 0 && s >= kWarmup) {

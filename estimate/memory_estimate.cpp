@@ -249,6 +249,13 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   const int64_t device_master = fp32 ? 0 : s.master - host_master;
   const int64_t device_state = s.optimizer - host_state;
   const int64_t device_params = s.params - host_params;
+  // The frozen units' part of it, as MemoryReport::frozen_parameters: their
+  // shards (full buffers when resident), none that offload_param moved.
+  for (const UnitSize& u : units) {
+    if (!u.frozen) continue;
+    const size_t held = u.resident ? u.padded : (o.offloads_params() ? 0 : u.shard);
+    e.frozen_parameter_bytes += to_bytes(u.count * held, b);
+  }
 
   Taken live;
   if (o.zero.stage == 3) {

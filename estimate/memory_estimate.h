@@ -143,6 +143,9 @@ struct MemoryEstimate {
   // Persistent parameters + gradients + master weights + optimizer state
   // (what MemoryReport::model_states() measures).
   int64_t model_state_bytes = 0;
+  // Of kParameters' persistent device bytes, those of frozen units (what
+  // MemoryReport::frozen_parameters measures); the rest are trainable.
+  int64_t frozen_parameter_bytes = 0;
   // An upper bound of the device bytes in use at any time: model states
   // plus the largest of the phases' transients (finalize's staging, a
   // backward's live parameters and gradients, step's norm sums). Exact when

@@ -7,6 +7,7 @@ zest::ModelDescription describe_model(const zest::ModelLayout& layout) {
   for (const zest::UnitLayout& u : layout.units()) {
     zest::UnitDescription d;
     d.name = u.name;
+    d.frozen = u.frozen;
     for (const zest::ParamLayout& p : u.params) d.param_numels.push_back(p.numel);
     model.units.push_back(std::move(d));
   }

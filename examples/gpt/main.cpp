@@ -1,4 +1,4 @@
-// Trains the GPT of model.h on Debian's fortune cookies (corpus.h) through
+// Trains the GPT of model.h on Debian's fortune cookies (common/corpus.h) through
 // the ZeRO engine, wrapped around the libtorch module by zest::TorchModule:
 // prints loss, validation loss, tokens/s and each rank's memory by category
 // against the memory estimator, then a sample of generated text.
@@ -29,13 +29,13 @@
 
 #include <fmt/format.h>
 
+#include "common/corpus.h"
 #include "common/describe_model.h"
-#include "corpus.h"
+#include "common/lm_training.h"
+#include "common/report.h"
 #include "options.h"
-#include "report.h"
 #include "sample.h"
 #include "trainer.h"
-#include "zest/comm/inprocess_comm.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/launch/bootstrap.h"
 #include "zest/memory/raw_allocator.h"
@@ -52,17 +52,7 @@ struct RunResult {
   std::string sample;  // generated at the end (every rank the same)
 };
 
-// This rank's mean loss, averaged over the ranks in rank order (the same on
-// every rank). Collective.
-float mean_over_ranks(zest::Engine& engine, float loss) {
-  const std::array<int64_t, 1> mine = {std::bit_cast<int32_t>(loss)};
-  const std::vector<int64_t> all = engine.all_gather_scalars(mine);
-  float sum = 0.0f;
-  for (int64_t bits : all) sum += std::bit_cast<float>(static_cast<int32_t>(bits));
-  return sum / static_cast<float>(all.size());
-}
-
-RunResult train(const gpt::Options& opt, const gpt::Corpus& corpus, const zest::EngineConfig& config,
+RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const zest::EngineConfig& config,
                 zest::Communicator& comm) {
   torch::set_num_threads(opt.threads);  // see the top of this file
   const int world = comm.size(), rank = comm.rank();
@@ -99,7 +89,7 @@ RunResult train(const gpt::Options& opt, const gpt::Corpus& corpus, const zest::
     float loss = 0.0f;
     zest::StepResult result;
     for (int64_t m = 0; m < accum; ++m) {
-      const gpt::Batch b =
+      const examples::Batch b =
           corpus.train_batch(step, rank * rows_per_rank + m * rows_per_micro, rows_per_micro, context, opt.seed);
       const gpt::MicroStep s = gpt::train_micro_step(*zt, *model, b);
       loss += s.loss / static_cast<float>(accum);
@@ -110,21 +100,21 @@ RunResult train(const gpt::Options& opt, const gpt::Corpus& corpus, const zest::
     const bool last = step == first + opt.steps - 1;
     // The same decisions on every rank: what follows is collective.
     if ((step - first) % opt.print_every == 0 || last) {
-      const float mean = mean_over_ranks(engine, loss);
+      const float mean = examples::mean_over_ranks(engine, loss);
       if (printer) {
-        gpt::print_step(step, mean, result, dt * 1e3, static_cast<double>(opt.batch * context) / dt);
+        examples::print_step(step, mean, result, dt * 1e3, static_cast<double>(opt.batch * context) / dt);
       }
     }
     if ((step + 1 - first) % opt.eval_every == 0 && !last) validate(step + 1);
   }
   out.val_loss = opt.steps > 0 ? validate(first + opt.steps) : 0.0;
   out.tokens_per_s = seconds > 0 ? static_cast<double>(opt.steps * opt.batch * context) / seconds : 0.0;
-  out.memory = gpt::gather_memory(engine);
+  out.memory = examples::gather_memory(engine);
   out.estimate = zest::estimate_memory(examples::describe_model(engine.layout()),
                                        zest::EstimateOptions::from_config(config, world));
   if (printer) {
     fmt::print("\nmemory per rank by category (the engine's allocator; torch's activations are not in it):\n{}",
-               gpt::format_memory(out.memory, out.estimate));
+               examples::format_memory(out.memory, out.estimate));
   }
   if (!opt.save_dir.empty()) {
     const std::string dir = zt->save(opt.save_dir);
@@ -148,13 +138,13 @@ int main(int argc, char** argv) {
     if (opt.launch) launched = zest::init_distributed(zest::Device::host(), opt.comm);
     const bool printer = !launched || launched->rank() == 0;
     const int world = launched ? launched->size() : opt.ranks;
-    const gpt::Corpus corpus = gpt::Corpus::load(opt.data);
+    const examples::Corpus corpus = examples::Corpus::load(opt.data);
     if (printer) {
       fmt::print("corpus {}: {} fortune cookies, {} training bytes, {} validation bytes\n", opt.data,
                  corpus.cookies(), corpus.train().size(), corpus.validation().size());
     }
 
-    std::vector<gpt::StageRow> rows;
+    std::vector<examples::StageRow> rows;
     std::vector<std::string> samples;  // rank 0's, per stage
     for (int stage : opt.stages) {
       const zest::EngineConfig config = gpt::engine_config(opt, stage, world);
@@ -171,14 +161,10 @@ int main(int argc, char** argv) {
         // (every rank holds every rank's memory and the same losses).
         if (comm.rank() == 0 || launched) rank0 = std::move(r);
       };
-      if (launched) {
-        body(*launched);
-      } else {
-        zest::run_inprocess(opt.ranks, body, zest::Device::host(), opt.comm);
-      }
+      examples::run_on_ranks(launched.get(), opt.ranks, body, opt.comm);
       samples.push_back(rank0.sample);
       rows.push_back({stage, world, rank0.val_loss, rank0.tokens_per_s, rank0.memory.at(0).model_states(),
-                      rank0.estimate.model_state_bytes, gpt::memory_matches(rank0.memory, rank0.estimate)});
+                      rank0.estimate.model_state_bytes, examples::memory_matches(rank0.memory, rank0.estimate)});
     }
     if (printer && opt.sample.length > 0) {
       const std::string how = opt.sample.temperature == 0.0
@@ -195,8 +181,8 @@ int main(int argc, char** argv) {
       }
     }
     if (printer) {
-      fmt::print("\n{}", gpt::format_stage_table(rows));
-      for (const gpt::StageRow& r : rows) fmt::print("final validation loss, stage {}: {:.17g}\n", r.stage, r.val_loss);
+      fmt::print("\n{}", examples::format_stage_table(rows));
+      for (const examples::StageRow& r : rows) fmt::print("final validation loss, stage {}: {:.17g}\n", r.stage, r.val_loss);
     }
     return 0;
   } catch (const gpt::UsageError& e) {

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "corpus.h"
+#include "common/corpus.h"
 
 namespace gpt {
 
@@ -19,7 +19,7 @@ std::string generate(GptImpl& model, const UnitRunner& run, const std::string& p
   const size_t start = text.size();
   for (int64_t i = 0; i < options.length; ++i) {
     const size_t window = std::min(text.size(), static_cast<size_t>(context));
-    const torch::Tensor tokens = encode(text.substr(text.size() - window));
+    const torch::Tensor tokens = examples::encode(text.substr(text.size() - window));
     const torch::Tensor logits = model.forward(tokens, run).select(1, static_cast<int64_t>(window) - 1).squeeze(0);
     int64_t next = 0;
     if (options.temperature == 0.0) {

@@ -1,69 +1,24 @@
 #include "trainer.h"
 
-#include <algorithm>
-#include <array>
-#include <bit>
-#include <stdexcept>
-
-#include <fmt/format.h>
+#include "common/lm_training.h"
 
 namespace gpt {
 
 std::unique_ptr<zest::TorchModule> wrap(zest::Engine& engine, const Gpt& model) {
-  engine.add_param_group("no_decay", 0.0f);
-  zest::TorchModuleOptions options;
-  options.units = model->blocks();
-  options.group = [](const std::string&, const torch::Tensor& p) {
-    return p.dim() < 2 ? std::string("no_decay") : std::string("default");
-  };
-  return std::make_unique<zest::TorchModule>(engine, model, std::move(options));
+  return examples::wrap(engine, model.ptr(), model->blocks());
 }
 
-UnitRunner runner(zest::TorchModule& zt) {
-  return [&zt](const torch::nn::Module& unit, const std::function<torch::Tensor()>& piece) {
-    return zt.call(unit, piece);
-  };
-}
+UnitRunner runner(zest::TorchModule& zt) { return examples::runner(zt); }
 
 MicroStep train_micro_step(zest::TorchModule& zt, GptImpl& model, const Batch& batch) {
-  const torch::Tensor loss = lm_loss(model.forward(batch.inputs, runner(zt)), batch.targets);
-  zt.scale(loss).backward();
-  MicroStep out;
-  out.loss = loss.item<float>();
-  out.result = zt.step();
-  return out;
+  return examples::backward_and_step(zt, lm_loss(model.forward(batch.inputs, runner(zt)), batch.targets));
 }
 
 double validation_loss(zest::TorchModule& zt, GptImpl& model, const Corpus& corpus, int64_t windows) {
-  zest::Engine& engine = zt.engine();
-  const int64_t world = engine.comm().size(), rank = engine.comm().rank();
-  const int64_t context = model.config().context;
-  // Equal shares, so that every rank runs the same forwards: at stage 3 each
-  // one's gathers are collective.
-  if (windows < world || windows % world != 0) {
-    throw std::invalid_argument(fmt::format("{} validation windows do not divide into {} ranks", windows, world));
-  }
-  const int64_t first = windows / world * rank, last = first + windows / world;
-  // Bounded chunks: the logits of a chunk are chunk x context x vocab floats.
-  constexpr int64_t kChunk = 16;
-  double sum = 0.0;
-  {
-    torch::NoGradGuard no_grad;
-    for (int64_t w = first; w < last; w += kChunk) {
-      const Batch b = corpus.validation_windows(w, std::min(kChunk, last - w), context);
-      const torch::Tensor logits = model.forward(b.inputs, runner(zt));
-      sum += torch::nn::functional::cross_entropy(
-                 logits.reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
-                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                 .to(torch::kDouble)
-                 .item<double>();
-    }
-  }
-  const std::array<int64_t, 1> mine = {std::bit_cast<int64_t>(sum)};
-  const std::vector<int64_t> all = engine.all_gather_scalars(mine);
-  double total = 0.0;
-  for (int64_t bits : all) total += std::bit_cast<double>(bits);
-  return total / static_cast<double>(windows * context);
+  const UnitRunner run = runner(zt);
+  return examples::validation_loss(
+      zt.engine(), [&](const torch::Tensor& tokens) { return model.forward(tokens, run); }, corpus, windows,
+      model.config().context);
 }
 
 }  // namespace gpt

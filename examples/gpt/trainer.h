@@ -7,11 +7,15 @@
 #include <cstdint>
 #include <memory>
 
-#include "corpus.h"
+#include "common/corpus.h"
+#include "common/lm_training.h"
 #include "model.h"
 #include "zest/torch/torch_module.h"
 
 namespace gpt {
+
+using examples::Batch;
+using examples::Corpus;
 
 // Declares the "no_decay" group on the engine (biases and LayerNorm weights,
 // the 1-D parameters, as GPT-2 and nanoGPT train them) and wraps the model.
@@ -21,19 +25,14 @@ std::unique_ptr<zest::TorchModule> wrap(zest::Engine& engine, const Gpt& model);
 // run(unit, piece) as zt.call(unit, piece): gathers at stage 3.
 UnitRunner runner(zest::TorchModule& zt);
 
-struct MicroStep {
-  float loss = 0.0f;  // this rank's mean loss over its rows
-  zest::StepResult result;
-};
+using examples::MicroStep;
 
 // Forward on this rank's rows, backward into the engine, zt.step().
 MicroStep train_micro_step(zest::TorchModule& zt, GptImpl& model, const Batch& batch);
 
-// The mean loss per token over the first `windows` validation windows
-// (Corpus::validation_windows; a multiple of the world size, else
-// std::invalid_argument), each rank taking a contiguous share and the
-// per-rank sums added in rank order: the same value on every rank, and the
-// same bits at every stage for a given world size. Collective.
+// examples::validation_loss of the model's logits: the mean loss per token
+// over the first `windows` validation windows, the same bits at every stage
+// for a given world size. Collective.
 double validation_loss(zest::TorchModule& zt, GptImpl& model, const Corpus& corpus, int64_t windows);
 
 }  // namespace gpt

@@ -148,6 +148,29 @@ TEST_CASE("fp16 AdamW, W = 3: bytes by hand (b = 2, master 4s, optimizer 8s)") {
   CHECK(estimate_memory(m, one).peak_bytes == 12288 + 3072 + 3072);
 }
 
+TEST_CASE("frozen units: their parameter bytes counted apart, as MemoryReport::frozen_parameters") {
+  ModelDescription m = small_model();
+  m.units[0].frozen = true;  // A: 1034 elements, a LoRA base's share
+  // Stage 0: A's flat buffer, 1280 fp16 elements; B has no frozen bytes.
+  MemoryEstimate e = estimate_memory(m, options(1, 0, DType::kFloat16, OptimizerKind::kAdamW));
+  CHECK(e.frozen_parameter_bytes == 1280 * 2);
+  CHECK(e[MemoryCategory::kParameters].persistent == (1280 + 256) * 2);
+  // Stage 3 on 3 ranks: A's shard, 512 elements...
+  e = estimate_memory(m, options(3, 3, DType::kFloat16, OptimizerKind::kAdamW));
+  CHECK(e.frozen_parameter_bytes == 512 * 2);
+  // ...its whole buffer when the persistence threshold keeps it resident...
+  EstimateOptions resident = options(3, 3, DType::kFloat16, OptimizerKind::kAdamW);
+  resident.zero.stage3_param_persistence_threshold = 100000;
+  CHECK(estimate_memory(m, resident).frozen_parameter_bytes == 1536 * 2);
+  // ...and none on the device when offload_param moves the shard to the host.
+  EstimateOptions offload = options(3, 3, DType::kFloat16, OptimizerKind::kAdamW);
+  offload.offload_optimizer.device = OffloadDevice::kCpu;
+  offload.offload_param.device = OffloadDevice::kCpu;
+  e = estimate_memory(m, offload);
+  CHECK(e.frozen_parameter_bytes == 0);
+  CHECK(e.host(MemoryCategory::kParameters).persistent == (512 + 256) * 2);
+}
+
 TEST_CASE("fp32 SGD, W = 3: no master copy and no state (b = 4, K = 0)") {
   const ModelDescription m = small_model();
   const auto est = [&](int stage) {

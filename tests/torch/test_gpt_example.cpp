@@ -6,7 +6,7 @@
 #include <bit>
 #include <filesystem>
 
-#include "corpus.h"
+#include "common/corpus.h"
 #include "model.h"
 #include "sample.h"
 #include "trainer.h"
@@ -64,7 +64,7 @@ struct Run {
 // --offload).
 Run train(int stage, int64_t first, int64_t last, const std::string& load = "", const std::string& save = "",
           bool offload = false) {
-  const gpt::Corpus corpus = gpt::Corpus::from_text(text());
+  const examples::Corpus corpus = examples::Corpus::from_text(text());
   std::vector<Run> runs(2);
   zest::run_inprocess(2, [&](zest::Communicator& comm) {
     torch::set_num_threads(1);
@@ -143,22 +143,22 @@ TEST_CASE("gpt example: a run saved at step 4 and resumed at stage 3 continues a
 }
 
 TEST_CASE("gpt corpus: every 20th cookie is held out, and a row is the same whichever rank takes it") {
-  const gpt::Corpus c = gpt::Corpus::from_text(text());
+  const examples::Corpus c = examples::Corpus::from_text(text());
   CHECK(c.cookies() == 24);
   // Cookies 0 and 20 held out.
   CHECK(c.validation() ==
         "The early bird gets the worm.\n\t-- proverb 0\n%\nActions speak louder than words.\n\t-- proverb 20\n%\n");
   CHECK(c.train().find("proverb 1\n%\n") != std::string::npos);
   CHECK(c.train().find("proverb 20\n") == std::string::npos);
-  const gpt::Batch whole = c.train_batch(5, 0, 4, 16, 9);
-  const gpt::Batch part = c.train_batch(5, 2, 2, 16, 9);
+  const examples::Batch whole = c.train_batch(5, 0, 4, 16, 9);
+  const examples::Batch part = c.train_batch(5, 2, 2, 16, 9);
   CHECK(torch::equal(whole.inputs.slice(0, 2, 4), part.inputs));
   CHECK(torch::equal(whole.targets.slice(0, 2, 4), part.targets));
   // Targets are the inputs shifted by one byte.
   CHECK(torch::equal(whole.inputs.slice(1, 1, 16), whole.targets.slice(1, 0, 15)));
   CHECK_FALSE(torch::equal(c.train_batch(6, 0, 4, 16, 9).inputs, whole.inputs));
-  CHECK(gpt::decode(gpt::encode("fortune\n")) == "fortune\n");
-  CHECK_THROWS_WITH_AS(gpt::Corpus::load("/nonexistent/fortunes"), doctest::Contains("apt-get install fortunes"),
+  CHECK(examples::decode(examples::encode("fortune\n")) == "fortune\n");
+  CHECK_THROWS_WITH_AS(examples::Corpus::load("/nonexistent/fortunes"), doctest::Contains("apt-get install fortunes"),
                        std::runtime_error);
 }
 

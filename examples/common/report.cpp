@@ -1,10 +1,10 @@
-#include "report.h"
+#include "common/report.h"
 
 #include <cstdio>
 
 #include <fmt/format.h>
 
-namespace gpt {
+namespace examples {
 namespace {
 
 using zest::MemoryCategory;
@@ -32,6 +32,7 @@ std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine) {
   }
   mine.push_back(m.reserved);
   mine.push_back(m.allocated);
+  mine.push_back(m.frozen_parameters);
   for (const auto& e : m.host_by_category) mine.push_back(e.current);
   const std::vector<int64_t> all = engine.all_gather_scalars(mine);
   std::vector<zest::MemoryReport> ranks(all.size() / mine.size());
@@ -40,8 +41,9 @@ std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine) {
     for (size_t c = 0; c < zest::kNumMemoryCategories; ++c) ranks[r].by_category[c] = {v[2 * c], v[2 * c + 1]};
     ranks[r].reserved = v[2 * zest::kNumMemoryCategories];
     ranks[r].allocated = v[2 * zest::kNumMemoryCategories + 1];
+    ranks[r].frozen_parameters = v[2 * zest::kNumMemoryCategories + 2];
     for (size_t c = 0; c < zest::kNumMemoryCategories; ++c) {
-      ranks[r].host_by_category[c].current = v[2 * zest::kNumMemoryCategories + 2 + c];
+      ranks[r].host_by_category[c].current = v[2 * zest::kNumMemoryCategories + 3 + c];
     }
   }
   return ranks;
@@ -81,6 +83,18 @@ std::string format_memory(const std::vector<zest::MemoryReport>& ranks, const ze
   return out;
 }
 
+std::string format_parameter_split(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& e) {
+  std::string out = fmt::format("{:<10} {:>12} {:>12}\n", "KiB", "frozen", "trainable");
+  const auto row = [&](const std::string& who, int64_t params, int64_t frozen) {
+    out += fmt::format("{:<10} {:>12} {:>12}\n", who, kib(frozen), kib(params - frozen));
+  };
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    row(fmt::format("rank {}", r), ranks[r][MemoryCategory::kParameters].current, ranks[r].frozen_parameters);
+  }
+  row("estimate", e[MemoryCategory::kParameters].persistent, e.frozen_parameter_bytes);
+  return out;
+}
+
 std::string format_stage_table(const std::vector<StageRow>& rows) {
   std::string out = fmt::format("{:>5} {:>5} {:>20} {:>10} {:>20} {:>20}\n", "stage", "ranks", "validation loss",
                                 "tokens/s", "model states KiB/rank", "estimate KiB/rank");
@@ -91,4 +105,4 @@ std::string format_stage_table(const std::vector<StageRow>& rows) {
   return out;
 }
 
-}  // namespace gpt
+}  // namespace examples

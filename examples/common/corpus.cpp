@@ -1,4 +1,4 @@
-#include "corpus.h"
+#include "common/corpus.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-namespace gpt {
+namespace examples {
 namespace {
 
 constexpr size_t kHoldOutEvery = 20;
@@ -151,4 +151,4 @@ std::string decode(const torch::Tensor& tokens) {
   return out;
 }
 
-}  // namespace gpt
+}  // namespace examples

@@ -1,4 +1,4 @@
-// What the gpt example prints: a line per step, the memory of every rank by
+// What the libtorch examples (gpt, llama) print: a line per step, the memory of every rank by
 // category against the memory estimator, and the table comparing stages.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include "zest/engine/engine.h"
 #include "zest/estimate/memory_estimate.h"
 
-namespace gpt {
+namespace examples {
 
 // Every rank's memory report, rank by rank, on every rank. Collective.
 std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine);
@@ -23,6 +23,10 @@ void print_step(int64_t step, float mean_loss, const zest::StepResult& r, double
 // figures for one rank; "= estimate" when a rank's model states match the
 // estimate to the byte in every category.
 std::string format_memory(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& estimate);
+// A row per rank of the parameters' device bytes split into frozen (no
+// gradient, master or optimizer state: a LoRA base) and trainable, then the
+// estimator's split (KiB).
+std::string format_parameter_split(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& estimate);
 // True when every rank's model-state categories equal the estimate's
 // persistent bytes.
 bool memory_matches(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& estimate);
@@ -41,4 +45,4 @@ struct StageRow {
 // equal ones are seen to be equal.
 std::string format_stage_table(const std::vector<StageRow>& rows);
 
-}  // namespace gpt
+}  // namespace examples

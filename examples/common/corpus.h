@@ -1,4 +1,4 @@
-// The text the GPT example learns: the fortune cookies of Debian's
+// The text the libtorch examples (gpt, llama) learn: the fortune cookies of Debian's
 // `fortunes` package (/usr/share/games/fortunes; scripts/setup.sh installs
 // it), tokenized by bytes, with a held-out validation split.
 //
@@ -8,8 +8,8 @@
 // for validation when i % 20 == 0: about 5%, the same on every machine and
 // at every world size. Each split is its cookies, each followed by "%\n".
 //
-//   gpt::Corpus corpus = gpt::Corpus::load("/usr/share/games/fortunes");
-//   gpt::Batch b = corpus.train_batch(step, /*first_row=*/rank * rows, rows, /*context=*/64, seed);
+//   examples::Corpus corpus = examples::Corpus::load("/usr/share/games/fortunes");
+//   examples::Batch b = corpus.train_batch(step, /*first_row=*/rank * rows, rows, /*context=*/64, seed);
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@
 
 #include <torch/torch.h>
 
-namespace gpt {
+namespace examples {
 
 // Inputs and next-token targets, both [rows, context] int64.
 struct Batch {
@@ -60,4 +60,4 @@ class Corpus {
 torch::Tensor encode(const std::string& text);  // [1, n] int64
 std::string decode(const torch::Tensor& tokens);  // any shape, values 0-255
 
-}  // namespace gpt
+}  // namespace examples

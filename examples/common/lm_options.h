@@ -1,0 +1,56 @@
+// The command-line options that the libtorch language-model examples (gpt,
+// llama) share: ranks, the training run, the corpus, evaluation, printing
+// and ZEST checkpoints. Each example's Options derives from LmRunOptions
+// and sets its own defaults where they differ.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/cli.h"
+#include "zest/comm/communicator.h"
+
+namespace examples {
+
+struct LmRunOptions {
+  int ranks = 2;        // in-process ranks (ignored with --launch)
+  bool launch = false;  // one process per rank, from the launcher (mpirun)
+  // --offload: the fp32 master weights and optimizer state in host memory,
+  // stepped there (zero_optimization.offload_optimizer.device "cpu").
+  bool offload = false;
+  int64_t steps = 100;
+  int64_t batch = 16;  // global rows (sequences of `context` bytes) per step
+  float lr = 1e-3f;
+  uint64_t seed = 1234;
+  int threads = 1;  // torch intra-op threads per rank: see examples/gpt/main.cpp
+  std::string data = "/usr/share/games/fortunes";
+  int64_t eval_every = 50;
+  int64_t val_windows = 256;  // of `context` bytes each; rounded down to a multiple of the ranks
+  int64_t print_every = 10;
+  std::string save_dir;  // a checkpoint after the last step
+  std::string load_dir;  // resume from this checkpoint root first
+  zest::CommOptions comm;  // --timeout SECONDS (else ZEST_COMM_TIMEOUT, else 10 min)
+};
+
+// --ranks, --launch, --offload, --steps, --batch, --lr, --seed, --threads,
+// --data, --eval-every, --val-windows, --print-every, --save, --load and
+// --timeout, each with its range.
+inline void add_lm_run_flags(CLI::App& app, LmRunOptions& o) {
+  app.add_flag("--launch", o.launch);
+  app.add_flag("--offload", o.offload);
+  app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 16));
+  app.add_option("--steps", o.steps)->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--batch", o.batch)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--lr", o.lr)->check(cli::real_range(0, 10));
+  app.add_option("--seed", o.seed);
+  app.add_option("--threads", o.threads)->check(CLI::Range(1, 1024));
+  app.add_option("--data", o.data);
+  app.add_option("--eval-every", o.eval_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--val-windows", o.val_windows)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--print-every", o.print_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--save", o.save_dir);
+  app.add_option("--load", o.load_dir);
+  cli::add_timeout(app, o.comm);
+}
+
+}  // namespace examples

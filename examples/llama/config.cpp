@@ -1,0 +1,240 @@
+#include "config.h"
+
+#include <cmath>
+#include <fstream>
+#include <numbers>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace llama {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw std::invalid_argument(fmt::format("{}: {}", where, what));
+}
+
+// j[key] as an integer, a number, a bool or a string when present (and not
+// null), else `fallback`; a value of another type is refused by name.
+int64_t integer(const json& j, const char* key, int64_t fallback, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number_integer()) fail(where, fmt::format("\"{}\" must be a whole number, not {}", key, j[key].dump()));
+  return j[key].get<int64_t>();
+}
+
+double number(const json& j, const char* key, double fallback, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) fail(where, fmt::format("\"{}\" must be a number, not {}", key, j[key].dump()));
+  return j[key].get<double>();
+}
+
+bool boolean(const json& j, const char* key, bool fallback, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) fail(where, fmt::format("\"{}\" must be true or false, not {}", key, j[key].dump()));
+  return j[key].get<bool>();
+}
+
+std::string text(const json& j, const char* key, const std::string& fallback, const std::string& where) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_string()) fail(where, fmt::format("\"{}\" must be a string, not {}", key, j[key].dump()));
+  return j[key].get<std::string>();
+}
+
+RopeScaling read_rope_scaling(const json& j, const std::string& where) {
+  RopeScaling r;
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return r;
+  const json& s = j["rope_scaling"];
+  if (!s.is_object()) fail(where, "\"rope_scaling\" must be null or an object");
+  const std::string at = where + ": rope_scaling";
+  // transformers reads the legacy "type" when "rope_type" is absent.
+  r.type = text(s, "rope_type", text(s, "type", "default", at), at);
+  if (r.type != "default" && r.type != "linear" && r.type != "llama3") {
+    fail(at, fmt::format("rope_type \"{}\" is not supported (supported: default, linear, llama3)", r.type));
+  }
+  r.factor = number(s, "factor", 1.0, at);
+  if (r.type != "default" && !(r.factor >= 1.0)) fail(at, fmt::format("factor {} must be at least 1", r.factor));
+  if (r.type == "llama3") {
+    for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+      if (!s.contains(key)) fail(at, fmt::format("llama3 scaling needs \"{}\"", key));
+    }
+    r.low_freq_factor = number(s, "low_freq_factor", 1.0, at);
+    r.high_freq_factor = number(s, "high_freq_factor", 4.0, at);
+    r.original_max_position_embeddings = integer(s, "original_max_position_embeddings", 8192, at);
+    if (!(r.high_freq_factor > r.low_freq_factor)) {
+      fail(at, "high_freq_factor must be larger than low_freq_factor");
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+Config Config::from_json(const std::string& content, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(content);
+  } catch (const json::exception& e) {
+    fail(where, fmt::format("not valid JSON ({})", e.what()));
+  }
+  if (!j.is_object()) fail(where, "expected a JSON object of LlamaConfig's keys");
+  Config c;
+  // LlamaConfig's defaults where a key is absent; the sizes are required.
+  for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}) {
+    if (!j.contains(key)) fail(where, fmt::format("\"{}\" is missing: a Llama config.json names every size", key));
+  }
+  c.vocab_size = integer(j, "vocab_size", 32000, where);
+  c.hidden_size = integer(j, "hidden_size", 4096, where);
+  c.intermediate_size = integer(j, "intermediate_size", 11008, where);
+  c.num_hidden_layers = integer(j, "num_hidden_layers", 32, where);
+  c.num_attention_heads = integer(j, "num_attention_heads", 32, where);
+  c.num_key_value_heads = integer(j, "num_key_value_heads", c.num_attention_heads, where);
+  c.head_dim = integer(j, "head_dim", 0, where);
+  c.rms_norm_eps = number(j, "rms_norm_eps", 1e-6, where);
+  c.rope_theta = number(j, "rope_theta", 10000.0, where);
+  c.rope_scaling = read_rope_scaling(j, where);
+  c.max_position_embeddings = integer(j, "max_position_embeddings", 2048, where);
+  c.tie_word_embeddings = boolean(j, "tie_word_embeddings", false, where);
+  c.attention_bias = boolean(j, "attention_bias", false, where);
+  c.mlp_bias = boolean(j, "mlp_bias", false, where);
+  c.hidden_act = text(j, "hidden_act", "silu", where);
+  // Newer transformers write "dtype" where older ones wrote "torch_dtype".
+  c.torch_dtype = text(j, "torch_dtype", text(j, "dtype", "float32", where), where);
+  c.initializer_range = number(j, "initializer_range", 0.02, where);
+  if (c.hidden_act != "silu") {
+    fail(where, fmt::format("hidden_act \"{}\" is not supported: Llama's MLP is SwiGLU (\"silu\")", c.hidden_act));
+  }
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    fail(where, e.what());
+  }
+  return c;
+}
+
+Config Config::from_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(fmt::format("{}: cannot be read; give the checkpoint's config.json", path));
+  std::stringstream s;
+  s << in.rdbuf();
+  return from_json(s.str(), path);
+}
+
+std::string Config::to_json() const {
+  nlohmann::ordered_json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["attention_bias"] = attention_bias;
+  j["head_dim"] = resolved_head_dim();
+  j["hidden_act"] = hidden_act;
+  j["hidden_size"] = hidden_size;
+  j["initializer_range"] = initializer_range;
+  j["intermediate_size"] = intermediate_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["mlp_bias"] = mlp_bias;
+  j["model_type"] = "llama";
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["rms_norm_eps"] = rms_norm_eps;
+  if (rope_scaling.type == "default") {
+    j["rope_scaling"] = nullptr;
+  } else {
+    nlohmann::ordered_json s;
+    s["rope_type"] = rope_scaling.type;
+    s["factor"] = rope_scaling.factor;
+    if (rope_scaling.type == "llama3") {
+      s["low_freq_factor"] = rope_scaling.low_freq_factor;
+      s["high_freq_factor"] = rope_scaling.high_freq_factor;
+      s["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+    }
+    j["rope_scaling"] = s;
+  }
+  j["rope_theta"] = rope_theta;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["torch_dtype"] = torch_dtype;
+  j["vocab_size"] = vocab_size;
+  return j.dump(2) + "\n";
+}
+
+void Config::validate() const {
+  const auto positive = [](const char* name, int64_t v) {
+    if (v < 1) throw std::invalid_argument(fmt::format("{} is {}; it must be at least 1", name, v));
+  };
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("max_position_embeddings", max_position_embeddings);
+  if (head_dim < 0) throw std::invalid_argument(fmt::format("head_dim is {}; it must be at least 1", head_dim));
+  if (vocab_size < 256) {
+    throw std::invalid_argument(
+        fmt::format("vocab_size is {}; the example trains on bytes, so it must be at least 256", vocab_size));
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    throw std::invalid_argument(fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                                            num_attention_heads, num_key_value_heads));
+  }
+  if (head_dim == 0 && hidden_size % num_attention_heads != 0) {
+    throw std::invalid_argument(fmt::format(
+        "hidden_size {} does not divide into {} heads; give head_dim or a multiple of num_attention_heads",
+        hidden_size, num_attention_heads));
+  }
+  if (resolved_head_dim() % 2 != 0) {
+    throw std::invalid_argument(fmt::format("head_dim {} is odd; rotary embeddings need an even head_dim",
+                                            resolved_head_dim()));
+  }
+  if (!(rms_norm_eps > 0.0) || !(rope_theta > 0.0)) {
+    throw std::invalid_argument("rms_norm_eps and rope_theta must be positive");
+  }
+}
+
+int64_t Config::parameters() const {
+  const int64_t h = hidden_size, d = resolved_head_dim(), q = num_attention_heads * d,
+                kv = num_key_value_heads * d, m = intermediate_size;
+  const int64_t attn = h * q + 2 * h * kv + q * h + (attention_bias ? q + 2 * kv + h : 0);
+  const int64_t mlp = 3 * h * m + (mlp_bias ? 2 * m + h : 0);
+  const int64_t layer = attn + mlp + 2 * h;
+  return vocab_size * h * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + h;
+}
+
+std::string Config::str() const {
+  return fmt::format("{} layers, hidden {}, {} heads ({} kv, head_dim {}), intermediate {}, vocab {}, {} head",
+                     num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, resolved_head_dim(),
+                     intermediate_size, vocab_size, tie_word_embeddings ? "tied" : "untied");
+}
+
+std::vector<float> rope_inv_freq(const Config& c) {
+  const int64_t dim = c.resolved_head_dim();
+  std::vector<float> inv(static_cast<size_t>(dim / 2));
+  // torch: 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)),
+  // the exponent in fp32, the power in fp32.
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const float exponent = static_cast<float>(2 * static_cast<int64_t>(i)) / static_cast<float>(dim);
+    inv[i] = 1.0f / std::pow(static_cast<float>(c.rope_theta), exponent);
+  }
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") {
+    for (float& f : inv) f /= static_cast<float>(s.factor);
+  } else if (s.type == "llama3") {
+    // _compute_llama3_parameters.
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+    for (float& f : inv) {
+      const double wavelen = 2.0 * std::numbers::pi / f;
+      const float scaled = wavelen > low_wavelen ? f / static_cast<float>(s.factor) : f;
+      if (wavelen < high_wavelen || wavelen > low_wavelen) {
+        f = scaled;
+      } else {
+        const double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = static_cast<float>((1.0 - smooth) * scaled / s.factor + smooth * scaled);
+      }
+    }
+  }
+  return inv;
+}
+
+}  // namespace llama

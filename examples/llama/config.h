@@ -1,0 +1,73 @@
+// A Llama-family model's sizes, as Hugging Face's LlamaConfig keeps them in
+// a checkpoint's config.json (transformers/models/llama/configuration_llama.py):
+// the same keys, the same defaults, the same derived values (head_dim =
+// hidden_size / num_attention_heads when absent, num_key_value_heads =
+// num_attention_heads when absent or null).
+//
+//   llama::Config c = llama::Config::from_json_file("Llama-3.2-1B/config.json");
+//   std::string text = c.to_json();   // what --export-hf writes back
+//
+// rope_scaling: null, or {"rope_type": "default" | "linear" | "llama3", ...}
+// ("type" is read as rope_type, as transformers does); any other kind
+// (dynamic, yarn, longrope, ...) is refused by name.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llama {
+
+struct RopeScaling {
+  std::string type = "default";  // default (none), linear or llama3
+  double factor = 1.0;
+  // llama3 only.
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct Config {
+  int64_t vocab_size = 256;  // the example's from-scratch sizes (byte-level)
+  int64_t hidden_size = 128;
+  int64_t intermediate_size = 352;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 2;
+  int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 2048;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  std::string hidden_act = "silu";
+  std::string torch_dtype = "float32";
+  double initializer_range = 0.02;
+
+  // Parses config.json's text. Throws std::invalid_argument naming the key
+  // and what it must be: a missing size, a wrong type, an unsupported
+  // hidden_act or rope_scaling kind, sizes that do not divide.
+  static Config from_json(const std::string& text, const std::string& where = "config.json");
+  static Config from_json_file(const std::string& path);
+  // LlamaConfig's keys and values ("architectures": ["LlamaForCausalLM"],
+  // "model_type": "llama").
+  std::string to_json() const;
+
+  int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
+  // Throws std::invalid_argument naming the field (sizes >= 1, heads a
+  // multiple of kv heads, hidden_size a multiple of heads when head_dim is
+  // not given, vocab_size >= 256 for byte-level training).
+  void validate() const;
+  // Every parameter, a tied head counted once.
+  int64_t parameters() const;
+  // "4 layers, hidden 128, 4 heads (2 kv, head_dim 32), intermediate 352, vocab 256, untied head"
+  std::string str() const;
+};
+
+// RoPE's inverse frequencies, HF's _compute_default_rope_parameters (and
+// _compute_linear/_llama3_ when scaled), fp32: head_dim / 2 values.
+std::vector<float> rope_inv_freq(const Config& c);
+
+}  // namespace llama
