@@ -118,6 +118,7 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
     for (const UnitLayout& u : layout.units()) {
       for (const ParamLayout& p : u.params) {
         const SafetensorsTensor* t = file->find(p.name);
+        if (t == nullptr && options.keep_missing && options.keep_missing(p.name)) continue;
         ZEST_CHECK(t != nullptr, "'{}' has no tensor '{}' (registered in unit '{}' with shape [{}])", path, p.name,
                    u.name, fmt::join(p.shape, ", "));
         ZEST_CHECK(t->shape == p.shape, "'{}': tensor '{}' has shape [{}], the model registers [{}]", path, p.name,
@@ -140,7 +141,10 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
   std::vector<std::vector<float>> masters(static_cast<size_t>(layout.num_units()));
   on_every_rank(engine, "importing weights", [&] {
     const NonFiniteValues bad = read_owned_weights(
-        engine, [&](const ParamLayout& p) { return OwnedWeightSource{&*file, p.name}; },
+        engine,
+        [&](const ParamLayout& p) {
+          return file->find(p.name) != nullptr ? OwnedWeightSource{&*file, p.name} : OwnedWeightSource{};
+        },
         [&](int u, std::span<const float> shard) { masters[static_cast<size_t>(u)].assign(shard.begin(), shard.end()); });
     if (!bad.empty()) {
       ZEST_FAIL("'{}': tensor '{}': element {} is not finite (NaN or Inf); fix the file", path, bad.front().first,

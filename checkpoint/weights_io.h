@@ -45,9 +45,13 @@ struct WeightsImportOptions {
   // Tensors in the file that the model does not register are an error
   // unless this is set.
   bool ignore_unknown = false;
+  // Registered parameters that may be absent from the file (LoRA adapters
+  // over a base model's weights): they keep the values they have.
+  std::function<bool(const std::string& name)> keep_missing{};
 };
 
-// Collective. Every registered parameter must be in the file with its shape;
+// Collective. Every registered parameter must be in the file with its shape
+// (unless keep_missing accepts its absence);
 // non-finite values are an error. Sets the master weights and parameters,
 // zeroes the optimizer state and restarts the step count: a fine-tuning run's
 // starting point.

@@ -249,6 +249,12 @@ struct EngineConfig {
   // wall_clock_breakdown is on (Engine::step).
   std::optional<int64_t> steps_per_print;
   bool wall_clock_breakdown = false;
+  // DeepSpeed's activation_checkpointing.cpu_checkpointing: what a
+  // checkpointed unit keeps for its recomputation (its inputs) waits in host
+  // memory (TorchModule::checkpoint; the model chooses which units, as it
+  // calls deepspeed.checkpointing.checkpoint). The section's other keys are
+  // noted with why they do not apply.
+  bool checkpoint_in_host_memory = false;
 
   // Keys of the file that ZEST accepted without acting on them, with the
   // reason, and the values its "auto" entries became: the Engine logs both

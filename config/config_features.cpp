@@ -29,16 +29,6 @@ bool any_enabled(const json& v, int depth = 0) {
   return false;
 }
 
-// DeepSpeed's activation checkpointing does something when one of these is
-// set (and the model calls deepspeed.checkpointing).
-bool checkpointing_on(const json& v) {
-  if (!v.is_object()) return is_on(v);
-  for (const char* k : {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing"}) {
-    if (v.contains(k) && is_on(v.at(k))) return true;
-  }
-  return v.contains("number_checkpoints") && !v.at("number_checkpoints").is_null();
-}
-
 bool tensor_parallel_on(const json& v) {
   if (!v.is_object()) return is_on(v);
   auto over_one = [](const json& n) { return n.is_number() && n.get<double>() > 1; };
@@ -86,8 +76,6 @@ void read_ignored(Section& top) {
 
 void read_refused(Section& top) {
   top.refuse_if("sparse_gradients", is_on, "sparse gradients (torch.sparse embedding gradients)", "false, as in ZEST");
-  top.refuse_if("activation_checkpointing", checkpointing_on, "DeepSpeed's activation checkpointing",
-                "none of its switches is on");
   top.refuse_if("curriculum_learning", is_on, "curriculum learning", "curriculum learning is off");
   top.refuse_if("data_efficiency", is_on, "DeepSpeed's data efficiency library (curriculum learning, random-LTD)",
                 "data efficiency is off");
@@ -131,7 +119,26 @@ void read_allreduce_op(Section& top, FileState& file) {
   }
 }
 
+// DeepSpeed's activation_checkpointing section (deepspeed/runtime/
+// activation_checkpointing/config.py) configures deepspeed.checkpointing,
+// which the model calls; ZEST's is TorchModule::checkpoint.
+void read_activation_checkpointing(Section& top, FileState& file) {
+  std::optional<Section> a = top.sub("activation_checkpointing", Unknown::kRefuse);
+  if (!a) return;
+  a->read_bool("cpu_checkpointing", file.out.checkpoint_in_host_memory);
+  a->ignore("partition_activations",
+            "splits the kept inputs across the model-parallel group; ZEST has one model-parallel rank, where "
+            "DeepSpeed keeps them whole too");
+  a->ignore("contiguous_memory_optimization",
+            "copies the kept inputs into one preallocated buffer; ZEST keeps the tensors themselves");
+  a->ignore("number_checkpoints", "the size of contiguous_memory_optimization's buffer");
+  a->ignore("synchronize_checkpoint_boundary", "a device synchronization at each checkpoint, for timing");
+  a->ignore("profile", "DeepSpeed's timers of the checkpointed forward and backward");
+  a->finish();
+}
+
 void read_other_features(Section& top, FileState& file) {
+  read_activation_checkpointing(top, file);
   EngineConfig& c = file.out;
   top.read_bool("prescale_gradients", c.prescale_gradients);
   top.read_double("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30, 1e30);

@@ -25,7 +25,7 @@
 //   // zest-example: prelude=torch_module_construction
 //   auto model = std::make_shared<torch::nn::Module>();
 //   auto blocks = model->register_module("blocks", torch::nn::ModuleList());
-//   for (int i = 0; i < 4; ++i) blocks->push_back(zest::placeholder(zest::make_module<Net>(zest::ModuleSeed{i})));
+//   for (uint64_t i = 0; i < 4; ++i) blocks->push_back(zest::placeholder(zest::make_module<Net>(zest::ModuleSeed{i})));
 //   zest::TorchModuleOptions o;
 //   for (const auto& b : *blocks) o.units.push_back(b);
 //   o.build_unit = [](const std::string& path) {             // "blocks.2": that block's values
@@ -38,8 +38,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -71,9 +73,11 @@ std::shared_ptr<M> make_module(Args&&... args) {
 
 // Makes every parameter of `module` (and its descendants) a placeholder:
 // the same tensor object, requires_grad and shape, over a storage with no
-// memory. Returns the module, so that a model can be built as
-// blocks->push_back(zest::placeholder(Block(config))).
-void make_placeholders(torch::nn::Module& module);
+// memory; with `which`, only the parameters it accepts by name (relative to
+// `module`), e.g. all but LoRA adapters, whose initial values are not in a
+// pretrained checkpoint. placeholder() returns the module, so that a model
+// can be built as blocks->push_back(zest::placeholder(Block(config))).
+void make_placeholders(torch::nn::Module& module, const std::function<bool(const std::string& name)>& which = {});
 bool is_placeholder(const torch::Tensor& param);
 
 template <typename M>

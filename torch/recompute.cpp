@@ -48,17 +48,25 @@ void set_cpu_rng_state(const at::Tensor& state) {
 }  // namespace
 
 struct TorchModule::Recompute : torch::autograd::Node {
+  // With cpu_checkpointing (EngineConfig::checkpoint_in_host_memory) a
+  // device's inputs wait in host memory and come back for the recompute.
   Recompute(TorchModule& t, int u, std::function<torch::Tensor(const std::vector<torch::Tensor>&)> f,
-            std::vector<torch::Tensor> in, at::Tensor rng)
-      : tm(t), unit(u), fn(std::move(f)), inputs(std::move(in)), rng_state(std::move(rng)) {}
+            const std::vector<torch::Tensor>& in, at::Tensor rng, bool to_host)
+      : tm(t), unit(u), fn(std::move(f)), rng_state(std::move(rng)) {
+    for (const torch::Tensor& x : in) {
+      requires_grad.push_back(x.defined() && x.requires_grad());
+      devices.push_back(x.defined() ? x.device() : torch::Device(torch::kCPU));
+      inputs.push_back(to_host && x.defined() && !x.is_cpu() ? x.detach().to(torch::kCPU) : x.detach());
+    }
+  }
 
   std::string name() const override { return "zest::TorchModule::Recompute"; }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     std::vector<torch::Tensor> detached;
-    for (const torch::Tensor& x : inputs) {
-      torch::Tensor d = x.defined() ? x.detach() : x;
-      if (d.defined() && x.requires_grad()) d.requires_grad_(true);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      torch::Tensor d = inputs[i].defined() ? inputs[i].to(devices[i]) : inputs[i];
+      if (requires_grad[i]) d.requires_grad_(true);
       detached.push_back(d);
     }
     {
@@ -81,7 +89,9 @@ struct TorchModule::Recompute : torch::autograd::Node {
   TorchModule& tm;
   int unit;
   std::function<torch::Tensor(const std::vector<torch::Tensor>&)> fn;
-  std::vector<torch::Tensor> inputs;
+  std::vector<torch::Tensor> inputs;  // detached: the graph before them is reached through the edges
+  std::vector<bool> requires_grad;
+  std::vector<torch::Device> devices;
   at::Tensor rng_state;
 };
 
@@ -102,7 +112,8 @@ torch::Tensor TorchModule::checkpoint_call(int unit, std::function<torch::Tensor
   // of ours (and a parameter's memory goes with the unit): a copy can.
   const bool is_input = std::any_of(inputs.begin(), inputs.end(), [&](const torch::Tensor& x) { return x.is_same(out); });
   if (out.is_view() || out.requires_grad() || is_input) out = out.clone();
-  auto node = std::make_shared<Recompute>(*this, unit, std::move(fn), inputs, std::move(rng));
+  const bool to_host = engine_.config().checkpoint_in_host_memory;
+  auto node = std::make_shared<Recompute>(*this, unit, std::move(fn), inputs, std::move(rng), to_host);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(out, node);
   return out;

@@ -346,11 +346,11 @@ bool is_placeholder(const torch::Tensor& param) {
   return param.defined() && param.numel() > 0 && param.has_storage() && param.storage().data() == nullptr;
 }
 
-void make_placeholders(torch::nn::Module& module) {
+void make_placeholders(torch::nn::Module& module, const std::function<bool(const std::string& name)>& which) {
   torch::NoGradGuard no_grad;
   for (const auto& item : module.named_parameters(true)) {
     torch::Tensor p = item.value();
-    if (is_placeholder(p)) continue;
+    if (is_placeholder(p) || (which && !which(item.key()))) continue;
     ZEST_CHECK(p.layout() == torch::kStrided, "parameter '{}' is not a dense tensor", item.key());
     const std::vector<int64_t> sizes = p.sizes().vec();
     const c10::Device cpu(torch::kCPU);
@@ -733,7 +733,24 @@ std::string TorchModule::save(const std::string& root, const CheckpointOptions& 
 }
 
 std::string TorchModule::load(const std::string& root, const CheckpointOptions& options) {
-  return load_checkpoint(engine_, root, options);
+  std::string tag = load_checkpoint(engine_, root, options);
+  rewiden();
+  return tag;
+}
+
+void TorchModule::import_safetensors(const std::string& path, const WeightsImportOptions& options) {
+  import_weights(engine_, path, options);
+  rewiden();
+}
+
+HfImportReport TorchModule::import_hf(const std::string& dir, const HfImportOptions& options) {
+  const HfImportReport r = zest::import_hf(engine_, dir, options);
+  rewiden();
+  return r;
+}
+
+HfExportReport TorchModule::export_hf(const std::string& dir, const HfExportOptions& options) {
+  return zest::export_hf(engine_, dir, options);
 }
 
 void TorchModule::export_safetensors(const std::string& path, DType dtype) {

@@ -97,6 +97,9 @@
 #include <torch/torch.h>
 
 #include "zest/checkpoint/checkpoint.h"
+#include "zest/checkpoint/weights_io.h"
+#include "zest/hf/hf_export.h"
+#include "zest/hf/hf_import.h"
 #include "zest/engine/engine.h"
 #include "zest/torch/module_construction.h"
 
@@ -207,6 +210,15 @@ class TorchModule {
   std::string load(const std::string& root, const CheckpointOptions& options = {});
   // Collective: the fp32 master weights under the module's parameter names.
   void export_safetensors(const std::string& path, DType dtype = DType::kFloat32);
+  // Collective: weights by the module's parameter names, from one
+  // safetensors file (import_weights) or a Hugging Face directory
+  // (import_hf), and out as a Hugging Face directory (export_hf). A
+  // fine-tuning run's start: the optimizer state restarts. Parameters absent
+  // from the file are an error unless options.keep_missing /
+  // options.allow_missing accepts them (adapters): those keep their values.
+  void import_safetensors(const std::string& path, const WeightsImportOptions& options = {});
+  HfImportReport import_hf(const std::string& dir, const HfImportOptions& options = {});
+  HfExportReport export_hf(const std::string& dir, const HfExportOptions& options = {});
 
   Engine& engine() { return engine_; }
   torch::nn::Module& module() { return *module_; }

@@ -18,9 +18,9 @@ UnitRunner runner(zest::TorchModule& zt) {
 }
 
 std::unique_ptr<zest::TorchModule> wrap(zest::Engine& engine, std::shared_ptr<torch::nn::Module> module,
-                                        std::vector<std::shared_ptr<torch::nn::Module>> units) {
+                                        std::vector<std::shared_ptr<torch::nn::Module>> units,
+                                        zest::TorchModuleOptions options) {
   engine.add_param_group("no_decay", 0.0f);
-  zest::TorchModuleOptions options;
   options.units = std::move(units);
   options.group = [](const std::string&, const torch::Tensor& p) {
     return p.dim() < 2 ? std::string("no_decay") : std::string("default");

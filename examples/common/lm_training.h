@@ -28,8 +28,11 @@ UnitRunner runner(zest::TorchModule& zt);
 // and norm weights, as GPT-2, nanoGPT and HF's Trainer train them) and wraps
 // the module with these units; parameters whose requires_grad is false are
 // registered frozen. Collective (it finalizes the engine).
+// `options` carries the rest (deferred construction's placeholders,
+// init_from); its units and group are set here.
 std::unique_ptr<zest::TorchModule> wrap(zest::Engine& engine, std::shared_ptr<torch::nn::Module> module,
-                                        std::vector<std::shared_ptr<torch::nn::Module>> units);
+                                        std::vector<std::shared_ptr<torch::nn::Module>> units,
+                                        zest::TorchModuleOptions options = {});
 
 struct MicroStep {
   float loss = 0.0f;  // this rank's mean loss over its rows

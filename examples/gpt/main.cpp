@@ -10,6 +10,8 @@
 //   mpirun -np 4 gpt --launch --stage 2      one process per rank (MPI)
 //   gpt --steps 100 --schedule-steps 200 --save ckpt
 //   gpt --steps 100 --schedule-steps 200 --load ckpt --export gpt.safetensors
+//   gpt --stage 3 --export-hf pretrained     a Hugging Face directory (config.json, shards)
+//   gpt --hf pretrained --lora 8 --stage 3   fine-tune it with rank-8 adapters, the base frozen
 //
 // Threads: libtorch's intra-op pool (OpenMP here) would give every rank as
 // many threads as the machine has cores, so 4 in-process ranks on 2 cores
@@ -31,6 +33,7 @@
 
 #include "common/corpus.h"
 #include "common/describe_model.h"
+#include "common/lm_pretrained.h"
 #include "common/lm_training.h"
 #include "common/report.h"
 #include "options.h"
@@ -60,7 +63,9 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   zest::CachingAllocator allocator(zest::make_host_allocator());
   zest::Engine engine(config, comm, allocator, zest::Stream::default_for(comm.device()));
   gpt::Gpt model(opt.model, opt.seed);
+  if (opt.lora_r > 0) zest::enable_lora(*model, gpt::lora_targets(), opt.lora(), opt.seed);
   const std::unique_ptr<zest::TorchModule> zt = gpt::wrap(engine, model);
+  if (!opt.hf_dir.empty()) examples::load_pretrained(*zt, opt.hf_dir);
 
   int64_t first = 0;
   if (!opt.load_dir.empty()) {
@@ -123,6 +128,10 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   if (!opt.export_path.empty()) {
     zt->export_safetensors(opt.export_path);
     if (printer) fmt::print("exported {}\n", opt.export_path);
+  }
+  if (!opt.export_hf_dir.empty()) {
+    examples::export_pretrained(engine, opt, opt.model.to_json(opt.pretrained_dtype), opt.pretrained_dtype,
+                                gpt::lora_targets());
   }
   if (opt.sample.length > 0) out.sample = gpt::generate(*model, gpt::runner(*zt), opt.prompt, opt.sample);
   if (printer) std::fflush(stdout);

@@ -1,10 +1,12 @@
 #include "model.h"
 
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace gpt {
 
@@ -35,9 +37,45 @@ std::string Config::str() const {
                      context, vocab, tied_head ? "tied" : "untied");
 }
 
+std::string Config::to_json(const std::string& torch_dtype) const {
+  const nlohmann::json j = {{"architectures", {"ZestGpt"}}, {"model_type", "zest_gpt"}, {"vocab_size", vocab},
+                            {"n_positions", context}, {"n_layer", layers}, {"n_head", heads}, {"n_embd", d_model},
+                            {"tie_word_embeddings", tied_head}, {"torch_dtype", torch_dtype}};
+  return j.dump(2) + "\n";
+}
+
+Config Config::from_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(fmt::format("cannot open {}", path));
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) throw std::invalid_argument(fmt::format("{} is not a JSON object", path));
+  Config c;
+  const auto size = [&](const char* key, int64_t& out) {
+    if (!j.contains(key) || !j.at(key).is_number_integer()) {
+      throw std::invalid_argument(fmt::format("{}: '{}' is missing or not a whole number", path, key));
+    }
+    out = j.at(key).get<int64_t>();
+  };
+  size("vocab_size", c.vocab);
+  size("n_positions", c.context);
+  size("n_layer", c.layers);
+  size("n_head", c.heads);
+  size("n_embd", c.d_model);
+  if (j.contains("tie_word_embeddings")) {
+    if (!j.at("tie_word_embeddings").is_boolean()) {
+      throw std::invalid_argument(fmt::format("{}: 'tie_word_embeddings' is not true or false", path));
+    }
+    c.tied_head = j.at("tie_word_embeddings").get<bool>();
+  }
+  c.validate();
+  return c;
+}
+
+std::vector<std::string> lora_targets() { return {"c_attn", "c_proj", "c_fc"}; }
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const Config& c) : heads_(c.heads) {
-  c_attn = register_module("c_attn", torch::nn::Linear(c.d_model, 3 * c.d_model));
-  c_proj = register_module("c_proj", torch::nn::Linear(c.d_model, c.d_model));
+  c_attn = register_module("c_attn", zest::LoraLinear(c.d_model, 3 * c.d_model));
+  c_proj = register_module("c_proj", zest::LoraLinear(c.d_model, c.d_model));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -58,8 +96,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 MlpImpl::MlpImpl(const Config& c) {
-  c_fc = register_module("c_fc", torch::nn::Linear(c.d_model, 4 * c.d_model));
-  c_proj = register_module("c_proj", torch::nn::Linear(4 * c.d_model, c.d_model));
+  c_fc = register_module("c_fc", zest::LoraLinear(c.d_model, 4 * c.d_model));
+  c_proj = register_module("c_proj", zest::LoraLinear(4 * c.d_model, c.d_model));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {

@@ -9,7 +9,9 @@
 //
 // Parameter names follow GPT-2's (wte, wpe, h.0.attn.c_attn, ..., ln_f), so
 // an exported safetensors file reads like a GPT-2 state dict (torch's Linear
-// keeps [out, in] weights where GPT-2's Conv1D keeps [in, out]). There is
+// keeps [out, in] weights where GPT-2's Conv1D keeps [in, out]). The
+// projections are zest::LoraLinear, torch::nn::Linear until adapters are
+// enabled (--lora). There is
 // no dropout: a step is a deterministic function of the parameters and the
 // batch, which is what lets ZeRO's stages be compared bit for bit.
 #pragma once
@@ -17,8 +19,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
+
+#include "zest/torch/lora.h"
 
 namespace gpt {
 
@@ -37,7 +42,20 @@ struct Config {
   // (vocab 50257, context 1024, 12 layers, 12 heads, d_model 768, tied).
   int64_t parameters() const;
   std::string str() const;  // "4 layers, 4 heads, d_model 128, context 64, vocab 256, tied head"
+
+  // config.json for a Hugging Face directory of this model, in GPT2Config's
+  // key names (n_layer, n_head, n_embd, n_positions, vocab_size,
+  // tie_word_embeddings) with torch_dtype; model_type "zest_gpt", since the
+  // weights keep this model's names and torch's [out, in] layout rather
+  // than GPT-2's Conv1D [in, out]. from_json_file reads it back; throws
+  // std::invalid_argument naming the key.
+  std::string to_json(const std::string& torch_dtype) const;
+  static Config from_json_file(const std::string& path);
 };
+
+// The projections LoRA adapts (--lora): attention's c_attn and c_proj, the
+// MLP's c_fc and c_proj.
+std::vector<std::string> lora_targets();
 
 // How forward runs a piece of itself that uses one unit's parameters (a
 // block, or the embeddings and head, which belong to the model itself):
@@ -54,8 +72,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   explicit CausalSelfAttentionImpl(const Config& c);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_attn{nullptr};  // d -> 3d: queries, keys, values
-  torch::nn::Linear c_proj{nullptr};  // d -> d
+  zest::LoraLinear c_attn{nullptr};  // d -> 3d: queries, keys, values
+  zest::LoraLinear c_proj{nullptr};  // d -> d
 
  private:
   int64_t heads_;
@@ -67,8 +85,8 @@ class MlpImpl : public torch::nn::Module {
   explicit MlpImpl(const Config& c);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_fc{nullptr};    // d -> 4d
-  torch::nn::Linear c_proj{nullptr};  // 4d -> d
+  zest::LoraLinear c_fc{nullptr};    // d -> 4d
+  zest::LoraLinear c_proj{nullptr};  // 4d -> d
 };
 TORCH_MODULE(Mlp);
 

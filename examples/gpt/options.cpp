@@ -1,8 +1,10 @@
 #include "options.h"
 
+#include <fstream>
 #include <string_view>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "common/default_config.h"
 
@@ -17,7 +19,8 @@ std::string usage() {
          "           [--data FORTUNE_FILE_OR_DIR] [--eval-every N] [--val-windows N] [--print-every N]\n"
          "           [--save CKPT_ROOT] [--load CKPT_ROOT] [--export MODEL.safetensors]\n"
          "           [--sample-bytes N] [--temperature T] [--sample-seed N] [--prompt TEXT]\n"
-         "           [--timeout SECONDS]\n"
+         "           [--timeout SECONDS] [--lora R] [--lora-alpha A] [--hf DIR] [--export-hf DIR]\n"
+         "           [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16] [--export-adapters]\n"
          "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n";
 }
 
@@ -27,7 +30,9 @@ Options parse_options(int argc, char** argv) {
   int stage = -1;
   std::vector<int> stages;
   bool untied = false;
+  std::string shard_size;
   examples::add_lm_run_flags(app, o);
+  examples::add_pretrained_flags(app, o, shard_size);
   app.add_flag("--untied", untied);
   app.add_flag("--offload-param", o.offload_param);
   CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
@@ -51,6 +56,18 @@ Options parse_options(int argc, char** argv) {
   if (stage >= 0) o.stages = {stage};
   if (!stages.empty()) o.stages = stages;
   if (untied) o.model.tied_head = false;
+  examples::finish_pretrained_flags(o, shard_size);
+  if (!o.hf_dir.empty()) {
+    // The checkpoint's sizes (an export of this example: Config::to_json).
+    try {
+      o.model = Config::from_json_file(o.hf_dir + "/config.json");
+    } catch (const std::exception& e) {
+      cli::usage_error("--hf {}: {}", o.hf_dir, e.what());
+    }
+    const std::string dtype = nlohmann::json::parse(std::ifstream(o.hf_dir + "/config.json"), nullptr, false)
+                                  .value("torch_dtype", std::string("bfloat16"));
+    o.pretrained_dtype = dtype;
+  }
   if (o.model.d_model % o.model.heads != 0) {
     cli::usage_error("--d-model {} does not divide into --heads {}", o.model.d_model, o.model.heads);
   }

@@ -8,6 +8,7 @@
 
 #include "common/cli.h"
 #include "common/lm_options.h"
+#include "common/lm_pretrained.h"
 #include "model.h"
 #include "sample.h"
 #include "zest/config/config.h"
@@ -16,14 +17,16 @@ namespace gpt {
 
 using UsageError = cli::UsageError;
 
-// The shared flags (ranks, run, corpus, checkpoints) are examples::LmRunOptions'.
-struct Options : examples::LmRunOptions {
+// The shared flags (ranks, run, corpus, checkpoints) are examples::LmRunOptions';
+// --lora, --hf and --export-hf examples::PretrainedOptions'.
+struct Options : examples::LmRunOptions, examples::PretrainedOptions {
   Options() {
     ranks = 4;
     steps = 200;
     lr = 3e-3f;
   }
-  Config model;
+  Config model;  // --hf: its config.json's sizes
+  std::string pretrained_dtype = "bfloat16";  // --hf: its config.json's torch_dtype, what --export-hf writes
   std::vector<int> stages{2};
   std::string dtype;  // empty: fp32, or what the config file says
   // --offload-param (stage 3): the parameter shards in host memory as well,

@@ -17,12 +17,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "common/corpus.h"
 #include "common/describe_model.h"
+#include "common/lm_pretrained.h"
 #include "common/lm_training.h"
 #include "common/report.h"
 #include "model.h"
@@ -33,32 +37,46 @@
 #include "zest/launch/bootstrap.h"
 #include "zest/memory/raw_allocator.h"
 #include "zest/torch/lora.h"
+#include "zest/torch/module_construction.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Note [flags wired at the merge]: --hf needs the Hugging Face importer (by
-// name, allowing the adapters to be missing) and a TorchModule built from
-// make_block factories, so that no rank holds every block at once;
-// --export-hf the exporter (with merge_lora as its per-unit callback when
-// --lora is on, and adapter_config_json beside it); --recompute activation
-// checkpointing in TorchModuleOptions. Until this build has them, each is
-// refused before any work starts, rather than ignored.
-void refuse_unavailable(const llama::Options& opt) {
-  ZEST_CHECK(opt.hf_dir.empty(), "--hf {}: loading Hugging Face checkpoints is not available in this build; "
-             "train from --config or the default sizes", opt.hf_dir);
-  ZEST_CHECK(opt.export_hf_dir.empty(), "--export-hf {}: Hugging Face export is not available in this build; "
-             "use --save for a ZEST checkpoint", opt.export_hf_dir);
-  ZEST_CHECK(!opt.recompute, "--recompute: activation checkpointing is not available in this build; run without it");
+// Note [loading without the whole model]: with --hf every block is built,
+// given its adapters (--lora), and has its pretrained parameters made
+// placeholders before the next block is built; the embeddings and head
+// likewise (model.h). TorchModule then registers shapes only
+// (placeholders_loaded_later) and import_hf reads each rank's own shard of
+// the checkpoint, unit by unit: no rank ever holds more than one unit
+// whole. The adapters are not in the checkpoint and keep their initial
+// values (allow_missing).
+std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engine& engine,
+                                           llama::LlamaForCausalLM& model) {
+  const zest::LoraOptions lora = opt.lora();
+  model = llama::LlamaForCausalLM(
+      opt.model, opt.seed,
+      [&](int64_t i) {
+        llama::LlamaDecoderLayer block = llama::make_block(opt.model, i, opt.seed);
+        if (opt.lora_r > 0) {
+          zest::enable_lora(*block, zest::llama_lora_targets(), lora, opt.seed, fmt::format("model.layers.{}.", i));
+        }
+        zest::make_placeholders(*block, [](const std::string& name) { return !examples::is_lora_adapter(name); });
+        return block;
+      },
+      /*placeholders=*/true);
+  if (opt.lora_r > 0) {
+    for (const auto& p : model->named_parameters()) {
+      if (!examples::is_lora_adapter(p.key())) p.value().set_requires_grad(false);
+    }
+  }
+  zest::TorchModuleOptions options;
+  options.placeholders_loaded_later = true;
+  std::unique_ptr<zest::TorchModule> zt = examples::wrap(engine, model.ptr(), model->units(), options);
+  examples::load_pretrained(*zt, opt.hf_dir);
+  return zt;
 }
 
-zest::LoraOptions lora_options(const llama::Options& opt) {
-  zest::LoraOptions l;
-  l.r = opt.lora_r;
-  l.alpha = opt.lora_alpha;
-  return l;
-}
 
 void train(const llama::Options& opt, const examples::Corpus& corpus, const zest::EngineConfig& config,
            zest::Communicator& comm) {
@@ -67,9 +85,16 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
   const bool printer = rank == 0;
   zest::CachingAllocator allocator(zest::make_host_allocator());
   zest::Engine engine(config, comm, allocator, zest::Stream::default_for(comm.device()));
-  llama::LlamaForCausalLM model(opt.model, opt.seed);
-  if (opt.lora_r > 0) llama::enable_lora(*model, lora_options(opt), opt.seed);
-  const std::unique_ptr<zest::TorchModule> zt = llama::wrap(engine, model);
+  llama::LlamaForCausalLM model{nullptr};
+  std::unique_ptr<zest::TorchModule> zt;
+  if (!opt.hf_dir.empty()) {
+    zt = load_hf(opt, engine, model);
+  } else {
+    model = llama::LlamaForCausalLM(opt.model, opt.seed);
+    if (opt.lora_r > 0) llama::enable_lora(*model, opt.lora(), opt.seed);
+    zt = llama::wrap(engine, model);
+  }
+  const llama::LayerRunner run_layer = opt.recompute ? llama::checkpointing(*zt) : llama::LayerRunner();
 
   int64_t first = 0;
   if (!opt.load_dir.empty()) {
@@ -91,7 +116,7 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
   for (int64_t step = first; step < first + opt.steps; ++step) {
     const auto start = Clock::now();
     const llama::MicroStep s =
-        llama::train_micro_step(*zt, *model, corpus.train_batch(step, rank * rows, rows, context, opt.seed));
+        llama::train_micro_step(*zt, *model, corpus.train_batch(step, rank * rows, rows, context, opt.seed), run_layer);
     const double dt = std::chrono::duration<double>(Clock::now() - start).count();
     seconds += dt;
     const bool last = step == first + opt.steps - 1;
@@ -115,6 +140,12 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
     const std::string dir = zt->save(opt.save_dir);
     if (printer) fmt::print("saved {}\n", dir);
   }
+  if (!opt.export_hf_dir.empty()) {
+    // config.json: the loaded checkpoint's, or the sizes trained from scratch.
+    examples::export_pretrained(engine, opt, opt.hf_dir.empty() ? opt.model.to_json() : std::string(),
+                                opt.hf_dir.empty() ? std::string("bfloat16") : opt.model.torch_dtype,
+                                zest::llama_lora_targets());
+  }
   if (printer) std::fflush(stdout);
 }
 
@@ -123,7 +154,6 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
 int main(int argc, char** argv) {
   try {
     const llama::Options opt = llama::parse_options(argc, argv);
-    refuse_unavailable(opt);
     std::unique_ptr<zest::Communicator> launched;
     if (opt.launch) launched = zest::init_distributed(zest::Device::host(), opt.comm);
     const bool printer = !launched || launched->rank() == 0;

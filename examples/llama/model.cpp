@@ -1,5 +1,7 @@
 #include "model.h"
 
+#include "zest/torch/module_construction.h"
+
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -126,8 +128,10 @@ LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed) {
   return layer;
 }
 
-LlamaModelImpl::LlamaModelImpl(const Config& c, const std::function<LlamaDecoderLayer(int64_t)>& make_layer) {
+LlamaModelImpl::LlamaModelImpl(const Config& c, const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
+                               bool placeholders) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  if (placeholders) zest::placeholder(embed_tokens);  // before the layers: one unit's memory at a time
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(make_layer(i));
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -137,19 +141,23 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, uint64_t seed)
     : LlamaForCausalLMImpl(c, seed, [&c, seed](int64_t i) { return make_block(c, i, seed); }) {}
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, uint64_t seed,
-                                           const std::function<LlamaDecoderLayer(int64_t)>& make_layer)
+                                           const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
+                                           bool placeholders)
     : config_(c) {
   c.validate();
-  model = register_module("model", LlamaModel(c, make_layer));
+  model = register_module("model", LlamaModel(c, make_layer, placeholders));
   if (!c.tie_word_embeddings) {
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+    if (placeholders) zest::placeholder(lm_head);
   }
+  if (placeholders) return;  // the values come from a checkpoint
   at::Generator gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ull);
   init_parameters(*model->embed_tokens, c.initializer_range, gen);
   if (lm_head) init_parameters(*lm_head, c.initializer_range, gen);
 }
 
-torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens, const UnitRunner& run) {
+torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens, const UnitRunner& run,
+                                            const LayerRunner& run_layer) {
   const int64_t T = tokens.size(1);
   if (T > config_.max_position_embeddings) {
     throw std::invalid_argument(fmt::format("a sequence of {} tokens is longer than max_position_embeddings {}", T,
@@ -157,7 +165,9 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens, const U
   }
   torch::Tensor x = run(embed_unit(), [&] { return model->embed_tokens->forward(tokens); });
   const Rotary rope = rotary(config_, T, x.scalar_type(), x.device());
-  for (LlamaDecoderLayer layer : layers()) x = run(*layer, [&] { return layer->forward(x, rope); });
+  for (LlamaDecoderLayer layer : layers()) {
+    x = run_layer ? run_layer(layer, x, rope) : run(*layer, [&] { return layer->forward(x, rope); });
+  }
   x = run(*model->norm, [&] { return model->norm->forward(x); });
   return run(head_unit(), [&] {
     return lm_head ? lm_head->forward(x) : torch::matmul(x, model->embed_tokens->weight.t());

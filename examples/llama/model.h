@@ -101,10 +101,16 @@ TORCH_MODULE(LlamaDecoderLayer);
 // blocks were made before it.
 LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed);
 
+// How forward runs a decoder layer, when not through the UnitRunner.
+using LayerRunner = std::function<torch::Tensor(LlamaDecoderLayer layer, const torch::Tensor& x, const Rotary& rope)>;
+
 // LlamaModel: the embeddings, the layers and the final norm.
 class LlamaModelImpl : public torch::nn::Module {
  public:
-  LlamaModelImpl(const Config& c, const std::function<LlamaDecoderLayer(int64_t)>& make_layer);
+  // placeholders: the embeddings made a placeholder as soon as they are
+  // built (zest/torch/module_construction.h), for a checkpoint's values.
+  LlamaModelImpl(const Config& c, const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
+                 bool placeholders = false);
 
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -117,14 +123,21 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // Blocks from make_block(c, i, seed); the embeddings and the head drawn
   // from the seed too.
   LlamaForCausalLMImpl(const Config& c, uint64_t seed);
-  // Blocks from `make_layer`; the embeddings and head from the seed.
-  LlamaForCausalLMImpl(const Config& c, uint64_t seed, const std::function<LlamaDecoderLayer(int64_t)>& make_layer);
+  // Blocks from `make_layer`; the embeddings and head from the seed, or
+  // with `placeholders` made placeholders as soon as each is built (deferred
+  // construction, for a checkpoint's values: make_layer then returns
+  // placeholder blocks too), so no more than one unit is ever held whole.
+  LlamaForCausalLMImpl(const Config& c, uint64_t seed, const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
+                       bool placeholders = false);
 
   // tokens [B, T] int64 -> logits [B, T, vocab] in the parameters' dtype.
   // The embedding runs as run(embed_unit(), ...), each layer as
   // run(layer, ...), the final norm as run(*model->norm, ...) and the head
   // as run(head_unit(), ...).
-  torch::Tensor forward(const torch::Tensor& tokens, const UnitRunner& run = run_directly);
+  // run_layer, when given, runs each decoder layer instead (activation
+  // checkpointing: zt.checkpoint_call).
+  torch::Tensor forward(const torch::Tensor& tokens, const UnitRunner& run = run_directly,
+                        const LayerRunner& run_layer = {});
 
   const Config& config() const { return config_; }
   // The units for zest::TorchModuleOptions::units: each layer, the final

@@ -14,25 +14,9 @@ std::string usage() {
          "             [--threads N] [--tied] [--lora R] [--lora-alpha A]\n"
          "             [--data FORTUNE_FILE_OR_DIR] [--eval-every N] [--val-windows N] [--print-every N]\n"
          "             [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
-         "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--recompute]\n"
+         "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16]\n"
+         "             [--export-adapters] [--recompute] [--timeout SECONDS]\n"
          "Without --config or --hf: 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256.\n";
-}
-
-int64_t parse_byte_size(const std::string& text) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0) ++digits;
-  const std::string unit = text.substr(digits);
-  const std::pair<const char*, int64_t> units[] = {{"", 1},           {"B", 1},
-                                                   {"KB", 1000},      {"MB", 1000 * 1000},
-                                                   {"GB", 1000 * 1000 * 1000}, {"KiB", 1024},
-                                                   {"MiB", 1024 * 1024}, {"GiB", 1024 * 1024 * 1024}};
-  for (const auto& [name, scale] : units) {
-    if (unit != name || digits == 0) continue;
-    const int64_t n = cli::number<int64_t>("--max-shard-size", std::string_view(text).substr(0, digits), 1,
-                                           (int64_t{1} << 50) / scale);
-    return n * scale;
-  }
-  cli::usage_error("--max-shard-size '{}': expected bytes, optionally with KB, MB, GB, KiB, MiB or GiB", text);
 }
 
 Options parse_options(int argc, char** argv) {
@@ -47,19 +31,16 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--config", o.config_path);
   app.add_option("--context", o.context)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--lora", o.lora_r)->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
-  app.add_option("--lora-alpha", o.lora_alpha)->check(cli::real_range(1e-6, 1e6));
-  CLI::Option* hf = app.add_option("--hf", o.hf_dir);
-  app.add_option("--export-hf", o.export_hf_dir);
-  app.add_option("--max-shard-size", shard_size);
+  CLI::Option* hf = examples::add_pretrained_flags(app, o, shard_size);
   app.get_option("--config")->excludes(hf);
   cli::parse(app, argc, argv);
-  if (!shard_size.empty()) o.max_shard_size = parse_byte_size(shard_size);
-  if (!o.config_path.empty()) {
+  examples::finish_pretrained_flags(o, shard_size);
+  if (!o.config_path.empty() || !o.hf_dir.empty()) {
+    const std::string path = !o.config_path.empty() ? o.config_path : o.hf_dir + "/config.json";
     try {
-      o.model = Config::from_json_file(o.config_path);
+      o.model = Config::from_json_file(path);
     } catch (const std::invalid_argument& e) {
-      throw UsageError(fmt::format("--config: {}", e.what()));
+      throw UsageError(fmt::format("{}: {}", !o.config_path.empty() ? "--config" : "--hf", e.what()));
     }
   }
   if (tied) o.model.tie_word_embeddings = true;

@@ -7,6 +7,7 @@
 
 #include "common/cli.h"
 #include "common/lm_options.h"
+#include "common/lm_pretrained.h"
 #include "config.h"
 #include "zest/config/config.h"
 
@@ -17,7 +18,7 @@ using UsageError = cli::UsageError;
 // The shared flags (ranks, run, corpus, ZEST checkpoints) are
 // examples::LmRunOptions'; --steps 0 loads, reports and exports without
 // training.
-struct Options : examples::LmRunOptions {
+struct Options : examples::LmRunOptions, examples::PretrainedOptions {
   Options() {
     batch = 8;
     val_windows = 64;
@@ -27,14 +28,6 @@ struct Options : examples::LmRunOptions {
   int stage = 3;
   std::string dtype = "fp32";  // fp32 or bf16
   int64_t context = 64;
-  int64_t lora_r = 0;       // 0: full fine-tuning
-  double lora_alpha = 8.0;  // PEFT's default
-  // Hugging Face checkpoints: the directory to load (config.json and
-  // *.safetensors) and the one to write, in shards of at most
-  // max_shard_size bytes; activation checkpointing per decoder layer.
-  std::string hf_dir;
-  std::string export_hf_dir;
-  int64_t max_shard_size = int64_t{5} * 1000 * 1000 * 1000;  // HF's "5GB"
   bool recompute = false;
 };
 
@@ -43,9 +36,6 @@ std::string usage();
 // be used).
 Options parse_options(int argc, char** argv);
 
-// "5GB", "500MB", "2GiB", "123456": bytes, as transformers' max_shard_size
-// reads them (KB, MB, GB decimal; KiB, MiB, GiB binary). Throws UsageError.
-int64_t parse_byte_size(const std::string& text);
 
 // AdamW at --lr (examples::default_engine_config), --stage, --dtype,
 // --offload. Throws UsageError when --batch does not divide into the ranks.

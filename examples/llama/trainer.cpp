@@ -14,8 +14,16 @@ void enable_lora(LlamaForCausalLMImpl& model, const zest::LoraOptions& lora, uin
 
 UnitRunner runner(zest::TorchModule& zt) { return examples::runner(zt); }
 
-MicroStep train_micro_step(zest::TorchModule& zt, LlamaForCausalLMImpl& model, const examples::Batch& batch) {
-  return examples::backward_and_step(zt, lm_loss(model.forward(batch.inputs, runner(zt)), batch.targets));
+LayerRunner checkpointing(zest::TorchModule& zt) {
+  return [&zt](LlamaDecoderLayer layer, const torch::Tensor& x, const Rotary& rope) {
+    return zt.checkpoint_call(*layer, [layer, rope](const torch::Tensor& in) mutable { return layer->forward(in, rope); },
+                              x);
+  };
+}
+
+MicroStep train_micro_step(zest::TorchModule& zt, LlamaForCausalLMImpl& model, const examples::Batch& batch,
+                           const LayerRunner& run_layer) {
+  return examples::backward_and_step(zt, lm_loss(model.forward(batch.inputs, runner(zt), run_layer), batch.targets));
 }
 
 double validation_loss(zest::TorchModule& zt, LlamaForCausalLMImpl& model, const examples::Corpus& corpus,

@@ -30,8 +30,13 @@ UnitRunner runner(zest::TorchModule& zt);
 
 using examples::MicroStep;
 
+// Each decoder layer through zt.checkpoint_call (--recompute): only its
+// input kept for backward, which runs the layer again.
+LayerRunner checkpointing(zest::TorchModule& zt);
+
 // Forward on this rank's rows, backward into the engine, zt.step().
-MicroStep train_micro_step(zest::TorchModule& zt, LlamaForCausalLMImpl& model, const examples::Batch& batch);
+MicroStep train_micro_step(zest::TorchModule& zt, LlamaForCausalLMImpl& model, const examples::Batch& batch,
+                           const LayerRunner& run_layer = {});
 
 // examples::validation_loss of the model's logits (in fp32, as HF's loss
 // upcasts them). Collective.

@@ -158,7 +158,6 @@ TEST_CASE("a feature ZEST lacks is refused by name, never as an unknown key") {
       {R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0}}})", "DeepSpeed's OneCycle schedule"},
       {R"({"scheduler": {"type": "StepLR"}})", "torch.optim.lr_scheduler.StepLR"},
       {R"({"curriculum_learning": {"enabled": true}})", "curriculum learning"},
-      {R"({"activation_checkpointing": {"partition_activations": true}})", "DeepSpeed's activation checkpointing"},
       {R"({"sparse_gradients": true})", "sparse gradients"},
       {R"({"pipeline": {"stages": 2}})", "pipeline parallelism"},
       {R"({"tensor_parallel": {"autotp_size": 2}})", "tensor parallelism (AutoTP)"},
@@ -195,6 +194,19 @@ TEST_CASE("a feature ZEST lacks is refused by name, never as an unknown key") {
   CHECK(ignored_reason(z0, "zero_optimization.offload_param") ==
         "DeepSpeed offloads parameters only at stage 3; this is stage 0, so nothing is offloaded");
   CHECK(z0.offload_param.device == OffloadDevice::kNone);
+}
+
+TEST_CASE("activation_checkpointing: cpu_checkpointing honoured, the other keys noted with why, typos refused") {
+  const EngineConfig c = test::parse(R"({"activation_checkpointing": {"partition_activations": true,
+      "cpu_checkpointing": true, "contiguous_memory_optimization": false, "number_checkpoints": 4,
+      "synchronize_checkpoint_boundary": false, "profile": false}})");
+  CHECK(c.checkpoint_in_host_memory);
+  CHECK(ignored_reason(c, "activation_checkpointing.partition_activations").find("one model-parallel rank") !=
+        std::string::npos);
+  CHECK(ignored_reason(c, "activation_checkpointing.number_checkpoints").find("buffer") != std::string::npos);
+  CHECK_FALSE(test::parse(R"({"activation_checkpointing": {"profile": true}})").checkpoint_in_host_memory);
+  CHECK(error_of(R"({"activation_checkpointing": {"cpu_checkpionting": true}})").find("cpu_checkpionting") !=
+        std::string::npos);
 }
 
 TEST_CASE("keys about what ZEST does not do are accepted and listed with the reason") {

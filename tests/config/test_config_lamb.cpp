@@ -12,7 +12,7 @@ using namespace zest;
 using zest::test::error_of;
 
 TEST_CASE("Lamb: FusedLamb's keyword arguments are read into the optimizer") {
-  const EngineConfig c = parse_config_json(R"({"optimizer": {"type": "Lamb", "params": {
+  const EngineConfig c = zest::test::parse(R"({"optimizer": {"type": "Lamb", "params": {
       "lr": 0.002, "betas": [0.8, 0.99], "eps": 1e-6, "weight_decay": 0.05, "bias_correction": false,
       "max_coeff": 0.3, "min_coeff": 0.02, "eps_inside_sqrt": true, "amsgrad": false, "max_grad_norm": 0}}})");
   const OptimizerConfig& o = c.optimizer;
@@ -31,7 +31,7 @@ TEST_CASE("Lamb: FusedLamb's keyword arguments are read into the optimizer") {
 }
 
 TEST_CASE("Lamb: FusedLamb's defaults, and the type's spelling in any case") {
-  const OptimizerConfig o = parse_config_json(R"({"optimizer": {"type": "lamb"}})").optimizer;
+  const OptimizerConfig o = zest::test::parse(R"({"optimizer": {"type": "lamb"}})").optimizer;
   CHECK(o.kind == OptimizerKind::kLamb);
   CHECK(o.lr == 1e-3f);
   CHECK(o.weight_decay == 0.0f);
@@ -65,7 +65,7 @@ TEST_CASE("Lamb: values FusedLamb cannot use are refused, naming the key") {
 TEST_CASE("Lamb: DeepSpeedExamples' BERT LAMB file loads, without its sparse attention") {
   // training/bing_bert/deepspeed_bsz64k_lamb_config_seq128.json (tests/
   // config/ds_configs), less the sparse_attention section ZEST lacks.
-  const EngineConfig c = parse_config_json(R"({
+  const EngineConfig c = zest::test::parse(R"({
   "train_batch_size": 65536,
   "train_micro_batch_size_per_gpu": 64,
   "steps_per_print": 1000,

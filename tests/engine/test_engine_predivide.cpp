@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "config/config_test_helpers.h"
 #include "engine/engine_harness.h"
 #include "zest/config/config.h"
 
@@ -119,13 +120,13 @@ TEST_CASE("prescale_gradients and gradient_predivide_factor divide in DeepSpeed'
 }
 
 TEST_CASE("prescale_gradients and gradient_predivide_factor are read from the config") {
-  const EngineConfig c = parse_config_json(R"({"train_batch_size": 8, "prescale_gradients": true,
+  const EngineConfig c = zest::test::parse(R"({"train_batch_size": 8, "prescale_gradients": true,
                                               "gradient_predivide_factor": 2.5})");
   CHECK(c.prescale_gradients);
   CHECK(c.gradient_predivide_factor == 2.5);
-  CHECK_THROWS_WITH_AS((void)parse_config_json(R"({"gradient_predivide_factor": 0})"),
+  CHECK_THROWS_WITH_AS((void)zest::test::parse(R"({"gradient_predivide_factor": 0})"),
                        doctest::Contains("gradient_predivide_factor"), Error);
-  const EngineConfig d = parse_config_json(R"({"train_batch_size": 8})");
+  const EngineConfig d = zest::test::parse(R"({"train_batch_size": 8})");
   CHECK_FALSE(d.prescale_gradients);
   CHECK(d.gradient_predivide_factor == 1.0);
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config_test_helpers.h"
 #include "engine/engine_harness.h"
 #include "zest/core/logging.h"
 
@@ -126,11 +127,11 @@ TEST_CASE("no steps_per_print and no breakdown log no progress lines, and no bat
 }
 
 TEST_CASE("steps_per_print and wall_clock_breakdown are read from the config") {
-  const EngineConfig c = parse_config_json(R"({"train_batch_size": 8, "steps_per_print": 7,
+  const EngineConfig c = zest::test::parse(R"({"train_batch_size": 8, "steps_per_print": 7,
                                               "wall_clock_breakdown": true})");
   CHECK(c.steps_per_print == 7);
   CHECK(c.wall_clock_breakdown);
-  CHECK_FALSE(parse_config_json(R"({"steps_per_print": null})").steps_per_print.has_value());
-  CHECK_THROWS_WITH_AS((void)parse_config_json(R"({"steps_per_print": 0})"), doctest::Contains("steps_per_print"),
+  CHECK_FALSE(zest::test::parse(R"({"steps_per_print": null})").steps_per_print.has_value());
+  CHECK_THROWS_WITH_AS((void)zest::test::parse(R"({"steps_per_print": 0})"), doctest::Contains("steps_per_print"),
                        Error);
 }

@@ -280,7 +280,7 @@ TEST_CASE("LAMB: a parameter split across two shards gets the ratio and bits of 
   }
 }
 
-TEST_CASE("LAMB: fp16 gradients and an fp16 copy of the weights; a skipped step changes nothing") {
+TEST_CASE("LAMB: fp16 gradients and an fp16 copy of the weights, a skipped step changes nothing") {
   OptimizerConfig c = lamb_config();
   Tensor t({30.0f, 40.0f}, {});
   const std::vector<fp16> g16 = {fp16(2.0f), fp16(2.0f)};

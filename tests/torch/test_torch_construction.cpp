@@ -5,7 +5,9 @@
 // plus one unit, where building the whole model on every rank costs the
 // whole model per rank.
 #include <malloc.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -222,4 +224,43 @@ TEST_CASE("deferred construction: a rank grows by its shards and one unit, not b
   CHECK(shards_again == shards);
   // The bound is tight enough to tell: every rank holding the model breaks it.
   CHECK(eager > shards + kRanks * 3 * unit_mib + 16);
+}
+
+TEST_CASE("placeholders loaded later: import_safetensors fills the base, the adapters absent from the file keep theirs") {
+  const std::string file = (std::filesystem::temp_directory_path() / ("zest_base_" + std::to_string(getpid()) +
+                                                                       ".safetensors")).string();
+  constexpr int64_t kWidth = 24;
+  Masters base;
+  run_inprocess(2, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(zest_config({}, 3), comm, alloc, Stream::default_for(Device::host()));
+    auto model = std::make_shared<Stack>(3, kWidth, false);
+    TorchModule zt(engine, model, stack_options(*model, kWidth));
+    zt.export_safetensors(file);
+    const Masters m = masters_of(engine);
+    if (comm.rank() == 0) base = m;
+  });
+  for (const int stage : {0, 3}) {
+    CAPTURE(stage);
+    run_inprocess(2, [&](Communicator& comm) {
+      CachingAllocator alloc(make_host_allocator());
+      Engine engine(zest_config({}, stage), comm, alloc, Stream::default_for(Device::host()));
+      auto model = std::make_shared<Stack>(3, kWidth, true);
+      // An adapter on block 1 that the file does not have.
+      torch::Tensor adapter = model->units()[1]->register_parameter("adapter", torch::full({4}, 0.25f));
+      TorchModuleOptions o;
+      o.units = model->units();
+      o.placeholders_loaded_later = true;
+      TorchModule zt(engine, model, o);
+      CHECK_THROWS_WITH_AS(zt.import_safetensors(file), doctest::Contains("has no tensor 'blocks.1.adapter'"), Error);
+      WeightsImportOptions io;
+      io.keep_missing = [](const std::string& name) { return name.ends_with(".adapter"); };
+      zt.import_safetensors(file, io);
+      Masters got = masters_of(engine);
+      CHECK(got.at("blocks.1.adapter") == std::vector<float>(4, 0.25f));
+      got.erase("blocks.1.adapter");
+      CHECK(got == base);
+    });
+  }
+  std::filesystem::remove(file);
 }

@@ -1,0 +1,156 @@
+#include "common/lm_pretrained.h"
+
+#include <cctype>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zest/core/check.h"
+#include "zest/hf/hf_export.h"
+
+namespace examples {
+
+zest::LoraOptions PretrainedOptions::lora() const {
+  zest::LoraOptions l;
+  l.r = lora_r;
+  l.alpha = lora_alpha;
+  return l;
+}
+
+CLI::Option* add_pretrained_flags(CLI::App& app, PretrainedOptions& o, std::string& shard_size) {
+  app.add_option("--lora", o.lora_r)->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+  app.add_option("--lora-alpha", o.lora_alpha)->check(cli::real_range(1e-6, 1e6));
+  CLI::Option* hf = app.add_option("--hf", o.hf_dir);
+  app.add_option("--export-hf", o.export_hf_dir);
+  app.add_option("--max-shard-size", shard_size);
+  app.add_option("--export-dtype", o.export_dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_flag("--export-adapters", o.export_adapters);
+  return hf;
+}
+
+void finish_pretrained_flags(PretrainedOptions& o, const std::string& shard_size) {
+  if (!shard_size.empty()) o.max_shard_size = parse_byte_size(shard_size);
+  if (o.export_adapters && o.lora_r == 0) cli::usage_error("--export-adapters needs --lora R: there are no adapters");
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0) ++digits;
+  const std::string unit = text.substr(digits);
+  const std::pair<const char*, int64_t> units[] = {{"", 1},           {"B", 1},
+                                                   {"KB", 1000},      {"MB", 1000 * 1000},
+                                                   {"GB", 1000 * 1000 * 1000}, {"KiB", 1024},
+                                                   {"MiB", 1024 * 1024}, {"GiB", 1024 * 1024 * 1024}};
+  for (const auto& [name, scale] : units) {
+    if (unit != name || digits == 0) continue;
+    const int64_t n = cli::number<int64_t>("--max-shard-size", std::string_view(text).substr(0, digits), 1,
+                                           (int64_t{1} << 50) / scale);
+    return n * scale;
+  }
+  cli::usage_error("--max-shard-size '{}': expected bytes, optionally with KB, MB, GB, KiB, MiB or GiB", text);
+}
+
+bool is_lora_adapter(const std::string& name) {
+  return name.find("lora_A.") != std::string::npos || name.find("lora_B.") != std::string::npos;
+}
+
+zest::HfImportReport load_pretrained(zest::TorchModule& zt, const std::string& dir) {
+  zest::HfImportOptions import;
+  import.allow_missing = is_lora_adapter;
+  const zest::HfImportReport r = zt.import_hf(dir, import);
+  if (zt.engine().comm().rank() == 0) {
+    fmt::print("loaded {}: {} tensors, {:.1f} MiB of {:.1f} MiB read by rank 0 in {:.2f} s\n", dir, r.tensors_loaded,
+               static_cast<double>(r.bytes_read) / (1 << 20), static_cast<double>(r.tensor_bytes) / (1 << 20),
+               r.seconds);
+  }
+  return r;
+}
+
+namespace {
+
+zest::DType export_dtype(const PretrainedOptions& o, const std::string& checkpoint_dtype) {
+  const std::string& d = !o.export_dtype.empty() ? o.export_dtype : checkpoint_dtype;
+  if (d == "float32" || d == "fp32") return zest::DType::kFloat32;
+  if (d == "float16" || d == "fp16") return zest::DType::kFloat16;
+  return zest::DType::kBFloat16;
+}
+
+// The LoRA merge as an export transform. A block's adapters are its
+// trainable unit, registered (and so exported) before the frozen unit of
+// the weights they adapt: they wait in `pending` until those come.
+using Pending = std::map<std::string, zest::HostTensor>;
+
+void merge_adapters(Pending& pending, double scale, std::vector<zest::HfTensor>& tensors, zest::HfExportPass pass) {
+  std::vector<zest::HfTensor> out;
+  for (zest::HfTensor& t : tensors) {
+    if (is_lora_adapter(t.name)) {
+      pending[t.name] = {t.shape, std::move(t.values)};
+    } else {
+      out.push_back(std::move(t));
+    }
+  }
+  const std::string suffix = ".weight";
+  for (zest::HfTensor& t : out) {
+    if (!t.name.ends_with(suffix)) continue;
+    const std::string module = t.name.substr(0, t.name.size() - suffix.size());
+    const auto a = pending.find(module + ".lora_A.weight");
+    const auto b = pending.find(module + ".lora_B.weight");
+    if (a == pending.end() || b == pending.end()) continue;
+    if (pass == zest::HfExportPass::kWrite) {
+      Pending group{{t.name, {t.shape, std::move(t.values)}}, *a, *b};
+      zest::merge_lora(group, scale);
+      t.values = std::move(group.at(t.name).values);
+    }
+    pending.erase(a);
+    pending.erase(b);
+  }
+  tensors = std::move(out);
+}
+
+}  // namespace
+
+void export_pretrained(zest::Engine& engine, const PretrainedOptions& o, const std::string& config_json,
+                       const std::string& checkpoint_dtype, const std::vector<std::string>& lora_targets) {
+  zest::HfExportOptions e;
+  e.dtype = export_dtype(o, checkpoint_dtype);
+  e.max_shard_size = static_cast<uint64_t>(o.max_shard_size);
+  if (!config_json.empty()) {
+    nlohmann::json j = nlohmann::json::parse(config_json);
+    j["torch_dtype"] = e.dtype == zest::DType::kFloat32   ? "float32"
+                       : e.dtype == zest::DType::kFloat16 ? "float16"
+                                                          : "bfloat16";
+    e.config_json = j.dump(2) + "\n";
+  } else {
+    e.config_from = o.hf_dir;
+  }
+  auto pending = std::make_shared<Pending>();
+  if (o.lora_r > 0 && o.export_adapters) {
+    // PEFT saves the adapters under the wrapped model's names.
+    const std::string prefix = "base_model.model.";
+    e.transform = [prefix](int, std::vector<zest::HfTensor>& tensors, zest::HfExportPass) {
+      for (zest::HfTensor& t : tensors) {
+        if (is_lora_adapter(t.name)) t.name = prefix + t.name;
+      }
+    };
+    e.adapter = [prefix](const std::string& name) { return name.starts_with(prefix); };
+    e.adapter_config_json = zest::adapter_config_json(o.lora(), lora_targets, o.hf_dir);
+  } else if (o.lora_r > 0) {
+    e.transform = [pending, scale = o.lora().scale()](int, std::vector<zest::HfTensor>& tensors,
+                                                      zest::HfExportPass pass) {
+      merge_adapters(*pending, scale, tensors, pass);
+    };
+  }
+  const zest::HfExportReport r = zest::export_hf(engine, o.export_hf_dir, e);
+  ZEST_CHECK(pending->empty(), "--export-hf: {} adapter tensor(s) found no weight to merge into, the first '{}'",
+             pending->size(), pending->empty() ? "" : pending->begin()->first);
+  if (engine.comm().rank() == 0) {
+    fmt::print("exported {}: {} files, {:.1f} MiB of tensors in {}{} in {:.2f} s\n", r.dir, r.files.size(),
+               static_cast<double>(r.tensor_bytes) / (1 << 20), zest::dtype_name(e.dtype),
+               o.lora_r == 0 ? "" : o.export_adapters ? ", adapters apart" : ", adapters merged", r.seconds);
+  }
+}
+
+}  // namespace examples
