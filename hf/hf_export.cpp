@@ -19,6 +19,7 @@
 #include "zest/config/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/core/file_io.h"
+#include "zest/core/trim_heap.h"
 #include "zest/hf/hf_checkpoint.h"
 #include "zest/hf/hf_progress.h"
 
@@ -323,6 +324,7 @@ HfExportReport export_hf(Engine& engine, const std::string& dir, const HfExportO
     on_every_rank(engine, "writing the Hugging Face export", [&] {
       if (writer) writer->write_unit(u, layout.unit(u), master, progress);
     });
+    trim_heap();  // the unit's copies go before the next unit's come
   }
   HfExportReport report;
   on_every_rank(engine, "publishing the Hugging Face export", [&] {

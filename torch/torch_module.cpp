@@ -53,12 +53,9 @@
 #include <set>
 #include <unordered_set>
 
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-
 #include "zest/checkpoint/weights_io.h"
 #include "zest/core/check.h"
+#include "zest/core/trim_heap.h"
 
 namespace zest {
 namespace {
@@ -264,16 +261,6 @@ std::vector<FoundUnit> split_frozen(std::vector<FoundUnit> found, std::vector<bo
   return out;
 }
 
-// glibc keeps freed blocks of a few MiB in its heaps rather than handing
-// them back, so a rank that builds and drops units one by one would grow
-// by every unit it ever held: trim after each drop, so that resident memory
-// follows what is live (the bound Note [deferred construction] states).
-void give_back_freed_memory() {
-#ifdef __GLIBC__
-  malloc_trim(0);
-#endif
-}
-
 // Note [deferred construction]
 // A placeholder parameter has its shape and no memory (module_construction.h),
 // so a model whose units are placeholders costs nothing until the engine
@@ -282,7 +269,8 @@ void give_back_freed_memory() {
 // build_unit when the first of its parameters is asked for, its values
 // copied, and the module dropped when the next unit's turn comes. A rank so
 // holds at most one unit's values twice over (the engine's fp32 staging of
-// the unit and the built module) besides its shards.
+// the unit and the built module) besides its shards; the heap is trimmed
+// after each unit (core/trim_heap.h).
 class DeferredValues {
  public:
   DeferredValues(const std::vector<FoundUnit>& found, const TorchModuleOptions& options) : options_(options) {
@@ -324,7 +312,7 @@ class DeferredValues {
     if (built_ == nullptr) return;
     built_ = nullptr;
     params_.clear();
-    give_back_freed_memory();
+    trim_heap();
   }
 
  private:
@@ -358,7 +346,7 @@ void make_placeholders(torch::nn::Module& module, const std::function<bool(const
                       c10::DataPtr(nullptr, cpu), nullptr, false);
     p.set_data(torch::empty({0}, p.options().device(cpu)).set_(none, 0, sizes, contiguous_strides(sizes)));
   }
-  give_back_freed_memory();
+  trim_heap();
 }
 
 TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> module, TorchModuleOptions options)

@@ -65,10 +65,11 @@ std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engi
         return block;
       },
       /*placeholders=*/true);
-  if (opt.lora_r > 0) {
-    for (const auto& p : model->named_parameters()) {
-      if (!examples::is_lora_adapter(p.key())) p.value().set_requires_grad(false);
-    }
+  // --steps 0 loads, reports and exports: nothing trains, so every
+  // parameter is registered frozen and no rank holds gradients or optimizer
+  // state (at stage 3 a rank then grows by its shard of the weights alone).
+  for (const auto& p : model->named_parameters()) {
+    if (opt.steps == 0 || (opt.lora_r > 0 && !examples::is_lora_adapter(p.key()))) p.value().set_requires_grad(false);
   }
   zest::TorchModuleOptions options;
   options.placeholders_loaded_later = true;
