@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "zest/comm/inprocess_comm.h"
+#include "zest/core/check.h"
 
 namespace examples {
 
@@ -73,6 +74,17 @@ float mean_over_ranks(zest::Engine& engine, float loss) {
   float sum = 0.0f;
   for (int64_t bits : all) sum += std::bit_cast<float>(static_cast<int32_t>(bits));
   return sum / static_cast<float>(all.size());
+}
+
+int64_t validation_windows(const Corpus& corpus, int64_t requested, int64_t context, int world) {
+  const int64_t available = corpus.validation_window_count(context, requested);
+  ZEST_CHECK(requested >= world, "--val-windows {} is fewer than the {} ranks, which each take a share: give at least {}",
+             requested, world, world);
+  ZEST_CHECK(available >= world,
+             "the validation split has {} windows of {} bytes, fewer than the {} ranks: use a smaller --ranks or "
+             "--context, or a larger --data",
+             available, context, world);
+  return std::min(requested, available) / world * world;
 }
 
 void run_on_ranks(zest::Communicator* launched, int ranks, const std::function<void(zest::Communicator&)>& body,

@@ -45,6 +45,12 @@ MicroStep backward_and_step(zest::TorchModule& zt, const torch::Tensor& loss);
 // the wrapped model (gathering at stage 3).
 using LogitsFn = std::function<torch::Tensor(const torch::Tensor& tokens)>;
 
+// How many validation windows of `context` bytes a run evaluates: at most
+// `requested` (--val-windows), as many as the split has, rounded down to a
+// multiple of the ranks. Throws a zest::Error naming the flag to change
+// when that leaves none.
+int64_t validation_windows(const Corpus& corpus, int64_t requested, int64_t context, int world);
+
 // The mean loss per token over the first `windows` validation windows
 // (Corpus::validation_windows; a multiple of the world size, else
 // std::invalid_argument), each rank taking a contiguous share and the

@@ -76,10 +76,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   const int64_t accum = engine.config().accumulation_steps();  // as the engine resolved it
   const int64_t rows_per_rank = opt.batch / world, rows_per_micro = rows_per_rank / accum;
   const int64_t context = opt.model.context;
-  const int64_t windows = std::min(opt.val_windows, corpus.validation_window_count(context, opt.val_windows)) /
-                          world * world;
-  ZEST_CHECK(windows > 0, "the validation split has fewer than {} windows of {} bytes: use a smaller --ranks or --context",
-             world, context);
+  const int64_t windows = examples::validation_windows(corpus, opt.val_windows, context, world);
   const auto validate = [&](int64_t step) {
     const double v = gpt::validation_loss(*zt, *model, corpus, windows);
     if (printer) fmt::print("step {:5d}  validation loss {:.4f}  ({} windows of {} bytes)\n", step, v, windows, context);

@@ -104,10 +104,7 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
     if (printer) fmt::print("resumed from {} at step {}\n", opt.load_dir, first);
   }
   const int64_t rows = opt.batch / world, context = opt.context;
-  const int64_t windows =
-      std::min(opt.val_windows, corpus.validation_window_count(context, opt.val_windows)) / world * world;
-  ZEST_CHECK(windows > 0, "the validation split has fewer than {} windows of {} bytes: use a smaller --ranks or --context",
-             world, context);
+  const int64_t windows = examples::validation_windows(corpus, opt.val_windows, context, world);
   const auto validate = [&](int64_t step) {
     const double v = llama::validation_loss(*zt, *model, corpus, windows, context);
     if (printer) fmt::print("step {:5d}  validation loss {:.4f}  ({} windows of {} bytes)\n", step, v, windows, context);
