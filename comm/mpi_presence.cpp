@@ -162,7 +162,7 @@ std::string describe_locked(const Presence& p, int world_rank);
 // (Open MPI's MPI_Finalize would wait for the others, and an mpiexec whose
 // ranks abort around one inside MPI_Finalize can hang). Sends still pending
 // are left to MPI (a peer that already finalized never receives them).
-int on_finalize(MPI_Comm /*self*/, int /*keyval*/, void* /*attribute*/, void* /*extra*/) {
+int on_finalize(MPI_Comm /*self*/, int keyval, void* /*attribute*/, void* /*extra*/) {
   try {
     Presence& p = presence();
     std::unique_lock<std::mutex> lock(p.mutex);
@@ -194,9 +194,15 @@ int on_finalize(MPI_Comm /*self*/, int /*keyval*/, void* /*attribute*/, void* /*
       p.abandoned.push_back(std::move(s));
     }
     p.sends.clear();
+    // The channel and this callback's keyval go with MPI (MPI_COMM_SELF's
+    // attributes are deleted first thing in MPI_Finalize, when every MPI
+    // call is still allowed): the channel is closed from here on.
+    ZEST_MPI_WARN(MPI_Comm_free(&p.channel));
+    p.channel = MPI_COMM_NULL;
   } catch (const std::exception& e) {
     ZEST_LOG_WARN("could not tell the other ranks that this one is leaving: {}", e.what());
   }
+  ZEST_MPI_WARN(MPI_Comm_free_keyval(&keyval));
   return MPI_SUCCESS;
 }
 
