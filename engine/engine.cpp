@@ -323,7 +323,7 @@ void check_same_model(Communicator& control, const std::string& text, CachingAll
 void Engine::finalize(const Initializer& init, InitFrom from) {
   check_borrowed("finalize()");
   ZEST_CHECK(impl_->layout == nullptr, "finalize() called twice");
-  ZEST_CHECK(static_cast<bool>(init), "finalize(): the initializer is empty");
+  ZEST_CHECK(static_cast<bool>(init) || from == InitFrom::kZeros, "finalize(): the initializer is empty");
   Impl& im = *impl_;
   const int stage = config_.zero.stage;
   const int partitions = partitions_for(stage, comm_.size());
@@ -403,8 +403,8 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     // on the device), and rank 0's are broadcast. Only the ranks that run
     // the initializer hold the unit in host memory: with values from rank 0,
     // the other ranks of a node would otherwise each hold a copy they never
-    // read.
-    const bool fills = from == InitFrom::kEveryRank || comm_.rank() == 0;
+    // read. With kZeros nothing is filled or sent: the staging is zeroed.
+    const bool fills = from == InitFrom::kEveryRank || (from == InitFrom::kRank0 && comm_.rank() == 0);
     if (fills) {
       host.assign(unit.padded, 0.0f);
       for (const ParamLayout& p : unit.params) init(p, std::span<float>(host.data() + p.offset, p.numel));
@@ -414,6 +414,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     // are narrowed on the device, then copied to the host shard.
     staging = allocator_.allocate_buffer(piece * (4 + (offloads_params() ? bc : 0)), stream_,
                                          MemoryCategory::kCommBuffers);
+    if (from == InitFrom::kZeros) fill_zero(stream_, staging.data(), piece * 4);
     std::byte* full = st.resident ? st.params_full.as<std::byte>() : nullptr;
     for (size_t begin = 0; begin < unit.padded; begin += piece) {
       const size_t n = std::min(piece, unit.padded - begin);

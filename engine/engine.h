@@ -115,8 +115,10 @@ namespace zest {
 using Initializer = std::function<void(const ParamLayout& param, std::span<float> values)>;
 
 enum class InitFrom {
-  kRank0,     // rank 0's initializer values are broadcast to every rank
-  kEveryRank  // every rank runs the initializer (it must be deterministic)
+  kRank0,      // rank 0's initializer values are broadcast to every rank
+  kEveryRank,  // every rank runs the initializer (it must be deterministic)
+  kZeros       // no initializer runs: zeros, for weights a load overwrites
+               // (no host copy of a unit, nothing broadcast)
 };
 
 // Bytes by category, now and at their peak, from the allocator's tags.

@@ -274,11 +274,14 @@ std::vector<FoundUnit> split_frozen(std::vector<FoundUnit> found, std::vector<bo
 class DeferredValues {
  public:
   DeferredValues(const std::vector<FoundUnit>& found, const TorchModuleOptions& options) : options_(options) {
+    size_t params = 0;
     for (const FoundUnit& f : found) {
       for (const auto& [name, t] : f.params) {
+        ++params;
         if (is_placeholder(t)) path_of_[name] = f.path;
       }
     }
+    all_zero_ = path_of_.size() == params && !options.build_unit;
     ZEST_CHECK(path_of_.empty() || options.build_unit || options.placeholders_loaded_later,
                "{} parameter(s) are placeholders (the first '{}') but TorchModuleOptions::build_unit is unset: "
                "set build_unit to give their initial values, or placeholders_loaded_later when a weights "
@@ -286,6 +289,9 @@ class DeferredValues {
                path_of_.size(), path_of_.empty() ? "" : path_of_.begin()->first);
   }
   bool owns(const std::string& name) const { return path_of_.count(name) > 0; }
+  // Every parameter a placeholder loaded later: the engine starts them at
+  // zero itself, with no unit staged on the host or broadcast.
+  InitFrom init_from() const { return all_zero_ ? InitFrom::kZeros : options_.init_from; }
 
   void fill(const ParamLayout& p, std::span<float> values) {
     if (!options_.build_unit) return;  // zeros: the engine's staging starts so
@@ -321,6 +327,7 @@ class DeferredValues {
   std::shared_ptr<torch::nn::Module> built_;
   std::string built_path_;
   std::map<std::string, torch::Tensor> params_;
+  bool all_zero_ = false;
 };
 
 }  // namespace
@@ -381,7 +388,7 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
         ZEST_INTERNAL_ASSERT(static_cast<size_t>(v.numel()) == values.size(), "parameter '{}' size", p.name);
         std::memcpy(values.data(), v.data_ptr<float>(), values.size() * sizeof(float));
       },
-      options.init_from);
+      deferred.init_from());
   deferred.release();
 
   const DType dtype = engine_.compute_dtype();

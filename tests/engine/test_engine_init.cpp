@@ -40,6 +40,34 @@ TEST_CASE("a unit larger than the staging buffer is initialized piece by piece")
   });
 }
 
+TEST_CASE("InitFrom::kZeros: no initializer runs, every value starts at zero, also in bf16 and with offload") {
+  for (const bool bf16 : {false, true}) {
+    for (int stage : {0, 1, 3}) {
+      CAPTURE(bf16);
+      CAPTURE(stage);
+      run_inprocess(3, [&](Communicator& comm) {
+        CachingAllocator alloc(make_host_allocator());
+        EngineConfig c = base_config(stage);
+        c.bf16 = bf16;
+        if (stage > 0) c.offload_optimizer.device = OffloadDevice::kCpu;
+        Engine engine(c, comm, alloc, Stream::default_for(Device::host()));
+        register_model(engine);
+        engine.finalize({}, InitFrom::kZeros);
+        for (const auto& [name, values] : master_params(engine)) {
+          CAPTURE(name);
+          CHECK(std::all_of(values.begin(), values.end(), [](float x) { return x == 0.0f; }));
+        }
+      });
+    }
+  }
+  run_inprocess(1, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(0), comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    CHECK_THROWS_WITH_AS(engine.finalize({}), doctest::Contains("the initializer is empty"), Error);
+  });
+}
+
 TEST_CASE("initial values come from rank 0's initializer, or from every rank's") {
   // The initializer writes its rank into every value: from rank 0 every
   // rank must see 0, and only rank 0 may have run it; from every rank each
