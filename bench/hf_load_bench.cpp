@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "zest/checkpoint/safetensors.h"
@@ -170,29 +171,22 @@ LoadTimes load(const Options& opt, const Model& m, int ranks) {
   return times;
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    ZEST_CHECK(i + 1 < argc, "hf_load_bench: {} needs a value", flag);
-    const std::string value = argv[i + 1];
-    if (flag == "--mb") o.mb = std::stoull(value);
-    else if (flag == "--ranks") o.ranks = std::stoi(value);
-    else if (flag == "--shard-mb") o.shard_mb = std::stoull(value);
-    else if (flag == "--repeat") o.repeat = std::stoi(value);
-    else if (flag == "--dir") o.dir = value;
-    else ZEST_FAIL("hf_load_bench: unknown option {} (--mb N, --ranks W, --shard-mb S, --repeat R, --dir PATH)", flag);
-  }
-  ZEST_CHECK(o.mb >= 1 && o.ranks >= 1 && o.shard_mb >= 1 && o.repeat >= 1,
-             "hf_load_bench: --mb, --ranks, --shard-mb and --repeat must be at least 1");
-  return o;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app("hf_load_bench: loading a Hugging Face directory into an engine against a raw read of its files");
+  app.add_option("--mb", opt.mb, "MiB of bf16 tensor data")->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  app.add_option("--ranks", opt.ranks, "the largest world (1 is always run too)")->check(CLI::Range(1, 64));
+  app.add_option("--shard-mb", opt.shard_mb, "MiB per shard at most")->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  app.add_option("--repeat", opt.repeat, "runs of each measurement")->check(CLI::Range(1, 1000));
+  app.add_option("--dir", opt.dir, "where to write the checkpoint (default: a temporary directory, removed)");
   try {
-    Options opt = parse(argc, argv);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // prints the help, or the error naming the flag
+  }
+  try {
     const bool temp = opt.dir.empty();
     if (temp) opt.dir = (fs::temp_directory_path() / fmt::format("zest_hf_bench_{}", zest::unique_suffix())).string();
     const Model m = model_for(opt);
