@@ -6,7 +6,8 @@
 // see its resident memory grow towards every unit it ever held. Code that
 // streams a model unit by unit (deferred construction, Hugging Face import
 // and export) calls trim_heap() after each unit, so that resident memory
-// follows what is live. A no-op where the C library has no malloc_trim.
+// follows what is live. A no-op where the C library has no malloc_trim,
+// and under a sanitizer, whose allocator is not glibc's.
 #pragma once
 
 namespace zest {
