@@ -6,11 +6,14 @@
 // zest::run_inprocess) share: two ranks seeding it and building at once
 // interleave their draws, so the model differs from run to run even though
 // TorchModule then broadcasts rank 0's values. make_module builds one module
-// at a time in the process, from a seeded generator (seed 0 unless given):
+// at a time in the process, from a seeded generator (seed 0 unless given);
+// make_module_on(comm, ...) also keeps every rank's thread from drawing
+// while any rank builds (the ranks meet before, build in rank order, and
+// meet after), which is what in-process ranks need:
 //
 //   // zest-example: prelude=torch_module_construction
-//   auto net = zest::make_module<Net>();                     // the same bits on every run
-//   auto other = zest::make_module<Net>(zest::ModuleSeed{7});
+//   auto net = zest::make_module_on<Net>(engine.comm());     // the same bits on every run
+//   auto other = zest::make_module<Net>(zest::ModuleSeed{7});  // one thread building
 //
 // Deferred construction (Note [deferred construction] in torch_module.cpp).
 // A model too large for one rank is built a unit at a time: each unit's
@@ -41,11 +44,15 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include <torch/torch.h>
+
+#include "zest/comm/communicator.h"
+#include "zest/core/stream.h"
 
 namespace zest {
 
@@ -69,6 +76,26 @@ template <typename M, typename... Args>
   requires(sizeof...(Args) == 0 || !std::is_same_v<std::remove_cvref_t<std::tuple_element_t<0, std::tuple<Args...>>>, ModuleSeed>)
 std::shared_ptr<M> make_module(Args&&... args) {
   return make_module<M>(ModuleSeed{}, std::forward<Args>(args)...);
+}
+
+// Collective: every rank of `comm` builds M(args...) from `seed`, in rank
+// order, none of their threads drawing from torch's generator meanwhile.
+template <typename M, typename... Args>
+std::shared_ptr<M> make_module_on(Communicator& comm, ModuleSeed seed, Args&&... args) {
+  const Stream stream = Stream::default_for(comm.device());
+  comm.barrier(stream);  // every rank is here: none draws until the last build is done
+  std::shared_ptr<M> out;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (r == comm.rank()) out = make_module<M>(seed, std::forward<Args>(args)...);
+    comm.barrier(stream);
+  }
+  return out;
+}
+
+template <typename M, typename... Args>
+  requires(sizeof...(Args) == 0 || !std::is_same_v<std::remove_cvref_t<std::tuple_element_t<0, std::tuple<Args...>>>, ModuleSeed>)
+std::shared_ptr<M> make_module_on(Communicator& comm, Args&&... args) {
+  return make_module_on<M>(comm, ModuleSeed{}, std::forward<Args>(args)...);
 }
 
 // Makes every parameter of `module` (and its descendants) a placeholder:

@@ -82,16 +82,16 @@ int64_t proc_status_kib(const std::string& key) {
 
 }  // namespace
 
-TEST_CASE("make_module: the same model on every run of in-process ranks") {
+TEST_CASE("make_module_on: the same model on every run of in-process ranks") {
   // Four ranks build at once, each also drawing from torch's generator on
-  // its own (as a data loader would) between seeding and building.
+  // its own (as a data loader would) just before.
   const auto run = [] {
     Masters out;
     run_inprocess(4, [&](Communicator& comm) {
       CachingAllocator alloc(make_host_allocator());
       Engine engine(zest_config({}, 3), comm, alloc, Stream::default_for(Device::host()));
       (void)torch::randn({64});
-      auto net = make_module<Net>();
+      auto net = make_module_on<Net>(comm);
       TorchModule zt(engine, net);
       const Masters m = masters_of(engine);
       if (comm.rank() == 0) out = m;
