@@ -19,6 +19,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
@@ -53,6 +54,18 @@ inline void parse(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
+}
+
+// main's answer to a UsageError: --help prints the usage on stdout and
+// returns 0; anything else names the problem, then the usage, on stderr and
+// returns 2.
+inline int usage_exit(std::string_view program, const UsageError& e, const std::string& usage) {
+  if (std::string_view(e.what()) == "help") {
+    std::fputs(usage.c_str(), stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "%.*s: %s\n%s", static_cast<int>(program.size()), program.data(), e.what(), usage.c_str());
+  return 2;
 }
 
 // A finite real number in [lo, hi]: "abc", "nan", "inf" and "1e400" are

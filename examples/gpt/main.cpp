@@ -192,8 +192,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const gpt::UsageError& e) {
-    std::fprintf(stderr, "gpt: %s\n%s", e.what(), gpt::usage().c_str());
-    return 2;
+    return cli::usage_exit("gpt", e, gpt::usage());
   } catch (const std::exception& e) {
     // Under mpirun the other ranks would wait for this one (a missing
     // --data on one rank, say) in their next collective: end the job.

@@ -173,8 +173,7 @@ int main(int argc, char** argv) {
         launched.get(), opt.ranks, [&](zest::Communicator& comm) { train(opt, corpus, config, comm); }, opt.comm);
     return 0;
   } catch (const llama::UsageError& e) {
-    std::fprintf(stderr, "llama: %s\n%s", e.what(), llama::usage().c_str());
-    return 2;
+    return cli::usage_exit("llama", e, llama::usage());
   } catch (const std::exception& e) {
     // Under mpirun the other ranks would wait for this one in their next
     // collective: end the job.

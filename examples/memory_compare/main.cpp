@@ -98,12 +98,7 @@ int main(int argc, char** argv) {
   try {
     return memory_compare::run(memory_compare::parse_options(argc, argv));
   } catch (const memory_compare::UsageError& e) {
-    if (std::string_view(e.what()) == "help") {
-      std::fputs(memory_compare::usage().c_str(), stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "memory_compare: %s\n%s", e.what(), memory_compare::usage().c_str());
-    return 2;
+    return cli::usage_exit("memory_compare", e, memory_compare::usage());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memory_compare: %s\n", e.what());
     return 1;

@@ -134,8 +134,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const mlp::UsageError& e) {
-    std::fprintf(stderr, "mlp: %s\n%s", e.what(), mlp::usage().c_str());
-    return 2;
+    return cli::usage_exit("mlp", e, mlp::usage());
   } catch (const std::exception& e) {
     // Under mpirun the other ranks would wait for this one until their
     // collectives time out, and MPI_Finalize here for them: end the job.
