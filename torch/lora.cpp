@@ -131,11 +131,12 @@ std::vector<std::string> enable_lora(torch::nn::Module& root, const std::vector<
              "none of the LoRA target modules [{}] is a zest::LoraLinear of this module: name LoraLinear modules "
              "(their last name components, e.g. q_proj)",
              fmt::join(targets, ", "));
-  for (const auto& item : root.named_parameters()) {
-    const bool adapter = item.key().ends_with("lora_A.weight") || item.key().ends_with("lora_B.weight");
-    item.value().set_requires_grad(adapter);
-  }
+  for (const auto& item : root.named_parameters()) item.value().set_requires_grad(is_lora_adapter(item.key()));
   return adapted;
+}
+
+bool is_lora_adapter(const std::string& name) {
+  return name.ends_with("lora_A.weight") || name.ends_with("lora_B.weight");
 }
 
 int merge_lora(std::map<std::string, HostTensor>& tensors, double scale) {

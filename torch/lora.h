@@ -100,6 +100,11 @@ std::vector<std::string> llama_lora_targets();
 std::vector<std::string> enable_lora(torch::nn::Module& root, const std::vector<std::string>& targets,
                                      const LoraOptions& lora, uint64_t seed, const std::string& prefix = "");
 
+// A LoRA adapter's parameter ("<module>.lora_A.weight" or
+// "<module>.lora_B.weight"): what enable_lora leaves trainable, and what a
+// pretrained checkpoint lacks.
+bool is_lora_adapter(const std::string& name);
+
 // A tensor of an export: its shape and fp32 values, row-major.
 struct HostTensor {
   std::vector<int64_t> shape;

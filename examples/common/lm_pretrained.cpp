@@ -53,13 +53,9 @@ int64_t parse_byte_size(const std::string& text) {
   cli::usage_error("--max-shard-size '{}': expected bytes, optionally with KB, MB, GB, KiB, MiB or GiB", text);
 }
 
-bool is_lora_adapter(const std::string& name) {
-  return name.find("lora_A.") != std::string::npos || name.find("lora_B.") != std::string::npos;
-}
-
 zest::HfImportReport load_pretrained(zest::TorchModule& zt, const std::string& dir) {
   zest::HfImportOptions import;
-  import.allow_missing = is_lora_adapter;
+  import.allow_missing = zest::is_lora_adapter;
   const zest::HfImportReport r = zt.import_hf(dir, import);
   if (zt.engine().comm().rank() == 0) {
     fmt::print("loaded {}: {} tensors, {:.1f} MiB of {:.1f} MiB read by rank 0 in {:.2f} s\n", dir, r.tensors_loaded,
@@ -86,7 +82,7 @@ using Pending = std::map<std::string, zest::HostTensor>;
 void merge_adapters(Pending& pending, double scale, std::vector<zest::HfTensor>& tensors, zest::HfExportPass pass) {
   std::vector<zest::HfTensor> out;
   for (zest::HfTensor& t : tensors) {
-    if (is_lora_adapter(t.name)) {
+    if (zest::is_lora_adapter(t.name)) {
       pending[t.name] = {t.shape, std::move(t.values)};
     } else {
       out.push_back(std::move(t));
@@ -132,7 +128,7 @@ void export_pretrained(zest::Engine& engine, const PretrainedOptions& o, const s
     const std::string prefix = "base_model.model.";
     e.transform = [prefix](int, std::vector<zest::HfTensor>& tensors, zest::HfExportPass) {
       for (zest::HfTensor& t : tensors) {
-        if (is_lora_adapter(t.name)) t.name = prefix + t.name;
+        if (zest::is_lora_adapter(t.name)) t.name = prefix + t.name;
       }
     };
     e.adapter = [prefix](const std::string& name) { return name.starts_with(prefix); };

@@ -42,9 +42,6 @@ void finish_pretrained_flags(PretrainedOptions& o, const std::string& shard_size
 // reads them (KB, MB, GB decimal; KiB, MiB, GiB binary). Throws UsageError.
 int64_t parse_byte_size(const std::string& text);
 
-// LoRA's parameters: "<module>.lora_A.weight", "<module>.lora_B.weight".
-bool is_lora_adapter(const std::string& name);
-
 // TorchModule::import_hf with the adapters allowed to be missing; prints
 // what was read (rank 0). Collective.
 zest::HfImportReport load_pretrained(zest::TorchModule& zt, const std::string& dir);

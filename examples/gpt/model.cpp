@@ -44,7 +44,7 @@ std::string Config::to_json(const std::string& torch_dtype) const {
   return j.dump(2) + "\n";
 }
 
-Config Config::from_json_file(const std::string& path) {
+Config Config::from_json_file(const std::string& path, std::string* torch_dtype) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(fmt::format("cannot open {}", path));
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -66,6 +66,10 @@ Config Config::from_json_file(const std::string& path) {
       throw std::invalid_argument(fmt::format("{}: 'tie_word_embeddings' is not true or false", path));
     }
     c.tied_head = j.at("tie_word_embeddings").get<bool>();
+  }
+  if (torch_dtype != nullptr) {
+    const auto d = j.find("torch_dtype");
+    *torch_dtype = d != j.end() && d->is_string() ? d->get<std::string>() : std::string("bfloat16");
   }
   c.validate();
   return c;

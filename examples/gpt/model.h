@@ -47,10 +47,11 @@ struct Config {
   // key names (n_layer, n_head, n_embd, n_positions, vocab_size,
   // tie_word_embeddings) with torch_dtype; model_type "zest_gpt", since the
   // weights keep this model's names and torch's [out, in] layout rather
-  // than GPT-2's Conv1D [in, out]. from_json_file reads it back; throws
-  // std::invalid_argument naming the key.
+  // than GPT-2's Conv1D [in, out]. from_json_file reads it back, with its
+  // torch_dtype (bfloat16 when absent) into `torch_dtype` when given;
+  // throws std::invalid_argument naming the key.
   std::string to_json(const std::string& torch_dtype) const;
-  static Config from_json_file(const std::string& path);
+  static Config from_json_file(const std::string& path, std::string* torch_dtype = nullptr);
 };
 
 // The projections LoRA adapts (--lora): attention's c_attn and c_proj, the

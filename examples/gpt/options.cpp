@@ -1,10 +1,8 @@
 #include "options.h"
 
-#include <fstream>
 #include <string_view>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "common/default_config.h"
 
@@ -60,13 +58,10 @@ Options parse_options(int argc, char** argv) {
   if (!o.hf_dir.empty()) {
     // The checkpoint's sizes (an export of this example: Config::to_json).
     try {
-      o.model = Config::from_json_file(o.hf_dir + "/config.json");
+      o.model = Config::from_json_file(o.hf_dir + "/config.json", &o.pretrained_dtype);
     } catch (const std::exception& e) {
       cli::usage_error("--hf {}: {}", o.hf_dir, e.what());
     }
-    const std::string dtype = nlohmann::json::parse(std::ifstream(o.hf_dir + "/config.json"), nullptr, false)
-                                  .value("torch_dtype", std::string("bfloat16"));
-    o.pretrained_dtype = dtype;
   }
   if (o.model.d_model % o.model.heads != 0) {
     cli::usage_error("--d-model {} does not divide into --heads {}", o.model.d_model, o.model.heads);

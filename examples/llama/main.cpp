@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,7 +60,7 @@ std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engi
         if (opt.lora_r > 0) {
           zest::enable_lora(*block, zest::llama_lora_targets(), lora, opt.seed, fmt::format("model.layers.{}.", i));
         }
-        zest::make_placeholders(*block, [](const std::string& name) { return !examples::is_lora_adapter(name); });
+        zest::make_placeholders(*block, [](const std::string& name) { return !zest::is_lora_adapter(name); });
         return block;
       },
       /*placeholders=*/true);
@@ -69,7 +68,7 @@ std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engi
   // parameter is registered frozen and no rank holds gradients or optimizer
   // state (at stage 3 a rank then grows by its shard of the weights alone).
   for (const auto& p : model->named_parameters()) {
-    if (opt.steps == 0 || (opt.lora_r > 0 && !examples::is_lora_adapter(p.key()))) p.value().set_requires_grad(false);
+    if (opt.steps == 0 || (opt.lora_r > 0 && !zest::is_lora_adapter(p.key()))) p.value().set_requires_grad(false);
   }
   zest::TorchModuleOptions options;
   options.placeholders_loaded_later = true;
