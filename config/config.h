@@ -227,6 +227,15 @@ struct EngineConfig {
   ZeroConfig zero;
   Fp16Config fp16;
   bool bf16 = false;
+  // DeepSpeed's bf16.bf16_master_weights_and_grads and
+  // bf16.bf16_optimizer_states: the master weights (and the gradients they
+  // are stepped from), and the optimizer's state, kept in bf16 instead of
+  // fp32 (Note [bf16 master weights and optimizer state] in
+  // optim/optimizer.h). With DeepSpeed's rules: bf16 compute, ZeRO stage
+  // 1-3, the state only with the master, and bf16 master weights over fp32
+  // state only with offload_optimizer (the Engine checks them).
+  bool bf16_master_weights_and_grads = false;
+  bool bf16_optimizer_states = false;
   OptimizerConfig optimizer;
   LrScheduleConfig scheduler;
   // DeepSpeed's data_types.grad_accum_dtype: the dtype gradients are
@@ -271,6 +280,10 @@ struct EngineConfig {
   // fp16, bf16 or fp32: what parameters and gradients are stored in. Throws
   // when fp16 and bf16 are both enabled.
   DType compute_dtype() const;
+  // What the master weights and the optimizer state are kept in: fp32, or
+  // bf16 as the two keys above say.
+  DType master_dtype() const { return bf16_master_weights_and_grads ? DType::kBFloat16 : DType::kFloat32; }
+  DType optimizer_state_dtype() const { return bf16_optimizer_states ? DType::kBFloat16 : DType::kFloat32; }
 
   // Micro-steps per optimizer step: gradient_accumulation_steps once
   // resolve_batch has run (the Engine runs it), 1 when unset.

@@ -97,10 +97,10 @@ void read_bf16(Section& top, FileState& file) {
   s->refuse_if("check_grad_overflow", [](const json& v) { return !(v.is_boolean() && v.get<bool>()); },
                "applying steps whose gradients are not finite (check_grad_overflow false; ZEST always skips them)",
                "true, as in ZEST");
-  s->refuse_if("bf16_master_weights_and_grads", is_on, "bf16 master weights and gradients (ZEST keeps the master "
-               "weights and the gradients it steps from in fp32)", "false, as in ZEST");
-  s->refuse_if("bf16_optimizer_states", is_on, "bf16 optimizer state (ZEST keeps Adam's moments in fp32)",
-               "false, as in ZEST");
+  // Note [bf16 master weights and optimizer state] (optim/optimizer.h); the
+  // Engine checks DeepSpeed's rules for them against the rest of the config.
+  s->read_bool("bf16_master_weights_and_grads", file.out.bf16_master_weights_and_grads);
+  s->read_bool("bf16_optimizer_states", file.out.bf16_optimizer_states);
   for (const char* k : {"loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
                         "consecutive_hysteresis", "min_loss_scale", "auto_cast"}) {
     s->ignore(k, "an fp16 setting: bf16 needs no loss scale, and DeepSpeed reads it only under fp16");

@@ -16,6 +16,35 @@
 namespace zest {
 namespace {
 
+// DeepSpeed's rules for bf16 master weights and optimizer state
+// (runtime/config.py's _do_error_check and ZeRO's _configure_master_weights),
+// with ZEST's own where it keeps things differently.
+void check_low_precision_master(const EngineConfig& c) {
+  const bool master = c.bf16_master_weights_and_grads;
+  if (!master && !c.bf16_optimizer_states) return;
+  const DType compute = c.compute_dtype();
+  ZEST_CHECK(master, "bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads (DeepSpeed's rule: "
+                     "bf16_optimizer_states requires bf16_master_weights_and_grads); turn both on, or this one off");
+  ZEST_CHECK(compute == DType::kBFloat16,
+             "bf16.bf16_master_weights_and_grads with {} compute: bf16 master weights are the bf16 parameters, so "
+             "they need bf16.enabled true (and fp16 off)",
+             dtype_name(compute));
+  ZEST_CHECK(c.zero.stage >= 1,
+             "bf16.bf16_master_weights_and_grads is only supported with ZeRO stage 1, 2 or 3 (as in DeepSpeed); this "
+             "config is stage 0: set zero_optimization.stage");
+  ZEST_CHECK(c.bf16_optimizer_states || c.offload_optimizer.device == OffloadDevice::kCpu,
+             "bf16.bf16_master_weights_and_grads without bf16_optimizer_states keeps fp32 optimizer state beside "
+             "bf16 master weights, which DeepSpeed allows only with ZeRO-Offload (offload_optimizer device cpu); "
+             "turn on bf16.bf16_optimizer_states too, or offload the optimizer");
+  ZEST_CHECK(c.grad_accum_dtype.value_or(compute) == compute,
+             "bf16.bf16_master_weights_and_grads keeps the gradients in bf16, but data_types.grad_accum_dtype is {}: "
+             "remove grad_accum_dtype, or set it to \"bf16\"",
+             dtype_name(*c.grad_accum_dtype));
+  ZEST_CHECK(c.optimizer.kind != OptimizerKind::kLamb,
+             "optimizer Lamb with bf16.bf16_master_weights_and_grads is not supported: ZEST's LAMB keeps fp32 master "
+             "weights and state; use AdamW, or turn the bf16 master weights off");
+}
+
 // The config as the engine runs it: checked, and with DeepSpeed's batch
 // triple resolved at the real data-parallel world size, so that the
 // accumulation a file implies (32 / 8 on one rank: 4 micro-steps per
@@ -45,6 +74,7 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
              "supported: the host optimizer reads gradients of the compute dtype; remove grad_accum_dtype or the "
              "offload",
              dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute));
+  check_low_precision_master(c);
   ZEST_CHECK(c.gradient_clipping >= 0.0, "gradient_clipping is {}: it must be >= 0 (0: off)",
              c.gradient_clipping);
   c.optimizer.validate();
@@ -115,6 +145,8 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
       stream_(stream),
       compute_dtype_(config_.compute_dtype()),
       grad_accum_dtype_(config_.grad_accum_dtype.value_or(compute_dtype_)),
+      master_dtype_(config_.master_dtype()),
+      state_dtype_(config_.optimizer_state_dtype()),
       impl_(std::make_unique<Impl>(config_.fp16.scaler())),
       comm_alive_(comm.lifetime()),
       allocator_alive_(allocator.lifetime()) {
@@ -243,6 +275,8 @@ std::string describe_hyperparameters(const EngineConfig& c) {
                      "gradient_clipping {}\n",
                      c.zero.stage, dtype_name(c.compute_dtype()), c.accumulation_steps(),
                      dtype_name(c.grad_accum_dtype.value_or(c.compute_dtype())), c.gradient_clipping);
+  out += fmt::format("config master weights {} optimizer state {}\n", dtype_name(c.master_dtype()),
+                     dtype_name(c.optimizer_state_dtype()));
   // Ranks that disagree would wait in different reductions.
   out += fmt::format("config reduce_at_accumulation_boundary {}\n", c.zero.reduce_at_accumulation_boundary);
   out += fmt::format("config prescale_gradients {} gradient_predivide_factor {}\n", c.prescale_gradients,
@@ -340,7 +374,6 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   const ModelLayout& L = *im.layout;
 
   const size_t bc = elem_size(compute_dtype_);
-  const bool fp32 = compute_dtype_ == DType::kFloat32;
   const bool accumulating = config_.accumulation_steps() > 1;
   im.local_accumulation = accumulating && config_.zero.reduce_at_accumulation_boundary;
   // The trainable units' shards, in order (frozen units have no master or
@@ -349,17 +382,19 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     im.host_numel = offloaded_numel(L.trainable_owned(), config_.offload_optimizer.ratio);
   }
   const size_t on_device = L.trainable_owned() - im.host_numel;
-  if (!fp32 && on_device > 0) {
-    im.master = allocator_.allocate_buffer(on_device * 4, stream_, MemoryCategory::kMasterWeights);
+  if (!master_is_params() && on_device > 0) {
+    im.master = allocator_.allocate_buffer(on_device * elem_size(master_dtype_), stream_,
+                                           MemoryCategory::kMasterWeights);
   }
   for (int s = 0; s < config_.optimizer.state_buffers() && on_device > 0; ++s) {
-    im.state[s] = allocator_.allocate_buffer(on_device * 4, stream_, MemoryCategory::kOptimizerState);
-    fill_zero(stream_, im.state[s].data(), on_device * 4);
+    const size_t bytes = on_device * elem_size(state_dtype_);
+    im.state[s] = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kOptimizerState);
+    fill_zero(stream_, im.state[s].data(), bytes);
   }
   if (im.host_numel > 0) {
-    im.offload = std::make_unique<OptimizerOffload>(*host_allocator_, comm_.device(), im.host_numel,
-                                                    config_.optimizer.state_buffers(), compute_dtype_,
-                                                    config_.offload_optimizer.delayed_update);
+    im.offload = std::make_unique<OptimizerOffload>(
+        *host_allocator_, comm_.device(), im.host_numel, config_.optimizer.state_buffers(),
+        OffloadDtypes{compute_dtype_, master_dtype_, state_dtype_}, config_.offload_optimizer.delayed_update);
   }
 
   im.units.resize(static_cast<size_t>(L.num_units()));
@@ -430,10 +465,10 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
         const float* src = staging.as<float>() + (lo - begin);
         if (full == nullptr) narrow_into_shard(u, src, lo - shard_begin, hi - lo, staging.as<std::byte>() + piece * 4);
         for (const ShardPiece& m : masters) {
-          if (fp32 && !m.host) continue;  // the master is the parameters
+          if (master_is_params() && !m.host) continue;  // the master is the parameters
           const size_t a = std::max(lo - shard_begin, m.begin);
           const size_t b = std::min(hi - shard_begin, m.end);
-          if (a < b) copy_bytes(stream_, m.data + (a - m.begin), src + (a + shard_begin - lo), (b - a) * 4);
+          if (a < b) piece_from_fp32(m, a, b, src + (a + shard_begin - lo), /*src_host=*/false);
         }
       }
     }

@@ -249,6 +249,10 @@ class Engine {
   // Unset, ZEST takes the compute dtype at every stage (DeepSpeed takes fp32
   // for bf16 at stage 0), so that the stages stay bit-identical.
   DType grad_accum_dtype() const { return grad_accum_dtype_; }
+  // What the master weights and the optimizer state are kept in: fp32, or
+  // bf16 (EngineConfig::bf16_master_weights_and_grads, bf16_optimizer_states).
+  DType master_dtype() const { return master_dtype_; }
+  DType state_dtype() const { return state_dtype_; }
   // The compute stream given at construction.
   Stream stream() const { return stream_; }
   const ModelLayout& layout() const;
@@ -278,8 +282,9 @@ class Engine {
   // Micro-steps taken since the last optimizer step: 0 at a gradient
   // accumulation boundary, where a checkpoint may be saved.
   int micro_steps_pending() const;
-  // Shard buffers per unit: 0 is the fp32 master weights, 1.. the
-  // optimizer's state buffers.
+  // Shard buffers per unit: 0 is the master weights, 1.. the optimizer's
+  // state buffers (fp32, or bf16 as master_dtype() and state_dtype() say;
+  // read_shard and write_shard take fp32 values either way).
   int shard_buffers() const { return 1 + config_.optimizer.state_buffers(); }
   // Host copies of this rank's owned shard of one buffer of unit u
   // (layout().unit(u).shard elements), wherever it lives (device or, with
@@ -322,13 +327,27 @@ class Engine {
   // Unit u's shard of buffer b (0: master weights, 1..: optimizer state)
   // in at most two pieces, [begin, end) of the shard each: its first
   // elements in host memory (offload), the rest on the device.
+  // Elements of `dtype` (the buffer's: master_dtype_ or state_dtype_).
   struct ShardPiece {
-    float* data = nullptr;
+    std::byte* data = nullptr;
+    DType dtype = DType::kFloat32;
     size_t begin = 0;
     size_t end = 0;
     bool host = false;
+    // Where shard element i (in [begin, end)) lies.
+    std::byte* at(size_t i) const { return data + (i - begin) * elem_size(dtype); }
   };
   std::array<ShardPiece, 2> shard_pieces(int unit, int buffer);
+  // The values of shard elements [a, b) of piece p as fp32 to `dst`, or
+  // fp32 values from `src` narrowed into them; `elsewhere` says whether
+  // dst/src is host memory (true) or memory of the engine's device. Ordered
+  // on the engine's stream; the caller synchronizes before reading dst.
+  void piece_to_fp32(const ShardPiece& p, size_t a, size_t b, float* dst, bool dst_host);
+  void piece_from_fp32(const ShardPiece& p, size_t a, size_t b, const float* src, bool src_host);
+  // Whether the master weights are the compute-dtype parameters themselves
+  // (fp32 compute, or bf16 master weights with bf16 compute) rather than a
+  // copy of their own.
+  bool master_is_params() const { return master_dtype_ == compute_dtype_; }
   // Reads (read non-empty) or writes a frozen unit's owned values as fp32.
   void frozen_shard(int unit, std::span<float> read, std::span<const float> write);
   // A frozen unit's owned compute-dtype values where a kernel can read them:
@@ -386,6 +405,8 @@ class Engine {
   Stream stream_;
   DType compute_dtype_;
   DType grad_accum_dtype_;
+  DType master_dtype_;  // fp32, or bf16 (EngineConfig::bf16_master_weights_and_grads)
+  DType state_dtype_;   // fp32, or bf16 (EngineConfig::bf16_optimizer_states)
   std::unique_ptr<Impl> impl_;
   std::weak_ptr<const void> comm_alive_;
   std::weak_ptr<const void> allocator_alive_;

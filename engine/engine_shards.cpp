@@ -3,6 +3,7 @@
 // (read_shard, write_shard, unit_master) and restore() rebuilds the
 // compute-dtype parameters from.
 #include <algorithm>
+#include <vector>
 
 #include "zest/core/check.h"
 #include "zest/engine/engine.h"
@@ -38,15 +39,15 @@ std::vector<float> Engine::unit_master(int unit) {
   const std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
   if (impl_->layout->partitions() == 1) {
     // The master is the whole unit: no gather, so no staging buffer.
-    for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
+    for (const ShardPiece& p : pieces) piece_to_fp32(p, p.begin, p.end, out.data() + p.begin, /*dst_host=*/true);
   } else {
     Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
-    // The collective reads device memory: an offloaded part comes through
-    // this rank's slot of `full` first.
-    const float* mine = pieces[1].data;
-    if (pieces[0].end > 0) {
+    // The collective reads fp32 in device memory: an offloaded or bf16
+    // master comes through this rank's slot of `full` first.
+    const float* mine = reinterpret_cast<const float*>(pieces[1].data);
+    if (pieces[0].end > 0 || pieces[1].dtype != DType::kFloat32) {
       float* slot = full.as<float>() + U.shard * static_cast<size_t>(impl_->part);
-      for (const ShardPiece& p : pieces) copy_bytes(stream_, slot + p.begin, p.data, (p.end - p.begin) * 4);
+      for (const ShardPiece& p : pieces) piece_to_fp32(p, p.begin, p.end, slot + p.begin, /*dst_host=*/false);
       mine = slot;
     }
     impl_->control->all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
@@ -85,21 +86,73 @@ std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
   // Master and optimizer state, on the host and on the device, cover the
   // trainable units only, in order.
   const size_t offset = im.layout->trainable_offset(unit);
+  const DType dtype = buffer == 0 ? master_dtype_ : state_dtype_;
   std::array<ShardPiece, 2> pieces;
-  if (st.host_numel > 0) pieces[0] = {im.offload->buffer(buffer) + offset, 0, st.host_numel, true};
-  pieces[1] = {nullptr, st.host_numel, shard, false};
+  if (st.host_numel > 0) pieces[0] = {im.offload->buffer(buffer) + offset * elem_size(dtype), dtype, 0, st.host_numel, true};
+  pieces[1] = {nullptr, dtype, st.host_numel, shard, false};
   if (st.host_numel < shard) {
     // Device elements are indexed from im.host_numel in the owned region.
-    const size_t at = offset + st.host_numel - im.host_numel;
+    const size_t at = (offset + st.host_numel - im.host_numel) * elem_size(dtype);
     if (buffer > 0) {
-      pieces[1].data = im.state[buffer - 1].as<float>() + at;
-    } else if (compute_dtype_ == DType::kFloat32) {
-      pieces[1].data = reinterpret_cast<float*>(owned_params(unit)) + st.host_numel;
+      pieces[1].data = im.state[buffer - 1].as<std::byte>() + at;
+    } else if (master_is_params()) {
+      pieces[1].data = owned_params(unit) + st.host_numel * elem_size(compute_dtype_);
     } else {
-      pieces[1].data = im.master.as<float>() + at;
+      pieces[1].data = im.master.as<std::byte>() + at;
     }
   }
   return pieces;
+}
+
+// Note [shard pieces as fp32]: what checkpoints and the export see of a
+// piece is fp32 whatever it keeps (widening bf16 is exact, and narrowing
+// back what was widened gives the same bits). The conversion runs where the
+// piece lies: on the engine's stream for device memory, on the host for an
+// offloaded piece, with a staging copy when the other side is elsewhere.
+void Engine::piece_to_fp32(const ShardPiece& p, size_t a, size_t b, float* dst, bool dst_host) {
+  ZEST_INTERNAL_ASSERT(p.begin <= a && a <= b && b <= p.end, "[{}, {}) of a piece [{}, {})", a, b, p.begin, p.end);
+  const size_t n = b - a;
+  if (n == 0) return;
+  if (p.dtype == DType::kFloat32) return copy_bytes(stream_, dst, p.at(a), n * 4);
+  const bool host_backend = stream_.device().is_host();
+  if (host_backend || (p.host && dst_host)) {
+    convert(host_backend ? stream_ : Stream::default_for(Device::host()), p.at(a), p.dtype, dst, DType::kFloat32, n);
+  } else if (!p.host && !dst_host) {
+    convert(stream_, p.at(a), p.dtype, dst, DType::kFloat32, n);
+  } else if (p.host) {
+    std::vector<float> widened(n);
+    convert(Stream::default_for(Device::host()), p.at(a), p.dtype, widened.data(), DType::kFloat32, n);
+    copy_bytes(stream_, dst, widened.data(), n * 4);
+    stream_.synchronize();  // before `widened` goes
+  } else {
+    Buffer widened = allocator_.allocate_buffer(n * 4, stream_, MemoryCategory::kCommBuffers);
+    convert(stream_, p.at(a), p.dtype, widened.data(), DType::kFloat32, n);
+    copy_bytes(stream_, dst, widened.data(), n * 4);
+  }
+}
+
+void Engine::piece_from_fp32(const ShardPiece& p, size_t a, size_t b, const float* src, bool src_host) {
+  ZEST_INTERNAL_ASSERT(p.begin <= a && a <= b && b <= p.end, "[{}, {}) of a piece [{}, {})", a, b, p.begin, p.end);
+  const size_t n = b - a;
+  if (n == 0) return;
+  if (p.dtype == DType::kFloat32) return copy_bytes(stream_, p.at(a), src, n * 4);
+  const bool host_backend = stream_.device().is_host();
+  if (host_backend || (p.host && src_host)) {
+    convert(host_backend ? stream_ : Stream::default_for(Device::host()), src, DType::kFloat32, p.at(a), p.dtype, n);
+  } else if (!p.host && !src_host) {
+    convert(stream_, src, DType::kFloat32, p.at(a), p.dtype, n);
+  } else if (p.host) {
+    // Device values to an offloaded piece: narrowed on the device, then copied.
+    Buffer narrow = allocator_.allocate_buffer(n * elem_size(p.dtype), stream_, MemoryCategory::kCommBuffers);
+    convert(stream_, src, DType::kFloat32, narrow.data(), p.dtype, n);
+    copy_bytes(stream_, p.at(a), narrow.data(), n * elem_size(p.dtype));
+    stream_.synchronize();  // the host piece is complete on return, as with a host stream
+  } else {
+    std::vector<std::byte> narrow(n * elem_size(p.dtype));
+    convert(Stream::default_for(Device::host()), src, DType::kFloat32, narrow.data(), p.dtype, n);
+    copy_bytes(stream_, p.at(a), narrow.data(), narrow.size());
+    stream_.synchronize();  // before `narrow` goes
+  }
 }
 
 bool Engine::shard_on_host(int unit) const {
@@ -159,7 +212,7 @@ std::vector<float> Engine::read_shard(int unit, int buffer) {
     return out;
   }
   const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
-  for (const ShardPiece& p : pieces) copy_bytes(stream_, out.data() + p.begin, p.data, (p.end - p.begin) * 4);
+  for (const ShardPiece& p : pieces) piece_to_fp32(p, p.begin, p.end, out.data() + p.begin, /*dst_host=*/true);
   stream_.synchronize();
   return out;
 }
@@ -185,7 +238,7 @@ void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
     return;
   }
   const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
-  for (const ShardPiece& p : pieces) copy_bytes(stream_, p.data, values.data() + p.begin, (p.end - p.begin) * 4);
+  for (const ShardPiece& p : pieces) piece_from_fp32(p, p.begin, p.end, values.data() + p.begin, /*src_host=*/true);
   stream_.synchronize();
 }
 
@@ -215,15 +268,15 @@ void Engine::restore(const Progress& progress) {
     for (const ShardPiece& m : masters) {
       const size_t n = m.end - m.begin;
       if (n == 0) continue;
-      if (compute_dtype_ == DType::kFloat32) {
+      if (master_is_params()) {
         // On the device the master is the parameters; from the host it is copied.
-        if (m.host) copy_bytes(stream_, params, m.data, n * 4);
+        if (m.host) copy_bytes(stream_, params, m.data, n * bc);
       } else if (!m.host) {
-        convert(stream_, m.data, DType::kFloat32, params + m.begin * bc, compute_dtype_, n);
+        convert(stream_, m.data, m.dtype, params + m.begin * bc, compute_dtype_, n);
       } else {
         // Narrowed on the host (the same rounding), then copied.
         Buffer narrow = host_allocator_->allocate_buffer(n * bc, host, MemoryCategory::kCommBuffers);
-        convert(host, m.data, DType::kFloat32, narrow.data(), compute_dtype_, n);
+        convert(host, m.data, m.dtype, narrow.data(), compute_dtype_, n);
         copy_bytes(stream_, params + m.begin * bc, narrow.data(), n * bc);
         stream_.synchronize();  // before `narrow` is freed
       }

@@ -93,18 +93,21 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
 
 // Unit u's shard buffers from its first element on the device (after the
 // host_numel offloaded ones): master, state, reduced gradient and the
-// compute-dtype parameters (none in fp32, where the master is them).
+// compute-dtype parameters (none where the master is them: fp32, bf16 master
+// weights).
 ShardBuffers Engine::device_shard(int u) {
   const UnitState& st = impl_->units[static_cast<size_t>(u)];
   const size_t first = st.host_numel;
   ZEST_INTERNAL_ASSERT(!shard_on_host(u), "unit {}: a device update of parameters offloaded to the host", u);
   ShardBuffers b;
   b.master = shard_pieces(u, 0)[1].data;
+  b.master_dtype = master_dtype_;
   for (int s = 1; s < shard_buffers(); ++s) b.state[s - 1] = shard_pieces(u, s)[1].data;
+  b.state_dtype = state_dtype_;
   b.grad_dtype = reduced_grad_dtype(u);
   b.grad = static_cast<const std::byte*>(reduced_grad(u)) + first * elem_size(b.grad_dtype);
   b.param_dtype = compute_dtype_;
-  b.param_out = compute_dtype_ == DType::kFloat32 ? nullptr : owned_params(u) + first * elem_size(compute_dtype_);
+  b.param_out = master_is_params() ? nullptr : owned_params(u) + first * elem_size(compute_dtype_);
   b.numel = impl_->layout->unit(u).shard - first;
   return b;
 }

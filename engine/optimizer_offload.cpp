@@ -42,10 +42,12 @@ size_t offloaded_numel(size_t owned, double ratio) {
 }
 
 OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers,
-                                   DType compute, bool delayed)
+                                   OffloadDtypes dtypes, bool delayed)
     : host_numel_(host_numel),
       state_buffers_(state_buffers),
-      compute_(compute),
+      compute_(dtypes.compute),
+      dtypes_(dtypes),
+      master_is_params_(dtypes.master == dtypes.compute),
       chunk_(chunk_for(host_numel)),
       delayed_(delayed),
       d2h_(device, /*timing=*/true),
@@ -57,10 +59,12 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
   ZEST_INTERNAL_ASSERT(state_buffers >= 0 && state_buffers <= 2, "{} optimizer state buffers", state_buffers);
   if (host_numel == 0) return;
   const Stream hs = Stream::default_for(Device::host());
-  master_ = host.allocate_buffer(host_numel * 4, hs, MemoryCategory::kMasterWeights);
+  const DType compute = dtypes.compute;
+  master_ = host.allocate_buffer(host_numel * elem_size(dtypes.master), hs, MemoryCategory::kMasterWeights);
   for (int s = 0; s < state_buffers; ++s) {
-    state_[s] = host.allocate_buffer(host_numel * 4, hs, MemoryCategory::kOptimizerState);
-    fill_zero(hs, state_[s].data(), host_numel * 4);
+    const size_t bytes = host_numel * elem_size(dtypes.state);
+    state_[s] = host.allocate_buffer(bytes, hs, MemoryCategory::kOptimizerState);
+    fill_zero(hs, state_[s].data(), bytes);
   }
   if (delayed) {
     grads_all_ = host.allocate_buffer(host_numel * elem_size(compute), hs, MemoryCategory::kCommBuffers);
@@ -70,8 +74,8 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
   const size_t slot_bytes = chunk_ * elem_size(compute);
   for (int i = 0; i < 2; ++i) {
     grad_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
-    // fp32: the master is the parameters, copied back from where it lies.
-    if (compute != DType::kFloat32) param_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
+    // The master in the parameters' dtype is copied back from where it lies.
+    if (!master_is_params_) param_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
   }
 }
 
@@ -83,9 +87,9 @@ OptimizerOffload::~OptimizerOffload() {
   }
 }
 
-float* OptimizerOffload::buffer(int b) const {
+std::byte* OptimizerOffload::buffer(int b) const {
   ZEST_INTERNAL_ASSERT(b >= 0 && b <= state_buffers_, "offload buffer {} of {}", b, state_buffers_ + 1);
-  return b == 0 ? master_.as<float>() : state_[b - 1].as<float>();
+  return b == 0 ? master_.as<std::byte>() : state_[b - 1].as<std::byte>();
 }
 
 void OptimizerOffload::pieces_of(size_t a, size_t b, std::span<const OffloadUnit> units, size_t& cursor,
@@ -114,15 +118,21 @@ void OptimizerOffload::update(const std::vector<Piece>& pieces, const OptimizerC
       const size_t hi = std::min(run.end + off, p.end);
       if (lo >= hi) continue;
       ShardBuffers b;
-      b.master = master_.as<float>() + lo;
-      for (int s = 0; s < state_buffers_; ++s) b.state[s] = state_[s].as<float>() + lo;
+      b.master = master_.as<std::byte>() + lo * elem_size(dtypes_.master);
+      b.master_dtype = dtypes_.master;
+      for (int s = 0; s < state_buffers_; ++s) b.state[s] = state_[s].as<std::byte>() + lo * elem_size(dtypes_.state);
+      b.state_dtype = dtypes_.state;
       b.grad = grads + (lo - base) * bc;
       b.grad_dtype = compute_;
-      b.param_out = params == nullptr ? nullptr : params + (lo - base) * bc;
       b.param_dtype = compute_;
       b.numel = hi - lo;
       scalars.weight_decay = group_decay[static_cast<size_t>(run.group)];
+      // bf16 master weights are the parameters (no output of their own):
+      // the delayed update's copy of them is the master's bytes.
+      const bool copy_master = params != nullptr && dtypes_.master != DType::kFloat32;
+      if (params != nullptr && !copy_master) b.param_out = params + (lo - base) * bc;
       optimizer_step(hs, config, b, scalars);
+      if (copy_master) copy_bytes(hs, params + (lo - base) * bc, b.master, b.numel * bc);
     }
   }
 }
@@ -157,7 +167,6 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
                                       std::span<const OffloadUnit> units, std::span<const float> group_decay,
                                       StepScalars scalars) {
   const size_t bc = elem_size(compute_);
-  const bool fp32 = compute_ == DType::kFloat32;
   const size_t chunks = (host_numel_ + chunk_ - 1) / chunk_;
 
   std::vector<std::vector<Piece>> pieces(chunks);
@@ -176,7 +185,7 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
   const auto store = [&](size_t i) {
     const size_t a = i * chunk_;
     for (const Piece& p : pieces[i]) {
-      const void* src = fp32 ? static_cast<const void*>(master_.as<float>() + p.begin)
+      const void* src = master_is_params_ ? static_cast<const void*>(master_.as<std::byte>() + p.begin * bc)
                              : static_cast<const void*>(param_slot_[i % 2].as<std::byte>() + (p.begin - a) * bc);
       h2d_.copy(p.unit->params + (p.begin - p.unit->offset) * bc, src, (p.end - p.begin) * bc);
     }
@@ -188,10 +197,10 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
   for (size_t i = 0; i < chunks; ++i) {
     d2h_.synchronize(fetched[i]);
     // The slot's parameters from two chunks ago have left.
-    if (i >= 2 && !fp32) h2d_.synchronize(stored[i - 2]);
+    if (i >= 2 && !master_is_params_) h2d_.synchronize(stored[i - 2]);
     const auto t = std::chrono::steady_clock::now();
     update(pieces[i], config, group_decay, scalars, grad_slot_[i % 2].as<std::byte>(),
-           fp32 ? nullptr : param_slot_[i % 2].as<std::byte>(), i * chunk_);
+           master_is_params_ ? nullptr : param_slot_[i % 2].as<std::byte>(), i * chunk_);
     times_.update_ms += ms_since(t);
     store(i);
     if (i + 2 < chunks) fetch(i + 2);  // into the slot update(i) has finished reading

@@ -67,20 +67,30 @@ struct OffloadTimes {
   double total_ms = 0.0;   // the whole pipeline, start to end
 };
 
+// What the offloaded part keeps: the parameters' (and gradients') compute
+// dtype, and the master weights' and state's (fp32, or bf16: Note [bf16
+// master weights and optimizer state] in optim/optimizer.h).
+struct OffloadDtypes {
+  DType compute = DType::kFloat32;
+  DType master = DType::kFloat32;
+  DType state = DType::kFloat32;
+};
+
 class OptimizerOffload {
  public:
   // `host` gives the host memory (pinned, for asynchronous CUDA copies);
   // `device` is the engine's.
-  OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers,
-                   DType compute, bool delayed);
+  OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers, OffloadDtypes dtypes,
+                   bool delayed);
   ~OptimizerOffload();
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
 
   size_t host_numel() const { return host_numel_; }
   size_t chunk_numel() const { return chunk_; }
-  // Buffer b of the host part: 0 the fp32 master weights, 1.. the state.
-  float* buffer(int b) const;
+  // Buffer b of the host part: 0 the master weights, 1.. the state, of
+  // the dtypes given at construction.
+  std::byte* buffer(int b) const;
 
   // Steps the host part of every unit (`units` in owned order), with the
   // weight decay of each parameter group. Reads the gradients after the work
@@ -110,7 +120,8 @@ class OptimizerOffload {
                     std::span<const float> group_decay, StepScalars scalars);
   // Updates pieces [first, last) of `pieces` from gradients at `grads` (in
   // the host part's indexing, minus `base`), new parameters into `params`
-  // the same way (null: fp32 in the pipeline, where the master is copied).
+  // the same way (null: master_is_params_ in the pipeline, where the master
+  // is copied).
   void update(const std::vector<Piece>& pieces, const OptimizerConfig& config, std::span<const float> group_decay,
               StepScalars scalars, const std::byte* grads, std::byte* params, size_t base);
   // Waits for the delayed update's thread; rethrows its error.
@@ -119,6 +130,10 @@ class OptimizerOffload {
   size_t host_numel_;
   int state_buffers_;
   DType compute_;
+  OffloadDtypes dtypes_;
+  // The master weights are the parameters' dtype (fp32 compute, bf16 master
+  // weights): the pipeline copies them back as they are, with no slot.
+  bool master_is_params_;
   size_t chunk_;
   Buffer master_;
   Buffer state_[2];

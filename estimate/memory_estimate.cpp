@@ -70,7 +70,11 @@ StateBytes<T> state_bytes(const std::vector<UnitSize>& units, const EstimateOpti
   // one (full size) in the compute dtype, which the engine then requires.
   const T acc_b = static_cast<T>(elem_size(o.grad_accum_dtype.value_or(o.compute_dtype)));
   const T states = static_cast<T>(o.optimizer.state_buffers());
-  const bool master = o.compute_dtype != DType::kFloat32;
+  // The master is a copy of its own unless it is the parameters (fp32
+  // compute, or bf16 master weights with bf16 compute).
+  const bool master = o.master_dtype != o.compute_dtype;
+  const T master_b = static_cast<T>(elem_size(o.master_dtype));
+  const T state_b = static_cast<T>(elem_size(o.state_dtype));
   const int stage = o.zero.stage;
   // The accumulator: always at stages 2-3 (reduced shards are summed over
   // micro-steps there), at stages 0-1 only when there is more than one.
@@ -86,8 +90,8 @@ StateBytes<T> state_bytes(const std::vector<UnitSize>& units, const EstimateOpti
     s.params += n * b * (u.resident ? full : shard);
     if (u.frozen) continue;  // parameters only
     s.grads += n * b * (stage < 2 ? full : T{}) + n * (acc ? (local ? b * full : acc_b * shard) : T{});
-    if (master) s.master += n * 4 * shard;
-    s.optimizer += n * 4 * states * shard;
+    if (master) s.master += n * master_b * shard;
+    s.optimizer += n * state_b * states * shard;
   }
   return s;
 }
@@ -188,7 +192,9 @@ int64_t offload_slot_bytes(size_t host_numel, const EstimateOptions& o) {
   if (host_numel == 0) return 0;
   const size_t b = elem_size(o.compute_dtype);
   if (o.offload_optimizer.delayed_update) return to_bytes(2 * host_numel, b);
-  const size_t slots = o.compute_dtype == DType::kFloat32 ? 2 : 4;
+  // Gradient slots, and parameter slots unless the master is the
+  // parameters (copied back as it is).
+  const size_t slots = o.master_dtype == o.compute_dtype ? 2 : 4;
   return to_bytes(slots * offload_chunk_numel(host_numel), b);
 }
 
@@ -231,13 +237,14 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   };
   const auto set_host = [&](MemoryCategory c, int64_t bytes) { e.host_by_category[category_index(c)] = {bytes, bytes}; };
 
-  // What lives on the host. The offloaded master is allocated in fp32 too
-  // (then a copy of the parameters the host update reads and writes).
-  const bool fp32 = o.compute_dtype == DType::kFloat32;
+  // What lives on the host. The offloaded master is allocated even where
+  // the master is the parameters (then a copy the host update reads and
+  // writes).
+  const bool master_is_params = o.master_dtype == o.compute_dtype;
   const int states = o.optimizer.state_buffers();
   e.host_numel = o.offloads_optimizer() ? offloaded_numel_of(trainable_owned, o.offload_optimizer.ratio) : 0;
-  const int64_t host_master = to_bytes(e.host_numel, 4);
-  const int64_t host_state = to_bytes(e.host_numel * static_cast<size_t>(states), 4);
+  const int64_t host_master = to_bytes(e.host_numel, elem_size(o.master_dtype));
+  const int64_t host_state = to_bytes(e.host_numel * static_cast<size_t>(states), elem_size(o.state_dtype));
   const int64_t host_params = o.offloads_params() ? sharded_param_bytes<int64_t>(units, o, true) : 0;
   const int64_t slots = offload_slot_bytes(e.host_numel, o);
   set_host(MemoryCategory::kParameters, host_params);
@@ -246,7 +253,7 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   set_host(MemoryCategory::kCommBuffers, slots);
   e.host_model_state_bytes = host_params + host_master + host_state;
   e.host_peak_bytes = e.host_model_state_bytes + slots;
-  const int64_t device_master = fp32 ? 0 : s.master - host_master;
+  const int64_t device_master = master_is_params ? 0 : s.master - host_master;
   const int64_t device_state = s.optimizer - host_state;
   const int64_t device_params = s.params - host_params;
   // The frozen units' part of it, as MemoryReport::frozen_parameters: their
@@ -293,7 +300,7 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   const double bare_device = bare.params - bare_host_params + bare.grads + (bare.master + bare.optimizer) * on_device;
   e.padding_bytes = e.model_state_bytes - std::llround(bare_device);
 
-  e.paper_k = paper_k(o.compute_dtype, o.optimizer);
+  e.paper_k = paper_k(o.compute_dtype, o.optimizer, o.master_dtype, o.state_dtype);
   const PaperBytes paper = paper_offload_bytes(static_cast<double>(e.numel), o.world_size, o.zero.stage,
                                                o.offloads_optimizer(), o.offloads_params(), e.paper_k,
                                                static_cast<double>(b));
@@ -334,8 +341,10 @@ PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_
   return out;
 }
 
-double paper_k(DType compute_dtype, const OptimizerConfig& optimizer) {
-  return (compute_dtype == DType::kFloat32 ? 0.0 : 4.0) + 4.0 * optimizer.state_buffers();
+double paper_k(DType compute_dtype, const OptimizerConfig& optimizer, DType master_dtype, DType state_dtype) {
+  const auto master = static_cast<double>(elem_size(master_dtype));
+  const auto state = static_cast<double>(elem_size(state_dtype));
+  return (compute_dtype == DType::kFloat32 ? 0.0 : master) + state * optimizer.state_buffers();
 }
 
 size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& options,
@@ -377,6 +386,8 @@ EstimateOptions EstimateOptions::from_config(const EngineConfig& config, int wor
   o.compute_dtype = config.compute_dtype();
   o.grad_accum_dtype = config.grad_accum_dtype;
   o.optimizer = config.optimizer;
+  o.master_dtype = config.master_dtype();
+  o.state_dtype = config.optimizer_state_dtype();
   o.offload_optimizer = config.offload_optimizer;
   o.offload_param = config.offload_param;
   // The accumulation the engine would take at this world size.
@@ -395,6 +406,20 @@ void EstimateOptions::validate() const {
                  compute_dtype == DType::kBFloat16,
              "compute dtype is {}: allowed values are fp32, fp16 and bf16", dtype_name(compute_dtype));
   optimizer.validate();
+  // The engine's rules (engine.cpp, check_low_precision_master).
+  for (const DType d : {master_dtype, state_dtype}) {
+    ZEST_CHECK(d == DType::kFloat32 || d == DType::kBFloat16,
+               "master weights and optimizer state are fp32 or bf16, not {}", dtype_name(d));
+  }
+  if (master_dtype == DType::kBFloat16 || state_dtype == DType::kBFloat16) {
+    ZEST_CHECK(master_dtype == DType::kBFloat16, "bf16 optimizer state needs bf16 master weights, as in DeepSpeed");
+    ZEST_CHECK(compute_dtype == DType::kBFloat16, "bf16 master weights need bf16 compute; this is {}",
+               dtype_name(compute_dtype));
+    ZEST_CHECK(zero.stage >= 1, "bf16 master weights need ZeRO stage 1, 2 or 3, as in DeepSpeed; this is stage 0");
+    ZEST_CHECK(state_dtype == DType::kBFloat16 || offloads_optimizer(),
+               "bf16 master weights over fp32 optimizer state need offload_optimizer cpu, as in DeepSpeed");
+    ZEST_CHECK(optimizer.kind != OptimizerKind::kLamb, "bf16 master weights are not supported with Lamb");
+  }
   ZEST_CHECK(gradient_accumulation_steps >= 1,
              "gradient_accumulation_steps is {}: it must be at least 1", gradient_accumulation_steps);
   ZEST_CHECK(zero.stage3_param_persistence_threshold >= 0,

@@ -15,8 +15,8 @@
 //
 // What is counted (requested bytes, as the allocator's category stats count
 // them; its rounding to 512 B and its cached segments are not):
-//   persistent  parameters, gradients (incl. the accumulator), fp32 master
-//               weights and optimizer state, from finalize() on
+//   persistent  parameters, gradients (incl. the accumulator), master
+//               weights and optimizer state (fp32, or bf16), from finalize() on
 //   transient   stage 3: gathered full parameters of the live units;
 //               stages 2-3: full gradient buffers waiting for their
 //               reduce-scatter; finalize()'s fp32 staging of one unit
@@ -101,6 +101,11 @@ struct EstimateOptions {
   // compute dtype (as the engine takes it).
   std::optional<DType> grad_accum_dtype;
   OptimizerConfig optimizer;              // kind and momentum: state buffers
+  // What master weights and optimizer state are kept in (DeepSpeed's
+  // bf16_master_weights_and_grads, bf16_optimizer_states): fp32, or bf16,
+  // under the engine's rules (bf16 master weights are the bf16 parameters).
+  DType master_dtype = DType::kFloat32;
+  DType state_dtype = DType::kFloat32;
   int64_t gradient_accumulation_steps = 1;
   // device, ratio and delayed_update are used (pin_memory does not change
   // the bytes); offload_param: device only, at stage 3.
@@ -213,9 +218,13 @@ struct PaperBytes {
 };
 PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_offload, bool param_offload,
                                double k = 12.0, double compute_bytes = 2.0);
-// K for a run in `compute_dtype`: the fp32 master copy (none in fp32, where
-// the parameters are the master) plus the optimizer's fp32 state buffers.
-double paper_k(DType compute_dtype, const OptimizerConfig& optimizer);
+// K for a run in `compute_dtype`: the master copy (none in fp32, where the
+// parameters are the master) plus the optimizer's state buffers, each of its
+// dtype, as DeepSpeed counts them: 12 for the paper's mixed-precision Adam,
+// 6 with bf16 master weights and state (a bf16 master partition of its own
+// there, where ZEST's is the parameters).
+double paper_k(DType compute_dtype, const OptimizerConfig& optimizer, DType master_dtype = DType::kFloat32,
+               DType state_dtype = DType::kFloat32);
 
 enum class FitCriterion : uint8_t {
   kModelStates,  // persistent model states only, as the paper counts

@@ -94,8 +94,11 @@ double category(const MemoryEstimate& e, MemoryCategory c, bool peak) {
   return static_cast<double>(peak ? e[c].peak : e[c].persistent);
 }
 
+// The stages the offload and precision choices allow: offload_optimizer
+// and bf16 master weights at stages 1-3; offload_param at 3.
 bool offload_allowed(const EstimateOptions& o) {
-  return (!o.offloads_optimizer() || o.zero.stage >= 1) &&
+  const bool bf16_master = o.master_dtype == DType::kBFloat16;
+  return ((!o.offloads_optimizer() && !bf16_master) || o.zero.stage >= 1) &&
          (!o.offloads_params() || (o.zero.stage == 3 && carries_offloaded_params(o.offload_optimizer)));
 }
 
@@ -128,19 +131,23 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
     est.push_back(estimate_memory(model, o));
     largest = std::max(largest, static_cast<double>(est.back().peak_bytes));
   }
-  ZEST_CHECK(!est.empty(), "no stage of those asked for allows this offload choice (optimizer: stages 1-3; "
-                           "parameters: stage 3)");
+  ZEST_CHECK(!est.empty(), "no stage of those asked for allows this offload choice (optimizer and bf16 master "
+                           "weights: stages 1-3; parameters: stage 3)");
   const EstimateOptions& o = est.front().options;
   const int b = static_cast<int>(elem_size(o.compute_dtype));
   const int states = o.optimizer.state_buffers();
   const bool offload = o.offloads_optimizer() || o.offloads_params();
+  const int mb = static_cast<int>(elem_size(o.master_dtype));  // master weights' bytes an element
+  const int sb = static_cast<int>(elem_size(o.state_dtype));   // a state buffer's
+  const bool master_is_params = o.master_dtype == o.compute_dtype;
 
   std::string out = fmt::format("model: {}\n", model.summary());
   out += fmt::format(
-      "ranks: N = {}; compute {} (b = {} bytes); {}, {} fp32 state buffer{} (K = {:g}); "
+      "ranks: N = {}; compute {} (b = {} bytes); {}, {} {} state buffer{}, {} master weights (K = {:g}); "
       "gradient accumulation {}\n",
       o.world_size, dtype_name(o.compute_dtype), b, optimizer_name(o.optimizer.kind), states,
-      states == 1 ? "" : "s", est.front().paper_k, o.gradient_accumulation_steps);
+      dtype_name(o.state_dtype), states == 1 ? "" : "s", dtype_name(o.master_dtype), est.front().paper_k,
+      o.gradient_accumulation_steps);
   out += "Ψ = parameters; Ψ' = elements with alignment and shard padding; s = Ψ'/N owned per rank "
          "(N = 1 at stage 0)\n";
   if (o.offloads_optimizer()) {
@@ -170,12 +177,12 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
                           : fmt::format("; + {}s accumulator at 0-1", b)));
   t.bytes("master_weights",
           [](const MemoryEstimate& e) { return category(e, C::kMasterWeights, false); },
-          o.compute_dtype == DType::kFloat32 ? "none: the fp32 parameters are the master copy"
-          : o.offloads_optimizer()            ? "4(s - h), h owned elements on the host"
-                                              : "4s");
+          master_is_params ? fmt::format("none: the {} parameters are the master copy", dtype_name(o.compute_dtype))
+          : o.offloads_optimizer() ? fmt::format("{}(s - h), h owned elements on the host", mb)
+                                   : fmt::format("{}s", mb));
   t.bytes("optimizer_state",
           [](const MemoryEstimate& e) { return category(e, C::kOptimizerState, false); },
-          o.offloads_optimizer() ? fmt::format("{}(s - h)", 4 * states) : fmt::format("{}s", 4 * states));
+          o.offloads_optimizer() ? fmt::format("{}(s - h)", sb * states) : fmt::format("{}s", sb * states));
   t.bytes("model states", [](const MemoryEstimate& e) { return static_cast<double>(e.model_state_bytes); },
           "the sum of the four above");
   t.gib("  in binary units", [](const MemoryEstimate& e) { return e.model_state_bytes; });
@@ -198,11 +205,11 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
               return static_cast<double>(e.host(C::kMasterWeights).persistent +
                                          e.host(C::kOptimizerState).persistent);
             },
-            fmt::format("{}h (the master in fp32 even in fp32 compute)", 4 + 4 * states));
+            fmt::format("{}h (a master copy even where the master is the parameters)", mb + sb * states));
     t.bytes("host: staging", [](const MemoryEstimate& e) { return static_cast<double>(e.host(C::kCommBuffers).peak); },
             o.offload_optimizer.delayed_update ? fmt::format("{}h: the host part's gradients and parameters", 2 * b)
                                                : fmt::format("{} chunk slots of {} bytes per element",
-                                                             o.compute_dtype == DType::kFloat32 ? 2 : 4, b));
+                                                             master_is_params ? 2 : 4, b));
     t.bytes("host model states", [](const MemoryEstimate& e) { return static_cast<double>(e.host_model_state_bytes); },
             "host parameters + master + optimizer state");
     t.bytes("host peak", [](const MemoryEstimate& e) { return static_cast<double>(e.host_peak_bytes); },

@@ -23,6 +23,8 @@ void check_shard(const OptimizerConfig& c, const ShardBuffers& s, const LambPiec
   ZEST_CHECK(pieces != nullptr && s.master != nullptr && s.grad != nullptr && s.state[0] != nullptr &&
                  s.state[1] != nullptr,
              "{}: pieces, master weights, gradient and both state buffers (m, v) must not be null", what);
+  (void)s.master_fp32(what);  // LAMB keeps fp32 master weights and state only
+  (void)s.state_fp32(0, what);
 }
 
 // The elements of one piece as float, wherever the gradient's type.
@@ -34,6 +36,9 @@ float grad_at(const void* grad, size_t i) {
 template <typename TG>
 void moments_host(const detail::LambStep& l, const ShardBuffers& s, const LambPiece* pieces, size_t count,
                   double* sums) {
+  float* master = s.master_fp32("Lamb");
+  float* m = s.state_fp32(0, "Lamb");
+  float* v = s.state_fp32(1, "Lamb");
   for (size_t p = 0; p < count; ++p) {
     const LambPiece& piece = pieces[p];
     ZEST_CHECK(piece.numel <= kLambPieceMax && piece.begin + piece.numel <= s.numel,
@@ -44,8 +49,8 @@ void moments_host(const detail::LambStep& l, const ShardBuffers& s, const LambPi
     double u_lanes[kNormWarp] = {};
     for (size_t j = 0; j < piece.numel; ++j) {
       const size_t i = piece.begin + j;
-      const float w = s.master[i];
-      const float u = detail::lamb_moments_update(l, grad_at<TG>(s.grad, i), w, s.state[0][i], s.state[1][i]);
+      const float w = master[i];
+      const float u = detail::lamb_moments_update(l, grad_at<TG>(s.grad, i), w, m[i], v[i]);
       const auto wd = static_cast<double>(w);
       const auto ud = static_cast<double>(u);
       w_lanes[j % kNormWarp] += wd * wd;
@@ -59,6 +64,9 @@ void moments_host(const detail::LambStep& l, const ShardBuffers& s, const LambPi
 template <typename TP>
 void apply_host(const detail::LambStep& l, const ShardBuffers& s, const LambPiece* pieces, size_t count,
                 const float* ratios) {
+  float* master = s.master_fp32("Lamb");
+  float* m = s.state_fp32(0, "Lamb");
+  float* v = s.state_fp32(1, "Lamb");
   for (size_t p = 0; p < count; ++p) {
     const LambPiece& piece = pieces[p];
     ZEST_CHECK(piece.numel <= kLambPieceMax && piece.begin + piece.numel <= s.numel,
@@ -66,8 +74,8 @@ void apply_host(const detail::LambStep& l, const ShardBuffers& s, const LambPiec
                piece.numel, s.numel, kLambPieceMax);
     const float scale = l.step_size * ratios[piece.param];
     for (size_t i = piece.begin; i < piece.begin + piece.numel; ++i) {
-      const float w = detail::lamb_apply_one(l, scale, s.master[i], s.state[0][i], s.state[1][i]);
-      s.master[i] = w;
+      const float w = detail::lamb_apply_one(l, scale, master[i], m[i], v[i]);
+      master[i] = w;
       if constexpr (!std::is_void_v<TP>) static_cast<TP*>(s.param_out)[i] = TP(w);
     }
   }
@@ -160,7 +168,7 @@ void lamb_apply(const Stream& stream, const OptimizerConfig& config, const Shard
   StepScalars k = scalars;
   if (!detail::take_host_decision(k)) return;
   const detail::LambStep l = detail::lamb_step(config, k);
-  detail::visit_shard_types(config, shard, [&](auto, auto param_type) {
+  detail::visit_shard_types(config, shard, [&](auto, auto param_type, auto, auto) {
     apply_host<typename decltype(param_type)::type>(l, shard, pieces, count, ratios);
   });
 }

@@ -153,7 +153,8 @@ void lamb_moments_cuda(const Stream& stream, const LambStep& step, const StepDec
   visit_float_dtype(s.grad_dtype, "Lamb", "gradients", [&](auto grad_type) {
     using TG = typename decltype(grad_type)::type;
     lamb_moments_kernel<TG><<<piece_blocks(count), kLambWarpsPerBlock * kNormWarp, 0, native>>>(
-        step, decision, s.master, s.state[0], s.state[1], static_cast<const TG*>(s.grad), pieces, count, sums);
+        step, decision, s.master_fp32("Lamb"), s.state_fp32(0, "Lamb"), s.state_fp32(1, "Lamb"),
+        static_cast<const TG*>(s.grad), pieces, count, sums);
     ZEST_CUDA_KERNEL_CHECK();
   });
 }
@@ -187,7 +188,7 @@ void lamb_apply_cuda(const Stream& stream, const LambStep& step, const StepDecis
   const auto launch = [&](auto* out) {
     using TP = std::remove_pointer_t<decltype(out)>;
     lamb_apply_kernel<TP><<<piece_blocks(count), kLambWarpsPerBlock * kNormWarp, 0, native>>>(
-        step, decision, s.master, s.state[0], s.state[1], out, pieces, count, ratios);
+        step, decision, s.master_fp32("Lamb"), s.state_fp32(0, "Lamb"), s.state_fp32(1, "Lamb"), out, pieces, count, ratios);
     ZEST_CUDA_KERNEL_CHECK();
   };
   if (s.param_out == nullptr) return launch(static_cast<void*>(nullptr));  // TP void: no copy

@@ -91,14 +91,26 @@ void check_learning_rate(const OptimizerConfig& config, double lr, float max_wei
 ShardBuffers ShardBuffers::part(size_t begin, size_t n) const {
   ZEST_INTERNAL_ASSERT(begin <= numel && n <= numel - begin, "part [{}, +{}) of a shard of {}", begin, n, numel);
   ShardBuffers p = *this;
-  p.master += begin;
-  for (float*& st : p.state) {
-    if (st != nullptr) st += begin;
+  p.master = static_cast<char*>(master) + begin * elem_size(master_dtype);
+  for (void*& st : p.state) {
+    if (st != nullptr) st = static_cast<char*>(st) + begin * elem_size(state_dtype);
   }
   p.grad = static_cast<const char*>(grad) + begin * elem_size(grad_dtype);
   if (param_out != nullptr) p.param_out = static_cast<char*>(param_out) + begin * elem_size(param_dtype);
   p.numel = n;
   return p;
+}
+
+float* ShardBuffers::master_fp32(std::string_view op) const {
+  ZEST_CHECK(master_dtype == DType::kFloat32, "{}: master weights of dtype {} are not supported (fp32 only)", op,
+             dtype_name(master_dtype));
+  return static_cast<float*>(master);
+}
+
+float* ShardBuffers::state_fp32(int i, std::string_view op) const {
+  ZEST_CHECK(state_dtype == DType::kFloat32, "{}: optimizer state of dtype {} is not supported (fp32 only)", op,
+             dtype_name(state_dtype));
+  return static_cast<float*>(state[i]);
 }
 
 void optimizer_step(const Stream& stream, const OptimizerConfig& config, const ShardBuffers& shard,

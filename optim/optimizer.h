@@ -1,5 +1,6 @@
-// Optimizer updates of one flat shard: the fp32 master weights and optimizer
-// state the rank owns, stepped from that shard's reduced gradient, with the
+// Optimizer updates of one flat shard: the master weights and optimizer
+// state the rank owns (fp32, or bf16: Note [bf16 master weights and
+// optimizer state] below), stepped from that shard's reduced gradient, with the
 // updated weights written out in the compute dtype in the same pass.
 //
 // Semantics follow torch.optim (and DeepSpeed's FusedAdam / CPU Adam):
@@ -70,9 +71,21 @@ struct OptimizerConfig {
 };
 
 // One shard's buffers, all of `numel` elements on the stream's device.
+//
+// Note [bf16 master weights and optimizer state]: the master weights and
+// the state are fp32 unless DeepSpeed's bf16.bf16_master_weights_and_grads
+// and bf16.bf16_optimizer_states make them bf16 (master_dtype, state_dtype).
+// Each element is then widened to fp32, updated by the same float code, and
+// rounded to nearest-even on the way back, as torch's bf16 copy_ does: the
+// update itself is fp32 arithmetic either way, only what is kept is bf16.
+// bf16 master weights are the bf16 parameters themselves (no param_out).
+// The pairs both backends run: fp32/fp32, bf16/fp32 (DeepSpeed allows it
+// with offload only), bf16/bf16; any other is a zest::Error.
 struct ShardBuffers {
-  float* master = nullptr;         // fp32 master weights, updated in place
-  float* state[2] = {nullptr, nullptr};  // Adam m, v; SGD momentum in state[0]
+  void* master = nullptr;          // master weights, updated in place
+  DType master_dtype = DType::kFloat32;
+  void* state[2] = {nullptr, nullptr};  // Adam m, v; SGD momentum in state[0]
+  DType state_dtype = DType::kFloat32;
   const void* grad = nullptr;      // reduced gradient shard
   DType grad_dtype = DType::kFloat32;
   void* param_out = nullptr;       // compute-dtype copy of the updated weights, or null
@@ -81,6 +94,10 @@ struct ShardBuffers {
 
   // The elements [begin, begin + n) of this shard.
   ShardBuffers part(size_t begin, size_t n) const;
+  // The buffers as fp32, for the code that takes no other (LAMB): a
+  // zest::Error naming `op` when they are bf16.
+  float* master_fp32(std::string_view op) const;
+  float* state_fp32(int i, std::string_view op) const;
 };
 
 struct StepDecision;  // step_decision.h

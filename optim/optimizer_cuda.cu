@@ -35,18 +35,20 @@ __device__ inline bool apply_decision(const StepDecision* d, float& grad_scale) 
 // kVector: Note [16-byte vectors] (vector_lanes.h), eight elements per
 // step where every pointer is 16-byte aligned; otherwise one per thread.
 // Each element goes through the same one-element update either way.
-template <bool kVector, typename TG, typename TP>
-__global__ void adam_kernel(AdamStep a, const StepDecision* decision, float* w, float* m, float* v,
+// TW and TS, the master and state types, are float or bf16 (Note [bf16
+// master weights and optimizer state]): loads widen, stores round.
+template <bool kVector, typename TG, typename TP, typename TW, typename TS>
+__global__ void adam_kernel(AdamStep a, const StepDecision* decision, TW* w, TS* m, TS* v,
                             const TG* grad, TP* param_out, size_t n) {
   if (!apply_decision(decision, a.grad_scale)) return;
   const auto one = [&](size_t i) {
-    float wi = w[i];
-    float mi = m[i];
-    float vi = v[i];
+    float wi = load_float(w, i);
+    float mi = load_float(m, i);
+    float vi = load_float(v, i);
     adam_update(a, load_float(grad, i), wi, mi, vi);
-    w[i] = wi;
-    m[i] = mi;
-    v[i] = vi;
+    store_float(w, i, wi);
+    store_float(m, i, mi);
+    store_float(v, i, vi);
     if constexpr (!std::is_void_v<TP>) store_float(param_out, i, wi);
   };
   if constexpr (kVector) {
@@ -68,14 +70,17 @@ __global__ void adam_kernel(AdamStep a, const StepDecision* decision, float* w, 
   }
 }
 
-template <bool kVector, typename TG, typename TP>
-__global__ void sgd_kernel(SgdStep s, const StepDecision* decision, float* w, float* buf, const TG* grad,
+template <bool kVector, typename TG, typename TP, typename TW, typename TS>
+__global__ void sgd_kernel(SgdStep s, const StepDecision* decision, TW* w, TS* buf, const TG* grad,
                            TP* param_out, size_t n) {
   if (!apply_decision(decision, s.grad_scale)) return;
   const auto one = [&](size_t i) {
-    float wi = w[i];
-    sgd_update(s, load_float(grad, i), wi, buf == nullptr ? nullptr : buf + i);
-    w[i] = wi;
+    float wi = load_float(w, i);
+    float bi = 0.0f;
+    if (buf != nullptr && !s.first) bi = load_float(buf, i);  // the first step writes it, never reads
+    sgd_update(s, load_float(grad, i), wi, buf == nullptr ? nullptr : &bi);
+    store_float(w, i, wi);
+    if (buf != nullptr) store_float(buf, i, bi);
     if constexpr (!std::is_void_v<TP>) store_float(param_out, i, wi);
   };
   if constexpr (kVector) {
@@ -95,27 +100,30 @@ __global__ void sgd_kernel(SgdStep s, const StepDecision* decision, float* w, fl
   }
 }
 
-template <typename TG, typename TP>
+template <typename TG, typename TP, typename TW, typename TS>
 void launch(const OptimizerConfig& c, const ShardBuffers& s, const StepScalars& k,
             cudaStream_t stream) {
   const auto* grad = static_cast<const TG*>(s.grad);
   auto* out = static_cast<TP*>(s.param_out);
+  auto* w = static_cast<TW*>(s.master);
+  auto* m = static_cast<TS*>(s.state[0]);
+  auto* v = static_cast<TS*>(s.state[1]);
   if (c.kind == OptimizerKind::kSgd) {
     // Plain SGD keeps no state: state[0] may be anything, and must not be touched.
-    float* buf = c.momentum != 0.0f ? s.state[0] : nullptr;
-    if (vector_aligned({s.master, buf, grad, out})) {
-      sgd_kernel<true, TG, TP><<<vector_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
-          sgd_step(c, k), k.decision, s.master, buf, grad, out, s.numel);
+    TS* buf = c.momentum != 0.0f ? m : nullptr;
+    if (vector_aligned({w, buf, grad, out})) {
+      sgd_kernel<true, TG, TP, TW, TS><<<vector_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
+          sgd_step(c, k), k.decision, w, buf, grad, out, s.numel);
     } else {
-      sgd_kernel<false, TG, TP><<<elementwise_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
-          sgd_step(c, k), k.decision, s.master, buf, grad, out, s.numel);
+      sgd_kernel<false, TG, TP, TW, TS><<<elementwise_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
+          sgd_step(c, k), k.decision, w, buf, grad, out, s.numel);
     }
-  } else if (vector_aligned({s.master, s.state[0], s.state[1], grad, out})) {
-    adam_kernel<true, TG, TP><<<vector_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
-        adam_step(c, k), k.decision, s.master, s.state[0], s.state[1], grad, out, s.numel);
+  } else if (vector_aligned({w, m, v, grad, out})) {
+    adam_kernel<true, TG, TP, TW, TS><<<vector_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
+        adam_step(c, k), k.decision, w, m, v, grad, out, s.numel);
   } else {
-    adam_kernel<false, TG, TP><<<elementwise_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
-        adam_step(c, k), k.decision, s.master, s.state[0], s.state[1], grad, out, s.numel);
+    adam_kernel<false, TG, TP, TW, TS><<<elementwise_blocks(s.numel), kElementwiseThreads, 0, stream>>>(
+        adam_step(c, k), k.decision, w, m, v, grad, out, s.numel);
   }
   ZEST_CUDA_KERNEL_CHECK();
 }
@@ -126,8 +134,9 @@ void optimizer_step_cuda(const Stream& stream, const OptimizerConfig& c, const S
                          const StepScalars& k) {
   DeviceGuard guard(stream.device());  // a kernel runs on the current device
   const auto native = cuda_stream(stream);
-  visit_shard_types(c, s, [&](auto grad_type, auto param_type) {
-    launch<typename decltype(grad_type)::type, typename decltype(param_type)::type>(c, s, k, native);
+  visit_shard_types(c, s, [&](auto grad_type, auto param_type, auto master_type, auto state_type) {
+    launch<typename decltype(grad_type)::type, typename decltype(param_type)::type,
+           typename decltype(master_type)::type, typename decltype(state_type)::type>(c, s, k, native);
   });
 }
 

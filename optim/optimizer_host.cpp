@@ -4,8 +4,9 @@
 //
 // The shard is walked in blocks of kHostBlock elements, each pass over a
 // block one of the loops of host_kernels.h, compiled for the widest
-// instruction set the CPU has: widen the gradient into a float buffer on the
-// stack, update the block, narrow the new weights into the parameter copy.
+// instruction set the CPU has: widen the gradient (and bf16 master weights
+// and state) into float buffers on the stack, update the block, narrow the
+// new weights into the parameter copy.
 // With OptimizerConfig::host_threads > 1 the shard is split in contiguous
 // parts of whole blocks, one per thread.
 // Vector and scalar float operations round alike (every one is an IEEE
@@ -25,60 +26,95 @@
 namespace zest::detail {
 namespace {
 
-// Calls body(g, base, len) for each block, g the block's gradient as float:
-// the shard's own memory when it is fp32, else widened into `scratch`.
-template <typename TG, typename Body>
-void for_each_block(const ShardBuffers& s, Body&& body) {
-  const TG* grad = static_cast<const TG*>(s.grad);
-  float scratch[kHostBlock];
-  for (size_t base = 0; base < s.numel; base += kHostBlock) {
-    const size_t len = std::min(kHostBlock, s.numel - base);
-    const float* g = nullptr;
-    if constexpr (std::is_same_v<TG, float>) {
-      g = grad + base;
-    } else {
-      widen(grad + base, scratch, len);
-      g = scratch;
-    }
-    body(g, base, len);
+// A block of T as float: the memory itself when T is float, else widened
+// into `scratch`.
+template <typename T>
+float* as_float(T* p, float* scratch, size_t len) {
+  if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
+    (void)scratch;
+    (void)len;
+    return const_cast<float*>(p);
+  } else {
+    widen(p, scratch, len);
+    return scratch;
   }
 }
 
-template <typename TP>
-void store_params(const ShardBuffers& s, size_t base, size_t len) {
-  if constexpr (!std::is_void_v<TP>) narrow(s.master + base, static_cast<TP*>(s.param_out) + base, len);
+// A block updated in `scratch` back into T (nothing when T is float: the
+// update wrote the memory itself).
+template <typename T>
+void store_back(const float* block, T* p, size_t len) {
+  if constexpr (!std::is_same_v<T, float>) narrow(block, p, len);
 }
 
-template <typename TG, typename TP>
+// One block's views: g the gradient, w the master, st the state buffers
+// (null where the shard has none), each float, over [base, base + len).
+struct Block {
+  const float* g;
+  float* w;
+  float* st[2];
+  size_t base;
+  size_t len;
+};
+
+// Calls body(block) for each block of kHostBlock elements: the buffers
+// that are not fp32 are widened into blocks on the stack first and rounded
+// back after (Note [bf16 master weights and optimizer state]), then the new
+// weights are narrowed into the parameter output.
+template <typename TG, typename TP, typename TW, typename TS, typename Body>
+void for_each_block(const ShardBuffers& s, Body&& body) {
+  const TG* grad = static_cast<const TG*>(s.grad);
+  TW* master = static_cast<TW*>(s.master);
+  TS* state[2] = {static_cast<TS*>(s.state[0]), static_cast<TS*>(s.state[1])};
+  float g_scratch[kHostBlock];
+  float w_scratch[kHostBlock];
+  float st_scratch[2][kHostBlock];
+  for (size_t base = 0; base < s.numel; base += kHostBlock) {
+    const size_t len = std::min(kHostBlock, s.numel - base);
+    Block b{as_float(grad + base, g_scratch, len), as_float(master + base, w_scratch, len), {nullptr, nullptr},
+            base, len};
+    for (int i = 0; i < 2; ++i) {
+      if (state[i] != nullptr) b.st[i] = as_float(state[i] + base, st_scratch[i], len);
+    }
+    body(b);
+    store_back(b.w, master + base, len);
+    for (int i = 0; i < 2; ++i) {
+      if (state[i] != nullptr) store_back(b.st[i], state[i] + base, len);
+    }
+    if constexpr (!std::is_void_v<TP>) narrow(b.w, static_cast<TP*>(s.param_out) + base, len);
+  }
+}
+
+template <typename TG, typename TP, typename TW, typename TS>
 void adam_loop(const HostKernels& kern, const OptimizerConfig& c, const ShardBuffers& s,
                const StepScalars& k) {
   const AdamStep a = adam_step(c, k);
   const auto update = a.decoupled ? kern.adamw : kern.adam_l2;
-  for_each_block<TG>(s, [&](const float* g, size_t base, size_t len) {
-    update(a, g, s.master + base, s.state[0] + base, s.state[1] + base, len);
-    store_params<TP>(s, base, len);
-  });
+  for_each_block<TG, TP, TW, TS>(s, [&](const Block& b) { update(a, b.g, b.w, b.st[0], b.st[1], b.len); });
 }
 
-template <typename TG, typename TP>
+template <typename TG, typename TP, typename TW, typename TS>
 void sgd_loop(const HostKernels& kern, const OptimizerConfig& c, const ShardBuffers& s,
               const StepScalars& k) {
   const SgdStep st = sgd_step(c, k);
-  for_each_block<TG>(s, [&](const float* g, size_t base, size_t len) {
-    kern.sgd(st, g, s.master + base, s.state[0] == nullptr ? nullptr : s.state[0] + base, len);
-    store_params<TP>(s, base, len);
-  });
+  // Plain SGD keeps no state: state[0] may be anything, and is not touched.
+  ShardBuffers t = s;
+  if (c.momentum == 0.0f) t.state[0] = nullptr;
+  t.state[1] = nullptr;
+  for_each_block<TG, TP, TW, TS>(t, [&](const Block& b) { kern.sgd(st, b.g, b.w, b.st[0], b.len); });
 }
 
 void step_part(const OptimizerConfig& c, const ShardBuffers& s, const StepScalars& k) {
   const HostKernels& kern = host_kernels();
-  visit_shard_types(c, s, [&](auto grad_type, auto param_type) {
+  visit_shard_types(c, s, [&](auto grad_type, auto param_type, auto master_type, auto state_type) {
     using TG = typename decltype(grad_type)::type;
     using TP = typename decltype(param_type)::type;
+    using TW = typename decltype(master_type)::type;
+    using TS = typename decltype(state_type)::type;
     if (c.kind == OptimizerKind::kSgd) {
-      sgd_loop<TG, TP>(kern, c, s, k);
+      sgd_loop<TG, TP, TW, TS>(kern, c, s, k);
     } else {
-      adam_loop<TG, TP>(kern, c, s, k);
+      adam_loop<TG, TP, TW, TS>(kern, c, s, k);
     }
   });
 }

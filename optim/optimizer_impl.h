@@ -22,6 +22,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "zest/core/check.h"
 #include "zest/core/platform.h"
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/optimizer.h"
@@ -99,16 +100,34 @@ ZEST_HOST_DEVICE inline void sgd_update(const SgdStep& s, float grad, float& w, 
   w = wi;
 }
 
-// Calls f(std::type_identity<TG>{}, std::type_identity<TP>{}) with the
-// shard's gradient storage type and parameter output type (void without an
-// output): the (TG, TP) pairs both backends instantiate.
+// Calls f(TG, TP, TW, TS), each a std::type_identity: the shard's gradient
+// storage type, parameter output type (void without an output), master
+// weight type and state type, for the combinations both backends
+// instantiate (Note [bf16 master weights and optimizer state] in
+// optimizer.h): fp32 master and state with any gradient and output; bf16
+// master, which is the parameters (no output), with fp32 or bf16 state.
 template <typename F>
 void visit_shard_types(const OptimizerConfig& c, const ShardBuffers& s, F&& f) {
   const std::string_view name = optimizer_name(c.kind);
+  const bool fp32_master = s.master_dtype == DType::kFloat32;
+  ZEST_CHECK((fp32_master && s.state_dtype == DType::kFloat32) ||
+                 (s.master_dtype == DType::kBFloat16 &&
+                  (s.state_dtype == DType::kFloat32 || s.state_dtype == DType::kBFloat16)),
+             "{}: master weights of dtype {} with optimizer state of dtype {} are not supported (fp32 with fp32, "
+             "or bf16 with fp32 or bf16)",
+             name, dtype_name(s.master_dtype), dtype_name(s.state_dtype));
+  ZEST_CHECK(fp32_master || s.param_out == nullptr,
+             "{}: bf16 master weights are the parameters themselves: the shard must have no parameter output", name);
   visit_float_dtype(s.grad_dtype, name, "gradients", [&](auto grad_type) {
-    if (s.param_out == nullptr) return f(grad_type, std::type_identity<void>{});
+    if (!fp32_master) {
+      using Bf16 = std::type_identity<bf16>;
+      if (s.state_dtype == DType::kBFloat16) return f(grad_type, std::type_identity<void>{}, Bf16{}, Bf16{});
+      return f(grad_type, std::type_identity<void>{}, Bf16{}, std::type_identity<float>{});
+    }
+    using F32 = std::type_identity<float>;
+    if (s.param_out == nullptr) return f(grad_type, std::type_identity<void>{}, F32{}, F32{});
     visit_float_dtype(s.param_dtype, name, "parameters",
-                      [&](auto param_type) { f(grad_type, param_type); });
+                      [&](auto param_type) { f(grad_type, param_type, F32{}, F32{}); });
   });
 }
 

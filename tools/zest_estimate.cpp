@@ -37,6 +37,9 @@ options:
   --stage 0|1|2|3          show this stage only (default: all four side by side)
   --dtype fp16|bf16|fp32   compute dtype (default fp16, the ZeRO paper's)
   --optimizer adamw|adam|lamb|sgd|sgd-momentum   (default adamw)
+  --master-dtype fp32|bf16 master weights (bf16: DeepSpeed's bf16_master_weights_and_grads, with
+                           --dtype bf16; they are then the parameters themselves)
+  --state-dtype fp32|bf16  optimizer state (bf16: bf16_optimizer_states, with --master-dtype bf16)
   --accum N                gradient accumulation steps (default 1)
   --persistence-threshold N  stage 3: units of at most N parameters stay whole (default 100000)
   --live-units N           stage 3: gathered units at once (default: the engine's prefetch window)
@@ -98,7 +101,7 @@ int64_t size_arg(const std::string& flag, const std::string& text) {
 // are checked as they are used, with the ranges of count_arg and size_arg.
 std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   static const char* kFlags[] = {"--params", "--unit-numel", "--units", "--world", "--stage",
-                                 "--dtype", "--optimizer", "--accum", "--persistence-threshold",
+                                 "--dtype", "--optimizer", "--master-dtype", "--state-dtype", "--accum", "--persistence-threshold",
                                  "--live-units", "--grad-units", "--device-memory",
                                  "--offload-optimizer", "--offload-ratio", "--offload-param",
                                  "--host-memory", "--ranks-per-host", "--config", "--micro-batch",
@@ -212,6 +215,12 @@ int run(int argc, char** argv) {
   }
   if (has("--dtype")) opt.compute_dtype = zest::parse_dtype(cli::choice("--dtype", flags["--dtype"], {"fp16", "bf16", "fp32"}));
   if (has("--optimizer")) opt.optimizer = optimizer_arg(flags["--optimizer"]);
+  if (has("--master-dtype")) {
+    opt.master_dtype = zest::parse_dtype(cli::choice("--master-dtype", flags["--master-dtype"], {"fp32", "bf16"}));
+  }
+  if (has("--state-dtype")) {
+    opt.state_dtype = zest::parse_dtype(cli::choice("--state-dtype", flags["--state-dtype"], {"fp32", "bf16"}));
+  }
   if (has("--accum")) opt.gradient_accumulation_steps = static_cast<int64_t>(count_arg("--accum", flags["--accum"], 1));
   if (has("--persistence-threshold")) {
     opt.zero.stage3_param_persistence_threshold =

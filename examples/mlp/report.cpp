@@ -47,7 +47,7 @@ std::string format_stage_table(const std::vector<StageRow>& rows, long parameter
   using zest::MemoryCategory;
   const zest::DType dtype = config.compute_dtype();
   const double bc = static_cast<double>(zest::elem_size(dtype));
-  const double k = zest::paper_k(dtype, config.optimizer);
+  const double k = zest::paper_k(dtype, config.optimizer, config.master_dtype(), config.optimizer_state_dtype());
   const auto kib = [](double bytes) { return fmt::format("{:.1f}", bytes / 1024.0); };
 
   std::string out = fmt::format(

@@ -111,11 +111,11 @@ void compare_optimizer(const OptimizerConfig& c) {
     const std::vector<TG> g = random_values<TG>(rng, kN, 1.0f);
     Buffer dg = gpu.upload(g);
     const StepScalars k{0.01f, t == 3 ? 0.0f : 0.1f, t, t == 2 ? 0.37f : 1.0f / 1024};
-    ShardBuffers hs{w.data(), {states > 0 ? m.data() : nullptr, states > 1 ? v.data() : nullptr},
-                    g.data(), dtype_of_v<TG>, kOut ? out.data() : nullptr, dtype_of_v<Out>, kN};
-    ShardBuffers ds{dw.as<float>(), {states > 0 ? dm.as<float>() : nullptr,
-                                     states > 1 ? dv.as<float>() : nullptr},
-                    dg.data(), dtype_of_v<TG>, kOut ? dout.data() : nullptr, dtype_of_v<Out>, kN};
+    ShardBuffers hs{w.data(), DType::kFloat32, {states > 0 ? m.data() : nullptr, states > 1 ? v.data() : nullptr},
+                    DType::kFloat32, g.data(), dtype_of_v<TG>, kOut ? out.data() : nullptr, dtype_of_v<Out>, kN};
+    ShardBuffers ds{dw.as<float>(), DType::kFloat32,
+                    {states > 0 ? dm.as<float>() : nullptr, states > 1 ? dv.as<float>() : nullptr},
+                    DType::kFloat32, dg.data(), dtype_of_v<TG>, kOut ? dout.data() : nullptr, dtype_of_v<Out>, kN};
     optimizer_step(host(), c, hs, k);
     optimizer_step(gpu.stream, c, ds, k);
     check_same_bits("master", gpu.download<float>(dw, kN), w);
@@ -145,6 +145,35 @@ void compare_all_optimizers() {
     compare_optimizer<TG, float>(c);
     compare_optimizer<TG, fp16>(c);
     compare_optimizer<TG, bf16>(c);
+  }
+}
+
+// bf16 master weights with TS state (Note [bf16 master weights and
+// optimizer state]): the GPU's rounded updates have the host's bits.
+template <typename TS>
+void compare_bf16_master(const OptimizerConfig& c) {
+  CAPTURE(optimizer_name(c.kind));
+  CAPTURE(c.momentum);
+  std::mt19937 rng(29);
+  std::vector<bf16> w = random_values<bf16>(rng, kN, 4.0f);
+  std::vector<TS> m(kN, TS(0.0f)), v(kN, TS(0.0f));
+  Gpu gpu;
+  Buffer dw = gpu.upload(w), dm = gpu.upload(m), dv = gpu.upload(v);
+  const int states = c.state_buffers();
+  for (int t = 1; t <= 5; ++t) {
+    CAPTURE(t);
+    const std::vector<bf16> g = random_values<bf16>(rng, kN, 1.0f);
+    Buffer dg = gpu.upload(g);
+    const StepScalars k{0.01f, t == 3 ? 0.0f : 0.1f, t, t == 2 ? 0.37f : 1.0f / 1024};
+    ShardBuffers hs{w.data(), DType::kBFloat16, {states > 0 ? m.data() : nullptr, states > 1 ? v.data() : nullptr},
+                    dtype_of_v<TS>, g.data(), DType::kBFloat16, nullptr, DType::kBFloat16, kN};
+    ShardBuffers ds{dw.data(), DType::kBFloat16, {states > 0 ? dm.data() : nullptr, states > 1 ? dv.data() : nullptr},
+                    dtype_of_v<TS>, dg.data(), DType::kBFloat16, nullptr, DType::kBFloat16, kN};
+    optimizer_step(host(), c, hs, k);
+    optimizer_step(gpu.stream, c, ds, k);
+    check_same_bits("master", gpu.download<bf16>(dw, kN), w);
+    if (states > 0) check_same_bits("state[0]", gpu.download<TS>(dm, kN), m);
+    if (states > 1) check_same_bits("state[1]", gpu.download<TS>(dv, kN), v);
   }
 }
 
@@ -299,6 +328,17 @@ TEST_CASE("CUDA optimizer steps match the host bit for bit with fp16 gradients")
 TEST_CASE("CUDA optimizer steps match the host bit for bit with bf16 gradients") {
   compare_all_optimizers<bf16>();
 }
+TEST_CASE("CUDA optimizer steps with bf16 master weights and bf16 or fp32 state match the host bit for bit") {
+  std::vector<OptimizerConfig> configs(4);
+  configs[1].kind = OptimizerKind::kAdam;
+  configs[2].kind = OptimizerKind::kSgd;
+  configs[2].momentum = 0.9f;
+  configs[3].kind = OptimizerKind::kSgd;
+  for (const OptimizerConfig& c : configs) {
+    compare_bf16_master<bf16>(c);
+    compare_bf16_master<float>(c);
+  }
+}
 
 TEST_CASE("CUDA chunk sums of squares match the host to 1e-12 and do not depend on the shard") {
   compare_chunk_sums<float>();
@@ -346,7 +386,7 @@ TEST_CASE("CUDA step decisions have the host's bits, and the optimizer follows o
   Buffer dw = gpu.upload(w), dm = gpu.upload(zeros), dv = gpu.upload(zeros), dg = gpu.upload(g);
   StepScalars k{0.01f, 0.1f, 1, 1.0f};
   k.decision = decision_at(dbad.as<int64_t>());
-  ShardBuffers ds{dw.as<float>(), {dm.as<float>(), dv.as<float>()}, dg.data(), DType::kFloat32, nullptr,
+  ShardBuffers ds{dw.as<float>(), DType::kFloat32, {dm.as<float>(), dv.as<float>()}, DType::kFloat32, dg.data(), DType::kFloat32, nullptr,
                   DType::kFloat32, kN};
   optimizer_step(gpu.stream, OptimizerConfig{}, ds, k);
   check_same_bits("skipped master", gpu.download<float>(dw, kN), w);

@@ -236,6 +236,39 @@ TEST_CASE("accumulation, the persistence threshold and the offload model") {
 
 }
 
+TEST_CASE("bf16 master weights and state, W = 3: bytes by hand (b = 2, no master copy, optimizer 4s, K = 6)") {
+  const ModelDescription m = small_model();
+  const auto est = [&](int stage, DType state) {
+    EstimateOptions o = options(3, stage, DType::kBFloat16, OptimizerKind::kAdamW);
+    o.master_dtype = DType::kBFloat16;
+    o.state_dtype = state;
+    o.offload_optimizer.device = state == DType::kFloat32 ? OffloadDevice::kCpu : OffloadDevice::kNone;
+    return estimate_memory(m, o);
+  };
+  // stage 1: 2*2304, 2*2304, the master is the parameters, 2*2*768
+  check_states(est(1, DType::kBFloat16), {4608, 4608, 0, 3072});
+  check_states(est(2, DType::kBFloat16), {4608, 1536, 0, 3072});
+  check_states(est(3, DType::kBFloat16), {1536, 1536, 0, 3072});
+  CHECK(est(3, DType::kBFloat16).paper_k == 6.0);
+  // The paper at Ψ = 1020, stage 3: (2 + 2 + 6)Ψ/3.
+  CHECK(est(3, DType::kBFloat16).paper_bytes == doctest::Approx(3400.0));
+  // fp32 state, offloaded (DeepSpeed's only mixed case): the host keeps the
+  // bf16 master copy (2*768) and the fp32 moments (8*768); two gradient
+  // slots of 64 elements and no parameter slots.
+  const MemoryEstimate h = est(2, DType::kFloat32);
+  check_states(h, {4608, 1536, 0, 0});
+  CHECK(h.host(MemoryCategory::kMasterWeights).persistent == 1536);
+  CHECK(h.host(MemoryCategory::kOptimizerState).persistent == 6144);
+  CHECK(h.host(MemoryCategory::kCommBuffers).peak == 2 * 64 * 2);
+  CHECK(h.paper_k == 10.0);
+  // Outside the engine's rules: refused as the engine refuses them.
+  EstimateOptions bad = options(3, 2, DType::kBFloat16, OptimizerKind::kAdamW);
+  bad.master_dtype = DType::kBFloat16;
+  CHECK_THROWS_WITH_AS(estimate_memory(m, bad), doctest::Contains("need offload_optimizer cpu"), Error);
+  bad.compute_dtype = DType::kFloat16;
+  CHECK_THROWS_WITH_AS(estimate_memory(m, bad), doctest::Contains("bf16 master weights need bf16 compute"), Error);
+}
+
 TEST_CASE("offload: device and host bytes by category, by hand") {
   const ModelDescription m = small_model();
   using C = MemoryCategory;
@@ -519,7 +552,9 @@ TEST_CASE("the engine's measured bytes equal the estimate") {
   m.units = {{"a", {91, 7}, 1}, {"b", {35, 5, 1}, 1}, {"c", {33}, 1}};
   for (int world : {1, 3}) {
     for (int stage : {0, 1, 2, 3}) {
-      for (const int precision : {0, 1, 2}) {  // fp32; bf16; bf16 with fp32 accumulation
+      // fp32; bf16; bf16 with fp32 accumulation; bf16 master weights and state
+      for (const int precision : {0, 1, 2, 3}) {
+        if (precision == 3 && stage == 0) continue;  // stages 1-3 only, as in DeepSpeed
         for (const int64_t accum : {1, 2}) {
           CAPTURE(world);
           CAPTURE(stage);
@@ -528,6 +563,7 @@ TEST_CASE("the engine's measured bytes equal the estimate") {
           EngineConfig config = test::base_config(stage);
           config.bf16 = precision > 0;
           if (precision == 2) config.grad_accum_dtype = DType::kFloat32;
+          config.bf16_master_weights_and_grads = config.bf16_optimizer_states = precision == 3;
           config.gradient_accumulation_steps = accum;
           const MemoryEstimate e = estimate_memory(m, EstimateOptions::from_config(config, world));
           check_measured(e, test::run_engine(config, test::runs(world, 2)));
@@ -549,18 +585,21 @@ TEST_CASE("with offload_optimizer (and offload_param at stage 3), the engine's d
   };
   for (int world : {1, 3}) {
     for (int stage : {1, 2, 3}) {
-      for (const bool bf16 : {false, true}) {
+      // fp32; bf16; bf16 master weights over fp32 state; bf16 master and state
+      for (const int precision : {0, 1, 2, 3}) {
         for (const Case k : {Case{1.0, false}, Case{0.5, false}, Case{1.0, true}, Case{1.0, false, true},
                              Case{1.0, true, true}}) {
           if (k.params && stage != 3) continue;
           CAPTURE(world);
           CAPTURE(stage);
-          CAPTURE(bf16);
+          CAPTURE(precision);
           CAPTURE(k.ratio);
           CAPTURE(k.delayed);
           CAPTURE(k.params);
           EngineConfig config = test::base_config(stage);
-          config.bf16 = bf16;
+          config.bf16 = precision > 0;
+          config.bf16_master_weights_and_grads = precision >= 2;
+          config.bf16_optimizer_states = precision == 3;
           config.offload_optimizer.device = OffloadDevice::kCpu;
           config.offload_optimizer.ratio = k.ratio;
           config.offload_optimizer.delayed_update = k.delayed;

@@ -155,9 +155,9 @@ TEST_CASE("AdamW and Adam differ exactly by where weight decay enters") {
   OptimizerConfig adam;
   adam.kind = OptimizerKind::kAdam;
   const Stream s = Stream::default_for(Device::host());
-  optimizer_step(s, adamw, ShardBuffers{&w1, {&m1, &v1}, &g, DType::kFloat32, nullptr, DType::kFloat32, 1},
+  optimizer_step(s, adamw, ShardBuffers{&w1, DType::kFloat32, {&m1, &v1}, DType::kFloat32, &g, DType::kFloat32, nullptr, DType::kFloat32, 1},
                  StepScalars{0.1f, 0.5f, 1, 1.0f});
-  optimizer_step(s, adam, ShardBuffers{&w2, {&m2, &v2}, &g, DType::kFloat32, nullptr, DType::kFloat32, 1},
+  optimizer_step(s, adam, ShardBuffers{&w2, DType::kFloat32, {&m2, &v2}, DType::kFloat32, &g, DType::kFloat32, nullptr, DType::kFloat32, 1},
                  StepScalars{0.1f, 0.5f, 1, 1.0f});
   CHECK(w1 == doctest::Approx(2.0f * (1.0f - 0.1f * 0.5f)).epsilon(1e-7));
   CHECK(w2 == doctest::Approx(2.0f - 0.1f).epsilon(1e-6));
@@ -180,14 +180,14 @@ TEST_CASE("bad optimizer settings and buffers are refused with the setting's nam
   float w = 0;
   int32_t gi = 0;
   const Stream s = Stream::default_for(Device::host());
-  CHECK_THROWS_WITH_AS(optimizer_step(s, OptimizerConfig{}, ShardBuffers{&w, {&w, nullptr}, &w, DType::kFloat32, nullptr, DType::kFloat32, 1},
+  CHECK_THROWS_WITH_AS(optimizer_step(s, OptimizerConfig{}, ShardBuffers{&w, DType::kFloat32, {&w, nullptr}, DType::kFloat32, &w, DType::kFloat32, nullptr, DType::kFloat32, 1},
                                       StepScalars{}),
                        doctest::Contains("state buffer 1 must not be null"), Error);
   float m = 0, v = 0;
-  CHECK_THROWS_WITH_AS(optimizer_step(s, OptimizerConfig{}, ShardBuffers{&w, {&m, &v}, &gi, DType::kInt32, nullptr, DType::kFloat32, 1},
+  CHECK_THROWS_WITH_AS(optimizer_step(s, OptimizerConfig{}, ShardBuffers{&w, DType::kFloat32, {&m, &v}, DType::kFloat32, &gi, DType::kInt32, nullptr, DType::kFloat32, 1},
                                       StepScalars{}),
                        doctest::Contains("gradients of dtype int32 are not supported"), Error);
-  CHECK_THROWS_WITH_AS(optimizer_step(s, OptimizerConfig{}, ShardBuffers{&w, {&m, &v}, &w, DType::kFloat32, nullptr, DType::kFloat32, 1},
+  CHECK_THROWS_WITH_AS(optimizer_step(s, OptimizerConfig{}, ShardBuffers{&w, DType::kFloat32, {&m, &v}, DType::kFloat32, &w, DType::kFloat32, nullptr, DType::kFloat32, 1},
                                       StepScalars{0.1f, 0, 0, 1}),
                        doctest::Contains("step must count from 1"), Error);
 }

@@ -113,7 +113,7 @@ TEST_CASE("an optimizer step follows a decision: skipped when not finite, else i
   OptimizerConfig c;  // AdamW
   auto run = [&](const StepScalars& k) {
     std::vector<float> w = w0, m(n, 0.0f), v(n, 0.0f);
-    ShardBuffers s{w.data(), {m.data(), v.data()}, g.data(), DType::kFloat32, nullptr, DType::kFloat32, n};
+    ShardBuffers s{w.data(), DType::kFloat32, {m.data(), v.data()}, DType::kFloat32, g.data(), DType::kFloat32, nullptr, DType::kFloat32, n};
     optimizer_step(host(), c, s, k);
     return w;
   };

@@ -86,7 +86,7 @@ TEST_CASE("an AdamW step eight lanes at a time has the bits of the host step") {
   const StepScalars k{0.01f, 0.1f, 3, 0.5f};
   std::vector<float> hw = w, hm = m, hv = v;
   std::vector<bf16> hout(n);
-  const ShardBuffers hs{hw.data(), {hm.data(), hv.data()}, g.data(), DType::kBFloat16, hout.data(), DType::kBFloat16, n};
+  const ShardBuffers hs{hw.data(), DType::kFloat32, {hm.data(), hv.data()}, DType::kFloat32, g.data(), DType::kBFloat16, hout.data(), DType::kBFloat16, n};
   optimizer_step(Stream::default_for(Device::host()), c, hs, k);
 
   const AdamStep a = adam_step(c, k);
