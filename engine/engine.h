@@ -293,6 +293,22 @@ class Engine {
   // master shards written with write_shard (all-gathering them where ranks
   // hold full parameters). Collective; only between optimizer steps.
   void restore(const Progress& progress);
+  // A weights load that checks its values itself (import_hf), writing each
+  // unit's shard straight from its read buffers, with no staging copy of the
+  // shard and no second check. begin_shard_load(u) settles the optimizer's
+  // update in flight and zeroes unit u's optimizer state; it returns whether
+  // the shard is in host memory, where load_shard may run on several
+  // threads at once for disjoint ranges (else one call at a time, from this
+  // thread). load_shard(u, at, values): master elements [at, at + n) of the
+  // shard become `values`, which the caller has checked are finite, and the
+  // compute-dtype parameters there their narrowing (a frozen unit: the
+  // parameters only). finish_shard_load is restore() for shards written so:
+  // the parameters are narrowed already, so it sets the progress and
+  // gathers. Shards written with write_shard since the last restore() need
+  // restore() instead. Not collective, except finish_shard_load.
+  bool begin_shard_load(int unit);
+  void load_shard(int unit, size_t at, std::span<const float> values);
+  void finish_shard_load(const Progress& progress);
   // Every rank's `mine` (the same length on every rank), rank by rank, over
   // the engine's own communicator (a split of comm(), so comm()'s counters
   // count only the model). Collective.
@@ -329,6 +345,11 @@ class Engine {
     bool host = false;
   };
   std::array<ShardPiece, 2> shard_pieces(int unit, int buffer);
+  // restore()'s first half: the step counts, loss scaler and learning rate.
+  void restore_progress(const Progress& progress);
+  // Whether unit u's master shard and compute-dtype shard are both in host
+  // memory, where the host writes them directly (engine_load.cpp).
+  bool shard_in_host_memory(int unit);
   // Reads (read non-empty) or writes a frozen unit's owned values as fp32.
   void frozen_shard(int unit, std::span<float> read, std::span<const float> write);
   // A frozen unit's owned compute-dtype values where a kernel can read them:
