@@ -11,9 +11,12 @@
 // and the stores of unit u are one work list, shared by the threads, so the
 // disk is kept busy while the host stores. Memory: the two buffers (two
 // shards as stored: for bf16 one fp32 shard) and a block per thread.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -33,6 +36,7 @@ constexpr size_t kReadElems = size_t{1} << 18;
 constexpr size_t kStoreElems = size_t{1} << 18;
 constexpr size_t kBlockElems = size_t{1} << 13;
 constexpr size_t kRawAlign = 64;
+constexpr size_t kHugePage = size_t{2} << 20;
 
 // A piece's elements as the buffer holds them: the file's bytes for F32,
 // F16 and BF16, fp32 for F64 (converted as read: beyond fp32's range it
@@ -102,8 +106,13 @@ class UnitBuffer {
     }
     if (at > size_) {
       data_.reset();  // the old buffer goes first
-      data_ = std::make_unique_for_overwrite<std::byte[]>(at);
-      size_ = at;
+      // Huge pages where the kernel gives them on request: first-touch
+      // faults (a buffer is new at each import) cost 512 times fewer.
+      size_ = (at + kHugePage - 1) / kHugePage * kHugePage;
+      data_.reset(static_cast<std::byte*>(std::aligned_alloc(kHugePage, size_)));
+      ZEST_CHECK(data_ != nullptr, "loading weights: cannot allocate a read buffer of {} bytes", size_);
+      // Advice only: where it is refused the buffer is as good, in 4 KiB pages.
+      (void)::madvise(data_.get(), size_, MADV_HUGEPAGE);
     }
   }
   const std::vector<RawPiece>& raws() const { return raws_; }
@@ -113,7 +122,10 @@ class UnitBuffer {
 
  private:
   std::vector<RawPiece> raws_;
-  std::unique_ptr<std::byte[]> data_;
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> data_;
   size_t size_ = 0;
 };
 
