@@ -14,6 +14,7 @@
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/checkpoint/on_every_rank.h"
+#include "zest/checkpoint/owned_pieces.h"
 #include "zest/checkpoint/safetensors.h"
 #include "zest/optim/grad_ops.h"
 
@@ -28,37 +29,6 @@ SafetensorsProgress log_every_tenth(const std::string& path) {
     ZEST_LOG_INFO("export {}: {}%", path, done * 100 / total);
     next = done + total / 10;
   };
-}
-
-// Whether no value is a NaN or Inf (exponent bits all ones), without an
-// early exit, so that the loop vectorizes: a load's pass over every value.
-// Adding 1 to an all-ones exponent carries into the sign bit, and only then.
-bool all_finite(std::span<const float> values) {
-  uint32_t any = 0;
-  for (const float v : values) any |= (std::bit_cast<uint32_t>(v) & 0x7f800000u) + 0x00800000u;
-  return (any & 0x80000000u) == 0;
-}
-
-// Runs work(reports) on n threads, this one (reports = true) and n - 1
-// more, and rethrows the first exception any of them threw, after calling
-// stop() so that the others finish early.
-void run_on_threads(size_t n, const std::function<void(bool reports)>& work, const std::function<void()>& stop) {
-  std::vector<std::exception_ptr> errors(std::max<size_t>(n, 1));
-  const auto guarded = [&](size_t t) {
-    try {
-      work(t == 0);
-    } catch (...) {
-      errors[t] = std::current_exception();
-      stop();
-    }
-  };
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < n; ++t) helpers.emplace_back(guarded, t);
-  guarded(0);
-  for (std::thread& h : helpers) h.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
 }
 
 // export_weights calls it on every rank before anything is written, so every
@@ -154,43 +124,84 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
   start_from_weights(engine, masters);
 }
 
-NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
-                                   const std::function<void(int unit, std::span<const float> shard)>& sink,
-                                   const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
+namespace detail {
+
+OwnedReads plan_owned_reads(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source) {
   const ModelLayout& layout = engine.layout();
   const auto part = static_cast<size_t>(engine.partition());
-  // Each parameter's elements inside this rank's shard of its unit.
-  struct Piece {
-    const ParamLayout* param;
-    OwnedWeightSource from;
-    size_t begin, end;  // in the unit's flat buffer
-  };
-  std::vector<std::vector<Piece>> pieces(static_cast<size_t>(layout.num_units()));
-  std::vector<bool> keeps_some(pieces.size(), false);
-  uint64_t total = 0;
-  size_t largest = 0;
+  OwnedReads out;
+  out.pieces.resize(static_cast<size_t>(layout.num_units()));
+  out.keeps_some.assign(out.pieces.size(), false);
   for (int u = 0; u < layout.num_units(); ++u) {
     const UnitLayout& U = layout.unit(u);
     const size_t begin = U.shard * part;
-    largest = std::max(largest, U.shard);
+    out.largest = std::max(out.largest, U.shard);
     for (const ParamLayout& p : U.params) {
       const size_t b = std::max(begin, p.offset);
       const size_t e = std::min(begin + U.shard, p.offset + p.numel);
       if (b >= e) continue;
       OwnedWeightSource from = source(p);
       if (from.file == nullptr) {
-        keeps_some[static_cast<size_t>(u)] = true;
+        out.keeps_some[static_cast<size_t>(u)] = true;
         continue;
       }
-      total += (e - b) * from.file->tensor(from.tensor).elem_size;
-      pieces[static_cast<size_t>(u)].push_back({&p, std::move(from), b, e});
+      out.total += (e - b) * from.file->tensor(from.tensor).elem_size;
+      out.pieces[static_cast<size_t>(u)].push_back({&p, std::move(from), b, e});
     }
   }
-  // Bounded chunks, so that progress moves through a large tensor and
-  // several threads share a unit.
-  constexpr size_t kChunkElems = size_t{1} << 20;
+  return out;
+}
+
+// A load's pass over every value.
+// Adding 1 to an all-ones exponent carries into the sign bit, and only then.
+bool all_finite(std::span<const float> values) {
+  uint32_t any = 0;
+  for (const float v : values) any |= (std::bit_cast<uint32_t>(v) & 0x7f800000u) + 0x00800000u;
+  return (any & 0x80000000u) == 0;
+}
+
+void run_on_threads(size_t n, const std::function<void(bool reports)>& work, const std::function<void()>& stop) {
+  std::vector<std::exception_ptr> errors(std::max<size_t>(n, 1));
+  const auto guarded = [&](size_t t) {
+    try {
+      work(t == 0);
+    } catch (...) {
+      errors[t] = std::current_exception();
+      stop();
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < n; ++t) helpers.emplace_back(guarded, t);
+  guarded(0);
+  for (std::thread& h : helpers) h.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+Engine::Progress restarted_progress(const Engine& engine) {
+  // The loss scaler and a set_lr() value stay this engine's.
+  Engine::Progress fresh = engine.progress();
+  fresh.applied_steps = 0;
+  fresh.skipped_steps = 0;
+  return fresh;
+}
+
+}  // namespace detail
+
+NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                   const std::function<void(int unit, std::span<const float> shard)>& sink,
+                                   const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
+  const ModelLayout& layout = engine.layout();
+  const auto part = static_cast<size_t>(engine.partition());
+  const detail::OwnedReads plan = detail::plan_owned_reads(engine, source);
+  const auto& pieces = plan.pieces;
+  const auto& keeps_some = plan.keeps_some;
+  const uint64_t total = plan.total;
+  const size_t largest = plan.largest;
+  constexpr size_t kChunkElems = detail::kOwnedChunkElems;
   struct Chunk {
-    const Piece* piece;
+    const detail::OwnedPiece* piece;
     size_t begin, end;
     int64_t first_bad = -1;  // in the whole tensor
   };
@@ -209,7 +220,7 @@ NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeig
     }
     const size_t shard_begin = U.shard * part;
     std::vector<Chunk> chunks;
-    for (const Piece& piece : pieces[static_cast<size_t>(u)]) {
+    for (const detail::OwnedPiece& piece : pieces[static_cast<size_t>(u)]) {
       for (size_t b = piece.begin; b < piece.end; b += kChunkElems) {
         chunks.push_back({&piece, b, std::min(piece.end, b + kChunkElems)});
       }
@@ -225,7 +236,7 @@ NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeig
                                  std::as_writable_bytes(values));
         // fp32, fp16 and bf16 convert exactly (F64 beyond fp32 becomes
         // Inf), so a non-finite value read is one in the file.
-        if (!all_finite(values)) {
+        if (!detail::all_finite(values)) {
           const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
           c.first_bad = static_cast<int64_t>(c.begin - c.piece->param->offset) + (bad - values.begin());
         }
@@ -236,8 +247,8 @@ NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeig
         }
       }
     };
-    run_on_threads(std::min(static_cast<size_t>(std::max(threads, 1)), chunks.size()), work,
-                   [&] { next = chunks.size(); });
+    detail::run_on_threads(std::min(static_cast<size_t>(std::max(threads, 1)), chunks.size()), work,
+                           [&] { next = chunks.size(); });
     // The chunks other threads finished last.
     if (progress && reported != done) {
       reported = done;
@@ -270,12 +281,6 @@ void start_unit_from_weights(Engine& engine, int unit, std::span<const float> ma
   for (int b = 1; b < engine.shard_buffers(); ++b) engine.write_shard(unit, b, zeros);
 }
 
-void finish_start_from_weights(Engine& engine) {
-  // The loss scaler and a set_lr() value stay this engine's.
-  Engine::Progress fresh = engine.progress();
-  fresh.applied_steps = 0;
-  fresh.skipped_steps = 0;
-  engine.restore(fresh);
-}
+void finish_start_from_weights(Engine& engine) { engine.restore(detail::restarted_progress(engine)); }
 
 }  // namespace zest

@@ -86,6 +86,20 @@ NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeig
                                    const std::function<void(int unit, std::span<const float> shard)>& sink,
                                    const std::function<void(uint64_t, uint64_t)>& progress = {}, int threads = 1);
 
+// Not collective. read_owned_weights without the fp32 copy of each shard:
+// each unit's owned byte ranges are read as stored and checked, and a unit
+// holding no non-finite value goes straight into the engine's shard
+// (Engine::begin_shard_load: master weights, compute-dtype parameters,
+// zeroed optimizer state) while the next unit is read (Note [one pass from
+// the file into the shard] in weights_load.cpp). A unit holding one keeps
+// its values and state, and its parameters are returned. Parameters
+// without a source keep their values. Memory: two units' shards as stored
+// (for bf16 one fp32 shard) and a few KiB per thread. finish_loaded_weights
+// (collective) then ends it as finish_start_from_weights does.
+NonFiniteValues load_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                   const std::function<void(uint64_t, uint64_t)>& progress = {}, int threads = 1);
+void finish_loaded_weights(Engine& engine);
+
 // Collective. What import_weights and a weights-only load_checkpoint do with
 // the values they read: `masters[u]` (this rank's shard of unit u) become the
 // master weights and parameters, the optimizer state is zeroed and the step

@@ -298,6 +298,22 @@ class Engine {
   // master shards written with write_shard (all-gathering them where ranks
   // hold full parameters). Collective; only between optimizer steps.
   void restore(const Progress& progress);
+  // A weights load that checks its values itself (import_hf), writing each
+  // unit's shard straight from its read buffers, with no staging copy of the
+  // shard and no second check. begin_shard_load(u) settles the optimizer's
+  // update in flight and zeroes unit u's optimizer state; it returns whether
+  // the shard is in host memory, where load_shard may run on several
+  // threads at once for disjoint ranges (else one call at a time, from this
+  // thread). load_shard(u, at, values): master elements [at, at + n) of the
+  // shard become `values`, which the caller has checked are finite, and the
+  // compute-dtype parameters there their narrowing (a frozen unit: the
+  // parameters only). finish_shard_load is restore() for shards written so:
+  // the parameters are narrowed already, so it sets the progress and
+  // gathers. Shards written with write_shard since the last restore() need
+  // restore() instead. Not collective, except finish_shard_load.
+  bool begin_shard_load(int unit);
+  void load_shard(int unit, size_t at, std::span<const float> values);
+  void finish_shard_load(const Progress& progress);
   // Every rank's `mine` (the same length on every rank), rank by rank, over
   // the engine's own communicator (a split of comm(), so comm()'s counters
   // count only the model). Collective.
@@ -339,8 +355,8 @@ class Engine {
   };
   std::array<ShardPiece, 2> shard_pieces(int unit, int buffer);
   // The values of shard elements [a, b) of piece p as fp32 to `dst`, or
-  // fp32 values from `src` narrowed into them; `elsewhere` says whether
-  // dst/src is host memory (true) or memory of the engine's device. Ordered
+  // fp32 values from `src` narrowed into them; dst_host / src_host say
+  // whether dst / src is host memory or memory of the engine's device. Ordered
   // on the engine's stream; the caller synchronizes before reading dst.
   void piece_to_fp32(const ShardPiece& p, size_t a, size_t b, float* dst, bool dst_host);
   void piece_from_fp32(const ShardPiece& p, size_t a, size_t b, const float* src, bool src_host);
@@ -348,6 +364,11 @@ class Engine {
   // (fp32 compute, or bf16 master weights with bf16 compute) rather than a
   // copy of their own.
   bool master_is_params() const { return master_dtype_ == compute_dtype_; }
+  // restore()'s first half: the step counts, loss scaler and learning rate.
+  void restore_progress(const Progress& progress);
+  // Whether unit u's master shard and compute-dtype shard are both in host
+  // memory, where the host writes them directly (engine_load.cpp).
+  bool shard_in_host_memory(int unit);
   // Reads (read non-empty) or writes a frozen unit's owned values as fp32.
   void frozen_shard(int unit, std::span<float> read, std::span<const float> write);
   // A frozen unit's owned compute-dtype values where a kernel can read them:

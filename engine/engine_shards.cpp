@@ -242,7 +242,7 @@ void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
   stream_.synchronize();
 }
 
-void Engine::restore(const Progress& progress) {
+void Engine::restore_progress(const Progress& progress) {
   check_finalized("restore()");
   Impl& im = *impl_;
   ZEST_CHECK(im.micro == 0 && im.pending.empty(),
@@ -258,6 +258,11 @@ void Engine::restore(const Progress& progress) {
   } else {
     im.lr_override.reset();
   }
+}
+
+void Engine::restore(const Progress& progress) {
+  restore_progress(progress);
+  Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
   const size_t bc = elem_size(compute_dtype_);
   const Stream host = Stream::default_for(Device::host());

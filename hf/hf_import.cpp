@@ -101,14 +101,13 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
   uint64_t total = 0;
   try {
     on_every_rank(engine, "reading the Hugging Face checkpoint", [&] {
-      non_finite = read_owned_weights(
+      non_finite = load_owned_weights(
           engine,
           [&](const ParamLayout& p) {
             const auto it = source.find(p.name);
             if (it == source.end()) return OwnedWeightSource{};
             return OwnedWeightSource{&ckpt->file_of(it->second), it->second};
           },
-          [&](int u, std::span<const float> shard) { start_unit_from_weights(engine, u, shard); },
           [&](uint64_t done, uint64_t all) {
             total = all;
             progress(done, all);
@@ -125,7 +124,7 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
   }
   progress.finish(total);
   const double read_seconds = progress.seconds();
-  finish_start_from_weights(engine);
+  finish_loaded_weights(engine);
 
   // Non-finite values, found by whichever rank owns them: the first element
   // of each parameter, the lowest over ranks, so every rank lists the same.

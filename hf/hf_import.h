@@ -15,12 +15,12 @@
 // registered one, every dtype F32, F16, BF16 or F64. Then each rank reads,
 // with positioned reads, only the byte ranges of the elements of the shard it
 // owns (stages 1-3: the ranks together read the checkpoint about once; stage
-// 0: every rank owns and reads everything), converting to fp32 (exact from
-// bf16, fp16 and fp32), through a bounded staging buffer, one unit at a
-// time: each unit's shard becomes master weights as soon as it is read, so
-// the memory an import adds is one unit's shard and a few MiB, whatever the
-// model's size. The optimizer state is zeroed, the step count restarts and
-// the parameters are rebuilt (start_from_weights). Every problem is reported
+// 0: every rank owns and reads everything), as stored, checking each read
+// for NaN/Inf, and widens a clean unit straight into the master shard and
+// the parameters (exact from bf16, fp16 and fp32) while the next unit is
+// read (load_owned_weights), so the memory an import adds is two units'
+// shards as stored and a few KiB per thread, whatever the model's size.
+// The optimizer state is zeroed and the step count restarts. Every problem is reported
 // together in ONE zest::Error, identical on every rank, each line naming the
 // tensor: those of the match before anything is read (the engine is then
 // unchanged), the non-finite values found on any rank after the reads (the
@@ -58,7 +58,7 @@ struct HfImportReport {
   uint64_t bytes_read = 0;    // by this rank, headers included
   uint64_t tensor_bytes = 0;  // of the whole checkpoint
   int tensors_loaded = 0;     // registered parameters set from the checkpoint
-  double read_seconds = 0;    // this rank's open, checks and reads
+  double read_seconds = 0;    // this rank's open, checks, reads and the shards' stores
   double seconds = 0;         // all of it, the engine taking the values included
 };
 

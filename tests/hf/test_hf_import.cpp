@@ -232,6 +232,18 @@ TEST_CASE("non-finite values found on different ranks are listed together and th
                   writer_values("model.layers.1.mlp.up_proj.weight", 40 * 24)));
 }
 
+TEST_CASE("a NaN in an fp16 or fp32 checkpoint is found on its stored bits, naming the tensor and element") {
+  for (const std::string dtype : {"fp16", "fp32"}) {
+    CAPTURE(dtype);
+    TempDir dir;
+    write_llama_checkpoint(dir.str(), dtype, kShard, "--nan model.layers.1.mlp.up_proj.weight:517");
+    const std::string e = error_of([&] { import_run(1, 3, dir.str()); });
+    CHECK(e.find("1 problem") != std::string::npos);
+    CHECK(e.find("non-finite: tensor 'model.layers.1.mlp.up_proj.weight'") != std::string::npos);
+    CHECK(e.find("(element 517 is one)") != std::string::npos);
+  }
+}
+
 TEST_CASE("a truncated shard, a missing shard and a bad index are one error naming each file and tensor") {
   TempDir dir;
   write_llama_checkpoint(dir.str(), "bf16", kShard);
