@@ -190,7 +190,13 @@ struct NcclCommunicator::State {
   // watchdog never aborts (and frees) the communicator in the middle of
   // one. A blocking call outside a group is made without it, so that the
   // watchdog can abort; the watchdog aborts during one only once its
-  // deadline has passed, when the call is surely inside NCCL. Taken before
+  // deadline has passed, when the call is surely inside NCCL and stuck
+  // there, as the only way to unblock it (PyTorch's watchdog does the same).
+  // A collective whose kernel waits for a dead peer is aborted only between
+  // calls: abort_if_failed waits while a call is in progress within its
+  // deadline. With NCCL's connections made at creation (Note [eager NCCL
+  // buffers]) a blocking enqueue has no peer to wait for, so the abort of
+  // a call in progress is the last resort, not the usual path. Taken before
   // `mutex` where both are needed.
   std::mutex nccl_mutex;
   ncclComm_t comm;             // collectives; nullptr once aborted
