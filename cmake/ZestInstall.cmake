@@ -18,6 +18,8 @@ foreach(layer ${_zest_layers})
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest/${layer}
     FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
     PATTERN "mpi_poll.h" EXCLUDE
+    PATTERN "nccl_watchdog.h" EXCLUDE
+    PATTERN "pending_collectives.h" EXCLUDE
     PATTERN "reduce_element.h" EXCLUDE
     PATTERN "tcp_socket.h" EXCLUDE
     PATTERN "rendezvous_wire.h" EXCLUDE

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 
 namespace zest {
 namespace {
@@ -22,18 +23,36 @@ Range range(const void* p, size_t bytes) {
 
 }  // namespace
 
-std::chrono::milliseconds default_comm_timeout() {
-  const char* text = std::getenv("ZEST_COMM_TIMEOUT");
-  if (text == nullptr || *text == '\0') return std::chrono::minutes(10);
+namespace {
+
+// A number of seconds from 0.001 to 1e6 in the environment variable `name`,
+// else `fallback`; `what` says what it sets, for the error.
+std::chrono::milliseconds seconds_from_env(const char* name, std::string_view what,
+                                           std::chrono::milliseconds fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
   char* end = nullptr;
   const double seconds = std::strtod(text, &end);
   ZEST_CHECK(end != text && *end == '\0' && std::isfinite(seconds) && seconds >= 0.001 &&
                  seconds <= 1e6,
-             "ZEST_COMM_TIMEOUT is '{}', not a number of seconds from 0.001 to 1e6; set it to how "
-             "long a collective may wait for the other ranks (e.g. ZEST_COMM_TIMEOUT=600), or "
-             "unset it for the default of 10 minutes",
-             text);
+             "{} is '{}', not a number of seconds from 0.001 to 1e6; set it to {} (e.g. {}=600), "
+             "or unset it for the default of {} minutes",
+             name, text, what, name,
+             std::chrono::duration_cast<std::chrono::minutes>(fallback).count());
   return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
+
+}  // namespace
+
+std::chrono::milliseconds default_comm_timeout() {
+  return seconds_from_env("ZEST_COMM_TIMEOUT", "how long a collective may wait for the other ranks",
+                          std::chrono::minutes(10));
+}
+
+std::chrono::milliseconds default_comm_init_timeout() {
+  return seconds_from_env("ZEST_COMM_INIT_TIMEOUT",
+                          "how long creating a communicator or splitting one may take",
+                          std::chrono::minutes(10));
 }
 
 void check_comm_options(const CommOptions& options) {
@@ -42,6 +61,9 @@ void check_comm_options(const CommOptions& options) {
   ZEST_CHECK(options.spin.count() >= 0 && options.spin <= options.timeout,
              "CommOptions::spin must be between 0 and the timeout ({} ms), got {} us",
              options.timeout.count(), options.spin.count());
+  ZEST_CHECK(options.init_timeout.count() > 0,
+             "CommOptions::init_timeout must be positive, got {} ms; it bounds creating and "
+             "splitting a communicator", options.init_timeout.count());
 }
 
 Communicator::Communicator(int rank, int size, Device device, CommOptions options)

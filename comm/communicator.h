@@ -48,6 +48,11 @@ namespace zest {
 // number of seconds from 0.001 to 1e6.
 std::chrono::milliseconds default_comm_timeout();
 
+// CommOptions::init_timeout's default: ZEST_COMM_INIT_TIMEOUT in seconds when
+// it is set (the same format), else 10 minutes. Throws like
+// default_comm_timeout.
+std::chrono::milliseconds default_comm_init_timeout();
+
 struct CommOptions {
   // How long a collective may wait for the other ranks before the
   // communicator is aborted. Long enough for a slow rank's forward pass;
@@ -62,6 +67,15 @@ struct CommOptions {
   // spin when its group has more ranks than the machine has hardware
   // threads. The timeout counts from the start of the wait, spin included.
   std::chrono::microseconds spin = std::chrono::microseconds(50);
+  // How long creating a communicator and split may take: NCCL then connects
+  // the ranks, allocates its buffers and builds its blocking child, which on
+  // a busy machine (tests in parallel on one GPU) takes seconds, far longer
+  // than a collective once running; and a rank may still be loading when
+  // the others arrive. A short `timeout` meant for collectives must not
+  // bound that. NCCL's creation, its splits and the rendezvous that shares
+  // its id use this; the host backends' splits are exchanges like any
+  // collective and use `timeout`. From ZEST_COMM_INIT_TIMEOUT (above).
+  std::chrono::milliseconds init_timeout = default_comm_init_timeout();
 };
 
 // Throws a zest::Error unless `options` can be used. Every communicator checks
@@ -143,10 +157,12 @@ class Communicator {
   // call it). Ranks passing a negative color get nullptr. For a data-parallel
   // group inside a job that also does tensor or pipeline parallelism.
   // `share_resources` asks the backend to build the child on the parent's
-  // resources where it can (NCCL 2.18 and later: config.splitShare, so no
-  // new connections, channels or buffers; the two communicators' work then
-  // goes through the same resources, in the order it is issued). The host
-  // backends have nothing to share and ignore it.
+  // resources where it can (no new connections, channels or buffers; the two
+  // communicators' work then goes through the same resources, in the order
+  // it is issued). NCCL decides that by the parent's configuration, and
+  // every NCCL communicator is created sharing (nccl_comm.cpp, Note [shared
+  // resources]), so its children always share. The host backends have
+  // nothing to share and ignore it.
   std::unique_ptr<Communicator> split(int color, int key, bool share_resources = false);
 
   // Communication volume so far (see comm_counters.h).
@@ -165,9 +181,12 @@ class Communicator {
   //   in-process: the group and every group split from it;
   //   MPI: MPI cannot end a collective on other processes, so this prints
   //        the reason and ends the job with MPI_Abort (exit code 1);
-  //   NCCL: this rank's communicator only (its later calls are refused);
-  //        the others fail at their timeout unless the launcher ends them
-  //        when this process exits (torchrun and mpirun do).
+  //   NCCL: this rank's communicator only: its NCCL communicators are
+  //        aborted (ncclCommAbort) and its pending collectives dropped, so
+  //        its destructor waits for nothing; its later calls are refused.
+  //        The others fail at their timeout unless the launcher ends them
+  //        when this process exits (torchrun and mpirun do). Call it from
+  //        the thread that issues the collectives.
   void abort(std::string_view reason) noexcept;
 
   // True once a failure (here or on another rank) aborted the communicator.

@@ -1,4 +1,4 @@
-// The NCCL backend and its watchdog. Failures inside a collective are
+// The NCCL backend (its watchdog: nccl_watchdog.h). Failures inside a collective are
 // reported as CommError (so that Communicator refuses every later call) and
 // abort the NCCL communicator; elsewhere the ZEST_CUDA_/ZEST_NCCL_ checks
 // apply, and destructors only warn.
@@ -8,35 +8,32 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "zest/comm/nccl_watchdog.h"
 #include "zest/core/cuda_check.h"
 #include "zest/core/cuda_stream.h"
 #include "zest/core/deadline.h"
 #include "zest/core/logging.h"
 #include "zest/core/nccl_check.h"
-#include "zest/core/rank_context.h"
 
 namespace zest {
 namespace {
 
 using std::chrono::milliseconds;
+using nccl_detail::cuda_text;
+using nccl_detail::nccl_text;
 
 static_assert(sizeof(ncclUniqueId) == sizeof(NcclUniqueId),
               "NCCL's unique id is no longer 128 bytes; update NcclUniqueId");
-
-// How often the watchdog looks at pending collectives: the resolution of
-// the timeout, and a cost of one cudaEventQuery per pending collective.
-constexpr milliseconds kWatchdogPeriod(10);
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -59,19 +56,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
   ZEST_INTERNAL_ASSERT(false, "unhandled reduce op {}", static_cast<int>(op));
   return ncclSum;
-}
-
-std::string nccl_text(ncclResult_t r) {
-  const char* last = ncclGetLastError(nullptr);
-  return fmt::format("NCCL error {} ({}){}{}", static_cast<int>(r), ncclGetErrorString(r),
-                     (last != nullptr && *last != '\0') ? ": " : "", last != nullptr ? last : "");
-}
-
-std::string cuda_text(cudaError_t e) {
-  std::string text = fmt::format("CUDA error {} ({}: {})", static_cast<int>(e), cudaGetErrorName(e),
-                                 cudaGetErrorString(e));
-  (void)cudaGetLastError();  // reported here; not again by the next check
-  return text;
 }
 
 // Waits for a poll that usually succeeds within microseconds without
@@ -107,173 +91,46 @@ ncclResult_t poll_ready(ncclComm_t comm, const Deadline& deadline) {
   }
 }
 
+// Note [shared resources]. Whether a split builds on its parent's resources
+// (connections, channels, buffers, proxy) is decided by the PARENT's
+// config.splitShare: NCCL's child initialization reads parent->config, not
+// the config passed for the child. Every NcclCommunicator splits a blocking
+// child of its own that should share (Note [blocking collectives]), so every
+// non-blocking communicator made here, by init or by split, is created with
+// splitShare = 1: its blocking child and every split from it (the engine's
+// control communicator) then share its resources instead of building their
+// own (about 3x the creation time and the buffers otherwise).
+ncclConfig_t admin_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that a rank that never comes is a timeout, not a hang
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  config.splitShare = 1;  // ncclCommSplit came with it; older NCCL cannot split at all
+#endif
+  return config;
+}
+
+// Note [eager NCCL buffers]. Since 2.22 NCCL connects the ranks and
+// allocates its buffers at the first collective that needs them
+// (NCCL_RUNTIME_CONNECT=1, its default): in a training step, after the
+// caching allocator has taken the memory the model needs, so that near
+// capacity the first step fails inside NCCL. Unless the user set it, the
+// first communicator made here sets NCCL_RUNTIME_CONNECT=0, which has NCCL
+// connect every algorithm at creation, bounded by init_timeout, before the
+// engine allocates; the constructor then runs one warm-up collective, which
+// also finishes whatever NCCL still defers. The estimator keeps a reserve
+// for these buffers and the CUDA context (estimate/memory_estimate.h).
+void prefer_eager_connection() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0) != 0) {
+      ZEST_LOG_WARN("could not set NCCL_RUNTIME_CONNECT=0 ({}); NCCL may allocate its buffers at "
+                    "the first collective instead of at creation", std::strerror(errno));
+    }
+  });
+}
+
 }  // namespace
 
-// What the user's thread and the watchdog share.
-struct NcclCommunicator::State {
-  State(ncclComm_t c, int r, int n, Device d, milliseconds t)
-      : rank(r), size(n), device(d), timeout(t), comm(c), admin(c) {}
-  ~State() {
-    for (const Watched& w : watched) ZEST_CUDA_WARN(cudaEventDestroy(w.event));
-    for (cudaEvent_t e : spare) ZEST_CUDA_WARN(cudaEventDestroy(e));
-    if (barrier_event != nullptr) ZEST_CUDA_WARN(cudaEventDestroy(barrier_event));
-    if (barrier_buf != nullptr) ZEST_CUDA_WARN(cudaFree(barrier_buf));
-  }
-  State(const State&) = delete;
-  State& operator=(const State&) = delete;
-
-  const int rank;
-  const int size;
-  const Device device;
-  const milliseconds timeout;
-
-  // Note [blocking collectives]. `admin` is the communicator init or split
-  // made, non-blocking, so that creating and splitting are polled against
-  // the deadline. Where NCCL can split (2.18+), `comm`, which runs the
-  // collectives, is a blocking child of it on the same ranks sharing its
-  // resources: a collective returns once queued, with no polling of
-  // ncclCommGetAsyncError after it (in non-blocking mode NCCL finishes each
-  // enqueue on a thread of its own, and waiting for it costs tens of
-  // microseconds per collective). A blocking call that does not return
-  // (NCCL connecting to a rank that never comes) is registered in `in_call`
-  // with its deadline, and the watchdog then aborts the communicators from
-  // its own thread, which makes the call return with an error: the way
-  // NCCL is unblocked (PyTorch's watchdog does the same). Without split,
-  // `comm` is `admin` and every collective is polled as before.
-  //
-  // NCCL calls that return at once (non-blocking ones, and those inside an
-  // open group, which only record the operation) hold nccl_mutex, so the
-  // watchdog never aborts (and frees) the communicator in the middle of
-  // one. A blocking call outside a group is made without it, so that the
-  // watchdog can abort; the watchdog aborts during one only once its
-  // deadline has passed, when the call is surely inside NCCL. Taken before
-  // `mutex` where both are needed.
-  std::mutex nccl_mutex;
-  ncclComm_t comm;             // collectives; nullptr once aborted
-  ncclComm_t admin;            // init's or split's, non-blocking; == comm without a blocking child
-  bool blocking = false;       // comm is a blocking child of admin
-  bool group_open = false;     // ncclGroupStart called, ncclGroupEnd not yet
-  bool group_has_ops = false;  // our ops wait in the open group: no abort until it ends
-
-  std::mutex mutex;
-  std::condition_variable cv;
-  struct Watched {
-    cudaEvent_t event;
-    CollectiveDesc desc;
-    Deadline deadline;
-  };
-  std::deque<Watched> watched;      // recorded after their collective, oldest first
-  std::optional<Watched> in_call;   // a blocking NCCL call in progress (its event is null)
-  std::vector<cudaEvent_t> spare;   // completed, ready to record again
-  CollectiveDesc last_watched;
-  CommError::Reason failure_reason = CommError::Reason::kBackend;
-  std::string failure;              // the first failure; empty while healthy
-  bool stop = false;
-  std::thread thread;
-
-  // Only the user's thread touches these.
-  std::vector<std::pair<CollectiveDesc, Stream>> group_ops;
-  void* barrier_buf = nullptr;
-  cudaEvent_t barrier_event = nullptr;
-
-  std::string where() const { return fmt::format("rank {} of {} ({})", rank, size, device.str()); }
-
-  std::string timeout_text(const CollectiveDesc& desc) const {
-    return fmt::format("NCCL {} on {} did not complete within {} ms, so the communicator was "
-                       "aborted. Another rank may have stopped issuing collectives, issued a "
-                       "different one, or died; its log names its last collective",
-                       desc.str(), where(), timeout.count());
-  }
-
-  // Under `mutex`. The first failure is the one reported.
-  void set_failure_locked(CommError::Reason reason, std::string message) {
-    if (!failure.empty()) return;
-    failure_reason = reason;
-    failure = std::move(message);
-    ZEST_LOG_ERROR("{}", failure);
-  }
-
-  void abort_if_failed() {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (failure.empty()) return;
-    }
-    std::lock_guard<std::mutex> lock(nccl_mutex);
-    if (comm == nullptr || group_has_ops) return;
-    {
-      // Note [blocking collectives]: not while a blocking call may be about
-      // to enter NCCL; once its deadline has passed it is stuck inside.
-      std::lock_guard<std::mutex> state_lock(mutex);
-      if (in_call && !in_call->deadline.passed()) return;
-    }
-    abort_locked();
-  }
-
-  // Under nccl_mutex. Also stops NCCL's kernels that wait for ranks that
-  // will not come, and makes a blocked call return.
-  void abort_locked() {
-    if (comm != nullptr) ZEST_NCCL_WARN(ncclCommAbort(comm));
-    if (admin != nullptr && admin != comm) ZEST_NCCL_WARN(ncclCommAbort(admin));
-    comm = nullptr;
-    admin = nullptr;
-  }
-
-  void run_watchdog() {
-    ScopedRank scoped(rank, size);
-    ZEST_CUDA_WARN(cudaSetDevice(device.index()));
-    std::unique_lock<std::mutex> lock(mutex);
-    while (!stop) {
-      cv.wait_for(lock, kWatchdogPeriod, [&] { return stop; });
-      if (stop) break;
-      for (auto it = watched.begin(); it != watched.end();) {
-        const cudaError_t q = cudaEventQuery(it->event);
-        if (q == cudaSuccess) {
-          spare.push_back(it->event);
-          it = watched.erase(it);
-          continue;
-        }
-        if (q != cudaErrorNotReady) {
-          set_failure_locked(CommError::Reason::kBackend,
-                             fmt::format("NCCL {} on {} failed on the GPU: {}; the communicator "
-                                         "was aborted",
-                                         it->desc.str(), where(), cuda_text(q)));
-        } else if (it->deadline.passed()) {
-          set_failure_locked(CommError::Reason::kTimeout, timeout_text(it->desc));
-        }
-        ++it;
-      }
-      if (in_call && in_call->deadline.passed()) {
-        set_failure_locked(CommError::Reason::kTimeout,
-                           fmt::format("NCCL {} on {} did not return from NCCL within {} ms, so the "
-                                       "communicator was aborted: NCCL was connecting to the other "
-                                       "ranks, and one of them may not have issued it, or died",
-                                       in_call->desc.str(), where(), timeout.count()));
-      }
-      const bool healthy = failure.empty();
-      const CollectiveDesc last = last_watched;
-      lock.unlock();
-      if (healthy) {
-        std::lock_guard<std::mutex> nccl_lock(nccl_mutex);
-        for (ncclComm_t c : {comm, admin == comm ? nullptr : admin}) {
-          if (c == nullptr) continue;
-          ncclResult_t state = ncclSuccess;
-          const ncclResult_t r = ncclCommGetAsyncError(c, &state);
-          if (r != ncclSuccess) state = r;
-          if (state != ncclSuccess && state != ncclInProgress) {
-            std::lock_guard<std::mutex> relock(mutex);
-            set_failure_locked(CommError::Reason::kBackend,
-                               fmt::format("NCCL reported an error on {} (last collective: {}): {}; "
-                                           "the communicator was aborted",
-                                           where(), last.seq == 0 ? "none" : last.str(),
-                                           nccl_text(state)));
-          }
-        }
-      }
-      abort_if_failed();
-      lock.lock();
-    }
-  }
-};
 
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, int rank, int size, Device device,
                                    CommOptions options)
@@ -281,13 +138,14 @@ NcclCommunicator::NcclCommunicator(ncclComm_t comm, int rank, int size, Device d
   ZEST_CHECK(comm != nullptr, "NcclCommunicator needs an initialized ncclComm_t, got nullptr");
   ZEST_CHECK(device.is_cuda(), "an NCCL communicator works on a CUDA device, not {}", device.str());
   try {
-    state_ = std::make_unique<State>(comm, rank, size, device, options.timeout);
+    state_ = std::make_unique<State>(comm, rank, size, device, options.timeout, options.init_timeout);
     DeviceGuard guard(device);
     ZEST_CUDA_CHECK(cudaMalloc(&state_->barrier_buf, sizeof(int32_t)));
     ZEST_CUDA_CHECK(cudaMemset(state_->barrier_buf, 0, sizeof(int32_t)));
     ZEST_CUDA_CHECK(cudaEventCreateWithFlags(&state_->barrier_event, cudaEventDisableTiming));
     state_->thread = std::thread([s = state_.get()] { s->run_watchdog(); });
     make_blocking_child();
+    warm_up();
   } catch (...) {
     if (state_) {
       stop_watchdog();
@@ -324,7 +182,7 @@ void NcclCommunicator::make_blocking_child() {
   desc.kind = CollectiveKind::kSplit;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
-  config.splitShare = 1;  // the same ranks: the parent's connections and buffers serve both
+  config.splitShare = 0;  // it never splits; it shares admin's resources (Note [shared resources])
   // As in do_split: NCCL may write the handle after a timeout gave up on it.
   auto slot = std::make_unique<ncclComm_t>(nullptr);
   ncclComm_t admin = nullptr;
@@ -332,7 +190,7 @@ void NcclCommunicator::make_blocking_child() {
     std::lock_guard<std::mutex> nccl_lock(state_->nccl_mutex);
     admin = state_->admin;
     std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->in_call = State::Watched{nullptr, desc, Deadline(state_->timeout)};
+    state_->in_call = State::InCall{desc, Deadline(state_->init_timeout), state_->init_timeout};
   }
   const ncclResult_t r = ncclCommSplit(admin, 0, rank(), slot.get(), &config);
   {
@@ -355,7 +213,7 @@ void NcclCommunicator::make_blocking_child() {
   }
   const ncclComm_t child = *slot;
   ZEST_INTERNAL_ASSERT(child != nullptr, "ncclCommSplit returned no communicator");
-  const ncclResult_t ready = poll_ready(child, Deadline(state_->timeout));
+  const ncclResult_t ready = poll_ready(child, Deadline(state_->init_timeout));
   if (ready != ncclSuccess) {
     const std::string text = nccl_text(ready);
     ZEST_NCCL_WARN(ncclCommAbort(child));
@@ -363,7 +221,7 @@ void NcclCommunicator::make_blocking_child() {
                     fmt::format("NCCL {} on {}: the blocking communicator for collectives {}: {}",
                                 desc.str(), state_->where(),
                                 ready == ncclInProgress
-                                    ? fmt::format("was not ready within {} ms", state_->timeout.count())
+                                    ? fmt::format("was not ready within {} ms", state_->init_timeout.count())
                                     : std::string("failed"),
                                 text),
                     __FILE__, __LINE__);
@@ -374,11 +232,42 @@ void NcclCommunicator::make_blocking_child() {
 #endif
 }
 
+// Note [eager NCCL buffers]. Like a barrier, but not a numbered collective
+// of the Communicator: every rank's constructor runs it, before any. Bounded
+// by init_timeout, since without eager connection it is where NCCL connects.
+void NcclCommunicator::warm_up() {
+  CollectiveDesc desc;  // "barrier #0"
+  desc.kind = CollectiveKind::kBarrier;
+  desc.dtype = DType::kInt32;
+  desc.count = 1;
+  run_barrier(desc, Stream::default_for(device()), state_->init_timeout);
+}
+
+// Communicator::abort() on this rank (after close_group_after_abort ended an
+// open group): the NCCL communicators are aborted now, from the thread that
+// issues the collectives, so no call of ours is inside NCCL, and their
+// pending collectives are dropped: nothing waits for them any more, neither
+// a later call (refused) nor the destructor (which finds them aborted).
+void NcclCommunicator::do_abort(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->set_failure_locked(CommError::Reason::kAborted, message);
+  }
+  std::lock_guard<std::mutex> nccl_lock(state_->nccl_mutex);
+  state_->abort_locked();
+}
+
 NcclCommunicator::~NcclCommunicator() {
   stop_watchdog();
 
   std::lock_guard<std::mutex> nccl_lock(state_->nccl_mutex);
-  if (state_->comm == nullptr) return;
+  if (state_->comm == nullptr) return;  // aborted: nothing left to wait for
+  // Aborted without an NCCL failure (a group that failed to start): the
+  // collectives may wait for ranks that are gone, so do not wait for them.
+  if (aborted()) {
+    state_->abort_locked();
+    return;
+  }
   if (state_->blocking) {
     // The blocking child: destroyed once the collectives queued on it have
     // completed (their events), by the deadline; a blocking finalize could
@@ -386,7 +275,7 @@ NcclCommunicator::~NcclCommunicator() {
     bool quiet = state_->failure.empty();
     const Deadline deadline(state_->timeout);
     Backoff backoff;
-    for (const State::Watched& w : state_->watched) {
+    for (const auto& w : state_->watched.entries()) {
       cudaError_t q = cudaErrorNotReady;
       while (quiet && (q = cudaEventQuery(w.event)) == cudaErrorNotReady && !deadline.passed()) backoff.wait();
       quiet = quiet && q == cudaSuccess;
@@ -453,7 +342,8 @@ void NcclCommunicator::fail(CommError::Reason reason, const std::string& message
 }
 
 template <typename Call>
-void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, Call&& call) {
+void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, Call&& call,
+                             milliseconds limit) {
   check();
   // Stream handle 0 is the legacy stream of whichever device is current.
   DeviceGuard guard(device());
@@ -468,7 +358,7 @@ void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, C
     } else if (state_->blocking && !state_->group_open) {
       blocking_comm = state_->comm;
       std::lock_guard<std::mutex> state_lock(state_->mutex);
-      state_->in_call = State::Watched{nullptr, desc, Deadline(state_->timeout)};
+      state_->in_call = State::InCall{desc, Deadline(limit), limit};
     } else {
       r = call(state_->comm);
       if (r != ncclSuccess && r != ncclInProgress) error = nccl_text(r);
@@ -493,7 +383,7 @@ void NcclCommunicator::issue(const CollectiveDesc& desc, const Stream& stream, C
     return;
   }
   wait_enqueued(desc);
-  watch(desc, stream);
+  watch(desc, stream, limit);
 }
 
 // A collective on the caller's buffers: refused once aborted, like every
@@ -505,13 +395,15 @@ void NcclCommunicator::issue_data(const CollectiveDesc& desc, const Stream& stre
     check();  // issue() checks otherwise
     return;
   }
-  issue(desc, stream, std::forward<Call>(call));
+  issue(desc, stream, std::forward<Call>(call), state_->timeout);
 }
 
 void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc, bool admin) {
   // A blocking communicator's calls return once queued.
   if (state_->blocking && !admin) return;
-  const Deadline deadline(state_->timeout);
+  // The admin communicator's calls are splits, bounded by init_timeout.
+  const milliseconds limit = admin ? state_->init_timeout : state_->timeout;
+  const Deadline deadline(limit);
   Backoff backoff;
   for (;;) {
     check();
@@ -534,14 +426,14 @@ void NcclCommunicator::wait_enqueued(const CollectiveDesc& desc, bool admin) {
            fmt::format("NCCL {} on {} was not even queued within {} ms, so the communicator was "
                        "aborted: NCCL was still connecting to the other ranks, and one of them "
                        "may not have issued it, or died",
-                       desc.str(), state_->where(), state_->timeout.count()));
+                       desc.str(), state_->where(), limit.count()));
     }
     backoff.wait();
   }
 }
 
 // Callers hold a DeviceGuard for the communicator's device (issue() says why).
-void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream) {
+void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream, milliseconds limit) {
   cudaEvent_t event = nullptr;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -567,7 +459,7 @@ void NcclCommunicator::watch(const CollectiveDesc& desc, const Stream& stream) {
                                            state_->where(), cuda_text(e)));
     return;  // the next call (or check()) reports it
   }
-  state_->watched.push_back({event, desc, Deadline(state_->timeout)});
+  state_->watched.add(event, cuda_stream(stream), desc, limit);
   state_->last_watched = desc;
 }
 
@@ -603,6 +495,12 @@ void NcclCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send
 }
 
 void NcclCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& stream) {
+  run_barrier(desc, stream, state_->timeout);
+}
+
+// A barrier bounded by `limit`: the host waits for its completion.
+void NcclCommunicator::run_barrier(const CollectiveDesc& desc, const Stream& stream,
+                                   milliseconds limit) {
   check();
   ZEST_CHECK(!state_->group_open,
              "{}: a barrier waits for its own completion, which cannot happen inside "
@@ -610,16 +508,17 @@ void NcclCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& stre
              desc.str());
   DeviceGuard guard(device());  // for the event record below (issue() says why)
   void* buf = state_->barrier_buf;
-  issue(desc, stream, [&](ncclComm_t c) {
-    return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, cuda_stream(stream));
-  });
+  issue(
+      desc, stream,
+      [&](ncclComm_t c) { return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, cuda_stream(stream)); },
+      limit);
   const cudaError_t e = cudaEventRecord(state_->barrier_event, cuda_stream(stream));
   if (e != cudaSuccess) {
     fail(CommError::Reason::kBackend, fmt::format("NCCL {} on {}: cudaEventRecord failed: {}",
                                                   desc.str(), state_->where(), cuda_text(e)));
   }
   // The host waits, by the same deadline as the watchdog, and never longer.
-  const Deadline deadline(state_->timeout);
+  const Deadline deadline(limit);
   Backoff backoff;
   for (;;) {
     check();
@@ -629,7 +528,7 @@ void NcclCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& stre
       fail(CommError::Reason::kBackend,
            fmt::format("NCCL {} on {} failed on the GPU: {}", desc.str(), state_->where(), cuda_text(q)));
     }
-    if (deadline.passed()) fail(CommError::Reason::kTimeout, state_->timeout_text(desc));
+    if (deadline.passed()) fail(CommError::Reason::kTimeout, state_->timeout_text(desc, limit));
     backoff.wait();
   }
 }
@@ -656,7 +555,7 @@ void NcclCommunicator::do_group_end() {
       // the watchdog may abort it, after the deadline.
       state_->group_has_ops = false;
       std::lock_guard<std::mutex> state_lock(state_->mutex);
-      state_->in_call = State::Watched{nullptr, ops.back().first, Deadline(state_->timeout)};
+      state_->in_call = State::InCall{ops.back().first, Deadline(state_->timeout), state_->timeout};
     } else {
       r = ncclGroupEnd();
       state_->group_open = false;
@@ -680,7 +579,7 @@ void NcclCommunicator::do_group_end() {
   check();
   if (ops.empty()) return;
   wait_enqueued(ops.back().first);
-  for (const auto& [desc, stream] : ops) watch(desc, stream);
+  for (const auto& [desc, stream] : ops) watch(desc, stream, state_->timeout);
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& desc, int color,
@@ -692,11 +591,12 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
   ZEST_CHECK(version >= NCCL_VERSION(2, 18, 0),
              "split needs NCCL 2.18 or later (ncclCommSplit), but this process loaded NCCL {}",
              version);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  // ncclConfig_t::splitShare came with ncclCommSplit (2.18), which the
-  // checks above require at compile and at run time.
-  config.splitShare = share_resources ? 1 : 0;
+  // The child shares this communicator's resources whatever
+  // `share_resources` says, since this one was created sharing (Note
+  // [shared resources]); the child is created sharing too, for its own
+  // blocking child.
+  (void)share_resources;
+  ncclConfig_t config = admin_config();
   // A non-blocking parent has NCCL write the child's handle when the split
   // completes, which may be after a timeout has given up on it here: the
   // slot is then left allocated for good (8 bytes), never written after free.
@@ -726,7 +626,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
     return nullptr;
   }
   ZEST_INTERNAL_ASSERT(child != nullptr, "ncclCommSplit with color {} returned no communicator", color);
-  const ncclResult_t state = poll_ready(child, Deadline(state_->timeout));
+  const ncclResult_t state = poll_ready(child, Deadline(state_->init_timeout));
   int child_rank = -1;
   int child_size = 0;
   ncclResult_t info = ncclSuccess;
@@ -741,7 +641,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(const CollectiveDesc& d
          fmt::format("NCCL {} (color {}, key {}) on {}: the new communicator {}: {}", desc.str(),
                      color, key, state_->where(),
                      state == ncclInProgress
-                         ? fmt::format("was not ready within {} ms", state_->timeout.count())
+                         ? fmt::format("was not ready within {} ms", state_->init_timeout.count())
                          : std::string("failed"),
                      text));
   }
@@ -776,8 +676,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
   set_current_device(dev);
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id_bytes.data(), sizeof(id.internal));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // so that a rank that never comes is a timeout, not a hang
+  prefer_eager_connection();
+  ncclConfig_t config = admin_config();
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, world_size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
@@ -786,7 +686,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
     ZEST_FAIL("creating the NCCL communicator failed on rank {} of {} ({}): {}", rank, world_size,
               dev.str(), text);
   }
-  const ncclResult_t state = poll_ready(comm, Deadline(options.timeout));
+  const ncclResult_t state = poll_ready(comm, Deadline(options.init_timeout));
   if (state != ncclSuccess) {
     const std::string text = nccl_text(state);
     ZEST_NCCL_WARN(ncclCommAbort(comm));
@@ -796,7 +696,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
                                   "after {} ms: not every rank joined. Check that all {} ranks "
                                   "started and got the same unique id, and that NCCL can reach "
                                   "the other hosts (NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO says more)",
-                                  rank, world_size, dev.str(), options.timeout.count(), world_size),
+                                  rank, world_size, dev.str(), options.init_timeout.count(),
+                                  world_size),
                       __FILE__, __LINE__);
     }
     throw CommError(CommError::Reason::kBackend,

@@ -14,9 +14,12 @@
 //
 // Hang protection. The communicator is created non-blocking (NCCL's
 // config.blocking = 0), so creation and split are polled until NCCL reports
-// them done or CommOptions::timeout passes. Collectives run on a blocking
-// child of it (split with splitShare on NCCL 2.18 and later; before that on
-// the non-blocking communicator, each enqueue polled): a collective returns
+// them done or CommOptions::init_timeout passes; the constructor then runs
+// one warm-up collective (Note [eager NCCL buffers] in nccl_comm.cpp: NCCL's
+// buffers are allocated at creation, before the engine's). Collectives run
+// on a blocking child of it (split sharing its resources on NCCL 2.18 and
+// later; before that on the non-blocking communicator, each enqueue
+// polled): a collective returns
 // once queued, without the tens of microseconds a non-blocking enqueue
 // costs the host. Once queued, a collective is followed by a CUDA event that
 // a watchdog thread (one per communicator) polls along with
@@ -59,7 +62,7 @@ NcclUniqueId nccl_unique_id();
 // `world_size`, on CUDA device `device`, which becomes the calling thread's
 // current device for good (set_current_device in core/device.h). Collective:
 // every rank calls it with the same id. Throws CommError (kTimeout) when not
-// every rank joins within options.timeout.
+// every rank joins within options.init_timeout.
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int world_size,
                                                      const NcclUniqueId& unique_id_bytes,
                                                      int device, CommOptions options = {});
@@ -95,6 +98,7 @@ class NcclCommunicator final : public Communicator {
   void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                     const Stream& stream) override;
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override;
+  void do_abort(const std::string& message) override;
   void do_group_start() override;
   void do_group_end() override;
   std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key,
@@ -102,8 +106,10 @@ class NcclCommunicator final : public Communicator {
 
  private:
   struct State;  // shared with the watchdog thread
+  // Queues `call` and watches it: it must complete within `limit`.
   template <typename Call>
-  void issue(const CollectiveDesc& desc, const Stream& stream, Call&& call);
+  void issue(const CollectiveDesc& desc, const Stream& stream, Call&& call,
+             std::chrono::milliseconds limit);
   template <typename Call>
   void issue_data(const CollectiveDesc& desc, const Stream& stream, Call&& call);
   // Polls until NCCL has queued `desc` on the collectives' communicator (or,
@@ -111,7 +117,10 @@ class NcclCommunicator final : public Communicator {
   void wait_enqueued(const CollectiveDesc& desc, bool admin = false);
   void stop_watchdog();
   void make_blocking_child();
-  void watch(const CollectiveDesc& desc, const Stream& stream);
+  void watch(const CollectiveDesc& desc, const Stream& stream, std::chrono::milliseconds limit);
+  void run_barrier(const CollectiveDesc& desc, const Stream& stream, std::chrono::milliseconds limit);
+  // Note [eager NCCL buffers]: one collective at creation, within init_timeout.
+  void warm_up();
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
   std::unique_ptr<State> state_;

@@ -1,9 +1,45 @@
 #include "zest/core/cuda_runtime.h"
 
+#include <cuda.h>  // the driver's types; its functions come from the runtime (driver_entry)
+#include <cuda_runtime.h>
+
+#include "zest/core/check.h"
 #include "zest/core/cuda_check.h"
 #include "zest/core/device.h"
 
 namespace zest::cuda_rt {
+namespace {
+
+// A driver function, found through the runtime so that ZEST need not link
+// libcuda itself.
+template <typename Fn>
+Fn driver_entry(const char* name) {
+  void* fn = nullptr;
+#if CUDART_VERSION >= 12000
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  ZEST_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status));
+#else
+  ZEST_CUDA_CHECK(cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &status));
+#endif
+  ZEST_CHECK(status == cudaDriverEntryPointSuccess && fn != nullptr,
+             "the CUDA driver has no {} (query result {}); update the NVIDIA driver", name,
+             static_cast<int>(status));
+#else
+  ZEST_CUDA_CHECK(cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault));
+  ZEST_CHECK(fn != nullptr, "the CUDA driver has no {}; update the NVIDIA driver", name);
+#endif
+  return reinterpret_cast<Fn>(fn);
+}
+
+using CtxGetCurrent = CUresult (*)(CUcontext*);
+using CtxSetCurrent = CUresult (*)(CUcontext);
+
+void check_driver(CUresult r, const char* what) {
+  ZEST_CHECK(r == CUDA_SUCCESS, "{} failed with CUDA driver error {}", what, static_cast<int>(r));
+}
+
+}  // namespace
 
 int device_count() {
   int n = 0;
@@ -23,6 +59,20 @@ int current_device() {
 }
 
 void set_device(int device) { ZEST_CUDA_CHECK(cudaSetDevice(device)); }
+
+int current_device_or_none() {
+  static const auto get = driver_entry<CtxGetCurrent>("cuCtxGetCurrent");
+  CUcontext ctx = nullptr;
+  const CUresult r = get(&ctx);
+  if (r == CUDA_ERROR_NOT_INITIALIZED) return -1;  // no context anywhere yet
+  check_driver(r, "cuCtxGetCurrent");
+  return ctx == nullptr ? -1 : current_device();
+}
+
+void clear_current_device() {
+  static const auto set = driver_entry<CtxSetCurrent>("cuCtxSetCurrent");
+  check_driver(set(nullptr), "cuCtxSetCurrent(nullptr)");
+}
 
 void device_synchronize(int device) {
   DeviceGuard guard(Device::cuda(device));

@@ -10,6 +10,11 @@ namespace zest::cuda_rt {
 
 int device_count();  // 0 on no driver / no device
 int current_device();
+// The current device, or -1 when the calling thread has no current CUDA
+// context (Note [no current device] in device_switch.h).
+int current_device_or_none();
+// Leaves the calling thread with no current CUDA context.
+void clear_current_device();
 void set_device(int device);
 void device_synchronize(int device);
 

@@ -13,6 +13,8 @@ namespace {
 
 int device_count() { return 0; }
 int current_device() { no_cuda(); }
+int current_device_or_none() { no_cuda(); }
+void clear_current_device() { no_cuda(); }
 void set_device(int) { no_cuda(); }
 void device_synchronize(int) { no_cuda(); }
 MemInfo mem_info(int) { no_cuda(); }

@@ -4,6 +4,7 @@
 
 #include "zest/core/check.h"
 #include "zest/core/cuda_runtime.h"
+#include "zest/core/device_switch.h"
 #include "zest/core/logging.h"
 
 namespace zest {
@@ -49,19 +50,28 @@ void set_current_device(Device device) {
   if (cuda_rt::current_device() != device.index()) cuda_rt::set_device(device.index());
 }
 
+namespace {
+
+// The calling thread's device, through the CUDA runtime shim.
+struct ThreadDevice {
+  int current() const { return cuda_rt::current_device_or_none(); }
+  void set(int device) const { cuda_rt::set_device(device); }
+  void clear() const { cuda_rt::clear_current_device(); }
+};
+
+}  // namespace
+
 DeviceGuard::DeviceGuard(Device device) {
   if (!device.is_cuda()) return;
-  const int current = cuda_rt::current_device();
-  if (current != device.index()) {
-    cuda_rt::set_device(device.index());
-    previous_ = current;
-  }
+  ThreadDevice ops;
+  previous_ = detail::switch_device(ops, device.index());
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ < 0) return;
+  if (previous_ == detail::kKeepDevice) return;
   try {
-    cuda_rt::set_device(previous_);
+    ThreadDevice ops;
+    detail::leave_device(ops, previous_);
   } catch (const Error& e) {
     ZEST_LOG_WARN("could not restore the current CUDA device: {}", e.what());
   }

@@ -48,14 +48,15 @@ void check_device_available(Device device);
 // Makes `device` the calling thread's current CUDA device for good, as
 // torch.cuda.set_device does; a no-op for the host. A process that drives one
 // GPU calls it once, before any other CUDA work: the DeviceGuards inside ZEST
-// then find their device current and change nothing. Otherwise each guard
-// restores device 0 on exit, and since CUDA 12 making a device current
-// creates its context, so every rank of a node would keep one (hundreds of
-// MiB) on GPU 0. make_nccl_communicator calls it.
+// then find their device current and change nothing (otherwise each guard
+// switches the device on entry and back on exit, two driver calls).
+// make_nccl_communicator calls it.
 void set_current_device(Device device);
 
 // Makes `device` current for the calling thread (CUDA) for a scope and
-// restores the previous one. A no-op for the host.
+// restores the previous one; a thread that had no current device is left
+// with none (Note [no current device] in device_switch.h), not with GPU 0.
+// A no-op for the host.
 class DeviceGuard {
  public:
   explicit DeviceGuard(Device device);
@@ -64,7 +65,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = -1;
+  int previous_ = -2;  // detail::kKeepDevice
 };
 
 }  // namespace zest

@@ -291,6 +291,8 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   set(MemoryCategory::kCommBuffers, 0, std::max(staging, norm_sums));
   e.model_state_bytes = device_params + s.grads + device_master + device_state;
   e.peak_bytes = e.model_state_bytes + std::max({staging, backward, norm_sums});
+  e.runtime_reserve_bytes =
+      options.runtime_reserve_bytes.value_or(default_runtime_reserve_bytes(options.world_size));
 
   // The same device states at Ψ' = Ψ, the offloaded fraction taken out.
   const double on_device = trainable_owned == 0 ? 1.0
@@ -357,7 +359,7 @@ size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& option
   const bool peak = fit.criterion == FitCriterion::kPeak;
   const auto fits = [&](size_t psi) {
     const MemoryEstimate e = estimate_memory(ModelDescription::from_total(psi, fit.unit_numel), options);
-    return (peak ? e.peak_bytes : e.model_state_bytes) <= device_bytes &&
+    return (peak ? e.peak_bytes + e.runtime_reserve_bytes : e.model_state_bytes) <= device_bytes &&
            (!fit.host_bytes || (peak ? e.host_peak_bytes : e.host_model_state_bytes) <= *fit.host_bytes);
   };
   if (!fits(1)) return 0;
@@ -397,9 +399,17 @@ EstimateOptions EstimateOptions::from_config(const EngineConfig& config, int wor
   return o;
 }
 
+int64_t default_runtime_reserve_bytes(int world_size) {
+  return kCudaContextReserveBytes + (world_size > 1 ? kNcclReserveBytes : 0);
+}
+
 void EstimateOptions::validate() const {
   ZEST_CHECK(world_size >= 1, "world_size is {}: it must be at least 1 (the data-parallel ranks)",
              world_size);
+  ZEST_CHECK(runtime_reserve_bytes.value_or(0) >= 0,
+             "runtime_reserve_bytes is {}: it must be >= 0 (the device bytes of the CUDA context and "
+             "NCCL's buffers; leave it unset for the default)",
+             runtime_reserve_bytes.value_or(0));
   ZEST_CHECK(zero.stage >= 0 && zero.stage <= 3, "stage is {}: allowed values are 0, 1, 2 and 3",
              zero.stage);
   ZEST_CHECK(compute_dtype == DType::kFloat32 || compute_dtype == DType::kFloat16 ||

@@ -116,6 +116,9 @@ struct EstimateOptions {
   // gathered at once, or to reproduce a simpler model.
   int live_units = 0;            // stage 3: full parameter buffers at once
   int grad_units_in_flight = 0;  // stages 2-3: full gradient buffers at once
+  // Device bytes outside the engine's allocator (Note [runtime reserve]);
+  // unset, default_runtime_reserve_bytes(world_size).
+  std::optional<int64_t> runtime_reserve_bytes;
 
   // The options of a run of `config` on `world_size` ranks.
   static EstimateOptions from_config(const EngineConfig& config, int world_size);
@@ -126,6 +129,32 @@ struct EstimateOptions {
   bool offloads_optimizer() const { return offload_optimizer.device == OffloadDevice::kCpu; }
   bool offloads_params() const { return offload_param.device == OffloadDevice::kCpu; }
 };
+
+// Note [runtime reserve]. Device memory that a rank needs besides what the
+// engine allocates, which no category counts and MemoryReport does not see:
+//   the CUDA context   the driver's per-process state and the loaded
+//                      kernels of ZEST, cuBLAS and the user's code: about
+//                      300-600 MiB on Hopper with CUDA 12's lazy loading
+//                      (CUDA_MODULE_LOADING=LAZY, the default since 12.2);
+//                      kCudaContextReserveBytes is 512 MiB;
+//   NCCL's buffers     per channel and peer, NCCL_BUFFSIZE (4 MiB) for the
+//                      Simple protocol plus the LL and LL128 buffers, for
+//                      the ring's two peers and the tree's, on up to 32
+//                      channels, and NVLS's buffers on NVSwitch systems
+//                      (H100/H200 HGX): hundreds of MiB to over a GiB with
+//                      NCCL's defaults (NCCL's user guide, environment
+//                      variables NCCL_BUFFSIZE, NCCL_NCHANNELS_PER_NET_PEER,
+//                      NCCL_NVLS_ENABLE); kNcclReserveBytes is 1 GiB, for a
+//                      world of more than one rank.
+// ZEST has NCCL allocate its buffers at creation, before the engine's
+// (nccl_comm.cpp, Note [eager NCCL buffers]), so what remains for the model
+// is the device's memory less this reserve; largest_fitting_model's peak
+// criterion counts it. A run that measured its own (free memory before and
+// after creating the communicator) passes it in
+// EstimateOptions::runtime_reserve_bytes.
+inline constexpr int64_t kCudaContextReserveBytes = int64_t{512} << 20;
+inline constexpr int64_t kNcclReserveBytes = int64_t{1} << 30;
+int64_t default_runtime_reserve_bytes(int world_size);
 
 struct CategoryEstimate {
   int64_t persistent = 0;  // bytes held from finalize() on
@@ -156,6 +185,9 @@ struct MemoryEstimate {
   // backward's live parameters and gradients, step's norm sums). Exact when
   // the largest unit is the last one registered.
   int64_t peak_bytes = 0;
+  // Note [runtime reserve]: the CUDA context and NCCL's buffers, on top of
+  // peak_bytes (EstimateOptions::runtime_reserve_bytes, or its default).
+  int64_t runtime_reserve_bytes = 0;
   // Host: persistent parameters, master weights and optimizer state (what
   // MemoryReport::host_model_states() measures), and with the staging slots
   // at their peak.
@@ -243,7 +275,9 @@ struct FitOptions {
 };
 
 // The largest Ψ whose estimate under `options` (its stage included) fits in
-// `device_bytes`: fits(Ψ) and not fits(Ψ + 1). 0 when a single parameter
+// `device_bytes`: fits(Ψ) and not fits(Ψ + 1). The peak criterion counts
+// peak_bytes plus the runtime reserve; the model-states one (the paper's
+// count) the model states alone. 0 when a single parameter
 // does not fit. By bisection, so a model's bytes need not be monotone in Ψ
 // (the persistence threshold makes them not).
 size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& options,

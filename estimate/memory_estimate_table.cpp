@@ -267,9 +267,12 @@ std::string format_fit_table(const EstimateOptions& options, int64_t device_byte
   const Choice choices[] = {{"no offload", false, false},
                             {"offload_optimizer", true, false},
                             {"optimizer + param", true, true}};
+  const int64_t reserve =
+      options.runtime_reserve_bytes.value_or(default_runtime_reserve_bytes(options.world_size));
   std::string out = fmt::format("largest Ψ that fits a device of {} and a host share of {} per rank, at the peak "
-                                "(N = {}; units of {})\n",
-                                format_bytes(device_bytes), format_bytes(host_bytes), options.world_size,
+                                "with {} kept for the CUDA context{} (N = {}; units of {})\n",
+                                format_bytes(device_bytes), format_bytes(host_bytes), format_bytes(reserve),
+                                options.world_size > 1 ? " and NCCL" : "", options.world_size,
                                 unit_numel == 0 ? "one unit" : with_commas(unit_numel) + " parameters");
   out += fmt::format("{:<{}}", "", kLabelWidth);
   for (int stage : stages) out += fmt::format("{:>{}}", fmt::format("stage {}", stage), kCellWidth);
@@ -289,7 +292,7 @@ std::string format_fit_table(const EstimateOptions& options, int64_t device_byte
       // Which memory stops the next parameter: the host when the device
       // alone would still take it.
       const MemoryEstimate next = estimate_memory(ModelDescription::from_total(psi + 1, unit_numel), o);
-      const bool host_bound = next.peak_bytes <= device_bytes;
+      const bool host_bound = next.peak_bytes + next.runtime_reserve_bytes <= device_bytes;
       out += fmt::format("{:>{}}", short_count(psi) + (host_bound ? " (h)" : ""), kCellWidth);
     }
     out += "\n";

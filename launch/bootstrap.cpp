@@ -139,7 +139,8 @@ std::unique_ptr<Communicator> init_distributed(Device device, CommOptions option
     NcclUniqueId id{};
     if (env.rank == 0) id = nccl_unique_id();
     const std::string shared =
-        share_from_rank0(env, lookup, std::string_view(id.data(), id.size()), options.timeout);
+        share_from_rank0(env, lookup, std::string_view(id.data(), id.size()),
+                         options.init_timeout);  // part of creating the communicator
     ZEST_CHECK(shared.size() == id.size(), "the NCCL unique id from rank 0 has {} bytes, not {}",
                shared.size(), id.size());
     std::memcpy(id.data(), shared.data(), id.size());

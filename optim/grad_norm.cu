@@ -15,6 +15,7 @@
 #include "zest/optim/cuda_elementwise.cuh"
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
+#include "zest/optim/exact_sum_grid.h"
 #include "zest/optim/optim_cuda.h"
 #include "zest/optim/step_decision.h"
 
@@ -43,41 +44,32 @@ __global__ void chunk_sums_kernel(const T* g, size_t numel, size_t chunk, size_t
   }
 }
 
-// One block adds all chunk sums into acc: each thread adds a strided subset
-// into words of its own, then the block adds the threads' words. Integer
-// additions, so the order (and the thread count) changes no bit; the result
-// is the host's accumulate_exact to the bit. A value outside exact_add's range
-// cannot come from chunk_sums_kernel (exact_sum.h's Note); were one there, it
-// is counted as a NaN, so the step skips instead of using a wrong norm.
-constexpr unsigned kExactThreads = 128;  // 128 x 22 words of shared memory: 22.5 KiB
-
+// Note [exact sum on a grid] (optim/exact_sum_grid.h): each block adds its
+// strided share of the chunk sums exactly, merges its threads' words in a
+// tree and adds them into acc with integer atomics; normalize_exact_kernel
+// then normalizes acc. Integer additions throughout, so the grid and the
+// order of the atomics change no bit: the host's accumulate_exact to the bit
+// (accumulate_exact_grid_model is this, on the host).
 __global__ void accumulate_exact_kernel(const double* sums, size_t count, int64_t* acc) {
   __shared__ int64_t words[kExactThreads][kExactWords];
   const unsigned t = threadIdx.x;
   int64_t* mine = words[t];
   for (int k = 0; k < kExactWords; ++k) mine[k] = 0;
-  size_t since = 0;
-  for (size_t i = t; i < count; i += kExactThreads) {
-    if (!exact_add(mine, sums[i])) ++mine[kExactNaNWord];
-    if (++since == (size_t{1} << 24)) {  // 2^31 adds fit between normalizations
-      exact_normalize(mine);
-      since = 0;
-    }
-  }
-  exact_normalize(mine);
+  exact_add_strided(mine, sums, count, static_cast<size_t>(blockIdx.x) * kExactThreads + t,
+                    static_cast<size_t>(gridDim.x) * kExactThreads);
   __syncthreads();
   for (unsigned half = kExactThreads / 2; half > 0; half /= 2) {
-    if (t < half) {
-      for (int k = 0; k < kExactWords; ++k) words[t][k] += words[t + half][k];
-      exact_normalize(words[t]);
-    }
+    if (t < half) exact_merge(words[t], words[t + half]);
     __syncthreads();
   }
-  if (t == 0) {
-    for (int k = 0; k < kExactWords; ++k) acc[k] += words[0][k];
-    exact_normalize(acc);
+  static_assert(kExactWords <= kExactThreads, "one thread per word of the block's sum");
+  if (t < static_cast<unsigned>(kExactWords) && words[0][t] != 0) {
+    // Two's complement: an unsigned add is the signed one.
+    atomicAdd(reinterpret_cast<unsigned long long*>(acc + t), static_cast<unsigned long long>(words[0][t]));
   }
 }
+
+__global__ void normalize_exact_kernel(int64_t* acc) { exact_normalize(acc); }
 
 // One thread: decide() reads every word into its own locals before the
 // decision is stored over them.
@@ -96,8 +88,10 @@ void decide_step_cuda(const Stream& stream, int64_t* words, double unscale, doub
 
 void accumulate_exact_cuda(const Stream& stream, const double* sums, size_t count, int64_t* acc) {
   DeviceGuard guard(stream.device());
-  accumulate_exact_kernel<<<1, kExactThreads, 0, cuda_stream(stream)>>>(sums, count,
-                                                                                              acc);
+  const auto native = cuda_stream(stream);
+  accumulate_exact_kernel<<<exact_grid_blocks(count), kExactThreads, 0, native>>>(sums, count, acc);
+  ZEST_CUDA_KERNEL_CHECK();
+  normalize_exact_kernel<<<1, 1, 0, native>>>(acc);
   ZEST_CUDA_KERNEL_CHECK();
 }
 

@@ -45,6 +45,8 @@ options:
   --live-units N           stage 3: gathered units at once (default: the engine's prefetch window)
   --grad-units N           stages 2-3: full gradient buffers at once (default: from the reduce bucket)
   --device-memory SIZE     e.g. 80GiB, 80GB, 8.5e10: also print the largest model that fits
+  --runtime-reserve SIZE   device memory kept for the CUDA context and NCCL's buffers, outside the
+                           engine's (default 512MiB, plus 1GiB for NCCL when --world > 1; 0 for none)
   --offload-optimizer none|cpu  cpu: fp32 master weights and optimizer state in host memory (stages 1-3)
   --offload-ratio R        with --offload-optimizer cpu: the fraction offloaded, 0 to 1 (default 1)
   --offload-param none|cpu cpu (stage 3, with --offload-optimizer cpu at ratio 1): the sharded parameters in
@@ -102,7 +104,7 @@ int64_t size_arg(const std::string& flag, const std::string& text) {
 std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   static const char* kFlags[] = {"--params", "--unit-numel", "--units", "--world", "--stage",
                                  "--dtype", "--optimizer", "--master-dtype", "--state-dtype", "--accum", "--persistence-threshold",
-                                 "--live-units", "--grad-units", "--device-memory",
+                                 "--live-units", "--grad-units", "--device-memory", "--runtime-reserve",
                                  "--offload-optimizer", "--offload-ratio", "--offload-param",
                                  "--host-memory", "--ranks-per-host", "--config", "--micro-batch",
                                  "--hidden-size", "--total-steps"};
@@ -229,6 +231,10 @@ int run(int argc, char** argv) {
   if (has("--live-units")) opt.live_units = static_cast<int>(count_arg("--live-units", flags["--live-units"], 1, kMaxInt));
   if (has("--grad-units")) opt.grad_units_in_flight = static_cast<int>(count_arg("--grad-units", flags["--grad-units"], 1, kMaxInt));
   if (has("--device-memory")) table.device_bytes = size_arg("--device-memory", flags["--device-memory"]);
+  if (has("--runtime-reserve")) {
+    const std::string& r = flags["--runtime-reserve"];
+    opt.runtime_reserve_bytes = r == "0" ? 0 : size_arg("--runtime-reserve", r);
+  }
   if (has("--offload-optimizer")) {
     const std::string d = cli::choice("--offload-optimizer", flags["--offload-optimizer"], {"none", "cpu"});
     opt.offload_optimizer.device = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;

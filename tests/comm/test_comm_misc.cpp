@@ -166,6 +166,10 @@ TEST_CASE("bad arguments get clear errors before any rank waits") {
   negative_spin.spin = std::chrono::microseconds(-1);
   CHECK_THROWS_WITH_AS(make_inprocess_group(2, Device::host(), negative_spin),
                        doctest::Contains("CommOptions::spin must be between 0 and the timeout"), Error);
+  CommOptions zero_init;
+  zero_init.init_timeout = std::chrono::milliseconds(0);
+  CHECK_THROWS_WITH_AS(make_inprocess_group(2, Device::host(), zero_init),
+                       doctest::Contains("CommOptions::init_timeout must be positive, got 0 ms"), Error);
 }
 
 TEST_CASE("a failing group_end aborts the communicator, and every later call says why") {
@@ -215,21 +219,31 @@ TEST_CASE("a group that the backend could not start is not left open") {
   CHECK(comm.groups_ended == 0);
 }
 
+namespace {
+
+// Restores an environment variable as it was, whatever the checks do.
+struct EnvRestore {
+  const char* name;
+  std::optional<std::string> old;
+  explicit EnvRestore(const char* n) : name(n) {
+    if (const char* v = std::getenv(name)) old = v;
+  }
+  ~EnvRestore() {
+    if (old) {
+      ::setenv(name, old->c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  EnvRestore(const EnvRestore&) = delete;
+  EnvRestore& operator=(const EnvRestore&) = delete;
+};
+
+}  // namespace
+
 TEST_CASE("ZEST_COMM_TIMEOUT sets the default timeout, and a bad value is named") {
   // Restores the variable as it was, whatever the checks do.
-  struct Restore {
-    std::optional<std::string> old;
-    Restore() {
-      if (const char* v = std::getenv("ZEST_COMM_TIMEOUT")) old = v;
-    }
-    ~Restore() {
-      if (old) {
-        ::setenv("ZEST_COMM_TIMEOUT", old->c_str(), 1);
-      } else {
-        ::unsetenv("ZEST_COMM_TIMEOUT");
-      }
-    }
-  } restore;
+  const EnvRestore restore("ZEST_COMM_TIMEOUT");
   ::unsetenv("ZEST_COMM_TIMEOUT");
   CHECK(CommOptions{}.timeout == std::chrono::minutes(10));
   ::setenv("ZEST_COMM_TIMEOUT", "", 1);
@@ -245,6 +259,31 @@ TEST_CASE("ZEST_COMM_TIMEOUT sets the default timeout, and a bad value is named"
     ::setenv("ZEST_COMM_TIMEOUT", bad, 1);
     const std::string expected =
         fmt::format("ZEST_COMM_TIMEOUT is '{}', not a number of seconds from 0.001 to 1e6", bad);
+    CHECK_THROWS_WITH_AS(static_cast<void>(CommOptions{}), doctest::Contains(expected.c_str()), Error);
+  }
+}
+
+TEST_CASE("creation and split have a timeout of their own, from ZEST_COMM_INIT_TIMEOUT") {
+  const EnvRestore restore_init("ZEST_COMM_INIT_TIMEOUT");
+  const EnvRestore restore("ZEST_COMM_TIMEOUT");
+  ::unsetenv("ZEST_COMM_INIT_TIMEOUT");
+  // A short collective timeout (the NCCL watchdog test's) leaves creation
+  // its own, longer one.
+  ::setenv("ZEST_COMM_TIMEOUT", "0.5", 1);
+  CHECK(CommOptions{}.timeout == std::chrono::milliseconds(500));
+  CHECK(CommOptions{}.init_timeout == std::chrono::minutes(10));
+  CHECK(CommOptions{std::chrono::milliseconds(500)}.init_timeout == std::chrono::minutes(10));
+  ::setenv("ZEST_COMM_INIT_TIMEOUT", "", 1);
+  CHECK(CommOptions{}.init_timeout == std::chrono::minutes(10));
+  ::setenv("ZEST_COMM_INIT_TIMEOUT", "90.25", 1);
+  CHECK(CommOptions{}.init_timeout == std::chrono::milliseconds(90250));
+  CHECK(CommOptions{}.timeout == std::chrono::milliseconds(500));
+  CHECK(make_inprocess_group(2)[0]->options().init_timeout == std::chrono::milliseconds(90250));
+  for (const char* bad : {"abc", "0", "-3", "inf", "1e7", "10m"}) {
+    CAPTURE(bad);
+    ::setenv("ZEST_COMM_INIT_TIMEOUT", bad, 1);
+    const std::string expected =
+        fmt::format("ZEST_COMM_INIT_TIMEOUT is '{}', not a number of seconds from 0.001 to 1e6", bad);
     CHECK_THROWS_WITH_AS(static_cast<void>(CommOptions{}), doctest::Contains(expected.c_str()), Error);
   }
 }

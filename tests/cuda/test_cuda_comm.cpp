@@ -264,3 +264,41 @@ TEST_CASE("the NCCL watchdog aborts a collective that does not complete in time"
                        doctest::Contains("refused: it was aborted"), CommError);
   CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.get().native())) == cudaSuccess);
 }
+
+TEST_CASE("abort() aborts the NCCL communicator at once, and its destructor does not wait") {
+  std::unique_ptr<Communicator> comm = one_rank_nccl(60s);
+  auto& nccl = dynamic_cast<NcclCommunicator&>(*comm);
+  OwnedStream stream(kCuda0);
+  DeviceBuffer buf(16 * 4);
+  buf.fill(0);
+  StreamGate gate;
+  gate.hold(static_cast<cudaStream_t>(stream.get().native()));
+  // Pending until the gate opens: a peer that never comes, as far as this
+  // rank can tell.
+  comm->all_reduce(buf.get(), buf.get(), 16, DType::kFloat32, ReduceOp::kSum, stream);
+  comm->abort("the training loop failed");
+  CHECK(comm->aborted());
+  CHECK(nccl.native() == nullptr);  // ncclCommAbort, not only refusals
+  CHECK_THROWS_WITH_AS(nccl.check(), doctest::Contains("rank 0 failed: the training loop failed"), CommError);
+  const auto t0 = std::chrono::steady_clock::now();
+  comm.reset();  // before the fix: waited up to the 60 s timeout for the held collective
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  gate.open();
+  CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.get().native())) == cudaSuccess);
+}
+
+TEST_CASE("NCCL creation is bounded by init_timeout, not by a short collective timeout") {
+  // The watchdog test's 500 ms for collectives; creation, the blocking
+  // child's split and the warm-up collective get CommOptions::init_timeout.
+  CommOptions options{500ms};
+  options.init_timeout = 120s;
+  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  std::unique_ptr<Communicator> comm = make_nccl_communicator(0, 1, nccl_unique_id(), 0, options);
+  CHECK(comm->options().timeout == 500ms);
+  CHECK(comm->options().init_timeout == 120s);
+  std::unique_ptr<Communicator> child = comm->split(0, 0, /*share_resources=*/true);
+  REQUIRE(child != nullptr);
+  CHECK(child->options().init_timeout == 120s);
+  OwnedStream stream(kCuda0);
+  check_collectives_on_device(*child, stream);
+}

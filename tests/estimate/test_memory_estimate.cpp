@@ -454,7 +454,8 @@ TEST_CASE("the largest model that fits: consistent, and monotone in the stage") 
       const size_t psi = largest_fitting_model(device, o, fit);
       const auto bytes = [&](size_t n) {
         const MemoryEstimate e = estimate_memory(ModelDescription::from_total(n, fit.unit_numel), o);
-        return fit.criterion == FitCriterion::kPeak ? e.peak_bytes : e.model_state_bytes;
+        return fit.criterion == FitCriterion::kPeak ? e.peak_bytes + e.runtime_reserve_bytes
+                                                    : e.model_state_bytes;
       };
       CHECK(bytes(psi) <= device);
       CHECK(bytes(psi + 1) > device);
@@ -658,4 +659,39 @@ TEST_CASE("step()'s norm workspace is O(shard) at 7.5B parameters, and the engin
       CHECK(norms[static_cast<size_t>(r)] == std::sqrt(0.25 * (4 * 64 * 256 + 100)));
     }
   }
+}
+
+TEST_CASE("the peak criterion keeps a reserve for the CUDA context and NCCL's buffers") {
+  // Note [runtime reserve]: the context alone on one rank, NCCL's buffers too
+  // on more.
+  CHECK(default_runtime_reserve_bytes(1) == kCudaContextReserveBytes);
+  CHECK(default_runtime_reserve_bytes(8) == kCudaContextReserveBytes + kNcclReserveBytes);
+  CHECK(kCudaContextReserveBytes == int64_t{512} << 20);
+  CHECK(kNcclReserveBytes == int64_t{1} << 30);
+  const ModelDescription model = ModelDescription::from_total(1'000'000'000);
+  EstimateOptions o = options(8, 2, DType::kBFloat16, OptimizerKind::kAdamW);
+  const MemoryEstimate e = estimate_memory(model, o);
+  CHECK(e.runtime_reserve_bytes == int64_t{1536} << 20);
+  o.runtime_reserve_bytes = int64_t{3} << 30;  // as a run measured it
+  const MemoryEstimate measured = estimate_memory(model, o);
+  CHECK(measured.runtime_reserve_bytes == int64_t{3} << 30);
+  CHECK(measured.peak_bytes == e.peak_bytes);  // the engine's bytes do not change
+  // The fit leaves exactly the reserve free: a reserve of 0 fits more, and
+  // the bytes of the largest fit plus the reserve stay within the device.
+  const int64_t device = int64_t{80} << 30;
+  const FitOptions peak{FitCriterion::kPeak, 100'000'000, std::nullopt};
+  const size_t with_reserve = largest_fitting_model(device, o, peak);
+  const MemoryEstimate at = estimate_memory(ModelDescription::from_total(with_reserve, 100'000'000), o);
+  CHECK(at.peak_bytes + (int64_t{3} << 30) <= device);
+  const MemoryEstimate next = estimate_memory(ModelDescription::from_total(with_reserve + 1, 100'000'000), o);
+  CHECK(next.peak_bytes + (int64_t{3} << 30) > device);
+  o.runtime_reserve_bytes = 0;
+  CHECK(largest_fitting_model(device, o, peak) > with_reserve);
+  // The paper's model-states criterion is the paper's: no reserve.
+  const FitOptions states{FitCriterion::kModelStates, 0, std::nullopt};
+  const size_t zero_reserve = largest_fitting_model(device, o, states);
+  o.runtime_reserve_bytes = int64_t{3} << 30;
+  CHECK(largest_fitting_model(device, o, states) == zero_reserve);
+  o.runtime_reserve_bytes = -1;
+  CHECK_THROWS_WITH_AS(estimate_memory(model, o), doctest::Contains("runtime_reserve_bytes is -1"), Error);
 }

@@ -11,6 +11,7 @@
 
 #include "zest/core/check.h"
 #include "zest/optim/exact_sum.h"
+#include "zest/optim/exact_sum_grid.h"
 #include "zest/optim/grad_norm.h"
 
 using namespace zest;
@@ -27,6 +28,21 @@ Words sum_of(const std::vector<double>& values) {
 }
 
 double value_of(const std::vector<double>& values) { return exact_value(sum_of(values).data()); }
+
+// Chunk-sum-like values: sums of squares of floats over a wide range.
+std::vector<double> chunk_sum_like(std::mt19937_64& rng, size_t n) {
+  std::uniform_real_distribution<float> mag(-30.0f, 30.0f);
+  std::vector<double> values(n);
+  for (double& v : values) {
+    double acc = 0;
+    for (int k = 0; k < 4; ++k) {
+      const float x = std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 997.0f, static_cast<int>(mag(rng)));
+      acc += static_cast<double>(x) * x;
+    }
+    v = acc;
+  }
+  return values;
+}
 
 }  // namespace
 
@@ -85,17 +101,7 @@ TEST_CASE("Inf and NaN are counted apart: NaN wins, then Inf") {
 
 TEST_CASE("any order and any split into ranks gives the same words") {
   std::mt19937_64 rng(11);
-  std::uniform_real_distribution<float> mag(-30.0f, 30.0f);
-  std::vector<double> values(3000);
-  for (double& v : values) {
-    // chunk-sum-like values: sums of squares of floats over a wide range
-    double acc = 0;
-    for (int k = 0; k < 4; ++k) {
-      const float x = std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 997.0f, static_cast<int>(mag(rng)));
-      acc += static_cast<double>(x) * x;
-    }
-    v = acc;
-  }
+  std::vector<double> values = chunk_sum_like(rng, 3000);
   const Words reference = sum_of(values);
   // x87 long double adds with 64-bit significands: 3000 roundings stay
   // within 3000 x 2^-64 of the exact total.
@@ -132,4 +138,72 @@ TEST_CASE("accumulate_exact adds chunk sums into normalized words, and names a b
   const double negative = -1.0;
   CHECK_THROWS_WITH_AS(accumulate_exact(s, &negative, 1, w.data()),
                        doctest::Contains("chunk sum -1 at 0 is not a sum of squares"), Error);
+}
+
+TEST_CASE("the GPU's grid of blocks adds chunk sums to the host loop's bits, at any grid") {
+  std::mt19937_64 rng(5);
+  std::vector<double> values = chunk_sum_like(rng, 20000);
+  // The ends of the range, and zeros, among them.
+  values[17] = std::ldexp(1.0, 250);
+  values[4099] = std::ldexp(1.0, -298);
+  values[12345] = 0.0;
+  values[19999] = std::ldexp(3.0, -290);
+  const Stream host = Stream::default_for(Device::host());
+  // Into an accumulator that already holds a sum, as the engine adds units.
+  Words start{};
+  accumulate_exact(host, values.data(), 5, start.data());
+  Words reference = start;
+  accumulate_exact(host, values.data(), values.size(), reference.data());
+  const unsigned production = exact_grid_blocks(values.size());
+  CHECK(production == 5);  // 20000 sums, 4096 per block
+  struct Grid {
+    unsigned blocks;
+    unsigned threads;
+  };
+  for (const Grid g : {Grid{1, kExactThreads}, Grid{production, kExactThreads}, Grid{3, kExactThreads},
+                       Grid{200, kExactThreads}, Grid{7, 32}, Grid{64, 2}, Grid{1, 1}}) {
+    CAPTURE(g.blocks);
+    CAPTURE(g.threads);
+    Words got = start;
+    accumulate_exact_grid_model(values.data(), values.size(), got.data(), g.blocks, g.threads);
+    CHECK(got == reference);
+  }
+  // Nothing to add leaves the sum as it was, normalized.
+  Words same = reference;
+  accumulate_exact_grid_model(values.data(), 0, same.data(), 1, kExactThreads);
+  CHECK(same == reference);
+}
+
+TEST_CASE("the grid counts Inf and NaN as the host does, and an impossible value as NaN") {
+  const Stream host = Stream::default_for(Device::host());
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> with_inf = {1.0, inf, 2.0, inf, 0.5};
+  Words reference{};
+  accumulate_exact(host, with_inf.data(), with_inf.size(), reference.data());
+  Words got{};
+  accumulate_exact_grid_model(with_inf.data(), with_inf.size(), got.data(), 2, 2);
+  CHECK(got == reference);
+  CHECK(got[kExactInfWord] == 2);
+  CHECK(exact_value(got.data()) == inf);
+  const std::vector<double> with_nan = {1.0, nan, inf};
+  Words nan_words{};
+  accumulate_exact_grid_model(with_nan.data(), with_nan.size(), nan_words.data(), 3, 4);
+  CHECK(nan_words[kExactNaNWord] == 1);
+  CHECK(std::isnan(exact_value(nan_words.data())));
+  // The host refuses a negative "chunk sum"; the GPU cannot throw, and
+  // counts it as a NaN so that the step is skipped.
+  const std::vector<double> negative = {1.0, -1.0};
+  Words neg_words{};
+  accumulate_exact_grid_model(negative.data(), negative.size(), neg_words.data(), 1, 2);
+  CHECK(neg_words[kExactNaNWord] == 1);
+  CHECK(std::isnan(exact_value(neg_words.data())));
+}
+
+TEST_CASE("the grid has about 32 sums per thread, at least one block and at most 4096") {
+  CHECK(exact_grid_blocks(0) == 1);
+  CHECK(exact_grid_blocks(1) == 1);
+  CHECK(exact_grid_blocks(kExactThreads * kExactSumsPerThread) == 1);
+  CHECK(exact_grid_blocks(kExactThreads * kExactSumsPerThread + 1) == 2);
+  CHECK(exact_grid_blocks(size_t{1} << 40) == kExactMaxBlocks);
 }
