@@ -1,5 +1,6 @@
-// The MPI backend's collectives: agree on the call, then move the data, each
-// step a non-blocking MPI operation polled until the deadline.
+// The MPI backend's collectives: agree on the call (a small call's data
+// riding along), then move a large call's data, each step non-blocking MPI
+// operations polled until the deadline.
 #include "zest/comm/mpi_comm.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include "zest/comm/host_reduce.h"
+#include "zest/comm/mpi_exchange.h"
 #include "zest/comm/mpi_poll.h"
 #include "zest/comm/mpi_presence.h"
 #include "zest/core/logging.h"
@@ -23,11 +25,11 @@
 namespace zest {
 namespace {
 
-// A CollectiveDesc as fixed-size words, so that one all-gather shows every
-// rank's call to every rank.
-constexpr int kDescWords = 7;
-using DescWords = std::array<uint64_t, kDescWords>;
+using mpi::DescWords;
+using mpi::kDescWords;
 
+// A CollectiveDesc as fixed-size words, so that one exchange shows every
+// rank's call to every rank.
 DescWords encode(const CollectiveDesc& d) {
   return {static_cast<uint64_t>(d.kind),  static_cast<uint64_t>(d.dtype),
           static_cast<uint64_t>(d.op),    static_cast<uint64_t>(static_cast<int64_t>(d.root)),
@@ -116,11 +118,6 @@ struct MpiCommunicator::ReduceScratch {
   std::vector<int> copy_counts, copy_displs;       // all_reduce: W copies of this rank's
 };
 
-struct MpiCommunicator::DescExchange {
-  DescWords mine{};
-  std::vector<uint64_t> all;  // kDescWords per rank, in rank order
-};
-
 MpiCommunicator::Owned::Owned(MPI_Comm adopted) : Owned() {
   // Delegated: from here on the destructor frees whatever was set, should a
   // call below throw.
@@ -188,10 +185,8 @@ MpiCommunicator::MpiCommunicator(Owned owned, CommOptions options)
     : Communicator(rank_of(owned.comm), size_of(owned.comm), Device::host(), options),
       owned_(std::move(owned)),
       world_ranks_(mpi::world_ranks_of(owned_.comm)),
-      exchange_(std::make_shared<DescExchange>()),
-      scratch_(std::make_shared<ReduceScratch>(size())) {
-  exchange_->all.resize(static_cast<size_t>(size()) * kDescWords);
-}
+      exchange_(std::make_shared<mpi::Exchange>(rank(), size())),
+      scratch_(std::make_shared<ReduceScratch>(size())) {}
 
 MpiCommunicator::~MpiCommunicator() {
   // An aborted communicator may have an operation MPI cannot cancel still
@@ -232,26 +227,32 @@ void MpiCommunicator::guard(const CollectiveDesc& desc, Fn&& fn) {
   }
 }
 
-// A non-blocking collective moves its data only inside MPI_Test (Open MPI
-// has no progress thread by default): sleeping between tests would stall a
-// large transfer a fragment at a time. So the data phase polls without
-// sleeping for CommOptions::spin plus the time its bytes take at 1 GB/s, a
-// rate every transport beats; only a wait longer than that (a rank that is
-// late, or a stalled one) backs off into sleeping.
-std::chrono::microseconds MpiCommunicator::poll_spin(const CollectiveDesc& desc, bool moving_data) const {
-  if (!moving_data) return options().spin;
+// A non-blocking operation moves its data only inside MPI_Test (Open MPI has
+// no progress thread by default): sleeping between tests would stall a
+// transfer a fragment at a time. So a wait that moves data (the data phase,
+// or an exchange carrying a small call's data) spins for CommOptions::spin
+// plus the time its bytes take at 1 GB/s, a rate every transport beats; the
+// data phase then keeps testing, yielding the core, for kDataBusy more, as
+// MPI's blocking calls would (Note [one exchange per collective] in
+// mpi_exchange.h). Only a longer wait (a rank that is late, or a stalled
+// one) backs off into sleeping.
+mpi::PollPlan MpiCommunicator::poll_plan(const CollectiveDesc& desc, bool moving_data, bool carrying) const {
+  mpi::PollPlan plan{options().spin, std::chrono::microseconds(0), nullptr};
+  if (!moving_data && !carrying) return plan;
   const bool whole = desc.kind == CollectiveKind::kAllReduce || desc.kind == CollectiveKind::kBroadcast;
   const uint64_t bytes = desc.count * elem_size(desc.dtype) * (whole ? 1u : static_cast<uint64_t>(size()));
   const auto transfer = std::chrono::microseconds(static_cast<int64_t>(std::min<uint64_t>(bytes / 1000, INT32_MAX)));
-  return options().spin + transfer;
+  plan.spin += transfer;
+  if (moving_data) plan.busy = kDataBusy + transfer;
+  return plan;
 }
 
 // Note [the presence channel]: while it waits past its spin, a rank reads
 // the channel (answering the others, learning who left). A member that left
 // fails the call after a short grace (the call may have been its last, its
 // part already on the way); a timeout asks the members where they are.
-void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
-                           std::shared_ptr<void> buffers) {
+void MpiCommunicator::wait(const CollectiveDesc& desc, std::span<MPI_Request> requests, MPI_Status* statuses,
+                           bool moving_data, bool carrying, std::shared_ptr<void> buffers) {
   std::string what;  // desc.str(), made once the wait is long enough to read the channel
   std::optional<mpi::Departure> departed;
   std::optional<Deadline> departed_grace;
@@ -268,8 +269,9 @@ void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, boo
   };
   bool done = false;
   try {
-    done = mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data),
-                           between);
+    mpi::PollPlan plan = poll_plan(desc, moving_data, carrying);
+    plan.between = between;
+    done = mpi::poll_until(requests, statuses, Deadline(options().timeout), plan);
   } catch (...) {
     // A failed MPI call (on the request or the presence channel) leaves the
     // operation pending, its buffers in MPI's hands.
@@ -308,6 +310,11 @@ void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, boo
                    desc.str(), ms, rank(), size(), where, reached));
 }
 
+void MpiCommunicator::wait_data(const CollectiveDesc& desc, MPI_Request& request, std::shared_ptr<void> buffers) {
+  wait(desc, std::span<MPI_Request>(&request, 1), MPI_STATUSES_IGNORE, /*moving_data=*/true, /*carrying=*/false,
+       std::move(buffers));
+}
+
 // Who is where, from the members' answers (Note [the presence channel]).
 std::string MpiCommunicator::whereabouts(const CollectiveDesc& desc, bool moving_data) {
   if (!mpi::presence_open()) {
@@ -344,32 +351,65 @@ std::string MpiCommunicator::whereabouts(const CollectiveDesc& desc, bool moving
                      here.size() == 1 ? "is" : "are");
 }
 
-void MpiCommunicator::agree(const CollectiveDesc& desc) {
+// Note [one exchange per collective].
+void MpiCommunicator::agree(const CollectiveDesc& desc, const PartFor& part_for) {
+  mpi::Exchange& ex = *exchange_;
+  const DescWords mine = encode(desc);
   guard(desc, [&] {
-    DescExchange& ex = *exchange_;
-    ex.mine = encode(desc);
-    MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(MPI_Iallgather(ex.mine.data(), kDescWords, MPI_UINT64_T, ex.all.data(),
-                                  kDescWords, MPI_UINT64_T, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/false, exchange_);
+    const PartFor none = [](int) { return mpi::Part{}; };
+    const std::span<MPI_Request> requests = ex.start(owned_.comm, mine, part_for ? part_for : none);
+    wait(desc, requests, ex.statuses(), /*moving_data=*/false, /*carrying=*/static_cast<bool>(part_for),
+         exchange_);
+    ex.finish();
   });
-  const DescExchange& ex = *exchange_;
+  const std::vector<uint64_t>& all = ex.all();
   for (int r = 0; r < size(); ++r) {
-    if (!std::equal(ex.mine.begin(), ex.mine.end(), ex.all.begin() + r * kDescWords)) {
-      fail(CommError::Reason::kMismatch, mismatch_message(ex.all, size()));
+    if (!std::equal(mine.begin(), mine.end(), all.begin() + r * kDescWords)) {
+      fail(CommError::Reason::kMismatch, mismatch_message(all, size()));
     }
   }
   last_agreed_ = desc;
 }
 
+// Whether a call's data rides on its exchange: `bytes`, the most one rank
+// sends to another, fit a message (the same answer on every rank that made
+// the same call; ranks that did not learn so from the exchange itself).
+bool MpiCommunicator::carried(size_t bytes) const { return bytes <= exchange_->payload_limit(); }
+
 // The collectives that move data: agreed on, refused alike on every rank when
 // too large for MPI, then fn(n), n being the count as MPI takes it.
 template <typename Fn>
 void MpiCommunicator::move_data(const CollectiveDesc& desc, Fn&& fn) {
-  agree(desc);
+  agree(desc, nullptr);
   const int n = mpi_count(desc);
   if (n == 0) return;
   guard(desc, [&] { fn(n); });
+}
+
+// This rank's own input to a reduction of a carried call: `mine` itself, or
+// a copy when the output overlaps it (host_reduce reads its inputs while it
+// writes the output).
+const void* MpiCommunicator::own_input(const void* mine, size_t bytes, const void* out, size_t out_bytes) {
+  const char* m = static_cast<const char*>(mine);
+  const char* o = static_cast<const char*>(out);
+  if (m + bytes <= o || o + out_bytes <= m) return mine;
+  char* copy = scratch_->copies_of(bytes);
+  std::memcpy(copy, mine, bytes);
+  return copy;
+}
+
+// out = the reduction, in rank order, of this rank's `mine` and every peer's
+// payload of the exchange, `count` elements each.
+void MpiCommunicator::combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out) {
+  const size_t bytes = count * elem_size(desc.dtype);
+  std::vector<const void*>& inputs = scratch_->inputs;
+  for (int r = 0; r < size(); ++r) {
+    const mpi::Exchange& ex = *exchange_;
+    ZEST_INTERNAL_ASSERT(r == rank() || ex.payload_bytes(r) == bytes, "rank {} carried {} bytes, not {}", r,
+                         ex.payload_bytes(r), bytes);
+    inputs[static_cast<size_t>(r)] = r == rank() ? own_input(mine, bytes, out, bytes) : ex.payload(r);
+  }
+  host_reduce(inputs.data(), size(), out, count, desc.dtype, desc.op);
 }
 
 // Note [reductions over MPI]: MPI moves the bytes, ZEST does the arithmetic.
@@ -395,6 +435,14 @@ void MpiCommunicator::combine(const CollectiveDesc& desc, const char* copies, si
 // chunks (the in-process split), then every rank gathers every chunk.
 void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& /*stream*/) {
+  const size_t bytes = desc.count * elem_size(desc.dtype);
+  if (carried(bytes)) {
+    // Every rank sends its whole buffer to every other and reduces all of it:
+    // one exchange, the same bits (the reduction is element by element).
+    agree(desc, [&](int) { return mpi::Part{send, bytes}; });
+    guard(desc, [&] { combine_carried(desc, send, desc.count, recv); });
+    return;
+  }
   move_data(desc, [&](int /*n*/) {
     ReduceScratch& s = *scratch_;
     // Counts and offsets within n <= INT_MAX elements, so they fit MPI's ints.
@@ -414,12 +462,12 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
     MPI_Request request = MPI_REQUEST_NULL;
     ZEST_MPI_CHECK(MPI_Ialltoallv(send, s.chunk_counts.data(), s.chunk_displs.data(), type, copies,
                                   s.copy_counts.data(), s.copy_displs.data(), type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, scratch_);
+    wait_data(desc, request, scratch_);
     // The send buffer is read: an in-place call may overwrite it now.
     if (mine.count > 0) combine(desc, copies, mine.count, static_cast<char*>(recv) + mine.begin * es);
     ZEST_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, s.chunk_counts.data(),
                                    s.chunk_displs.data(), type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, scratch_);
+    wait_data(desc, request, scratch_);
   });
 }
 
@@ -427,23 +475,45 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
 // are taken from the whole send buffer before recv is written.
 void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
                                         const Stream& /*stream*/) {
+  const size_t part = desc.count * elem_size(desc.dtype);
+  if (carried(part)) {
+    const char* in = static_cast<const char*>(send);
+    agree(desc, [&](int peer) { return mpi::Part{in + static_cast<size_t>(peer) * part, part}; });
+    guard(desc, [&] { combine_carried(desc, in + static_cast<size_t>(rank()) * part, desc.count, recv); });
+    return;
+  }
   move_data(desc, [&](int n) {
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
     char* copies = scratch_->copies_of(desc.count * static_cast<size_t>(size()) * elem_size(desc.dtype));
     MPI_Request request = MPI_REQUEST_NULL;
     ZEST_MPI_CHECK(MPI_Ialltoall(send, n, type, copies, n, type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, scratch_);
+    wait_data(desc, request, scratch_);
     combine(desc, copies, desc.count, recv);
   });
 }
 
 void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& /*stream*/) {
+  const size_t part = desc.count * elem_size(desc.dtype);
+  char* out = static_cast<char*>(recv);
+  const bool in_place = out + static_cast<size_t>(rank()) * part == send;
+  if (carried(part)) {
+    agree(desc, [&](int) { return mpi::Part{send, part}; });
+    const mpi::Exchange& ex = *exchange_;
+    for (int r = 0; r < size(); ++r) {
+      char* to = out + static_cast<size_t>(r) * part;
+      if (r != rank()) {
+        ZEST_INTERNAL_ASSERT(ex.payload_bytes(r) == part, "rank {} carried {} bytes, not {}", r,
+                             ex.payload_bytes(r), part);
+        std::memcpy(to, ex.payload(r), part);
+      } else if (!in_place && part > 0) {
+        std::memcpy(to, send, part);
+      }
+    }
+    return;
+  }
   move_data(desc, [&](int n) {
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    const size_t part = desc.count * elem_size(desc.dtype);
-    const bool in_place =
-        static_cast<const char*>(recv) + static_cast<size_t>(rank()) * part == send;
     MPI_Request request = MPI_REQUEST_NULL;
     if (in_place) {
       ZEST_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, type,
@@ -451,32 +521,42 @@ void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send
     } else {
       ZEST_MPI_CHECK(MPI_Iallgather(send, n, type, recv, n, type, owned_.comm, &request));
     }
-    wait(desc, request, /*moving_data=*/true, nullptr);
+    wait_data(desc, request, nullptr);
   });
 }
 
 void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                                    const Stream& /*stream*/) {
-  move_data(desc, [&](int n) {
-    if (rank() == desc.root && send != recv) {
-      std::memcpy(recv, send, desc.count * elem_size(desc.dtype));
+  const size_t bytes = desc.count * elem_size(desc.dtype);
+  const bool root = rank() == desc.root;
+  if (root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
+  if (carried(bytes)) {
+    agree(desc, [&](int) { return root ? mpi::Part{send, bytes} : mpi::Part{}; });
+    const mpi::Exchange& ex = *exchange_;
+    if (!root && bytes > 0) {
+      ZEST_INTERNAL_ASSERT(ex.payload_bytes(desc.root) == bytes, "the root carried {} bytes, not {}",
+                           ex.payload_bytes(desc.root), bytes);
+      std::memcpy(recv, ex.payload(desc.root), bytes);
     }
+    return;
+  }
+  move_data(desc, [&](int n) {
     MPI_Request request = MPI_REQUEST_NULL;
     ZEST_MPI_CHECK(
         MPI_Ibcast(recv, n, mpi_copy_type(desc.dtype), desc.root, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, nullptr);
+    wait_data(desc, request, nullptr);
   });
 }
 
 void MpiCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& /*stream*/) {
-  // The agreement is a barrier already: no rank's all-gather completes
-  // before every rank has contributed to it.
-  agree(desc);
+  // The agreement is a barrier already: no rank's exchange completes before
+  // every rank has sent its message.
+  agree(desc, nullptr);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(const CollectiveDesc& desc, int color,
                                                         int key, bool /*share_resources*/) {
-  agree(desc);
+  agree(desc, nullptr);
   MPI_Comm child = MPI_COMM_NULL;
   guard(desc, [&] {
     // Blocking, without a deadline, but every rank is known to have called

@@ -35,7 +35,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +47,12 @@
 #if ZEST_WITH_MPI
 #include <mpi.h>
 #endif
+
+namespace zest::mpi {
+class Exchange;
+struct Part;
+struct PollPlan;
+}  // namespace zest::mpi
 
 namespace zest {
 
@@ -177,15 +185,24 @@ class MpiCommunicator final : public Communicator {
     Owned& operator=(Owned&&) = delete;
     ~Owned();
   };
-  struct DescExchange;
-
   MpiCommunicator(Owned owned, CommOptions options);
   static Owned duplicate(MPI_Comm comm, const CommOptions& options);
 
-  void agree(const CollectiveDesc& desc);
-  std::chrono::microseconds poll_spin(const CollectiveDesc& desc, bool moving_data) const;
-  void wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
-            std::shared_ptr<void> buffers);
+  // What a call sends to each peer on its exchange (Note [one exchange per
+  // collective] in mpi_exchange.h).
+  using PartFor = std::function<mpi::Part(int peer)>;
+  // Exchanges the call's CollectiveDesc with every member (with part_for's
+  // payload, when given) and fails with a CommError naming every rank's call
+  // unless all are the same.
+  void agree(const CollectiveDesc& desc, const PartFor& part_for);
+  bool carried(size_t bytes) const;
+  const void* own_input(const void* mine, size_t bytes, const void* out, size_t out_bytes);
+  void combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out);
+  mpi::PollPlan poll_plan(const CollectiveDesc& desc, bool moving_data, bool carrying) const;
+  // `carrying`: an exchange with data on it.
+  void wait(const CollectiveDesc& desc, std::span<MPI_Request> requests, MPI_Status* statuses,
+            bool moving_data, bool carrying, std::shared_ptr<void> buffers);
+  void wait_data(const CollectiveDesc& desc, MPI_Request& request, std::shared_ptr<void> buffers);
   // For a timeout's message: which members are missing, and where they are.
   std::string whereabouts(const CollectiveDesc& desc, bool moving_data);
   template <typename Fn>
@@ -202,10 +219,12 @@ class MpiCommunicator final : public Communicator {
   // answers (Note [the presence channel] in mpi_presence.h).
   static constexpr std::chrono::milliseconds kDepartedGrace{2000};
   static constexpr std::chrono::milliseconds kAskGrace{1000};
+  // How long the data phase keeps testing without sleeping.
+  static constexpr std::chrono::milliseconds kDataBusy{100};
 
   Owned owned_;
   std::vector<int> world_ranks_;  // the members' ranks in MPI_COMM_WORLD
-  std::shared_ptr<DescExchange> exchange_;
+  std::shared_ptr<mpi::Exchange> exchange_;
   CollectiveDesc last_agreed_;
   std::shared_ptr<ReduceScratch> scratch_;
 };
