@@ -118,7 +118,7 @@ Times run(const Options& opt, bool offload) {
 // either way.
 Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  CLI::App app("offload_bench: the pipelined optimizer step of offload_optimizer");
+  CLI::App app("offload_bench: the pipelined optimizer step of offload_optimizer", "offload_bench");
   app.add_option("--params", o.params, "parameters P")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--units", o.units, "units the parameters are split into")->check(CLI::Range(1, 1 << 20));
   app.add_option("--steps", o.steps, "timed steps, after one untimed")->check(CLI::Range(1, 1000));

@@ -122,7 +122,7 @@ Phases run_stage(const Options& opt, int stage) {
 Options parse(int argc, char** argv, std::string& usage) {
   Options o;
   std::string dtype = "bf16";
-  CLI::App app("step_bench: one engine step on W in-process ranks at stages 0-3 against memcpy bounds");
+  CLI::App app("step_bench: one engine step on W in-process ranks at stages 0-3 against memcpy bounds", "step_bench");
   app.add_option("--params", o.params, "parameters P")->check(CLI::Range(size_t{1}, size_t{1} << 40));
   app.add_option("--ranks", o.ranks, "in-process ranks W")->check(CLI::Range(1, 1024));
   app.add_option("--units", o.units, "units the parameters are split into")->check(CLI::Range(1, 1 << 20));

@@ -126,7 +126,7 @@ Result zest_run(const Options& o, int stage, int world) {
 // either way.
 Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  CLI::App app("torch_step_bench");
+  CLI::App app("torch_step_bench: a libtorch training step, plain and through zest::TorchModule", "torch_step_bench");
   app.add_option("--layers", o.model.layers)->check(CLI::Range(int64_t{1}, int64_t{1024}));
   app.add_option("--d-model", o.model.d_model)->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--heads", o.model.heads)->check(CLI::Range(int64_t{1}, int64_t{1024}));
