@@ -5,18 +5,12 @@
 
 #include "zest/core/check.h"
 #include "zest/core/mpi_check.h"
-#include "zest/core/units.h"
 
 namespace zest::mpi {
-
-size_t Exchange::payload_limit(int size) {
-  return std::clamp<size_t>(kMiB / static_cast<size_t>(std::max(size, 1)), kKiB, 64 * kKiB);
-}
 
 Exchange::Exchange(int rank, int size)
     : rank_(rank),
       size_(size),
-      limit_(payload_limit(size)),
       statuses_(2 * static_cast<size_t>(size)),
       all_(static_cast<size_t>(size) * kDescWords),
       got_(static_cast<size_t>(size)) {
@@ -43,8 +37,8 @@ std::span<MPI_Request> Exchange::start(MPI_Comm comm, const DescWords& mine,
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const Part part = part_for(r);
-    ZEST_INTERNAL_ASSERT(part.bytes <= limit_, "exchange payload of {} bytes over the limit of {}", part.bytes,
-                         limit_);
+    ZEST_INTERNAL_ASSERT(part.bytes <= kPayloadLimit, "exchange payload of {} bytes over the limit of {}",
+                         part.bytes, kPayloadLimit);
     char* out = send_.data() + slot * static_cast<size_t>(r);
     std::memcpy(out, mine.data(), sizeof(DescWords));
     if (part.bytes > 0) std::memcpy(out + sizeof(DescWords), part.data, part.bytes);
