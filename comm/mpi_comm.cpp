@@ -19,6 +19,7 @@
 #include "zest/comm/mpi_exchange.h"
 #include "zest/comm/mpi_poll.h"
 #include "zest/comm/mpi_presence.h"
+#include "zest/comm/mpi_transfer.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"
 
@@ -96,26 +97,20 @@ MPI_Datatype mpi_copy_type(DType t) {
 
 }  // namespace
 
-// The reductions' buffers and MPI's count arrays (Note [reductions over
-// MPI]), kept between calls so that a collective allocates only to grow
+// The reductions' buffers (Note [reductions over MPI]) and the data phase's
+// requests, kept between calls so that a collective allocates only to grow
 // them, and shared so that a call that times out can leave all of them to
 // MPI, which may still read and write them.
 struct MpiCommunicator::ReduceScratch {
-  explicit ReduceScratch(int ranks)
-      : inputs(static_cast<size_t>(ranks)),
-        chunk_counts(static_cast<size_t>(ranks)),
-        chunk_displs(static_cast<size_t>(ranks)),
-        copy_counts(static_cast<size_t>(ranks)),
-        copy_displs(static_cast<size_t>(ranks)) {}
+  explicit ReduceScratch(int ranks) : inputs(static_cast<size_t>(ranks)) {}
   // At least `bytes` of room for every rank's copy of this rank's part.
   char* copies_of(size_t bytes) {
     if (copies.size() < bytes) copies.resize(bytes);
     return copies.data();
   }
   std::vector<char> copies;
-  std::vector<const void*> inputs;                 // combine()'s
-  std::vector<int> chunk_counts, chunk_displs;     // all_reduce: each rank's chunk
-  std::vector<int> copy_counts, copy_displs;       // all_reduce: W copies of this rank's
+  std::vector<const void*> inputs;  // combine()'s
+  std::vector<MPI_Request> requests;  // the data phase's (Note [the data phase in point-to-point messages])
 };
 
 MpiCommunicator::Owned::Owned(MPI_Comm adopted) : Owned() {
@@ -310,9 +305,17 @@ void MpiCommunicator::wait(const CollectiveDesc& desc, std::span<MPI_Request> re
                    desc.str(), ms, rank(), size(), where, reached));
 }
 
-void MpiCommunicator::wait_data(const CollectiveDesc& desc, MPI_Request& request, std::shared_ptr<void> buffers) {
-  wait(desc, std::span<MPI_Request>(&request, 1), MPI_STATUSES_IGNORE, /*moving_data=*/true, /*carrying=*/false,
-       std::move(buffers));
+void MpiCommunicator::wait_data(const CollectiveDesc& desc, std::span<MPI_Request> requests,
+                                std::shared_ptr<void> buffers) {
+  wait(desc, requests, MPI_STATUSES_IGNORE, /*moving_data=*/true, /*carrying=*/false, std::move(buffers));
+}
+
+// Note [the data phase in point-to-point messages]. The scratch is left to
+// MPI should the wait be given up (the caller's buffers cannot be).
+void MpiCommunicator::transfer(const CollectiveDesc& desc, MPI_Datatype type, const BlockFor& send_to,
+                               const BlockFor& recv_from) {
+  ReduceScratch& s = *scratch_;
+  wait_data(desc, mpi::start_transfer(s.requests, owned_.comm, rank(), size(), type, send_to, recv_from), scratch_);
 }
 
 // Who is where, from the members' answers (Note [the presence channel]).
@@ -444,30 +447,28 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
     return;
   }
   move_data(desc, [&](int /*n*/) {
-    ReduceScratch& s = *scratch_;
-    // Counts and offsets within n <= INT_MAX elements, so they fit MPI's ints.
-    for (int r = 0; r < size(); ++r) {
-      const ReduceChunk chunk = all_reduce_chunk(desc.count, size(), r);
-      s.chunk_counts[r] = static_cast<int>(chunk.count);
-      s.chunk_displs[r] = static_cast<int>(chunk.begin);
-    }
-    const ReduceChunk mine = all_reduce_chunk(desc.count, size(), rank());
-    for (int r = 0; r < size(); ++r) {
-      s.copy_counts[r] = static_cast<int>(mine.count);
-      s.copy_displs[r] = r * static_cast<int>(mine.count);
-    }
+    // Offsets and counts within desc.count <= INT_MAX elements, so they fit
+    // MPI's ints.
     const size_t es = elem_size(desc.dtype);
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    char* copies = s.copies_of(mine.count * static_cast<size_t>(size()) * es);
-    MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(MPI_Ialltoallv(send, s.chunk_counts.data(), s.chunk_displs.data(), type, copies,
-                                  s.copy_counts.data(), s.copy_displs.data(), type, owned_.comm, &request));
-    wait_data(desc, request, scratch_);
+    const ReduceChunk mine = all_reduce_chunk(desc.count, size(), rank());
+    const size_t mine_bytes = mine.count * es;
+    char* copies = scratch_->copies_of(mine_bytes * static_cast<size_t>(size()));
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    const auto chunk_of = [&](const char* base, int r) {
+      const ReduceChunk c = all_reduce_chunk(desc.count, size(), r);
+      return mpi::Block{base + c.begin * es, static_cast<int>(c.count)};
+    };
+    // Every rank's copy of this rank's chunk, in rank order.
+    std::memcpy(copies + static_cast<size_t>(rank()) * mine_bytes, in + mine.begin * es, mine_bytes);
+    transfer(desc, type, [&](int peer) { return chunk_of(in, peer); },
+             [&](int peer) {
+               return mpi::Block{copies + static_cast<size_t>(peer) * mine_bytes, static_cast<int>(mine.count)};
+             });
     // The send buffer is read: an in-place call may overwrite it now.
-    if (mine.count > 0) combine(desc, copies, mine.count, static_cast<char*>(recv) + mine.begin * es);
-    ZEST_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, s.chunk_counts.data(),
-                                   s.chunk_displs.data(), type, owned_.comm, &request));
-    wait_data(desc, request, scratch_);
+    if (mine.count > 0) combine(desc, copies, mine.count, out + mine.begin * es);
+    transfer(desc, type, [&](int) { return chunk_of(out, rank()); }, [&](int peer) { return chunk_of(out, peer); });
   });
 }
 
@@ -483,11 +484,12 @@ void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* 
     return;
   }
   move_data(desc, [&](int n) {
-    const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    char* copies = scratch_->copies_of(desc.count * static_cast<size_t>(size()) * elem_size(desc.dtype));
-    MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(MPI_Ialltoall(send, n, type, copies, n, type, owned_.comm, &request));
-    wait_data(desc, request, scratch_);
+    char* copies = scratch_->copies_of(part * static_cast<size_t>(size()));
+    const char* in = static_cast<const char*>(send);
+    std::memcpy(copies + static_cast<size_t>(rank()) * part, in + static_cast<size_t>(rank()) * part, part);
+    transfer(desc, mpi_copy_type(desc.dtype),
+             [&](int peer) { return mpi::Block{in + static_cast<size_t>(peer) * part, n}; },
+             [&](int peer) { return mpi::Block{copies + static_cast<size_t>(peer) * part, n}; });
     combine(desc, copies, desc.count, recv);
   });
 }
@@ -513,15 +515,9 @@ void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send
     return;
   }
   move_data(desc, [&](int n) {
-    const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    MPI_Request request = MPI_REQUEST_NULL;
-    if (in_place) {
-      ZEST_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, type,
-                                    owned_.comm, &request));
-    } else {
-      ZEST_MPI_CHECK(MPI_Iallgather(send, n, type, recv, n, type, owned_.comm, &request));
-    }
-    wait_data(desc, request, nullptr);
+    if (!in_place) std::memcpy(out + static_cast<size_t>(rank()) * part, send, part);
+    transfer(desc, mpi_copy_type(desc.dtype), [&](int) { return mpi::Block{send, n}; },
+             [&](int peer) { return mpi::Block{out + static_cast<size_t>(peer) * part, n}; });
   });
 }
 
@@ -541,10 +537,16 @@ void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send,
     return;
   }
   move_data(desc, [&](int n) {
-    MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(
-        MPI_Ibcast(recv, n, mpi_copy_type(desc.dtype), desc.root, owned_.comm, &request));
-    wait_data(desc, request, nullptr);
+    const MPI_Datatype type = mpi_copy_type(desc.dtype);
+    if (size() > kLinearBroadcastRanks) {
+      // The root would send too many copies: MPI's tree.
+      MPI_Request request = MPI_REQUEST_NULL;
+      ZEST_MPI_CHECK(MPI_Ibcast(recv, n, type, desc.root, owned_.comm, &request));
+      wait_data(desc, std::span<MPI_Request>(&request, 1), nullptr);
+      return;
+    }
+    transfer(desc, type, [&](int) { return root ? mpi::Block{recv, n} : mpi::Block{}; },
+             [&](int peer) { return peer == desc.root ? mpi::Block{recv, n} : mpi::Block{}; });
   });
 }
 

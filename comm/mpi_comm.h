@@ -50,6 +50,7 @@
 
 namespace zest::mpi {
 class Exchange;
+struct Block;
 struct Part;
 struct PollPlan;
 }  // namespace zest::mpi
@@ -202,7 +203,11 @@ class MpiCommunicator final : public Communicator {
   // `carrying`: an exchange with data on it.
   void wait(const CollectiveDesc& desc, std::span<MPI_Request> requests, MPI_Status* statuses,
             bool moving_data, bool carrying, std::shared_ptr<void> buffers);
-  void wait_data(const CollectiveDesc& desc, MPI_Request& request, std::shared_ptr<void> buffers);
+  void wait_data(const CollectiveDesc& desc, std::span<MPI_Request> requests, std::shared_ptr<void> buffers);
+  // One step of the data phase (mpi_transfer.h): send_to(peer)'s elements to
+  // every peer, recv_from(peer)'s from each.
+  using BlockFor = std::function<mpi::Block(int peer)>;
+  void transfer(const CollectiveDesc& desc, MPI_Datatype type, const BlockFor& send_to, const BlockFor& recv_from);
   // For a timeout's message: which members are missing, and where they are.
   std::string whereabouts(const CollectiveDesc& desc, bool moving_data);
   template <typename Fn>
@@ -221,6 +226,8 @@ class MpiCommunicator final : public Communicator {
   static constexpr std::chrono::milliseconds kAskGrace{1000};
   // How long the data phase keeps testing without sleeping.
   static constexpr std::chrono::milliseconds kDataBusy{100};
+  // Up to this many ranks a large broadcast is the root's sends to each.
+  static constexpr int kLinearBroadcastRanks = 4;
 
   Owned owned_;
   std::vector<int> world_ranks_;  // the members' ranks in MPI_COMM_WORLD
