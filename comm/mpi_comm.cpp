@@ -537,16 +537,21 @@ void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send,
     return;
   }
   move_data(desc, [&](int n) {
+    // A binomial tree, a step per doubling: in the step of `reach`, the ranks
+    // within `reach` of the root (counting from it) that have the data send
+    // it `reach` further on. One step on 2 ranks; log2(W) steps, the root
+    // sending log2(W) copies, not W-1.
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    if (size() > kLinearBroadcastRanks) {
-      // The root would send too many copies: MPI's tree.
-      MPI_Request request = MPI_REQUEST_NULL;
-      ZEST_MPI_CHECK(MPI_Ibcast(recv, n, type, desc.root, owned_.comm, &request));
-      wait_data(desc, std::span<MPI_Request>(&request, 1), nullptr);
-      return;
+    const int w = size();
+    const int me = (rank() - desc.root + w) % w;  // counted from the root
+    const auto actual = [&](int v) { return (v + desc.root) % w; };
+    for (int reach = 1; reach < w; reach *= 2) {
+      if (me >= 2 * reach) continue;  // not yet reached, and not sending
+      const int to = me < reach && me + reach < w ? actual(me + reach) : -1;
+      const int from = me >= reach ? actual(me - reach) : -1;
+      transfer(desc, type, [&](int peer) { return peer == to ? mpi::Block{recv, n} : mpi::Block{}; },
+               [&](int peer) { return peer == from ? mpi::Block{recv, n} : mpi::Block{}; });
     }
-    transfer(desc, type, [&](int) { return root ? mpi::Block{recv, n} : mpi::Block{}; },
-             [&](int peer) { return peer == desc.root ? mpi::Block{recv, n} : mpi::Block{}; });
   });
 }
 

@@ -226,8 +226,6 @@ class MpiCommunicator final : public Communicator {
   static constexpr std::chrono::milliseconds kAskGrace{1000};
   // How long the data phase keeps testing without sleeping.
   static constexpr std::chrono::milliseconds kDataBusy{100};
-  // Up to this many ranks a large broadcast is the root's sends to each.
-  static constexpr int kLinearBroadcastRanks = 4;
 
   Owned owned_;
   std::vector<int> world_ranks_;  // the members' ranks in MPI_COMM_WORLD

@@ -9,9 +9,10 @@
 // Open MPI 4.1 runs those through libnbc, whose schedules took 2.3-4.5x the
 // time of the blocking MPI_Allgather at 64 KiB-1 MiB on 2 ranks under the
 // default single-copy transport, where the same bytes as plain sends and
-// receives took the blocking call's time. The all-to-all steps here (every
-// rank sends to every other) move what MPI's pairwise and linear algorithms
-// move.
+// receives took the blocking call's time. The all-to-all steps (every rank
+// sends to every other) move what MPI's pairwise and linear algorithms move;
+// broadcast is a binomial tree of such steps, each rank in at most one
+// message per step.
 #pragma once
 
 #include <mpi.h>
