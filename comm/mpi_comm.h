@@ -9,20 +9,26 @@
 //
 //   mpirun -np 4 ./trainer
 //
-// Collectives are MPI's non-blocking ones, polled until CommOptions::timeout,
+// Collectives are non-blocking MPI messages, polled until CommOptions::timeout,
 // so that a rank that never arrives ends in a CommError instead of a hang;
 // the error names the ranks that did not come (world rank, host, pid) and
 // what those that answered are in. A rank that leaves (finalizes MPI on its
 // way out of the program) fails the others' calls within 2 s, naming it
 // (Note [the presence channel] in mpi_presence.h).
-// Before each one the ranks exchange its CollectiveDesc, so ranks that
+// Each one starts with an exchange of its CollectiveDesc, so ranks that
 // diverged (different operations, sizes or numbering) get a CommError naming
-// every rank's call before any data moves. Reductions give the in-process
+// every rank's call before any data is used; a call of at most 4 KiB per
+// message carries its data on that exchange, so it costs one round of
+// messages, as MPI's own would (Note [one exchange per collective] in
+// mpi_exchange.h), and a larger one then moves its data point to point on
+// the caller's buffers (Note [the data phase in point-to-point messages] in
+// mpi_transfer.h). Reductions give the in-process
 // backend's bits at every world size, floats included: MPI moves the
 // elements, and each rank combines its part in rank order with the
 // in-process backend's code (fp16 and bf16 accumulate in float and round
 // once, integer sums wrap, max propagates NaN), sending what a ring
-// reduce-scatter sends.
+// reduce-scatter sends (a carried all_reduce sends its whole buffer to every
+// rank, which reduces all of it: more bytes, one round).
 //
 // ZEST calls MPI only from the thread that is using a communicator, so
 // MPI_THREAD_SERIALIZED is enough as long as no two threads use MPI
