@@ -13,6 +13,12 @@
 // sends to every other) move what MPI's pairwise and linear algorithms move;
 // broadcast is a binomial tree of such steps, each rank in at most one
 // message per step.
+//
+// No data message goes out before the agreement is complete, though that
+// would save a round trip: a rank that made another call would send
+// messages that do not fit the others' receives, and Open MPI 4.1's
+// single-copy transport then corrupted the receiver's heap (mpi_fault
+// large_count crashed a rank) instead of failing the receive.
 #pragma once
 
 #include <mpi.h>
