@@ -355,12 +355,14 @@ std::string MpiCommunicator::whereabouts(const CollectiveDesc& desc, bool moving
 }
 
 // Note [one exchange per collective].
-void MpiCommunicator::agree(const CollectiveDesc& desc, const PartFor& part_for) {
+void MpiCommunicator::agree(const CollectiveDesc& desc, const PartFor& part_for,
+                            const std::function<void()>& meanwhile) {
   mpi::Exchange& ex = *exchange_;
   const DescWords mine = encode(desc);
   guard(desc, [&] {
     const PartFor none = [](int) { return mpi::Part{}; };
     const std::span<MPI_Request> requests = ex.start(owned_.comm, mine, part_for ? part_for : none);
+    if (meanwhile) meanwhile();
     wait(desc, requests, ex.statuses(), /*moving_data=*/false, /*carrying=*/static_cast<bool>(part_for),
          exchange_);
     ex.finish();
@@ -379,11 +381,15 @@ void MpiCommunicator::agree(const CollectiveDesc& desc, const PartFor& part_for)
 // the same call; ranks that did not learn so from the exchange itself).
 bool MpiCommunicator::carried(size_t bytes) const { return bytes <= exchange_->payload_limit(); }
 
-// The collectives that move data: agreed on, refused alike on every rank when
-// too large for MPI, then fn(n), n being the count as MPI takes it.
-template <typename Fn>
-void MpiCommunicator::move_data(const CollectiveDesc& desc, Fn&& fn) {
-  agree(desc, nullptr);
+// The collectives whose data is not carried: agreed on, refused alike on
+// every rank when too large for MPI, then fn(n), n being the count as MPI
+// takes it. `local`, this rank's share of the work that needs no other rank
+// (copying its own part), runs while the exchange is on its way; it writes
+// only this rank's buffers, within its own call's sizes.
+template <typename Local, typename Fn>
+void MpiCommunicator::move_data(const CollectiveDesc& desc, Local&& local, Fn&& fn) {
+  const bool fits = desc.count > 0 && desc.count <= static_cast<uint64_t>(INT_MAX);
+  agree(desc, nullptr, fits ? std::function<void()>(local) : nullptr);
   const int n = mpi_count(desc);
   if (n == 0) return;
   guard(desc, [&] { fn(n); });
@@ -446,22 +452,24 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
     guard(desc, [&] { combine_carried(desc, send, desc.count, recv); });
     return;
   }
-  move_data(desc, [&](int /*n*/) {
-    // Offsets and counts within desc.count <= INT_MAX elements, so they fit
-    // MPI's ints.
-    const size_t es = elem_size(desc.dtype);
+  // Offsets and counts within desc.count <= INT_MAX elements (move_data
+  // refuses more), so they fit MPI's ints.
+  const size_t es = elem_size(desc.dtype);
+  const ReduceChunk mine = all_reduce_chunk(desc.count, size(), rank());
+  const size_t mine_bytes = mine.count * es;
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  char* copies = nullptr;  // every rank's copy of this rank's chunk, in rank order
+  const auto local = [&] {
+    copies = scratch_->copies_of(mine_bytes * static_cast<size_t>(size()));
+    std::memcpy(copies + static_cast<size_t>(rank()) * mine_bytes, in + mine.begin * es, mine_bytes);
+  };
+  move_data(desc, local, [&](int /*n*/) {
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    const ReduceChunk mine = all_reduce_chunk(desc.count, size(), rank());
-    const size_t mine_bytes = mine.count * es;
-    char* copies = scratch_->copies_of(mine_bytes * static_cast<size_t>(size()));
-    const char* in = static_cast<const char*>(send);
-    char* out = static_cast<char*>(recv);
     const auto chunk_of = [&](const char* base, int r) {
       const ReduceChunk c = all_reduce_chunk(desc.count, size(), r);
       return mpi::Block{base + c.begin * es, static_cast<int>(c.count)};
     };
-    // Every rank's copy of this rank's chunk, in rank order.
-    std::memcpy(copies + static_cast<size_t>(rank()) * mine_bytes, in + mine.begin * es, mine_bytes);
     transfer(desc, type, [&](int peer) { return chunk_of(in, peer); },
              [&](int peer) {
                return mpi::Block{copies + static_cast<size_t>(peer) * mine_bytes, static_cast<int>(mine.count)};
@@ -483,10 +491,13 @@ void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* 
     guard(desc, [&] { combine_carried(desc, in + static_cast<size_t>(rank()) * part, desc.count, recv); });
     return;
   }
-  move_data(desc, [&](int n) {
-    char* copies = scratch_->copies_of(part * static_cast<size_t>(size()));
-    const char* in = static_cast<const char*>(send);
+  const char* in = static_cast<const char*>(send);
+  char* copies = nullptr;  // every rank's copy of this rank's part, in rank order
+  const auto local = [&] {
+    copies = scratch_->copies_of(part * static_cast<size_t>(size()));
     std::memcpy(copies + static_cast<size_t>(rank()) * part, in + static_cast<size_t>(rank()) * part, part);
+  };
+  move_data(desc, local, [&](int n) {
     transfer(desc, mpi_copy_type(desc.dtype),
              [&](int peer) { return mpi::Block{in + static_cast<size_t>(peer) * part, n}; },
              [&](int peer) { return mpi::Block{copies + static_cast<size_t>(peer) * part, n}; });
@@ -514,8 +525,10 @@ void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send
     }
     return;
   }
-  move_data(desc, [&](int n) {
+  const auto local = [&] {
     if (!in_place) std::memcpy(out + static_cast<size_t>(rank()) * part, send, part);
+  };
+  move_data(desc, local, [&](int n) {
     transfer(desc, mpi_copy_type(desc.dtype), [&](int) { return mpi::Block{send, n}; },
              [&](int peer) { return mpi::Block{out + static_cast<size_t>(peer) * part, n}; });
   });
@@ -536,7 +549,7 @@ void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send,
     }
     return;
   }
-  move_data(desc, [&](int n) {
+  move_data(desc, [] {}, [&](int n) {
     // A binomial tree, a step per doubling: in the step of `reach`, the ranks
     // within `reach` of the root (counting from it) that have the data send
     // it `reach` further on. One step on 2 ranks; log2(W) steps, the root
@@ -558,12 +571,12 @@ void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send,
 void MpiCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& /*stream*/) {
   // The agreement is a barrier already: no rank's exchange completes before
   // every rank has sent its message.
-  agree(desc, nullptr);
+  agree(desc, nullptr, nullptr);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(const CollectiveDesc& desc, int color,
                                                         int key, bool /*share_resources*/) {
-  agree(desc, nullptr);
+  agree(desc, nullptr, nullptr);
   MPI_Comm child = MPI_COMM_NULL;
   guard(desc, [&] {
     // Blocking, without a deadline, but every rank is known to have called

@@ -201,7 +201,8 @@ class MpiCommunicator final : public Communicator {
   // Exchanges the call's CollectiveDesc with every member (with part_for's
   // payload, when given) and fails with a CommError naming every rank's call
   // unless all are the same.
-  void agree(const CollectiveDesc& desc, const PartFor& part_for);
+  // `meanwhile`, when given, runs while the messages are on their way.
+  void agree(const CollectiveDesc& desc, const PartFor& part_for, const std::function<void()>& meanwhile = nullptr);
   bool carried(size_t bytes) const;
   const void* own_input(const void* mine, size_t bytes, const void* out, size_t out_bytes);
   void combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out);
@@ -218,8 +219,8 @@ class MpiCommunicator final : public Communicator {
   std::string whereabouts(const CollectiveDesc& desc, bool moving_data);
   template <typename Fn>
   void guard(const CollectiveDesc& desc, Fn&& fn);
-  template <typename Fn>
-  void move_data(const CollectiveDesc& desc, Fn&& fn);
+  template <typename Local, typename Fn>
+  void move_data(const CollectiveDesc& desc, Local&& local, Fn&& fn);
   struct ReduceScratch;
   // out = the reduction of W consecutive copies of `count` elements.
   void combine(const CollectiveDesc& desc, const char* copies, size_t count, void* out);
