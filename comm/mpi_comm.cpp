@@ -227,8 +227,8 @@ void MpiCommunicator::guard(const CollectiveDesc& desc, Fn&& fn) {
 // transfer a fragment at a time. So a wait that moves data (the data phase,
 // or an exchange carrying a small call's data) spins for CommOptions::spin
 // plus the time its bytes take at 1 GB/s, a rate every transport beats; the
-// data phase then keeps testing, yielding the core, for kDataBusy more, as
-// MPI's blocking calls would (Note [one exchange per collective] in
+// data phase then keeps testing for kDataBusy more, as MPI's blocking calls
+// would (Note [one exchange per collective] in
 // mpi_exchange.h). Only a longer wait (a rank that is late, or a stalled
 // one) backs off into sleeping.
 mpi::PollPlan MpiCommunicator::poll_plan(const CollectiveDesc& desc, bool moving_data, bool carrying) const {

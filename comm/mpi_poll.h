@@ -15,8 +15,8 @@ namespace zest::mpi {
 
 // How a wait polls: for `spin` it calls MPI_Test back to back (each call
 // also makes progress on the operation); then for `busy` more it keeps
-// testing, yielding the core between tests (std::this_thread::yield) and
-// calling `between` about every millisecond; then it sleeps between tests,
+// testing, calling `between` about every millisecond; then it sleeps between
+// tests,
 // 10 us doubling to 1 ms, calling `between` after each. Never past the
 // deadline. `between` never runs while spinning, so a quick operation never
 // calls it; when it returns true the wait is given up before the deadline.
