@@ -395,16 +395,15 @@ void MpiCommunicator::move_data(const CollectiveDesc& desc, Local&& local, Fn&& 
   guard(desc, [&] { fn(n); });
 }
 
-// This rank's own input to a reduction of a carried call: `mine` itself, or
-// a copy when the output overlaps it (host_reduce reads its inputs while it
+// This rank's own input to a reduction: `mine` itself, or its copy at
+// `spare` when the output overlaps it (host_reduce reads its inputs while it
 // writes the output).
-const void* MpiCommunicator::own_input(const void* mine, size_t bytes, const void* out, size_t out_bytes) {
+const void* MpiCommunicator::own_input(const void* mine, const void* out, size_t bytes, char* spare) {
   const char* m = static_cast<const char*>(mine);
   const char* o = static_cast<const char*>(out);
-  if (m + bytes <= o || o + out_bytes <= m) return mine;
-  char* copy = scratch_->copies_of(bytes);
-  std::memcpy(copy, mine, bytes);
-  return copy;
+  if (m + bytes <= o || o + bytes <= m) return mine;
+  std::memcpy(spare, mine, bytes);
+  return spare;
 }
 
 // out = the reduction, in rank order, of this rank's `mine` and every peer's
@@ -416,7 +415,7 @@ void MpiCommunicator::combine_carried(const CollectiveDesc& desc, const void* mi
     const mpi::Exchange& ex = *exchange_;
     ZEST_INTERNAL_ASSERT(r == rank() || ex.payload_bytes(r) == bytes, "rank {} carried {} bytes, not {}", r,
                          ex.payload_bytes(r), bytes);
-    inputs[static_cast<size_t>(r)] = r == rank() ? own_input(mine, bytes, out, bytes) : ex.payload(r);
+    inputs[static_cast<size_t>(r)] = r == rank() ? own_input(mine, out, bytes, scratch_->copies_of(bytes)) : ex.payload(r);
   }
   host_reduce(inputs.data(), size(), out, count, desc.dtype, desc.op);
 }
@@ -432,11 +431,12 @@ void MpiCommunicator::combine_carried(const CollectiveDesc& desc, const void* mi
 // ring reduce-scatter sends, (W-1)/W of the buffer, into a buffer of W
 // copies of this rank's part.
 
-void MpiCommunicator::combine(const CollectiveDesc& desc, const char* copies, size_t count,
+void MpiCommunicator::combine(const CollectiveDesc& desc, const char* copies, const void* own, size_t count,
                               void* out) {
   const size_t bytes = count * elem_size(desc.dtype);
   std::vector<const void*>& inputs = scratch_->inputs;
   for (size_t r = 0; r < inputs.size(); ++r) inputs[r] = copies + r * bytes;
+  inputs[static_cast<size_t>(rank())] = own;
   host_reduce(inputs.data(), size(), out, count, desc.dtype, desc.op);
 }
 
@@ -459,10 +459,12 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
   const size_t mine_bytes = mine.count * es;
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
-  char* copies = nullptr;  // every rank's copy of this rank's chunk, in rank order
+  char* copies = nullptr;  // every rank's copy of this rank's chunk, in rank order (its own unused)
+  const void* own = nullptr;
   const auto local = [&] {
     copies = scratch_->copies_of(mine_bytes * static_cast<size_t>(size()));
-    std::memcpy(copies + static_cast<size_t>(rank()) * mine_bytes, in + mine.begin * es, mine_bytes);
+    own = own_input(in + mine.begin * es, out + mine.begin * es, mine_bytes,
+                    copies + static_cast<size_t>(rank()) * mine_bytes);
   };
   move_data(desc, local, [&](int /*n*/) {
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
@@ -475,7 +477,7 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
                return mpi::Block{copies + static_cast<size_t>(peer) * mine_bytes, static_cast<int>(mine.count)};
              });
     // The send buffer is read: an in-place call may overwrite it now.
-    if (mine.count > 0) combine(desc, copies, mine.count, out + mine.begin * es);
+    if (mine.count > 0) combine(desc, copies, own, mine.count, out + mine.begin * es);
     transfer(desc, type, [&](int) { return chunk_of(out, rank()); }, [&](int peer) { return chunk_of(out, peer); });
   });
 }
@@ -492,16 +494,17 @@ void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* 
     return;
   }
   const char* in = static_cast<const char*>(send);
-  char* copies = nullptr;  // every rank's copy of this rank's part, in rank order
+  char* copies = nullptr;  // every rank's copy of this rank's part, in rank order (its own unused)
+  const void* own = nullptr;
   const auto local = [&] {
     copies = scratch_->copies_of(part * static_cast<size_t>(size()));
-    std::memcpy(copies + static_cast<size_t>(rank()) * part, in + static_cast<size_t>(rank()) * part, part);
+    own = own_input(in + static_cast<size_t>(rank()) * part, recv, part, copies + static_cast<size_t>(rank()) * part);
   };
   move_data(desc, local, [&](int n) {
     transfer(desc, mpi_copy_type(desc.dtype),
              [&](int peer) { return mpi::Block{in + static_cast<size_t>(peer) * part, n}; },
              [&](int peer) { return mpi::Block{copies + static_cast<size_t>(peer) * part, n}; });
-    combine(desc, copies, desc.count, recv);
+    combine(desc, copies, own, desc.count, recv);
   });
 }
 

@@ -204,7 +204,7 @@ class MpiCommunicator final : public Communicator {
   // `meanwhile`, when given, runs while the messages are on their way.
   void agree(const CollectiveDesc& desc, const PartFor& part_for, const std::function<void()>& meanwhile = nullptr);
   bool carried(size_t bytes) const;
-  const void* own_input(const void* mine, size_t bytes, const void* out, size_t out_bytes);
+  const void* own_input(const void* mine, const void* out, size_t bytes, char* spare);
   void combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out);
   mpi::PollPlan poll_plan(const CollectiveDesc& desc, bool moving_data, bool carrying) const;
   // `carrying`: an exchange with data on it.
@@ -222,8 +222,9 @@ class MpiCommunicator final : public Communicator {
   template <typename Local, typename Fn>
   void move_data(const CollectiveDesc& desc, Local&& local, Fn&& fn);
   struct ReduceScratch;
-  // out = the reduction of W consecutive copies of `count` elements.
-  void combine(const CollectiveDesc& desc, const char* copies, size_t count, void* out);
+  // out = the reduction of W consecutive copies of `count` elements, this
+  // rank's own at `own` instead.
+  void combine(const CollectiveDesc& desc, const char* copies, const void* own, size_t count, void* out);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
   // How long a member that left may take to finish the call it is in (its
