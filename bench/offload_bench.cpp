@@ -114,9 +114,11 @@ Times run(const Options& opt, bool offload) {
   return {median(ms[0]), median(ms[1]), median(ms[2]), median(ms[3]), median(ms[4]), median(ms[5])};
 }
 
-Options parse(int argc, char** argv) {
+// Throws cli::UsageError for --help and for a bad flag; `usage` is the help
+// either way.
+Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  CLI::App app("offload_bench: the pipelined optimizer step of offload_optimizer");
+  CLI::App app("offload_bench: the pipelined optimizer step of offload_optimizer", "offload_bench");
   app.add_option("--params", o.params, "parameters P")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--units", o.units, "units the parameters are split into")->check(CLI::Range(1, 1 << 20));
   app.add_option("--steps", o.steps, "timed steps, after one untimed")->check(CLI::Range(1, 1000));
@@ -125,6 +127,7 @@ Options parse(int argc, char** argv) {
   app.add_option("--dtype", o.dtype, "compute dtype")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--device", o.device, "host, or cuda:N");
   app.add_flag("--pin", o.pin, "pinned host memory (CUDA)");
+  usage = app.help();
   cli::parse(app, argc, argv);
   if (o.params < o.units) cli::usage_error("--params {} is fewer than --units {}", o.params, o.units);
   return o;
@@ -134,11 +137,11 @@ Options parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   Options opt;
+  std::string usage;
   try {
-    opt = parse(argc, argv);
+    opt = parse(argc, argv, usage);
   } catch (const cli::UsageError& e) {
-    std::fprintf(stderr, "offload_bench: %s\n", e.what());
-    return 2;
+    return cli::usage_exit("offload_bench", e, usage);
   }
   try {
     fmt::print("offload_bench: P = {} parameters in {} units, stage {}, {} AdamW, 1 rank on {}, {} host thread(s){}, "

@@ -29,6 +29,7 @@
 
 #include <fmt/format.h>
 
+#include "common/cli.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/core/check.h"
 #include "zest/core/float16.h"
@@ -116,31 +117,37 @@ Phases run_stage(const Options& opt, int stage) {
   return {median(ms[0]), median(ms[1]), median(ms[2]), median(ms[3]), median(ms[4])};
 }
 
-Options parse(int argc, char** argv) {
+// Throws cli::UsageError for --help and for a bad flag; `usage` is the help
+// either way.
+Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    ZEST_CHECK(i + 1 < argc, "step_bench: {} needs a value", flag);
-    const std::string value = argv[i + 1];
-    if (flag == "--params") o.params = std::stoull(value);
-    else if (flag == "--ranks") o.ranks = std::stoi(value);
-    else if (flag == "--units") o.units = std::stoi(value);
-    else if (flag == "--steps") o.steps = std::stoi(value);
-    else if (flag == "--dtype") o.dtype = zest::parse_dtype(value);
-    else ZEST_FAIL("step_bench: unknown option {} (--params N, --ranks W, --units U, --steps N, --dtype bf16|fp32)", flag);
+  std::string dtype = "bf16";
+  CLI::App app("step_bench: one engine step on W in-process ranks at stages 0-3 against memcpy bounds", "step_bench");
+  app.add_option("--params", o.params, "parameters P")->check(CLI::Range(size_t{1}, size_t{1} << 40));
+  app.add_option("--ranks", o.ranks, "in-process ranks W")->check(CLI::Range(1, 1024));
+  app.add_option("--units", o.units, "units the parameters are split into")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--steps", o.steps, "timed steps, after one untimed")->check(CLI::Range(1, 1000));
+  app.add_option("--dtype", dtype, "compute dtype")->check(CLI::IsMember({"bf16", "fp32"}));
+  usage = app.help();
+  cli::parse(app, argc, argv);
+  if (o.params < static_cast<size_t>(o.units)) {
+    cli::usage_error("--params {} is fewer than --units {}", o.params, o.units);
   }
-  ZEST_CHECK(o.ranks >= 1 && o.units >= 1 && o.steps >= 1 && o.params >= static_cast<size_t>(o.units),
-             "step_bench: --ranks, --units and --steps must be at least 1 and --params at least --units");
-  ZEST_CHECK(o.dtype == zest::DType::kBFloat16 || o.dtype == zest::DType::kFloat32,
-             "step_bench: --dtype is bf16 or fp32, not {}", zest::dtype_name(o.dtype));
+  o.dtype = zest::parse_dtype(dtype);
   return o;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options opt;
+  std::string usage;
   try {
-    const Options opt = parse(argc, argv);
+    opt = parse(argc, argv, usage);
+  } catch (const cli::UsageError& e) {
+    return cli::usage_exit("step_bench", e, usage);
+  }
+  try {
     const double P = static_cast<double>(opt.params);
     const double W = opt.ranks;
     const double b = static_cast<double>(zest::elem_size(opt.dtype));

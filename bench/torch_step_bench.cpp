@@ -122,9 +122,11 @@ Result zest_run(const Options& o, int stage, int world) {
           *std::max_element(peaks.begin(), peaks.end())};
 }
 
-Options parse(int argc, char** argv) {
+// Throws cli::UsageError for --help and for a bad flag; `usage` is the help
+// either way.
+Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  CLI::App app("torch_step_bench");
+  CLI::App app("torch_step_bench: a libtorch training step, plain and through zest::TorchModule", "torch_step_bench");
   app.add_option("--layers", o.model.layers)->check(CLI::Range(int64_t{1}, int64_t{1024}));
   app.add_option("--d-model", o.model.d_model)->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   app.add_option("--heads", o.model.heads)->check(CLI::Range(int64_t{1}, int64_t{1024}));
@@ -133,6 +135,7 @@ Options parse(int argc, char** argv) {
   app.add_option("--steps", o.steps)->check(CLI::Range(1, 1 << 20));
   app.add_option("--rounds", o.rounds)->check(CLI::Range(1, 1000));
   app.add_option("--ranks", o.ranks)->delimiter(',')->check(CLI::Range(1, 64));
+  usage = app.help();
   cli::parse(app, argc, argv);
   for (int w : o.ranks) {
     if (o.batch % w != 0) cli::usage_error("--batch {} does not divide into {} ranks", o.batch, w);
@@ -144,8 +147,14 @@ Options parse(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options o;
+  std::string usage;
   try {
-    const Options o = parse(argc, argv);
+    o = parse(argc, argv, usage);
+  } catch (const cli::UsageError& e) {
+    return cli::usage_exit("torch_step_bench", e, usage);
+  }
+  try {
     fmt::print("torch_step_bench ({} build, libtorch {}.{}): GPT of {} parameters ({}), global batch {} x {} "
                "tokens, AdamW, fp32, one torch thread per rank, per configuration the fastest of {} rounds' median of {} "
                "steps after {}\n",
@@ -187,9 +196,6 @@ int main(int argc, char** argv) {
     }
     fmt::print(" (<= 1.3 on 4 ranks)\n");
     return 0;
-  } catch (const cli::UsageError& e) {
-    std::fprintf(stderr, "torch_step_bench: %s\n", e.what());
-    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torch_step_bench: %s\n", e.what());
     return 1;

@@ -1,5 +1,6 @@
-// The MPI backend's collectives: agree on the call, then move the data, each
-// step a non-blocking MPI operation polled until the deadline.
+// The MPI backend's collectives: agree on the call (a small call's data
+// riding along), then move a large call's data, each step non-blocking MPI
+// operations polled until the deadline.
 #include "zest/comm/mpi_comm.h"
 
 #include <algorithm>
@@ -15,19 +16,21 @@
 #include <fmt/ranges.h>
 
 #include "zest/comm/host_reduce.h"
+#include "zest/comm/mpi_exchange.h"
 #include "zest/comm/mpi_poll.h"
 #include "zest/comm/mpi_presence.h"
+#include "zest/comm/mpi_transfer.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"
 
 namespace zest {
 namespace {
 
-// A CollectiveDesc as fixed-size words, so that one all-gather shows every
-// rank's call to every rank.
-constexpr int kDescWords = 7;
-using DescWords = std::array<uint64_t, kDescWords>;
+using mpi::DescWords;
+using mpi::kDescWords;
 
+// A CollectiveDesc as fixed-size words, so that one exchange shows every
+// rank's call to every rank.
 DescWords encode(const CollectiveDesc& d) {
   return {static_cast<uint64_t>(d.kind),  static_cast<uint64_t>(d.dtype),
           static_cast<uint64_t>(d.op),    static_cast<uint64_t>(static_cast<int64_t>(d.root)),
@@ -94,31 +97,20 @@ MPI_Datatype mpi_copy_type(DType t) {
 
 }  // namespace
 
-// The reductions' buffers and MPI's count arrays (Note [reductions over
-// MPI]), kept between calls so that a collective allocates only to grow
+// The reductions' buffers (Note [reductions over MPI]) and the data phase's
+// requests, kept between calls so that a collective allocates only to grow
 // them, and shared so that a call that times out can leave all of them to
 // MPI, which may still read and write them.
 struct MpiCommunicator::ReduceScratch {
-  explicit ReduceScratch(int ranks)
-      : inputs(static_cast<size_t>(ranks)),
-        chunk_counts(static_cast<size_t>(ranks)),
-        chunk_displs(static_cast<size_t>(ranks)),
-        copy_counts(static_cast<size_t>(ranks)),
-        copy_displs(static_cast<size_t>(ranks)) {}
+  explicit ReduceScratch(int ranks) : inputs(static_cast<size_t>(ranks)) {}
   // At least `bytes` of room for every rank's copy of this rank's part.
   char* copies_of(size_t bytes) {
     if (copies.size() < bytes) copies.resize(bytes);
     return copies.data();
   }
   std::vector<char> copies;
-  std::vector<const void*> inputs;                 // combine()'s
-  std::vector<int> chunk_counts, chunk_displs;     // all_reduce: each rank's chunk
-  std::vector<int> copy_counts, copy_displs;       // all_reduce: W copies of this rank's
-};
-
-struct MpiCommunicator::DescExchange {
-  DescWords mine{};
-  std::vector<uint64_t> all;  // kDescWords per rank, in rank order
+  std::vector<const void*> inputs;  // combine()'s
+  std::vector<MPI_Request> requests;  // the data phase's (Note [the data phase in point-to-point messages])
 };
 
 MpiCommunicator::Owned::Owned(MPI_Comm adopted) : Owned() {
@@ -188,10 +180,8 @@ MpiCommunicator::MpiCommunicator(Owned owned, CommOptions options)
     : Communicator(rank_of(owned.comm), size_of(owned.comm), Device::host(), options),
       owned_(std::move(owned)),
       world_ranks_(mpi::world_ranks_of(owned_.comm)),
-      exchange_(std::make_shared<DescExchange>()),
-      scratch_(std::make_shared<ReduceScratch>(size())) {
-  exchange_->all.resize(static_cast<size_t>(size()) * kDescWords);
-}
+      exchange_(std::make_shared<mpi::Exchange>(rank(), size())),
+      scratch_(std::make_shared<ReduceScratch>(size())) {}
 
 MpiCommunicator::~MpiCommunicator() {
   // An aborted communicator may have an operation MPI cannot cancel still
@@ -232,26 +222,32 @@ void MpiCommunicator::guard(const CollectiveDesc& desc, Fn&& fn) {
   }
 }
 
-// A non-blocking collective moves its data only inside MPI_Test (Open MPI
-// has no progress thread by default): sleeping between tests would stall a
-// large transfer a fragment at a time. So the data phase polls without
-// sleeping for CommOptions::spin plus the time its bytes take at 1 GB/s, a
-// rate every transport beats; only a wait longer than that (a rank that is
-// late, or a stalled one) backs off into sleeping.
-std::chrono::microseconds MpiCommunicator::poll_spin(const CollectiveDesc& desc, bool moving_data) const {
-  if (!moving_data) return options().spin;
+// A non-blocking operation moves its data only inside MPI_Test (Open MPI has
+// no progress thread by default): sleeping between tests would stall a
+// transfer a fragment at a time. So a wait that moves data (the data phase,
+// or an exchange carrying a small call's data) spins for CommOptions::spin
+// plus the time its bytes take at 1 GB/s, a rate every transport beats; the
+// data phase then keeps testing for kDataBusy more, as MPI's blocking calls
+// would (Note [one exchange per collective] in
+// mpi_exchange.h). Only a longer wait (a rank that is late, or a stalled
+// one) backs off into sleeping.
+mpi::PollPlan MpiCommunicator::poll_plan(const CollectiveDesc& desc, bool moving_data, bool carrying) const {
+  mpi::PollPlan plan{options().spin, std::chrono::microseconds(0), nullptr};
+  if (!moving_data && !carrying) return plan;
   const bool whole = desc.kind == CollectiveKind::kAllReduce || desc.kind == CollectiveKind::kBroadcast;
   const uint64_t bytes = desc.count * elem_size(desc.dtype) * (whole ? 1u : static_cast<uint64_t>(size()));
   const auto transfer = std::chrono::microseconds(static_cast<int64_t>(std::min<uint64_t>(bytes / 1000, INT32_MAX)));
-  return options().spin + transfer;
+  plan.spin += transfer;
+  if (moving_data) plan.busy = kDataBusy + transfer;
+  return plan;
 }
 
 // Note [the presence channel]: while it waits past its spin, a rank reads
 // the channel (answering the others, learning who left). A member that left
 // fails the call after a short grace (the call may have been its last, its
 // part already on the way); a timeout asks the members where they are.
-void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
-                           std::shared_ptr<void> buffers) {
+void MpiCommunicator::wait(const CollectiveDesc& desc, std::span<MPI_Request> requests, MPI_Status* statuses,
+                           bool moving_data, bool carrying, std::shared_ptr<void> buffers) {
   std::string what;  // desc.str(), made once the wait is long enough to read the channel
   std::optional<mpi::Departure> departed;
   std::optional<Deadline> departed_grace;
@@ -268,8 +264,9 @@ void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, boo
   };
   bool done = false;
   try {
-    done = mpi::poll_until(request, Deadline(options().timeout), poll_spin(desc, moving_data),
-                           between);
+    mpi::PollPlan plan = poll_plan(desc, moving_data, carrying);
+    plan.between = between;
+    done = mpi::poll_until(requests, statuses, Deadline(options().timeout), plan);
   } catch (...) {
     // A failed MPI call (on the request or the presence channel) leaves the
     // operation pending, its buffers in MPI's hands.
@@ -308,6 +305,19 @@ void MpiCommunicator::wait(const CollectiveDesc& desc, MPI_Request& request, boo
                    desc.str(), ms, rank(), size(), where, reached));
 }
 
+void MpiCommunicator::wait_data(const CollectiveDesc& desc, std::span<MPI_Request> requests,
+                                std::shared_ptr<void> buffers) {
+  wait(desc, requests, MPI_STATUSES_IGNORE, /*moving_data=*/true, /*carrying=*/false, std::move(buffers));
+}
+
+// Note [the data phase in point-to-point messages]. The scratch is left to
+// MPI should the wait be given up (the caller's buffers cannot be).
+void MpiCommunicator::transfer(const CollectiveDesc& desc, MPI_Datatype type, const BlockFor& send_to,
+                               const BlockFor& recv_from) {
+  ReduceScratch& s = *scratch_;
+  wait_data(desc, mpi::start_transfer(s.requests, owned_.comm, rank(), size(), type, send_to, recv_from), scratch_);
+}
+
 // Who is where, from the members' answers (Note [the presence channel]).
 std::string MpiCommunicator::whereabouts(const CollectiveDesc& desc, bool moving_data) {
   if (!mpi::presence_open()) {
@@ -344,32 +354,70 @@ std::string MpiCommunicator::whereabouts(const CollectiveDesc& desc, bool moving
                      here.size() == 1 ? "is" : "are");
 }
 
-void MpiCommunicator::agree(const CollectiveDesc& desc) {
+// Note [one exchange per collective].
+void MpiCommunicator::agree(const CollectiveDesc& desc, const PartFor& part_for,
+                            const std::function<void()>& meanwhile) {
+  mpi::Exchange& ex = *exchange_;
+  const DescWords mine = encode(desc);
   guard(desc, [&] {
-    DescExchange& ex = *exchange_;
-    ex.mine = encode(desc);
-    MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(MPI_Iallgather(ex.mine.data(), kDescWords, MPI_UINT64_T, ex.all.data(),
-                                  kDescWords, MPI_UINT64_T, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/false, exchange_);
+    const PartFor none = [](int) { return mpi::Part{}; };
+    const std::span<MPI_Request> requests = ex.start(owned_.comm, mine, part_for ? part_for : none);
+    if (meanwhile) meanwhile();
+    wait(desc, requests, ex.statuses(), /*moving_data=*/false, /*carrying=*/static_cast<bool>(part_for),
+         exchange_);
+    ex.finish();
   });
-  const DescExchange& ex = *exchange_;
+  const std::vector<uint64_t>& all = ex.all();
   for (int r = 0; r < size(); ++r) {
-    if (!std::equal(ex.mine.begin(), ex.mine.end(), ex.all.begin() + r * kDescWords)) {
-      fail(CommError::Reason::kMismatch, mismatch_message(ex.all, size()));
+    if (!std::equal(mine.begin(), mine.end(), all.begin() + r * kDescWords)) {
+      fail(CommError::Reason::kMismatch, mismatch_message(all, size()));
     }
   }
   last_agreed_ = desc;
 }
 
-// The collectives that move data: agreed on, refused alike on every rank when
-// too large for MPI, then fn(n), n being the count as MPI takes it.
-template <typename Fn>
-void MpiCommunicator::move_data(const CollectiveDesc& desc, Fn&& fn) {
-  agree(desc);
+// Whether a call's data rides on its exchange: `bytes`, the most one rank
+// sends to another, fit a message (the same answer on every rank that made
+// the same call; ranks that did not learn so from the exchange itself).
+bool MpiCommunicator::carried(size_t bytes) const { return bytes <= exchange_->payload_limit(); }
+
+// The collectives whose data is not carried: agreed on, refused alike on
+// every rank when too large for MPI, then fn(n), n being the count as MPI
+// takes it. `local`, this rank's share of the work that needs no other rank
+// (copying its own part), runs while the exchange is on its way; it writes
+// only this rank's buffers, within its own call's sizes.
+template <typename Local, typename Fn>
+void MpiCommunicator::move_data(const CollectiveDesc& desc, Local&& local, Fn&& fn) {
+  const bool fits = desc.count > 0 && desc.count <= static_cast<uint64_t>(INT_MAX);
+  agree(desc, nullptr, fits ? std::function<void()>(local) : nullptr);
   const int n = mpi_count(desc);
   if (n == 0) return;
   guard(desc, [&] { fn(n); });
+}
+
+// This rank's own input to a reduction: `mine` itself, or its copy at
+// `spare` when the output overlaps it (host_reduce reads its inputs while it
+// writes the output).
+const void* MpiCommunicator::own_input(const void* mine, const void* out, size_t bytes, char* spare) {
+  const char* m = static_cast<const char*>(mine);
+  const char* o = static_cast<const char*>(out);
+  if (m + bytes <= o || o + bytes <= m) return mine;
+  std::memcpy(spare, mine, bytes);
+  return spare;
+}
+
+// out = the reduction, in rank order, of this rank's `mine` and every peer's
+// payload of the exchange, `count` elements each.
+void MpiCommunicator::combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out) {
+  const size_t bytes = count * elem_size(desc.dtype);
+  std::vector<const void*>& inputs = scratch_->inputs;
+  for (int r = 0; r < size(); ++r) {
+    const mpi::Exchange& ex = *exchange_;
+    ZEST_INTERNAL_ASSERT(r == rank() || ex.payload_bytes(r) == bytes, "rank {} carried {} bytes, not {}", r,
+                         ex.payload_bytes(r), bytes);
+    inputs[static_cast<size_t>(r)] = r == rank() ? own_input(mine, out, bytes, scratch_->copies_of(bytes)) : ex.payload(r);
+  }
+  host_reduce(inputs.data(), size(), out, count, desc.dtype, desc.op);
 }
 
 // Note [reductions over MPI]: MPI moves the bytes, ZEST does the arithmetic.
@@ -383,11 +431,12 @@ void MpiCommunicator::move_data(const CollectiveDesc& desc, Fn&& fn) {
 // ring reduce-scatter sends, (W-1)/W of the buffer, into a buffer of W
 // copies of this rank's part.
 
-void MpiCommunicator::combine(const CollectiveDesc& desc, const char* copies, size_t count,
+void MpiCommunicator::combine(const CollectiveDesc& desc, const char* copies, const void* own, size_t count,
                               void* out) {
   const size_t bytes = count * elem_size(desc.dtype);
   std::vector<const void*>& inputs = scratch_->inputs;
   for (size_t r = 0; r < inputs.size(); ++r) inputs[r] = copies + r * bytes;
+  inputs[static_cast<size_t>(rank())] = own;
   host_reduce(inputs.data(), size(), out, count, desc.dtype, desc.op);
 }
 
@@ -395,31 +444,41 @@ void MpiCommunicator::combine(const CollectiveDesc& desc, const char* copies, si
 // chunks (the in-process split), then every rank gathers every chunk.
 void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& /*stream*/) {
-  move_data(desc, [&](int /*n*/) {
-    ReduceScratch& s = *scratch_;
-    // Counts and offsets within n <= INT_MAX elements, so they fit MPI's ints.
-    for (int r = 0; r < size(); ++r) {
-      const ReduceChunk chunk = all_reduce_chunk(desc.count, size(), r);
-      s.chunk_counts[r] = static_cast<int>(chunk.count);
-      s.chunk_displs[r] = static_cast<int>(chunk.begin);
-    }
-    const ReduceChunk mine = all_reduce_chunk(desc.count, size(), rank());
-    for (int r = 0; r < size(); ++r) {
-      s.copy_counts[r] = static_cast<int>(mine.count);
-      s.copy_displs[r] = r * static_cast<int>(mine.count);
-    }
-    const size_t es = elem_size(desc.dtype);
+  const size_t bytes = desc.count * elem_size(desc.dtype);
+  if (carried(bytes)) {
+    // Every rank sends its whole buffer to every other and reduces all of it:
+    // one exchange, the same bits (the reduction is element by element).
+    agree(desc, [&](int) { return mpi::Part{send, bytes}; });
+    guard(desc, [&] { combine_carried(desc, send, desc.count, recv); });
+    return;
+  }
+  // Offsets and counts within desc.count <= INT_MAX elements (move_data
+  // refuses more), so they fit MPI's ints.
+  const size_t es = elem_size(desc.dtype);
+  const ReduceChunk mine = all_reduce_chunk(desc.count, size(), rank());
+  const size_t mine_bytes = mine.count * es;
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  char* copies = nullptr;  // every rank's copy of this rank's chunk, in rank order (its own unused)
+  const void* own = nullptr;
+  const auto local = [&] {
+    copies = scratch_->copies_of(mine_bytes * static_cast<size_t>(size()));
+    own = own_input(in + mine.begin * es, out + mine.begin * es, mine_bytes,
+                    copies + static_cast<size_t>(rank()) * mine_bytes);
+  };
+  move_data(desc, local, [&](int /*n*/) {
     const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    char* copies = s.copies_of(mine.count * static_cast<size_t>(size()) * es);
-    MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(MPI_Ialltoallv(send, s.chunk_counts.data(), s.chunk_displs.data(), type, copies,
-                                  s.copy_counts.data(), s.copy_displs.data(), type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, scratch_);
+    const auto chunk_of = [&](const char* base, int r) {
+      const ReduceChunk c = all_reduce_chunk(desc.count, size(), r);
+      return mpi::Block{base + c.begin * es, static_cast<int>(c.count)};
+    };
+    transfer(desc, type, [&](int peer) { return chunk_of(in, peer); },
+             [&](int peer) {
+               return mpi::Block{copies + static_cast<size_t>(peer) * mine_bytes, static_cast<int>(mine.count)};
+             });
     // The send buffer is read: an in-place call may overwrite it now.
-    if (mine.count > 0) combine(desc, copies, mine.count, static_cast<char*>(recv) + mine.begin * es);
-    ZEST_MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, s.chunk_counts.data(),
-                                   s.chunk_displs.data(), type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, scratch_);
+    if (mine.count > 0) combine(desc, copies, own, mine.count, out + mine.begin * es);
+    transfer(desc, type, [&](int) { return chunk_of(out, rank()); }, [&](int peer) { return chunk_of(out, peer); });
   });
 }
 
@@ -427,56 +486,100 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
 // are taken from the whole send buffer before recv is written.
 void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* send, void* recv,
                                         const Stream& /*stream*/) {
-  move_data(desc, [&](int n) {
-    const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    char* copies = scratch_->copies_of(desc.count * static_cast<size_t>(size()) * elem_size(desc.dtype));
-    MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(MPI_Ialltoall(send, n, type, copies, n, type, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, scratch_);
-    combine(desc, copies, desc.count, recv);
+  const size_t part = desc.count * elem_size(desc.dtype);
+  if (carried(part)) {
+    const char* in = static_cast<const char*>(send);
+    agree(desc, [&](int peer) { return mpi::Part{in + static_cast<size_t>(peer) * part, part}; });
+    guard(desc, [&] { combine_carried(desc, in + static_cast<size_t>(rank()) * part, desc.count, recv); });
+    return;
+  }
+  const char* in = static_cast<const char*>(send);
+  char* copies = nullptr;  // every rank's copy of this rank's part, in rank order (its own unused)
+  const void* own = nullptr;
+  const auto local = [&] {
+    copies = scratch_->copies_of(part * static_cast<size_t>(size()));
+    own = own_input(in + static_cast<size_t>(rank()) * part, recv, part, copies + static_cast<size_t>(rank()) * part);
+  };
+  move_data(desc, local, [&](int n) {
+    transfer(desc, mpi_copy_type(desc.dtype),
+             [&](int peer) { return mpi::Block{in + static_cast<size_t>(peer) * part, n}; },
+             [&](int peer) { return mpi::Block{copies + static_cast<size_t>(peer) * part, n}; });
+    combine(desc, copies, own, desc.count, recv);
   });
 }
 
 void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send, void* recv,
                                     const Stream& /*stream*/) {
-  move_data(desc, [&](int n) {
-    const MPI_Datatype type = mpi_copy_type(desc.dtype);
-    const size_t part = desc.count * elem_size(desc.dtype);
-    const bool in_place =
-        static_cast<const char*>(recv) + static_cast<size_t>(rank()) * part == send;
-    MPI_Request request = MPI_REQUEST_NULL;
-    if (in_place) {
-      ZEST_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, type,
-                                    owned_.comm, &request));
-    } else {
-      ZEST_MPI_CHECK(MPI_Iallgather(send, n, type, recv, n, type, owned_.comm, &request));
+  const size_t part = desc.count * elem_size(desc.dtype);
+  char* out = static_cast<char*>(recv);
+  const bool in_place = out + static_cast<size_t>(rank()) * part == send;
+  if (carried(part)) {
+    agree(desc, [&](int) { return mpi::Part{send, part}; });
+    const mpi::Exchange& ex = *exchange_;
+    for (int r = 0; r < size(); ++r) {
+      char* to = out + static_cast<size_t>(r) * part;
+      if (r != rank()) {
+        ZEST_INTERNAL_ASSERT(ex.payload_bytes(r) == part, "rank {} carried {} bytes, not {}", r,
+                             ex.payload_bytes(r), part);
+        std::memcpy(to, ex.payload(r), part);
+      } else if (!in_place && part > 0) {
+        std::memcpy(to, send, part);
+      }
     }
-    wait(desc, request, /*moving_data=*/true, nullptr);
+    return;
+  }
+  const auto local = [&] {
+    if (!in_place) std::memcpy(out + static_cast<size_t>(rank()) * part, send, part);
+  };
+  move_data(desc, local, [&](int n) {
+    transfer(desc, mpi_copy_type(desc.dtype), [&](int) { return mpi::Block{send, n}; },
+             [&](int peer) { return mpi::Block{out + static_cast<size_t>(peer) * part, n}; });
   });
 }
 
 void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                                    const Stream& /*stream*/) {
-  move_data(desc, [&](int n) {
-    if (rank() == desc.root && send != recv) {
-      std::memcpy(recv, send, desc.count * elem_size(desc.dtype));
+  const size_t bytes = desc.count * elem_size(desc.dtype);
+  const bool root = rank() == desc.root;
+  if (root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
+  if (carried(bytes)) {
+    agree(desc, [&](int) { return root ? mpi::Part{send, bytes} : mpi::Part{}; });
+    const mpi::Exchange& ex = *exchange_;
+    if (!root && bytes > 0) {
+      ZEST_INTERNAL_ASSERT(ex.payload_bytes(desc.root) == bytes, "the root carried {} bytes, not {}",
+                           ex.payload_bytes(desc.root), bytes);
+      std::memcpy(recv, ex.payload(desc.root), bytes);
     }
-    MPI_Request request = MPI_REQUEST_NULL;
-    ZEST_MPI_CHECK(
-        MPI_Ibcast(recv, n, mpi_copy_type(desc.dtype), desc.root, owned_.comm, &request));
-    wait(desc, request, /*moving_data=*/true, nullptr);
+    return;
+  }
+  move_data(desc, [] {}, [&](int n) {
+    // A binomial tree, a step per doubling: in the step of `reach`, the ranks
+    // within `reach` of the root (counting from it) that have the data send
+    // it `reach` further on. One step on 2 ranks; log2(W) steps, the root
+    // sending log2(W) copies, not W-1.
+    const MPI_Datatype type = mpi_copy_type(desc.dtype);
+    const int w = size();
+    const int me = (rank() - desc.root + w) % w;  // counted from the root
+    const auto actual = [&](int v) { return (v + desc.root) % w; };
+    for (int reach = 1; reach < w; reach *= 2) {
+      if (me >= 2 * reach) continue;  // not yet reached, and not sending
+      const int to = me < reach && me + reach < w ? actual(me + reach) : -1;
+      const int from = me >= reach ? actual(me - reach) : -1;
+      transfer(desc, type, [&](int peer) { return peer == to ? mpi::Block{recv, n} : mpi::Block{}; },
+               [&](int peer) { return peer == from ? mpi::Block{recv, n} : mpi::Block{}; });
+    }
   });
 }
 
 void MpiCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& /*stream*/) {
-  // The agreement is a barrier already: no rank's all-gather completes
-  // before every rank has contributed to it.
-  agree(desc);
+  // The agreement is a barrier already: no rank's exchange completes before
+  // every rank has sent its message.
+  agree(desc, nullptr, nullptr);
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(const CollectiveDesc& desc, int color,
                                                         int key, bool /*share_resources*/) {
-  agree(desc);
+  agree(desc, nullptr, nullptr);
   MPI_Comm child = MPI_COMM_NULL;
   guard(desc, [&] {
     // Blocking, without a deadline, but every rank is known to have called

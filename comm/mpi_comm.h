@@ -9,20 +9,26 @@
 //
 //   mpirun -np 4 ./trainer
 //
-// Collectives are MPI's non-blocking ones, polled until CommOptions::timeout,
+// Collectives are non-blocking MPI messages, polled until CommOptions::timeout,
 // so that a rank that never arrives ends in a CommError instead of a hang;
 // the error names the ranks that did not come (world rank, host, pid) and
 // what those that answered are in. A rank that leaves (finalizes MPI on its
 // way out of the program) fails the others' calls within 2 s, naming it
 // (Note [the presence channel] in mpi_presence.h).
-// Before each one the ranks exchange its CollectiveDesc, so ranks that
+// Each one starts with an exchange of its CollectiveDesc, so ranks that
 // diverged (different operations, sizes or numbering) get a CommError naming
-// every rank's call before any data moves. Reductions give the in-process
+// every rank's call before any data is used; a call of at most 4 KiB per
+// message carries its data on that exchange, so it costs one round of
+// messages, as MPI's own would (Note [one exchange per collective] in
+// mpi_exchange.h), and a larger one then moves its data point to point on
+// the caller's buffers (Note [the data phase in point-to-point messages] in
+// mpi_transfer.h). Reductions give the in-process
 // backend's bits at every world size, floats included: MPI moves the
 // elements, and each rank combines its part in rank order with the
 // in-process backend's code (fp16 and bf16 accumulate in float and round
 // once, integer sums wrap, max propagates NaN), sending what a ring
-// reduce-scatter sends.
+// reduce-scatter sends (a carried all_reduce sends its whole buffer to every
+// rank, which reduces all of it: more bytes, one round).
 //
 // ZEST calls MPI only from the thread that is using a communicator, so
 // MPI_THREAD_SERIALIZED is enough as long as no two threads use MPI
@@ -35,7 +41,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +53,13 @@
 #if ZEST_WITH_MPI
 #include <mpi.h>
 #endif
+
+namespace zest::mpi {
+class Exchange;
+struct Block;
+struct Part;
+struct PollPlan;
+}  // namespace zest::mpi
 
 namespace zest {
 
@@ -177,24 +192,39 @@ class MpiCommunicator final : public Communicator {
     Owned& operator=(Owned&&) = delete;
     ~Owned();
   };
-  struct DescExchange;
-
   MpiCommunicator(Owned owned, CommOptions options);
   static Owned duplicate(MPI_Comm comm, const CommOptions& options);
 
-  void agree(const CollectiveDesc& desc);
-  std::chrono::microseconds poll_spin(const CollectiveDesc& desc, bool moving_data) const;
-  void wait(const CollectiveDesc& desc, MPI_Request& request, bool moving_data,
-            std::shared_ptr<void> buffers);
+  // What a call sends to each peer on its exchange (Note [one exchange per
+  // collective] in mpi_exchange.h).
+  using PartFor = std::function<mpi::Part(int peer)>;
+  // Exchanges the call's CollectiveDesc with every member (with part_for's
+  // payload, when given) and fails with a CommError naming every rank's call
+  // unless all are the same.
+  // `meanwhile`, when given, runs while the messages are on their way.
+  void agree(const CollectiveDesc& desc, const PartFor& part_for, const std::function<void()>& meanwhile = nullptr);
+  bool carried(size_t bytes) const;
+  const void* own_input(const void* mine, const void* out, size_t bytes, char* spare);
+  void combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out);
+  mpi::PollPlan poll_plan(const CollectiveDesc& desc, bool moving_data, bool carrying) const;
+  // `carrying`: an exchange with data on it.
+  void wait(const CollectiveDesc& desc, std::span<MPI_Request> requests, MPI_Status* statuses,
+            bool moving_data, bool carrying, std::shared_ptr<void> buffers);
+  void wait_data(const CollectiveDesc& desc, std::span<MPI_Request> requests, std::shared_ptr<void> buffers);
+  // One step of the data phase (mpi_transfer.h): send_to(peer)'s elements to
+  // every peer, recv_from(peer)'s from each.
+  using BlockFor = std::function<mpi::Block(int peer)>;
+  void transfer(const CollectiveDesc& desc, MPI_Datatype type, const BlockFor& send_to, const BlockFor& recv_from);
   // For a timeout's message: which members are missing, and where they are.
   std::string whereabouts(const CollectiveDesc& desc, bool moving_data);
   template <typename Fn>
   void guard(const CollectiveDesc& desc, Fn&& fn);
-  template <typename Fn>
-  void move_data(const CollectiveDesc& desc, Fn&& fn);
+  template <typename Local, typename Fn>
+  void move_data(const CollectiveDesc& desc, Local&& local, Fn&& fn);
   struct ReduceScratch;
-  // out = the reduction of W consecutive copies of `count` elements.
-  void combine(const CollectiveDesc& desc, const char* copies, size_t count, void* out);
+  // out = the reduction of W consecutive copies of `count` elements, this
+  // rank's own at `own` instead.
+  void combine(const CollectiveDesc& desc, const char* copies, const void* own, size_t count, void* out);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
   // How long a member that left may take to finish the call it is in (its
@@ -202,10 +232,12 @@ class MpiCommunicator final : public Communicator {
   // answers (Note [the presence channel] in mpi_presence.h).
   static constexpr std::chrono::milliseconds kDepartedGrace{2000};
   static constexpr std::chrono::milliseconds kAskGrace{1000};
+  // How long the data phase keeps testing without sleeping.
+  static constexpr std::chrono::milliseconds kDataBusy{100};
 
   Owned owned_;
   std::vector<int> world_ranks_;  // the members' ranks in MPI_COMM_WORLD
-  std::shared_ptr<DescExchange> exchange_;
+  std::shared_ptr<mpi::Exchange> exchange_;
   CollectiveDesc last_agreed_;
   std::shared_ptr<ReduceScratch> scratch_;
 };

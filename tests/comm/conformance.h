@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -124,7 +125,8 @@ class HostBuffer {
 // Runs every collective over buffers of type Buffer; returns the digest of
 // all results.
 template <typename Buffer>
-uint64_t check_all_collectives_in(Communicator& comm, const Stream& stream) {
+uint64_t check_all_collectives_in(Communicator& comm, const Stream& stream,
+                                   std::span<const size_t> counts = kConformanceCounts) {
   const int w = comm.size();
   const int me = comm.rank();
   Digest digest;
@@ -137,7 +139,7 @@ uint64_t check_all_collectives_in(Communicator& comm, const Stream& stream) {
   };
   for (DType t : kAllDTypes) {
     const size_t es = elem_size(t);
-    for (size_t n : kConformanceCounts) {
+    for (size_t n : counts) {
       for (bool in_place : {false, true}) {
         CAPTURE(dtype_name(t));
         CAPTURE(n);
@@ -195,8 +197,9 @@ uint64_t check_all_collectives_in(Communicator& comm, const Stream& stream) {
 }
 
 // check_all_collectives_in over host buffers.
-inline uint64_t check_all_collectives(Communicator& comm, const Stream& stream) {
-  return check_all_collectives_in<HostBuffer>(comm, stream);
+inline uint64_t check_all_collectives(Communicator& comm, const Stream& stream,
+                                      std::span<const size_t> counts = kConformanceCounts) {
+  return check_all_collectives_in<HostBuffer>(comm, stream, counts);
 }
 
 }  // namespace zest::test

@@ -3,6 +3,13 @@
 //   mpi_fault timeout     rank 1 skips an all_reduce the others call
 //   mpi_fault mismatch    rank 1 calls all_gather where the others call all_reduce
 //   mpi_fault count       rank 1 calls the all_reduce with a different count
+//   mpi_fault large       rank 1 calls it with a count too large for one
+//                         exchange message, the others with a small one (Note
+//                         [one exchange per collective] in comm/mpi_exchange.h)
+//   mpi_fault large_count rank 1 calls a large all_gather with one more
+//                         element, rank 2 a large all_reduce: no data may
+//                         move before the exchange shows it (their messages
+//                         would not fit the others' receives)
 //   mpi_fault create      rank 1 does not create a communicator the others create
 //   mpi_fault rendezvous  rank 0 skips share_from_rank0 (init_distributed's
 //                         rendezvous over MPI), in a program that started MPI
@@ -18,6 +25,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "zest/launch/bootstrap.h"
@@ -104,8 +112,24 @@ bool run(Communicator& comm, const std::string& mode) {
       comm.all_reduce(x, x, odd_one ? 7 : 8, DType::kFloat32, ReduceOp::kSum, stream);
     }, is_mismatch);
   }
+  if (mode == "large_count") {
+    std::vector<float> in(20001), out(3 * 20001);
+    return report(rank, [&] {
+      if (rank == 2) {
+        comm.all_reduce(in.data(), out.data(), 20000, DType::kFloat32, ReduceOp::kSum, stream);
+      } else {
+        comm.all_gather(in.data(), out.data(), odd_one ? 20001 : 20000, DType::kFloat32, stream);
+      }
+    }, is_mismatch);
+  }
+  if (mode == "large") {
+    std::vector<float> big(20000);
+    return report(rank, [&] {
+      comm.all_reduce(big.data(), big.data(), odd_one ? big.size() : 8, DType::kFloat32, ReduceOp::kSum, stream);
+    }, is_mismatch);
+  }
   std::fprintf(stderr,
-               "FAULT-UNEXPECTED: unknown mode '%s'; use timeout, mismatch, count, create or "
+               "FAULT-UNEXPECTED: unknown mode '%s'; use timeout, mismatch, count, large, large_count, create or "
                "rendezvous\n",
                mode.c_str());
   return false;
