@@ -1,0 +1,55 @@
+# cmake/ZestFindNccl.cmake against a stand-in of the nvidia-nccl pip wheel
+# (nvidia/nccl/{include/nccl.h,lib/libnccl.so.2}, no unversioned libnccl.so)
+# on PYTHONPATH, with the CUDA toolkit's and the system's folders hidden:
+# found on its own, found as ZEST_NCCL_ROOT=wheel, and clear errors for a
+# ZEST_NCCL_ROOT without NCCL and for "wheel" without a wheel.
+# Inputs: ZEST_CMAKE_DIR, PROJECT_DIR (nccl_project/), WORK_DIR, GENERATOR.
+file(REMOVE_RECURSE ${WORK_DIR})
+set(wheel ${WORK_DIR}/site/nvidia/nccl)
+file(MAKE_DIRECTORY ${wheel}/include ${wheel}/lib ${WORK_DIR}/empty)
+file(WRITE ${wheel}/include/nccl.h "#define NCCL_VERSION_CODE 22703\n")
+file(WRITE ${wheel}/lib/libnccl.so.2 "")
+# python3 without its site-packages (-S), so that a real wheel there (the
+# GPU machine has one) cannot stand in for the missing one below.
+find_program(python3 NAMES python3 REQUIRED)
+file(WRITE ${WORK_DIR}/python3 "#!/bin/sh\nexec ${python3} -S \"$@\"\n")
+file(CHMOD ${WORK_DIR}/python3 PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE)
+set(hidden "/usr/local/cuda/include;/usr/local/cuda/lib64;/usr/local/cuda/lib;/usr/local/cuda/targets/x86_64-linux/include;/usr/local/cuda/targets/x86_64-linux/lib;/usr/include;/usr/lib;/usr/lib/x86_64-linux-gnu;/usr/local/include;/usr/local/lib")
+
+# configure(NAME EXPECT_RC PYTHONPATH EXTRA_ARGS...): output in `output`.
+function(configure name expect_rc pythonpath)
+  execute_process(
+    COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${pythonpath}
+      ${CMAKE_COMMAND} -S ${PROJECT_DIR} -B ${WORK_DIR}/${name} -G ${GENERATOR}
+      -DZEST_CMAKE_DIR=${ZEST_CMAKE_DIR} -DPython3_EXECUTABLE=${WORK_DIR}/python3
+      "-DCMAKE_IGNORE_PATH=${hidden}" ${ARGN}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  set(output "${out}${err}" PARENT_SCOPE)
+  if(expect_rc EQUAL 0 AND NOT rc EQUAL 0)
+    message(FATAL_ERROR "${name}: configure failed (${rc}):\n${out}\n${err}")
+  elseif(NOT expect_rc EQUAL 0 AND rc EQUAL 0)
+    message(FATAL_ERROR "${name}: configure succeeded but should have failed:\n${out}")
+  endif()
+endfunction()
+
+# CMake wraps its error messages: words are matched across line breaks.
+function(expect name regex)
+  string(REGEX REPLACE "[ \n]+" " " flat "${output}")
+  if(NOT flat MATCHES "${regex}")
+    message(FATAL_ERROR "${name}: the output does not match '${regex}':\n${output}")
+  endif()
+  message(STATUS "${name}: ok")
+endfunction()
+
+set(found "ZEST: NCCL 22703 \\(version code\\): ${wheel}/lib/libnccl.so.2")
+configure(search 0 ${WORK_DIR}/site)
+expect(search "${found}")
+expect(search_target "zest::nccl: ${wheel}/lib/libnccl.so.2 with ${wheel}/include")
+configure(root_wheel 0 ${WORK_DIR}/site -DZEST_NCCL_ROOT=wheel)
+expect(root_wheel "${found}")
+configure(root_dir 0 ${WORK_DIR}/empty -DZEST_NCCL_ROOT=${wheel})
+expect(root_dir "${found}")
+configure(root_empty 1 ${WORK_DIR}/empty -DZEST_NCCL_ROOT=${WORK_DIR}/empty)
+expect(root_empty "ZEST_NCCL_ROOT=${WORK_DIR}/empty .*has no include/nccl.h")
+configure(no_wheel 1 ${WORK_DIR}/empty -DZEST_NCCL_ROOT=wheel)
+expect(no_wheel "ZEST_NCCL_ROOT=wheel, but python3 .*has no nvidia-nccl wheel")
