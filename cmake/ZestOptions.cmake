@@ -45,7 +45,8 @@ if(ZEST_CUDA)
   # Machine code for Ampere and Ada (sm_80 runs on 8.x) and Hopper, and
   # Hopper's PTX for later GPUs to compile at load: a kernel built for 9.0
   # alone cannot launch on an A100. Override with -DCMAKE_CUDA_ARCHITECTURES
-  # (e.g. 90 for a faster build, or "native" on a GPU machine).
+  # (e.g. 90 for a faster build, or "native" on a GPU machine with CMake
+  # 3.24 or later).
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
   endif()
@@ -86,6 +87,7 @@ _zest_resolve_switch(ZEST_MPI ${_zest_mpi_found})
 string(TOUPPER "${ZEST_TORCH}" _zest_torch_request)
 set(_zest_torch_found OFF)
 if(NOT _zest_torch_request STREQUAL "OFF")
+  include(ZestTorchNvtx)
   find_package(Torch QUIET)
   if(Torch_FOUND OR TORCH_FOUND)
     set(_zest_torch_found ON)

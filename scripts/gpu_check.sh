@@ -108,10 +108,8 @@ configure_and_build() {
   if [ -n "$torch_prefix" ] && [ -n "$abi" ]; then
     prefixes+=("$torch_prefix")
     args+=("-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=$abi" "-DCMAKE_CUDA_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=$abi")
-    # Torch's CMake package (Caffe2's public/cuda.cmake) takes NVTX3 from
-    # the CUDA toolkit only with USE_SYSTEM_NVTX (a wheel has no
-    # third_party/NVTX), and asks the GPU for the architectures unless told.
-    args+=(-DUSE_SYSTEM_NVTX=ON)
+    # Torch's CMake package asks the GPU for the architectures unless told
+    # (its NVTX3: cmake/ZestTorchNvtx.cmake).
     export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
     torch=ON
     note "libtorch: $torch_prefix (_GLIBCXX_USE_CXX11_ABI=$abi)"
@@ -164,6 +162,8 @@ run_tests() {
   note "# gpu_check.sh test, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   [ -f "$build/CTestTestfile.cmake" ] || { note "FAIL     nothing built in $build: run scripts/gpu_check.sh build first"; status=1; return; }
   export ZEST_TEST_DEVICE=cuda ZEST_REQUIRE_GPU=1
+  # The install consumers' find_package(Torch), as in the build phase.
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
   # NCCL's bootstrap on the loopback: these machines have no other network.
   export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
   nvidia-smi >>"$out/env.log" 2>&1 || { note "FAIL     nvidia-smi found no GPU"; status=1; }
