@@ -14,31 +14,23 @@ file(WRITE ${wheel}/lib/libnccl.so.2 "")
 find_program(python3 NAMES python3 REQUIRED)
 file(WRITE ${WORK_DIR}/python3 "#!/bin/sh\nexec ${python3} -S \"$@\"\n")
 file(CHMOD ${WORK_DIR}/python3 PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE)
-set(hidden "/usr/local/cuda/include;/usr/local/cuda/lib64;/usr/local/cuda/lib;/usr/local/cuda/targets/x86_64-linux/include;/usr/local/cuda/targets/x86_64-linux/lib;/usr/include;/usr/lib;/usr/lib/x86_64-linux-gnu;/usr/local/include;/usr/local/lib")
+# The toolkit's and the system's folders, hidden through an initial cache
+# (a list on the command line would be split at its semicolons).
+file(WRITE ${WORK_DIR}/hide.cmake [=[
+set(CMAKE_IGNORE_PATH
+  /usr/local/cuda/include /usr/local/cuda/lib64 /usr/local/cuda/lib
+  /usr/local/cuda/targets/x86_64-linux/include /usr/local/cuda/targets/x86_64-linux/lib
+  /usr/include /usr/lib /usr/lib/x86_64-linux-gnu /usr/local/include /usr/local/lib
+  CACHE STRING "")
+]=])
 
-# configure(NAME EXPECT_RC PYTHONPATH EXTRA_ARGS...): output in `output`.
+include(${CMAKE_CURRENT_LIST_DIR}/configure_check.cmake)
+# configure(NAME EXPECT_RC PYTHONPATH ARGS...)
 function(configure name expect_rc pythonpath)
-  execute_process(
-    COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${pythonpath}
-      ${CMAKE_COMMAND} -S ${PROJECT_DIR} -B ${WORK_DIR}/${name} -G ${GENERATOR}
-      -DZEST_CMAKE_DIR=${ZEST_CMAKE_DIR} -DPython3_EXECUTABLE=${WORK_DIR}/python3
-      "-DCMAKE_IGNORE_PATH=${hidden}" ${ARGN}
-    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  set(output "${out}${err}" PARENT_SCOPE)
-  if(expect_rc EQUAL 0 AND NOT rc EQUAL 0)
-    message(FATAL_ERROR "${name}: configure failed (${rc}):\n${out}\n${err}")
-  elseif(NOT expect_rc EQUAL 0 AND rc EQUAL 0)
-    message(FATAL_ERROR "${name}: configure succeeded but should have failed:\n${out}")
-  endif()
-endfunction()
-
-# CMake wraps its error messages: words are matched across line breaks.
-function(expect name regex)
-  string(REGEX REPLACE "[ \n]+" " " flat "${output}")
-  if(NOT flat MATCHES "${regex}")
-    message(FATAL_ERROR "${name}: the output does not match '${regex}':\n${output}")
-  endif()
-  message(STATUS "${name}: ok")
+  set(ENV{PYTHONPATH} ${pythonpath})
+  configure_project(${name} ${expect_rc} ${PROJECT_DIR} -DZEST_CMAKE_DIR=${ZEST_CMAKE_DIR}
+                    -DPython3_EXECUTABLE=${WORK_DIR}/python3 -C ${WORK_DIR}/hide.cmake ${ARGN})
+  set(output "${output}" PARENT_SCOPE)
 endfunction()
 
 set(found "ZEST: NCCL 22703 \\(version code\\): ${wheel}/lib/libnccl.so.2")
