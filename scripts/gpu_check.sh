@@ -173,23 +173,30 @@ run_tests() {
   # background on all but 4 cores, while the GPU tests run; the benchmarks
   # after both, on a quiet machine.
   local host_limit
-  host_limit=$(left 150)
+  host_limit=$(left 180)
   step "host tests (ctest -LE gpu)" "$out/host_tests.log" "$host_limit" \
     nice -n 5 ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(( jobs > 8 ? jobs - 4 : jobs ))" &
   local host_pid=$!
 
   # The GPU tests, two at a time on the one GPU (the Engine over NCCL among
   # them, one process per GPU).
-  step "GPU tests (ctest -L gpu)" "$out/gpu_tests.log" 240 \
+  step "GPU tests (ctest -L gpu)" "$out/gpu_tests.log" 200 \
     ctest --test-dir "$build" -L gpu --output-on-failure -j 2
+  # The example MLP on the GPU under every stage (cuBLAS forward and
+  # backward, 4 in-process ranks sharing the GPU).
+  step "mlp example, cuda, stages 0-3" "$out/gpu_tests.log" 90 \
+    "$build/examples/mlp/mlp" --device cuda --ranks 4 --stages 0,1,2,3 --dtype bf16 --steps 50 --print-every 25
+  # ... and as a launched job over NCCL (one process: rank 0 of 1).
+  step "mlp example, --launch over NCCL, stage 3" "$out/gpu_tests.log" 60 \
+    "$build/examples/mlp/mlp" --launch --device cuda --stage 3 --dtype bf16 --steps 50 --print-every 25
 
   # A short run under compute-sanitizer: the optimizer, gradient and norm
   # kernels (memcheck, racecheck for the shared-memory reductions).
   local optim="$build/tests/cuda/gpu_test_optim"
-  step "compute-sanitizer memcheck (gpu_test_optim)" "$out/sanitizer.log" 90 \
+  step "compute-sanitizer memcheck (gpu_test_optim)" "$out/sanitizer.log" 60 \
     compute-sanitizer --tool memcheck --error-exitcode 99 "$optim" \
     --test-case='*bf16 gradients*,*chunk sums*,*step decisions*'
-  step "compute-sanitizer racecheck (gpu_test_optim)" "$out/sanitizer.log" 90 \
+  step "compute-sanitizer racecheck (gpu_test_optim)" "$out/sanitizer.log" 60 \
     compute-sanitizer --tool racecheck --error-exitcode 99 "$optim" --test-case='*chunk sums of squares*'
 
   wait "$host_pid" || status=1
@@ -197,15 +204,19 @@ run_tests() {
 
   # The benchmarks and their targets.
   local bench="$out/bench.log"
-  step "allocator_bench cuda" "$bench" 60 "$build/bench/allocator_bench" --device cuda:0 --quick
+  step "allocator_bench cuda" "$bench" 40 "$build/bench/allocator_bench" --device cuda:0 --quick
   # Each size's raw/cached median ratio (the last column); the smallest counts.
   ratio_check "cached allocation vs cudaMalloc (smallest ratio over sizes)" \
     "$(awk '/^=== allocator_bench/ {on = 1} on && /^ +[0-9.]+ ?[KMG]?i?B / {print $NF}' "$bench" | sort -g | head -n 1)" ">=" 100
-  step "optimizer_bench cuda" "$bench" 60 "$build/bench/optimizer_bench" --device cuda:0 --numel 268435456 --iters 20
+  step "optimizer_bench cuda" "$bench" 40 "$build/bench/optimizer_bench" --device cuda:0 --numel 268435456 --iters 20
   # "the update takes X x the copy's time": 90% of copy bandwidth is X <= 1/0.9.
   ratio_check "fused AdamW vs a copy of its bytes (time ratio)" \
     "$(sed -n 's/^ratio: the update takes \([0-9.]*\)x.*/\1/p' "$bench" | tail -n 1)" "<=" 1.111
-  step "comm_bench nccl, 1 rank" "$bench" 60 "$build/bench/comm_bench" --backend nccl --quick
+  # Collectives, --quick (1 KiB to 4 MiB): NCCL as one process (rank 0 of
+  # 1), and the in-process backend with 2 ranks sharing the GPU.
+  step "comm_bench nccl, 1 rank" "$bench" 45 "$build/bench/comm_bench" --backend nccl --quick
+  step "comm_bench inprocess, cuda, 2 ranks" "$bench" 45 \
+    "$build/bench/comm_bench" --backend inprocess --ranks 2 --device cuda:0 --quick
 }
 
 case "$phase" in
