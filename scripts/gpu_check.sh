@@ -3,8 +3,8 @@
 # the GPU tests (the Engine over NCCL with one process per GPU among them),
 # the torch layer's tests against the image's libtorch, a short run under
 # compute-sanitizer, the benchmarks with their targets (cached allocation
-# >= 100x cudaMalloc, the fused AdamW update >= 90% of a copy's bandwidth),
-# and the whole host test suite. GPU tests fail rather than skip here
+# >= 100x cudaMalloc, the fused AdamW update >= 90% of a copy's bandwidth,
+# stage 3's step <= 1.3x stage 2's), and the whole host test suite. GPU tests fail rather than skip here
 # (ZEST_TEST_DEVICE=cuda), so a run that did not reach the GPU cannot pass.
 #
 #   scripts/gpu_check.sh build    configure and build (under 10 minutes on 16 cores)
@@ -173,7 +173,7 @@ run_tests() {
   # background on all but 4 cores, while the GPU tests run; the benchmarks
   # after both, on a quiet machine.
   local host_limit
-  host_limit=$(left 180)
+  host_limit=$(left 240)
   step "host tests (ctest -LE gpu)" "$out/host_tests.log" "$host_limit" \
     nice -n 5 ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(( jobs > 8 ? jobs - 4 : jobs ))" &
   local host_pid=$!
@@ -212,6 +212,11 @@ run_tests() {
   # "the update takes X x the copy's time": 90% of copy bandwidth is X <= 1/0.9.
   ratio_check "fused AdamW vs a copy of its bytes (time ratio)" \
     "$(sed -n 's/^ratio: the update takes \([0-9.]*\)x.*/\1/p' "$bench" | tail -n 1)" "<=" 1.111
+  # One engine step at stages 0-3 on the GPU (2 in-process ranks sharing it).
+  step "step_bench cuda, stages 0-3" "$bench" 60 \
+    "$build/bench/step_bench" --device cuda:0 --params 50000000 --ranks 2 --steps 5 --dtype bf16
+  ratio_check "step time, stage 3 / stage 2" \
+    "$(sed -n 's/^stage 3 \/ stage 2 step: \([0-9.]*\).*/\1/p' "$bench" | tail -n 1)" "<=" 1.3
   # Collectives, --quick (1 KiB to 4 MiB): NCCL as one process (rank 0 of
   # 1), and the in-process backend with 2 ranks sharing the GPU.
   step "comm_bench nccl, 1 rank" "$bench" 45 "$build/bench/comm_bench" --backend nccl --quick
