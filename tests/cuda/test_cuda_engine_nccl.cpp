@@ -51,7 +51,7 @@ using namespace zest::test;
 namespace {
 
 constexpr const char* kChildVar = "ZEST_ENGINE_NCCL_CHILD";
-constexpr std::chrono::seconds kChildrenTimeout(200);
+constexpr std::chrono::seconds kChildrenTimeout(150);
 // |NCCL - in-process| per parameter element when ranks > 2 (4 steps of
 // AdamW at lr 0.01 from values in [-0.5, 0.5]: rounding differences in the
 // gradient sums move an update by far less).
