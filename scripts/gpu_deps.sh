@@ -45,4 +45,8 @@ rm -rf "$kit/usr/share/doc" "$kit/usr/share/lintian"
 for h in fmt/format.h doctest/doctest.h nlohmann/json.hpp CLI/CLI.hpp; do
   [ -f "$kit/usr/include/$h" ] || { echo "gpu_deps.sh: $h is missing from $kit/usr/include" >&2; exit 1; }
 done
-echo "gpu_deps.sh: $kit holds $(du -sh "$kit" | cut -f1) ($(du -sb "$kit" | cut -f1) bytes): ${packages[*]}"
+bytes=$(du -sb "$kit" | cut -f1)
+# The device tool carries at most 64 MiB of ignored paths in all: a kit that
+# grew past 16 MiB took in something it should not have.
+[ "$bytes" -lt $((16 * 1024 * 1024)) ] || { echo "gpu_deps.sh: $kit holds $bytes bytes, more than the 16 MiB it should" >&2; exit 1; }
+echo "gpu_deps.sh: $kit holds $(du -sh "$kit" | cut -f1) ($bytes bytes): ${packages[*]}"
