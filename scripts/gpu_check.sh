@@ -40,6 +40,8 @@ case "$phase" in
 esac
 mkdir -p "$out" "$build"
 cd "$root" || exit 1
+# nvcc and compute-sanitizer, where the toolkit is not on the PATH.
+[ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 jobs="$(nproc)"
 budget="${ZEST_GPU_CHECK_BUDGET:-570}"
 start=$SECONDS
