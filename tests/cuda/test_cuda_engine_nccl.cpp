@@ -52,10 +52,21 @@ namespace {
 
 constexpr const char* kChildVar = "ZEST_ENGINE_NCCL_CHILD";
 constexpr std::chrono::seconds kChildrenTimeout(150);
-// |NCCL - in-process| per parameter element when ranks > 2 (4 steps of
-// AdamW at lr 0.01 from values in [-0.5, 0.5]: rounding differences in the
-// gradient sums move an update by far less).
-constexpr float kTolerance = 1e-5f;
+// With more than 2 ranks: |NCCL - in-process| per parameter element, and
+// the gradient norm's relative difference. 4 steps of AdamW at lr 0.01 move
+// an element by at most about 0.04; another order of the gradient sums
+// changes them by a few units in the last place of the dtype they are summed
+// in (fp32: 1e-7; bf16: 4e-3 relative), which Adam's normalized update
+// passes on to at most that fraction of each step. Estimates from the
+// arithmetic, not yet seen on a machine with more than 2 GPUs.
+struct Tolerance {
+  float param;
+  double norm;
+};
+Tolerance tolerance_for(const EngineConfig& c) {
+  const bool half = c.bf16 || c.fp16.enabled;
+  return half ? Tolerance{2e-3f, 1e-2} : Tolerance{1e-5f, 1e-5};
+}
 
 struct Case {
   std::string name;
@@ -84,8 +95,8 @@ std::vector<Case> cases() {
   return out;
 }
 
-// Mismatches of `got` against `want`, printed; bitwise, or within kTolerance.
-int compare(const Params& got, const Params& want, bool bitwise, const std::string& what) {
+// Mismatches of `got` against `want`, printed; bitwise, or within `tolerance`.
+int compare(const Params& got, const Params& want, bool bitwise, float tolerance, const std::string& what) {
   int bad = 0;
   if (got.size() != want.size()) {
     std::fprintf(stderr, "%s: %zu parameters, the reference has %zu\n", what.c_str(), got.size(), want.size());
@@ -102,13 +113,37 @@ int compare(const Params& got, const Params& want, bool bitwise, const std::stri
     for (size_t i = 0; i < values.size(); ++i) {
       const float g = it->second[i];
       const float w = values[i];
-      const bool ok = bitwise ? std::memcmp(&g, &w, sizeof(float)) == 0 : std::fabs(g - w) <= kTolerance;
+      const bool ok = bitwise ? std::memcmp(&g, &w, sizeof(float)) == 0 : std::fabs(g - w) <= tolerance;
       if (!ok) {
         std::fprintf(stderr, "%s: %s[%zu] = %.9g, the in-process run has %.9g\n", what.c_str(), name.c_str(), i,
                      static_cast<double>(g), static_cast<double>(w));
         ++bad;
         break;  // one line per parameter
       }
+    }
+  }
+  return bad;
+}
+
+// Mismatches of the optimizer steps' results, printed: the norm bitwise or
+// within `norm_tolerance` (relative), clipping, skipping and loss scale exactly.
+int compare_steps(const std::vector<StepResult>& got, const std::vector<StepResult>& want, bool bitwise,
+                  double norm_tolerance, const std::string& what) {
+  if (got.size() != want.size()) {
+    std::fprintf(stderr, "%s: %zu optimizer steps, the in-process run %zu\n", what.c_str(), got.size(), want.size());
+    return 1;
+  }
+  int bad = 0;
+  for (size_t s = 0; s < got.size(); ++s) {
+    const StepResult& g = got[s];
+    const StepResult& w = want[s];
+    const bool norm_ok = bitwise ? g.grad_norm == w.grad_norm
+                                 : std::fabs(g.grad_norm - w.grad_norm) <= norm_tolerance * std::fabs(w.grad_norm);
+    if (!norm_ok || g.clipped != w.clipped || g.applied != w.applied || g.loss_scale != w.loss_scale) {
+      std::fprintf(stderr, "%s, step %zu: norm %.9g (clipped %d, applied %d, scale %g), in-process %.9g (%d, %d, %g)\n",
+                   what.c_str(), s, g.grad_norm, g.clipped, g.applied, g.loss_scale, w.grad_norm, w.clipped, w.applied,
+                   w.loss_scale);
+      ++bad;
     }
   }
   return bad;
@@ -136,35 +171,18 @@ int run_child() {
         const RankResult got = run_rank(config, opt, *comm);
         const std::vector<RankResult> reference = run_engine(config, opt);
         const RankResult& want = reference[static_cast<size_t>(env.rank)];
-        bad += compare(got.params, want.params, bitwise, what);
-        if (got.steps.size() != want.steps.size()) {
-          std::fprintf(stderr, "%s: %zu optimizer steps, the in-process run %zu\n", what.c_str(), got.steps.size(),
-                       want.steps.size());
-          ++bad;
-        } else {
-          for (size_t s = 0; s < got.steps.size(); ++s) {
-            const bool norm_ok = bitwise ? got.steps[s].grad_norm == want.steps[s].grad_norm
-                                         : std::fabs(got.steps[s].grad_norm - want.steps[s].grad_norm) <=
-                                               1e-5 * std::fabs(want.steps[s].grad_norm);
-            if (!norm_ok || got.steps[s].clipped != want.steps[s].clipped ||
-                got.steps[s].applied != want.steps[s].applied || got.steps[s].loss_scale != want.steps[s].loss_scale) {
-              std::fprintf(stderr,
-                           "%s, step %zu: norm %.9g (clipped %d, applied %d, scale %g), in-process %.9g (%d, %d, %g)\n",
-                           what.c_str(), s, got.steps[s].grad_norm, got.steps[s].clipped, got.steps[s].applied,
-                           got.steps[s].loss_scale, want.steps[s].grad_norm, want.steps[s].clipped,
-                           want.steps[s].applied, want.steps[s].loss_scale);
-              ++bad;
-            }
-          }
-        }
+        const Tolerance tol = tolerance_for(config);
+        int case_bad = compare(got.params, want.params, bitwise, tol.param, what);
+        case_bad += compare_steps(got.steps, want.steps, bitwise, tol.norm, what);
         // The parameters moved: equal runs that did nothing would pass too.
         std::vector<float> initial(got.params.at("a.w").size());
         init_values(ParamLayout{"a.w", {7, 13}, 91, 0, 0}, initial);
         if (same_bits(initial, got.params.at("a.w"))) {
           std::fprintf(stderr, "%s: a.w did not move\n", what.c_str());
-          ++bad;
+          ++case_bad;
         }
-        std::printf("%s: %s\n", what.c_str(), bad == 0 ? "ok" : "MISMATCH");
+        bad += case_bad;
+        std::printf("%s: %s\n", what.c_str(), case_bad == 0 ? "ok" : "MISMATCH");
         std::fflush(stdout);
       }
     }
