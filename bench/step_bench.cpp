@@ -19,7 +19,11 @@
 // bounded by the memcpy of B/2 bytes. The target (issue 13): stage 3's step
 // at most 1.3x stage 2's.
 //
-//   step_bench [--params N] [--ranks W] [--units U] [--steps N] [--dtype bf16|fp32]
+// --device cuda:N runs the ranks on that GPU (sharing it) and bounds each
+// phase by a device-to-device copy instead; the gradients are copied from a
+// device buffer, and each step's time includes waiting for its stream.
+//
+//   step_bench [--params N] [--ranks W] [--units U] [--steps N] [--dtype bf16|fp32] [--device host|cuda:N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +38,7 @@
 #include "zest/core/check.h"
 #include "zest/core/float16.h"
 #include "zest/engine/engine.h"
+#include "zest/memory/copy.h"
 #include "zest/memory/raw_allocator.h"
 
 namespace {
@@ -46,6 +51,7 @@ struct Options {
   int units = 8;
   int steps = 5;  // timed, after one untimed
   zest::DType dtype = zest::DType::kBFloat16;
+  zest::Device device = zest::Device::host();
 };
 
 struct Phases {
@@ -57,23 +63,59 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The median time of a memcpy of `bytes`, single-threaded, in ms.
-double memcpy_ms(size_t bytes) {
+// The median time of a memcpy of `bytes`, single-threaded, in ms; on a GPU,
+// of a device-to-device copy on one stream.
+double memcpy_ms(zest::Device device, size_t bytes) {
   if (bytes == 0) return 0.0;
-  std::vector<std::byte> src(bytes, std::byte{1}), dst(bytes);
   std::vector<double> ms;
-  for (int i = 0; i < 5; ++i) {
+  if (device.is_host()) {
+    std::vector<std::byte> src(bytes, std::byte{1}), dst(bytes);
+    for (int i = 0; i < 5; ++i) {
+      const auto t0 = Clock::now();
+      std::memcpy(dst.data(), src.data(), bytes);
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    return median(ms);
+  }
+  zest::CachingAllocator alloc(zest::make_cuda_allocator(device.index()));
+  const zest::OwnedStream stream(device);
+  const zest::Buffer src = alloc.allocate_buffer(bytes, stream);
+  const zest::Buffer dst = alloc.allocate_buffer(bytes, stream);
+  zest::fill_zero(stream, src.data(), bytes);
+  for (int i = 0; i <= 5; ++i) {  // the first one untimed
     const auto t0 = Clock::now();
-    std::memcpy(dst.data(), src.data(), bytes);
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    zest::copy_bytes(stream, dst.data(), src.data(), bytes);
+    stream.get().synchronize();
+    if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   return median(ms);
 }
 
+// 1e-3 into the gradient of `p`: on the host directly, on a GPU copied from
+// `source`, a device buffer of at least its size holding that value.
 template <typename T>
-void fill_grad(zest::GradHandle& g, const zest::ParamLayout& p) {
+void fill_grad(zest::GradHandle& g, const zest::ParamLayout& p, const zest::Stream& stream, const void* source) {
   std::span<T> v = g.grad<T>(p.name);
-  std::fill(v.begin(), v.end(), T(1e-3f));
+  if (source == nullptr) {
+    std::fill(v.begin(), v.end(), T(1e-3f));
+  } else {
+    zest::copy_bytes(stream, v.data(), source, v.size_bytes());
+  }
+}
+
+// A device buffer of `n` gradients of 1e-3 in `dtype`, for fill_grad.
+zest::Buffer grad_source(zest::CachingAllocator& alloc, const zest::Stream& stream, zest::DType dtype, size_t n) {
+  zest::Buffer out = alloc.allocate_buffer(n * zest::elem_size(dtype), stream);
+  if (dtype == zest::DType::kBFloat16) {
+    const std::vector<zest::bf16> v(n, zest::bf16(1e-3f));
+    zest::copy_bytes(stream, out.data(), v.data(), out.size_bytes());
+    stream.synchronize();  // before `v` goes
+  } else {
+    const std::vector<float> v(n, 1e-3f);
+    zest::copy_bytes(stream, out.data(), v.data(), out.size_bytes());
+    stream.synchronize();
+  }
+  return out;
 }
 
 // Rank 0's phases of `opt.steps` steps at `stage`, medians.
@@ -85,8 +127,10 @@ Phases run_stage(const Options& opt, int stage) {
   const size_t per_unit = opt.params / static_cast<size_t>(opt.units);
   std::vector<std::vector<double>> ms(5);
   zest::run_inprocess(opt.ranks, [&](zest::Communicator& comm) {
-    zest::CachingAllocator alloc(zest::make_host_allocator());
-    const zest::OwnedStream stream(zest::Device::host());
+    zest::CachingAllocator alloc(opt.device.is_cuda() ? zest::make_cuda_allocator(opt.device.index())
+                                                      : zest::make_host_allocator());
+    const zest::OwnedStream stream(opt.device);
+    const zest::Buffer source = opt.device.is_cuda() ? grad_source(alloc, stream, opt.dtype, per_unit) : zest::Buffer();
     zest::Engine engine(config, comm, alloc, stream);
     for (int u = 0; u < opt.units; ++u) {
       engine.add_unit(fmt::format("u{}", u), {{fmt::format("u{}.w", u), {static_cast<int64_t>(per_unit)}}});
@@ -100,12 +144,13 @@ Phases run_stage(const Options& opt, int stage) {
         zest::UnitHandle h = engine.gather(u);
         zest::GradHandle g = engine.grads(u);
         for (const zest::ParamLayout& p : engine.layout().unit(u).params) {
-          if (opt.dtype == zest::DType::kBFloat16) fill_grad<zest::bf16>(g, p);
-          else fill_grad<float>(g, p);
+          if (opt.dtype == zest::DType::kBFloat16) fill_grad<zest::bf16>(g, p, stream, source.data());
+          else fill_grad<float>(g, p, stream, source.data());
         }
         g.done();
       }
       const zest::StepResult r = engine.step();
+      stream.get().synchronize();  // the step's device work is part of its time
       const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       ZEST_CHECK(r.applied, "step_bench: step {} was not applied: {}", s, r.skip_reason);
       if (s == 0 || comm.rank() != 0) continue;  // the first step allocates
@@ -113,7 +158,7 @@ Phases run_stage(const Options& opt, int stage) {
                             r.times.gather_ms};
       for (size_t k = 0; k < 5; ++k) ms[k].push_back(per[k]);
     }
-  });
+  }, opt.device);
   return {median(ms[0]), median(ms[1]), median(ms[2]), median(ms[3]), median(ms[4])};
 }
 
@@ -128,12 +173,16 @@ Options parse(int argc, char** argv, std::string& usage) {
   app.add_option("--units", o.units, "units the parameters are split into")->check(CLI::Range(1, 1 << 20));
   app.add_option("--steps", o.steps, "timed steps, after one untimed")->check(CLI::Range(1, 1000));
   app.add_option("--dtype", dtype, "compute dtype")->check(CLI::IsMember({"bf16", "fp32"}));
+  std::string device = "host";
+  app.add_option("--device", device, "host or cuda:N");
   usage = app.help();
   cli::parse(app, argc, argv);
   if (o.params < static_cast<size_t>(o.units)) {
     cli::usage_error("--params {} is fewer than --units {}", o.params, o.units);
   }
   o.dtype = zest::parse_dtype(dtype);
+  o.device = zest::parse_device(device);
+  zest::check_device_available(o.device);
   return o;
 }
 
@@ -152,9 +201,10 @@ int main(int argc, char** argv) {
     const double W = opt.ranks;
     const double b = static_cast<double>(zest::elem_size(opt.dtype));
     const double master = opt.dtype == zest::DType::kFloat32 ? 0.0 : 8.0;  // fp32 copy read + written
-    fmt::print("step_bench: P = {} parameters in {} units, W = {} in-process ranks, {}, AdamW, {} steps "
+    fmt::print("step_bench: P = {} parameters in {} units, W = {} in-process ranks on {}, {}, AdamW, {} steps "
                "(median; {} build)\n",
-               opt.params, opt.units, opt.ranks, zest::dtype_name(opt.dtype), opt.steps, ZEST_BENCH_BUILD_TYPE);
+               opt.params, opt.units, opt.ranks, opt.device.str(), zest::dtype_name(opt.dtype), opt.steps,
+               ZEST_BENCH_BUILD_TYPE);
     fmt::print("{:>6} {:>9} | {:>17} {:>17} {:>17} {:>17} | {:>9} {:>7}\n", "stage", "step ms", "reduce ms (bound)",
                "norm ms (bound)", "optim ms (bound)", "gather ms (bound)", "bound ms", "x bound");
     double stage2 = 0, stage3 = 0;
@@ -165,10 +215,10 @@ int main(int argc, char** argv) {
       const double norm_bytes = s * b;
       const double optim_bytes = s * (16.0 + master + 2 * b);
       const double gather_bytes = stage == 0 ? 0.0 : (stage == 3 ? 2.0 : 1.0) * 2 * P * b;
-      const double bounds[] = {memcpy_ms(static_cast<size_t>(reduce_bytes / 2)),
-                               memcpy_ms(static_cast<size_t>(norm_bytes / 2)),
-                               memcpy_ms(static_cast<size_t>(optim_bytes / 2)),
-                               memcpy_ms(static_cast<size_t>(gather_bytes / 2))};
+      const double bounds[] = {memcpy_ms(opt.device, static_cast<size_t>(reduce_bytes / 2)),
+                               memcpy_ms(opt.device, static_cast<size_t>(norm_bytes / 2)),
+                               memcpy_ms(opt.device, static_cast<size_t>(optim_bytes / 2)),
+                               memcpy_ms(opt.device, static_cast<size_t>(gather_bytes / 2))};
       const double bound = bounds[0] + bounds[1] + bounds[2] + bounds[3];
       const Phases p = run_stage(opt, stage);
       if (stage == 2) stage2 = p.step;

@@ -49,4 +49,5 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/zestConfigVersion.c
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/zestConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/zestConfigVersion.cmake
               ${PROJECT_SOURCE_DIR}/cmake/ZestFindNccl.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/ZestTorchNvtx.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zest)

@@ -45,7 +45,8 @@ if(ZEST_CUDA)
   # Machine code for Ampere and Ada (sm_80 runs on 8.x) and Hopper, and
   # Hopper's PTX for later GPUs to compile at load: a kernel built for 9.0
   # alone cannot launch on an A100. Override with -DCMAKE_CUDA_ARCHITECTURES
-  # (e.g. 90 for a faster build, or "native" on a GPU machine).
+  # (e.g. 90 for a faster build, or "native" on a GPU machine with CMake
+  # 3.24 or later).
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
   endif()
@@ -74,17 +75,41 @@ if(NOT _zest_mpi_request STREQUAL "OFF")
 endif()
 _zest_resolve_switch(ZEST_MPI ${_zest_mpi_found})
 
-# libtorch (Debian's libtorch-dev, or a user's own through Torch_DIR or
-# CMAKE_PREFIX_PATH): the optional torch/ layer and its tests.
+# libtorch: the optional torch/ layer (zest::torch) and its tests. AUTO
+# builds it when find_package(Torch) succeeds: Debian's libtorch-dev (CPU,
+# 1.13), or any other libtorch named through Torch_DIR or CMAKE_PREFIX_PATH,
+# e.g. the one inside PyTorch's wheel:
+#   -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# The whole build must then use that libtorch's C++ ABI (a wheel's
+# torch._C._GLIBCXX_USE_CXX11_ABI): ZEST's own std::string and containers
+# cross into the layer, so a mismatch is a configure error here rather than
+# a link error (or worse) later. scripts/gpu_check.sh passes it.
 string(TOUPPER "${ZEST_TORCH}" _zest_torch_request)
 set(_zest_torch_found OFF)
 if(NOT _zest_torch_request STREQUAL "OFF")
+  include(ZestTorchNvtx)
   find_package(Torch QUIET)
   if(Torch_FOUND OR TORCH_FOUND)
     set(_zest_torch_found ON)
   endif()
 endif()
 _zest_resolve_switch(ZEST_TORCH ${_zest_torch_found})
+if(ZEST_TORCH)
+  message(STATUS "ZEST: libtorch ${Torch_VERSION} from ${Torch_DIR}")
+  if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
+    set(_zest_torch_abi ${CMAKE_MATCH_1})
+    set(_zest_build_abi 1)  # GCC's default since 5
+    if(CMAKE_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
+      set(_zest_build_abi ${CMAKE_MATCH_1})
+    endif()
+    if(NOT _zest_torch_abi STREQUAL _zest_build_abi)
+      message(FATAL_ERROR "libtorch at ${Torch_DIR} is built with _GLIBCXX_USE_CXX11_ABI=${_zest_torch_abi} "
+                          "but this build uses ${_zest_build_abi}: configure with "
+                          "-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=${_zest_torch_abi} "
+                          "(and the same in CMAKE_CUDA_FLAGS), or -DZEST_TORCH=OFF")
+    endif()
+  endif()
+endif()
 
 set(ZEST_WITH_CUDA ${ZEST_CUDA})
 set(ZEST_WITH_NCCL ${ZEST_CUDA})
