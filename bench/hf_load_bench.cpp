@@ -2,9 +2,10 @@
 // W in-process ranks at stage 3, against a raw read of the same files in the
 // same run: pread of every file, start to end, in 8 MiB pieces, on one
 // thread. Two rates of the load, each the files' bytes over a wall time:
-// "read" up to the values being in host memory as fp32 (open, header
-// checks, positioned reads of each rank's shard, bf16 -> fp32), "all" with
-// the engine taking them as master weights and parameters too; each with
+// "read" is HfImportReport::read_seconds (open, header checks, positioned
+// reads of each rank's shard; since the one-pass loader stores each unit
+// into the master shard and parameters while the next is read, that is
+// nearly all of it), "all" up to the engine's parameters gathered; each with
 // its percentage of the raw read's rate (the target of the issue "Fine-tune
 // a pretrained model too large for one rank": at least 80%).
 //
