@@ -10,40 +10,12 @@
 #include "zest/core/logging.h"
 #include "zest/engine/engine_state.h"
 #include "zest/engine/layout_constants.h"
+#include "zest/engine/master_precision.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/grad_ops.h"
 
 namespace zest {
 namespace {
-
-// DeepSpeed's rules for bf16 master weights and optimizer state
-// (runtime/config.py's _do_error_check and ZeRO's _configure_master_weights),
-// with ZEST's own where it keeps things differently.
-void check_low_precision_master(const EngineConfig& c) {
-  const bool master = c.bf16_master_weights_and_grads;
-  if (!master && !c.bf16_optimizer_states) return;
-  const DType compute = c.compute_dtype();
-  ZEST_CHECK(master, "bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads (DeepSpeed's rule: "
-                     "bf16_optimizer_states requires bf16_master_weights_and_grads); turn both on, or this one off");
-  ZEST_CHECK(compute == DType::kBFloat16,
-             "bf16.bf16_master_weights_and_grads with {} compute: bf16 master weights are the bf16 parameters, so "
-             "they need bf16.enabled true (and fp16 off)",
-             dtype_name(compute));
-  ZEST_CHECK(c.zero.stage >= 1,
-             "bf16.bf16_master_weights_and_grads is only supported with ZeRO stage 1, 2 or 3 (as in DeepSpeed); this "
-             "config is stage 0: set zero_optimization.stage");
-  ZEST_CHECK(c.bf16_optimizer_states || c.offload_optimizer.device == OffloadDevice::kCpu,
-             "bf16.bf16_master_weights_and_grads without bf16_optimizer_states keeps fp32 optimizer state beside "
-             "bf16 master weights, which DeepSpeed allows only with ZeRO-Offload (offload_optimizer device cpu); "
-             "turn on bf16.bf16_optimizer_states too, or offload the optimizer");
-  ZEST_CHECK(c.grad_accum_dtype.value_or(compute) == compute,
-             "bf16.bf16_master_weights_and_grads keeps the gradients in bf16, but data_types.grad_accum_dtype is {}: "
-             "remove grad_accum_dtype, or set it to \"bf16\"",
-             dtype_name(*c.grad_accum_dtype));
-  ZEST_CHECK(c.optimizer.kind != OptimizerKind::kLamb,
-             "optimizer Lamb with bf16.bf16_master_weights_and_grads is not supported: ZEST's LAMB keeps fp32 master "
-             "weights and state; use AdamW, or turn the bf16 master weights off");
-}
 
 // The config as the engine runs it: checked, and with DeepSpeed's batch
 // triple resolved at the real data-parallel world size, so that the
@@ -74,7 +46,8 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
              "supported: the host optimizer reads gradients of the compute dtype; remove grad_accum_dtype or the "
              "offload",
              dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute));
-  check_low_precision_master(c);
+  check_master_precision({compute, c.master_dtype(), c.optimizer_state_dtype(), c.zero.stage,
+                          c.offload_optimizer.device == OffloadDevice::kCpu, c.optimizer.kind, c.grad_accum_dtype});
   ZEST_CHECK(c.gradient_clipping >= 0.0, "gradient_clipping is {}: it must be >= 0 (0: off)",
              c.gradient_clipping);
   c.optimizer.validate();

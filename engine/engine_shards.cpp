@@ -104,55 +104,47 @@ std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
   return pieces;
 }
 
+namespace {
+
+// n values of src_dtype at src to dst_dtype at dst, ordered on `stream`;
+// src_host / dst_host say whether each side is host memory or memory of the
+// stream's device. The conversion runs where the source lies (on the host
+// for host memory), through a staging copy when the destination is on the
+// other side; that case is complete on return.
+void convert_across(const Stream& stream, CachingAllocator& allocator, const void* src, DType src_dtype,
+                    bool src_host, void* dst, DType dst_dtype, bool dst_host, size_t n) {
+  if (n == 0) return;
+  if (src_dtype == dst_dtype) return copy_bytes(stream, dst, src, n * elem_size(src_dtype));
+  const Stream host = Stream::default_for(Device::host());
+  if (stream.device().is_host() || src_host == dst_host) {
+    return convert(src_host ? host : stream, src, src_dtype, dst, dst_dtype, n);
+  }
+  const size_t bytes = n * elem_size(dst_dtype);
+  if (src_host) {
+    std::vector<std::byte> staged(bytes);
+    convert(host, src, src_dtype, staged.data(), dst_dtype, n);
+    copy_bytes(stream, dst, staged.data(), bytes);
+  } else {
+    Buffer staged = allocator.allocate_buffer(bytes, stream, MemoryCategory::kCommBuffers);
+    convert(stream, src, src_dtype, staged.data(), dst_dtype, n);
+    copy_bytes(stream, dst, staged.data(), bytes);
+  }
+  stream.synchronize();  // before `staged` goes; the destination is complete
+}
+
+}  // namespace
+
 // Note [shard pieces as fp32]: what checkpoints and the export see of a
 // piece is fp32 whatever it keeps (widening bf16 is exact, and narrowing
-// back what was widened gives the same bits). The conversion runs where the
-// piece lies: on the engine's stream for device memory, on the host for an
-// offloaded piece, with a staging copy when the other side is elsewhere.
+// back what was widened gives the same bits).
 void Engine::piece_to_fp32(const ShardPiece& p, size_t a, size_t b, float* dst, bool dst_host) {
   ZEST_INTERNAL_ASSERT(p.begin <= a && a <= b && b <= p.end, "[{}, {}) of a piece [{}, {})", a, b, p.begin, p.end);
-  const size_t n = b - a;
-  if (n == 0) return;
-  if (p.dtype == DType::kFloat32) return copy_bytes(stream_, dst, p.at(a), n * 4);
-  const bool host_backend = stream_.device().is_host();
-  if (host_backend || (p.host && dst_host)) {
-    convert(host_backend ? stream_ : Stream::default_for(Device::host()), p.at(a), p.dtype, dst, DType::kFloat32, n);
-  } else if (!p.host && !dst_host) {
-    convert(stream_, p.at(a), p.dtype, dst, DType::kFloat32, n);
-  } else if (p.host) {
-    std::vector<float> widened(n);
-    convert(Stream::default_for(Device::host()), p.at(a), p.dtype, widened.data(), DType::kFloat32, n);
-    copy_bytes(stream_, dst, widened.data(), n * 4);
-    stream_.synchronize();  // before `widened` goes
-  } else {
-    Buffer widened = allocator_.allocate_buffer(n * 4, stream_, MemoryCategory::kCommBuffers);
-    convert(stream_, p.at(a), p.dtype, widened.data(), DType::kFloat32, n);
-    copy_bytes(stream_, dst, widened.data(), n * 4);
-  }
+  convert_across(stream_, allocator_, p.at(a), p.dtype, p.host, dst, DType::kFloat32, dst_host, b - a);
 }
 
 void Engine::piece_from_fp32(const ShardPiece& p, size_t a, size_t b, const float* src, bool src_host) {
   ZEST_INTERNAL_ASSERT(p.begin <= a && a <= b && b <= p.end, "[{}, {}) of a piece [{}, {})", a, b, p.begin, p.end);
-  const size_t n = b - a;
-  if (n == 0) return;
-  if (p.dtype == DType::kFloat32) return copy_bytes(stream_, p.at(a), src, n * 4);
-  const bool host_backend = stream_.device().is_host();
-  if (host_backend || (p.host && src_host)) {
-    convert(host_backend ? stream_ : Stream::default_for(Device::host()), src, DType::kFloat32, p.at(a), p.dtype, n);
-  } else if (!p.host && !src_host) {
-    convert(stream_, src, DType::kFloat32, p.at(a), p.dtype, n);
-  } else if (p.host) {
-    // Device values to an offloaded piece: narrowed on the device, then copied.
-    Buffer narrow = allocator_.allocate_buffer(n * elem_size(p.dtype), stream_, MemoryCategory::kCommBuffers);
-    convert(stream_, src, DType::kFloat32, narrow.data(), p.dtype, n);
-    copy_bytes(stream_, p.at(a), narrow.data(), n * elem_size(p.dtype));
-    stream_.synchronize();  // the host piece is complete on return, as with a host stream
-  } else {
-    std::vector<std::byte> narrow(n * elem_size(p.dtype));
-    convert(Stream::default_for(Device::host()), src, DType::kFloat32, narrow.data(), p.dtype, n);
-    copy_bytes(stream_, p.at(a), narrow.data(), narrow.size());
-    stream_.synchronize();  // before `narrow` goes
-  }
+  convert_across(stream_, allocator_, src, DType::kFloat32, src_host, p.at(a), p.dtype, p.host, b - a);
 }
 
 bool Engine::shard_on_host(int unit) const {
@@ -265,26 +257,16 @@ void Engine::restore(const Progress& progress) {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
   const size_t bc = elem_size(compute_dtype_);
-  const Stream host = Stream::default_for(Device::host());
   for (int u = 0; u < L.num_units(); ++u) {
     if (L.unit(u).frozen) continue;  // write_shard wrote its values
     const std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
     std::byte* params = owned_params(u);
     for (const ShardPiece& m : masters) {
-      const size_t n = m.end - m.begin;
-      if (n == 0) continue;
-      if (master_is_params()) {
-        // On the device the master is the parameters; from the host it is copied.
-        if (m.host) copy_bytes(stream_, params, m.data, n * bc);
-      } else if (!m.host) {
-        convert(stream_, m.data, m.dtype, params + m.begin * bc, compute_dtype_, n);
-      } else {
-        // Narrowed on the host (the same rounding), then copied.
-        Buffer narrow = host_allocator_->allocate_buffer(n * bc, host, MemoryCategory::kCommBuffers);
-        convert(host, m.data, m.dtype, narrow.data(), compute_dtype_, n);
-        copy_bytes(stream_, params + m.begin * bc, narrow.data(), n * bc);
-        stream_.synchronize();  // before `narrow` is freed
-      }
+      // On the device the master is the parameters; from the host it is
+      // copied (narrowed on the host where it is a copy of its own).
+      if (master_is_params() && !m.host) continue;
+      convert_across(stream_, allocator_, m.data, m.dtype, m.host, params + m.begin * bc, compute_dtype_,
+                     shard_on_host(u), m.end - m.begin);
     }
   }
   gather_updated_params(/*frozen_too=*/true);

@@ -45,9 +45,7 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
                                    OffloadDtypes dtypes, bool delayed)
     : host_numel_(host_numel),
       state_buffers_(state_buffers),
-      compute_(dtypes.compute),
       dtypes_(dtypes),
-      master_is_params_(dtypes.master == dtypes.compute),
       chunk_(chunk_for(host_numel)),
       delayed_(delayed),
       d2h_(device, /*timing=*/true),
@@ -75,7 +73,7 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
   for (int i = 0; i < 2; ++i) {
     grad_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
     // The master in the parameters' dtype is copied back from where it lies.
-    if (!master_is_params_) param_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
+    if (!master_is_params()) param_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
   }
 }
 
@@ -110,7 +108,7 @@ void OptimizerOffload::update(const std::vector<Piece>& pieces, const OptimizerC
                               std::span<const float> group_decay, StepScalars scalars, const std::byte* grads,
                               std::byte* params, size_t base) {
   const Stream hs = Stream::default_for(Device::host());
-  const size_t bc = elem_size(compute_);
+  const size_t bc = elem_size(dtypes_.compute);
   for (const Piece& p : pieces) {
     const size_t off = p.unit->offset;
     for (const GroupRun& run : *p.unit->runs) {
@@ -123,8 +121,8 @@ void OptimizerOffload::update(const std::vector<Piece>& pieces, const OptimizerC
       for (int s = 0; s < state_buffers_; ++s) b.state[s] = state_[s].as<std::byte>() + lo * elem_size(dtypes_.state);
       b.state_dtype = dtypes_.state;
       b.grad = grads + (lo - base) * bc;
-      b.grad_dtype = compute_;
-      b.param_dtype = compute_;
+      b.grad_dtype = dtypes_.compute;
+      b.param_dtype = dtypes_.compute;
       b.numel = hi - lo;
       scalars.weight_decay = group_decay[static_cast<size_t>(run.group)];
       // bf16 master weights are the parameters (no output of their own):
@@ -166,7 +164,7 @@ void OptimizerOffload::step(const Stream& compute, const OptimizerConfig& config
 void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConfig& config,
                                       std::span<const OffloadUnit> units, std::span<const float> group_decay,
                                       StepScalars scalars) {
-  const size_t bc = elem_size(compute_);
+  const size_t bc = elem_size(dtypes_.compute);
   const size_t chunks = (host_numel_ + chunk_ - 1) / chunk_;
 
   std::vector<std::vector<Piece>> pieces(chunks);
@@ -185,7 +183,7 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
   const auto store = [&](size_t i) {
     const size_t a = i * chunk_;
     for (const Piece& p : pieces[i]) {
-      const void* src = master_is_params_ ? static_cast<const void*>(master_.as<std::byte>() + p.begin * bc)
+      const void* src = master_is_params() ? static_cast<const void*>(master_.as<std::byte>() + p.begin * bc)
                              : static_cast<const void*>(param_slot_[i % 2].as<std::byte>() + (p.begin - a) * bc);
       h2d_.copy(p.unit->params + (p.begin - p.unit->offset) * bc, src, (p.end - p.begin) * bc);
     }
@@ -197,10 +195,10 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
   for (size_t i = 0; i < chunks; ++i) {
     d2h_.synchronize(fetched[i]);
     // The slot's parameters from two chunks ago have left.
-    if (i >= 2 && !master_is_params_) h2d_.synchronize(stored[i - 2]);
+    if (i >= 2 && !master_is_params()) h2d_.synchronize(stored[i - 2]);
     const auto t = std::chrono::steady_clock::now();
     update(pieces[i], config, group_decay, scalars, grad_slot_[i % 2].as<std::byte>(),
-           master_is_params_ ? nullptr : param_slot_[i % 2].as<std::byte>(), i * chunk_);
+           master_is_params() ? nullptr : param_slot_[i % 2].as<std::byte>(), i * chunk_);
     times_.update_ms += ms_since(t);
     store(i);
     if (i + 2 < chunks) fetch(i + 2);  // into the slot update(i) has finished reading
@@ -224,7 +222,7 @@ void OptimizerOffload::join_update() {
 void OptimizerOffload::delayed_step(const Stream& compute, const OptimizerConfig& config,
                                     std::span<const OffloadUnit> units, std::span<const float> group_decay,
                                     StepScalars scalars) {
-  const size_t bc = elem_size(compute_);
+  const size_t bc = elem_size(dtypes_.compute);
   // The previous step's update has had the forward and backward to run in.
   join_update();
   delayed_units_.assign(units.begin(), units.end());
@@ -265,7 +263,7 @@ void OptimizerOffload::delayed_step(const Stream& compute, const OptimizerConfig
 void OptimizerOffload::settle(const Stream& compute) {
   if (!delayed_ || !in_flight_) return;
   join_update();
-  const size_t bc = elem_size(compute_);
+  const size_t bc = elem_size(dtypes_.compute);
   h2d_.wait_for(compute);  // as in delayed_step: readers queued on `compute` first
   for (const Piece& p : delayed_pieces_) {
     h2d_.copy(p.unit->params + (p.begin - p.unit->offset) * bc, params_all_.as<std::byte>() + p.begin * bc,

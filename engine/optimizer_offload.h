@@ -120,24 +120,24 @@ class OptimizerOffload {
                     std::span<const float> group_decay, StepScalars scalars);
   // Updates pieces [first, last) of `pieces` from gradients at `grads` (in
   // the host part's indexing, minus `base`), new parameters into `params`
-  // the same way (null: master_is_params_ in the pipeline, where the master
+  // the same way (null: master_is_params() in the pipeline, where the master
   // is copied).
   void update(const std::vector<Piece>& pieces, const OptimizerConfig& config, std::span<const float> group_decay,
               StepScalars scalars, const std::byte* grads, std::byte* params, size_t base);
   // Waits for the delayed update's thread; rethrows its error.
   void join_update();
+  // The master weights are the parameters' dtype (fp32 compute, bf16 master
+  // weights): the pipeline copies them back as they are, with no slot.
+  bool master_is_params() const { return dtypes_.master == dtypes_.compute; }
 
   size_t host_numel_;
   int state_buffers_;
-  DType compute_;
   OffloadDtypes dtypes_;
-  // The master weights are the parameters' dtype (fp32 compute, bf16 master
-  // weights): the pipeline copies them back as they are, with no slot.
-  bool master_is_params_;
   size_t chunk_;
   Buffer master_;
   Buffer state_[2];
-  // Two slots, each a chunk of gradients and (16-bit compute) of parameters.
+  // Two slots, each a chunk of gradients and (unless the master is the
+  // parameters) of parameters.
   Buffer grad_slot_[2];
   Buffer param_slot_[2];
   // delayed_update: the whole host part's gradients, and its parameters as

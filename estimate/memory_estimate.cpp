@@ -21,6 +21,7 @@
 
 #include "zest/core/check.h"
 #include "zest/engine/layout_constants.h"
+#include "zest/engine/master_precision.h"
 #include "zest/optim/exact_sum.h"
 
 namespace zest {
@@ -416,20 +417,8 @@ void EstimateOptions::validate() const {
                  compute_dtype == DType::kBFloat16,
              "compute dtype is {}: allowed values are fp32, fp16 and bf16", dtype_name(compute_dtype));
   optimizer.validate();
-  // The engine's rules (engine.cpp, check_low_precision_master).
-  for (const DType d : {master_dtype, state_dtype}) {
-    ZEST_CHECK(d == DType::kFloat32 || d == DType::kBFloat16,
-               "master weights and optimizer state are fp32 or bf16, not {}", dtype_name(d));
-  }
-  if (master_dtype == DType::kBFloat16 || state_dtype == DType::kBFloat16) {
-    ZEST_CHECK(master_dtype == DType::kBFloat16, "bf16 optimizer state needs bf16 master weights, as in DeepSpeed");
-    ZEST_CHECK(compute_dtype == DType::kBFloat16, "bf16 master weights need bf16 compute; this is {}",
-               dtype_name(compute_dtype));
-    ZEST_CHECK(zero.stage >= 1, "bf16 master weights need ZeRO stage 1, 2 or 3, as in DeepSpeed; this is stage 0");
-    ZEST_CHECK(state_dtype == DType::kBFloat16 || offloads_optimizer(),
-               "bf16 master weights over fp32 optimizer state need offload_optimizer cpu, as in DeepSpeed");
-    ZEST_CHECK(optimizer.kind != OptimizerKind::kLamb, "bf16 master weights are not supported with Lamb");
-  }
+  check_master_precision({compute_dtype, master_dtype, state_dtype, zero.stage, offloads_optimizer(), optimizer.kind,
+                          grad_accum_dtype});
   ZEST_CHECK(gradient_accumulation_steps >= 1,
              "gradient_accumulation_steps is {}: it must be at least 1", gradient_accumulation_steps);
   ZEST_CHECK(zero.stage3_param_persistence_threshold >= 0,
