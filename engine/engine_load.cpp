@@ -3,7 +3,6 @@
 // begin_shard_load), without write_shard's staging copy, second check and
 // restore()'s second pass that narrows the parameters.
 #include <algorithm>
-#include <cstring>
 
 #include "zest/core/check.h"
 #include "zest/engine/engine.h"
@@ -59,11 +58,7 @@ void Engine::load_shard(int unit, size_t at, std::span<const float> values) {
   if (shard_in_host_memory(unit)) {
     // Plain host code, so several threads may load disjoint ranges at once.
     masters([](const ShardPiece& p, size_t lo, size_t hi, const float* src) {
-      if (p.dtype == DType::kFloat32) {
-        std::memcpy(p.at(lo), src, (hi - lo) * 4);
-      } else {
-        convert(Stream::default_for(Device::host()), src, DType::kFloat32, p.at(lo), p.dtype, hi - lo);
-      }
+      convert(Stream::default_for(Device::host()), src, DType::kFloat32, p.at(lo), p.dtype, hi - lo);
     });
     convert(Stream::default_for(Device::host()), values.data(), DType::kFloat32,
             owned_params(unit) + at * elem_size(compute_dtype_), compute_dtype_, n);
