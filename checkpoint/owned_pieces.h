@@ -1,6 +1,6 @@
 // Internal to checkpoint/: which elements of each unit's shard this rank
-// reads, and from where, for read_owned_weights and load_owned_weights
-// (weights_io.h), and the helpers both share.
+// reads, and from where, for load_owned_weights (weights_io.h), and the
+// helpers of its reads.
 #pragma once
 
 #include <cstdint>
@@ -29,14 +29,6 @@ struct OwnedReads {
 };
 
 OwnedReads plan_owned_reads(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source);
-
-// Bounded chunks of a piece, so that progress moves through a large tensor
-// and several threads share a unit.
-inline constexpr size_t kOwnedChunkElems = size_t{1} << 20;
-
-// Whether no value is a NaN or Inf (exponent bits all ones), without an
-// early exit, so that the loop vectorizes.
-bool all_finite(std::span<const float> values);
 
 // Runs work(reports) on n threads, this one (reports = true) and n - 1
 // more, and rethrows the first exception any of them threw, after calling

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "zest/core/dtype.h"
+#include "zest/core/file_view.h"
 
 namespace zest {
 
@@ -103,6 +104,9 @@ class SafetensorsSource {
   virtual uint64_t size() const = 0;
   // Exactly out.size() bytes at offset; anything less is a zest::Error.
   virtual void read_at(uint64_t offset, std::span<std::byte> out) const = 0;
+  // The n bytes at offset in place, without a copy (file_view.h), or
+  // nullopt where the source cannot show them so (then read_at them).
+  virtual std::optional<FileView> view(uint64_t /*offset*/, uint64_t /*n*/) const { return std::nullopt; }
 };
 std::unique_ptr<SafetensorsSource> make_safetensors_file_source(const std::string& path);
 // Refers to bytes, which must outlive the source.
@@ -129,6 +133,10 @@ class SafetensorsFile {
   void read(std::string_view name, std::span<std::byte> out, const SafetensorsReadOptions& options = {}) const;
   // out.size() bytes starting byte_offset bytes into the tensor.
   void read_range(std::string_view name, uint64_t byte_offset, std::span<std::byte> out) const;
+  // n bytes starting byte_offset bytes into the tensor, in place (a file's
+  // page-cache pages: populate() each range before reading it), or nullopt
+  // where the source cannot show them without a copy.
+  std::optional<FileView> view_range(std::string_view name, uint64_t byte_offset, uint64_t n) const;
   // The whole tensor converted to `want`: out.size() must be numel *
   // elem_size(want). Same type: a plain read. Between F32, F16, BF16 and F64
   // in the file and fp32, fp16 and bf16 in memory: rounded to nearest even

@@ -75,6 +75,7 @@ class FileSource final : public SafetensorsSource {
   explicit FileSource(const std::string& path) : file_(path, {.follow_links = true}) {}
   uint64_t size() const override { return file_.size(); }
   void read_at(uint64_t offset, std::span<std::byte> out) const override { file_.read_at(offset, out); }
+  std::optional<FileView> view(uint64_t offset, uint64_t n) const override { return file_.view(offset, n); }
 
  private:
   ReadOnlyFile file_;
@@ -89,6 +90,12 @@ class MemorySource final : public SafetensorsSource {
                "safetensors in memory: {} bytes at offset {} are past the end of its {} bytes", out.size(), offset,
                bytes_.size());
     if (!out.empty()) std::memcpy(out.data(), bytes_.data() + offset, out.size());
+  }
+  std::optional<FileView> view(uint64_t offset, uint64_t n) const override {
+    ZEST_CHECK(offset <= bytes_.size() && n <= bytes_.size() - offset,
+               "safetensors in memory: {} bytes at offset {} are past the end of its {} bytes", n, offset,
+               bytes_.size());
+    return FileView::borrowed(bytes_.subspan(offset, n));
   }
 
  private:
@@ -430,6 +437,14 @@ void SafetensorsFile::read_range(std::string_view name, uint64_t byte_offset, st
              "safetensors file '{}': tensor '{}' holds {} bytes; bytes [{}, {}) are past its end", path_, t.name,
              t.size_bytes(), byte_offset, byte_offset + out.size());
   source_->read_at(data_begin() + t.begin + byte_offset, out);
+}
+
+std::optional<FileView> SafetensorsFile::view_range(std::string_view name, uint64_t byte_offset, uint64_t n) const {
+  const SafetensorsTensor& t = tensor(name);
+  ZEST_CHECK(byte_offset <= t.size_bytes() && n <= t.size_bytes() - byte_offset,
+             "safetensors file '{}': tensor '{}' holds {} bytes; bytes [{}, {}) are past its end", path_, t.name,
+             t.size_bytes(), byte_offset, byte_offset + n);
+  return source_->view(data_begin() + t.begin + byte_offset, n);
 }
 
 void SafetensorsFile::read_as(std::string_view name, DType want, std::span<std::byte> out,

@@ -5,7 +5,7 @@
 #include <exception>
 #include <thread>
 #include <bit>
-#include <cmath>
+#include <map>
 #include <optional>
 
 #include <fmt/format.h>
@@ -80,6 +80,10 @@ void export_weights(Engine& engine, const std::string& path, const WeightsExport
   });
 }
 
+// Threads per rank for import_weights: enough to keep the page cache or a
+// fast disk busy (as HfImportOptions::read_threads).
+constexpr int kImportThreads = 4;
+
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options) {
   const ModelLayout& layout = engine.layout();
   std::optional<SafetensorsFile> file;
@@ -108,20 +112,23 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
       }
     }
   });
-  std::vector<std::vector<float>> masters(static_cast<size_t>(layout.num_units()));
-  on_every_rank(engine, "importing weights", [&] {
-    const NonFiniteValues bad = read_owned_weights(
-        engine,
-        [&](const ParamLayout& p) {
-          return file->find(p.name) != nullptr ? OwnedWeightSource{&*file, p.name} : OwnedWeightSource{};
-        },
-        [&](int u, std::span<const float> shard) { masters[static_cast<size_t>(u)].assign(shard.begin(), shard.end()); });
-    if (!bad.empty()) {
-      ZEST_FAIL("'{}': tensor '{}': element {} is not finite (NaN or Inf); fix the file", path, bad.front().first,
-                bad.front().second);
-    }
-  });
-  start_from_weights(engine, masters);
+  // One pass from the file into the shards (load_owned_weights); the
+  // parameters follow once every rank is done (collective, reached on every
+  // path so the engine stays consistent).
+  const NonFiniteValues mine = load_weights_on_every_rank(
+      engine, "importing weights",
+      [&](const ParamLayout& p) {
+        return file->find(p.name) != nullptr ? OwnedWeightSource{&*file, p.name} : OwnedWeightSource{};
+      },
+      {}, kImportThreads);
+  finish_loaded_weights(engine);
+  const NonFiniteValues bad = agree_non_finite(engine, mine);
+  if (!bad.empty()) {
+    ZEST_FAIL("'{}': tensor '{}': element {} is not finite (NaN or Inf){}; the shards of the units holding one kept "
+              "their previous values, the others were imported: fix the file and import again",
+              path, bad.front().first, bad.front().second,
+              bad.size() > 1 ? fmt::format(" (and {} more tensors)", bad.size() - 1) : "");
+  }
 }
 
 namespace detail {
@@ -150,14 +157,6 @@ OwnedReads plan_owned_reads(Engine& engine, const std::function<OwnedWeightSourc
     }
   }
   return out;
-}
-
-// A load's pass over every value.
-// Adding 1 to an all-ones exponent carries into the sign bit, and only then.
-bool all_finite(std::span<const float> values) {
-  uint32_t any = 0;
-  for (const float v : values) any |= (std::bit_cast<uint32_t>(v) & 0x7f800000u) + 0x00800000u;
-  return (any & 0x80000000u) == 0;
 }
 
 void run_on_threads(size_t n, const std::function<void(bool reports)>& work, const std::function<void()>& stop) {
@@ -189,82 +188,47 @@ Engine::Progress restarted_progress(const Engine& engine) {
 
 }  // namespace detail
 
-NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
-                                   const std::function<void(int unit, std::span<const float> shard)>& sink,
-                                   const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
-  const ModelLayout& layout = engine.layout();
-  const auto part = static_cast<size_t>(engine.partition());
-  const detail::OwnedReads plan = detail::plan_owned_reads(engine, source);
-  const auto& pieces = plan.pieces;
-  const auto& keeps_some = plan.keeps_some;
-  const uint64_t total = plan.total;
-  const size_t largest = plan.largest;
-  constexpr size_t kChunkElems = detail::kOwnedChunkElems;
-  struct Chunk {
-    const detail::OwnedPiece* piece;
-    size_t begin, end;
-    int64_t first_bad = -1;  // in the whole tensor
-  };
-  NonFiniteValues non_finite;
-  std::vector<float> buffer;
-  buffer.reserve(largest);
-  std::atomic<uint64_t> done{0};
-  uint64_t reported = 0;  // by the calling thread only
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const UnitLayout& U = layout.unit(u);
-    // The values of parameters without a source (and zeros in the padding).
-    if (keeps_some[static_cast<size_t>(u)]) {
-      buffer = engine.read_shard(u, 0);
-    } else {
-      buffer.assign(U.shard, 0.0f);
+NonFiniteValues load_weights_on_every_rank(Engine& engine, const char* what,
+                                           const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                           const std::function<void(uint64_t, uint64_t)>& progress, int threads,
+                                           bool map_files) {
+  NonFiniteValues mine;
+  try {
+    on_every_rank(engine, what, [&] { mine = load_owned_weights(engine, source, progress, threads, map_files); });
+  } catch (...) {
+    try {
+      finish_start_from_weights(engine);
+    } catch (const std::exception& e) {
+      ZEST_LOG_ERROR("after a failed import, rebuilding the parameters failed too: {}", e.what());
     }
-    const size_t shard_begin = U.shard * part;
-    std::vector<Chunk> chunks;
-    for (const detail::OwnedPiece& piece : pieces[static_cast<size_t>(u)]) {
-      for (size_t b = piece.begin; b < piece.end; b += kChunkElems) {
-        chunks.push_back({&piece, b, std::min(piece.end, b + kChunkElems)});
-      }
-    }
-    std::atomic<size_t> next{0};
-    // Worker 0 is this thread: it alone calls `progress`.
-    const auto work = [&](bool reports) {
-      for (size_t i = next++; i < chunks.size(); i = next++) {
-        Chunk& c = chunks[i];
-        const OwnedWeightSource& from = c.piece->from;
-        const std::span<float> values(buffer.data() + (c.begin - shard_begin), c.end - c.begin);
-        from.file->read_range_as(from.tensor, DType::kFloat32, c.begin - c.piece->param->offset,
-                                 std::as_writable_bytes(values));
-        // fp32, fp16 and bf16 convert exactly (F64 beyond fp32 becomes
-        // Inf), so a non-finite value read is one in the file.
-        if (!detail::all_finite(values)) {
-          const auto bad = std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
-          c.first_bad = static_cast<int64_t>(c.begin - c.piece->param->offset) + (bad - values.begin());
-        }
-        const uint64_t now = done += values.size() * from.file->tensor(from.tensor).elem_size;
-        if (reports && progress) {
-          progress(now, total);
-          reported = now;
-        }
-      }
-    };
-    detail::run_on_threads(std::min(static_cast<size_t>(std::max(threads, 1)), chunks.size()), work,
-                           [&] { next = chunks.size(); });
-    // The chunks other threads finished last.
-    if (progress && reported != done) {
-      reported = done;
-      progress(reported, total);
-    }
-    const size_t bad_before = non_finite.size();
-    for (const Chunk& c : chunks) {
-      // Chunks are in order: the first bad chunk of a parameter has its first bad element.
-      if (c.first_bad < 0 || (non_finite.size() > bad_before && non_finite.back().first == c.piece->param->name)) {
-        continue;
-      }
-      non_finite.emplace_back(c.piece->param->name, static_cast<uint64_t>(c.first_bad));
-    }
-    if (non_finite.size() == bad_before) sink(u, buffer);
+    throw;
   }
-  return non_finite;
+  return mine;
+}
+
+NonFiniteValues agree_non_finite(Engine& engine, const NonFiniteValues& mine) {
+  const ModelLayout& layout = engine.layout();
+  std::vector<const ParamLayout*> params;
+  std::map<std::string, size_t> index;
+  for (const UnitLayout& u : layout.units()) {
+    for (const ParamLayout& p : u.params) {
+      index.emplace(p.name, params.size());
+      params.push_back(&p);
+    }
+  }
+  std::vector<int64_t> firsts(params.size(), -1);
+  for (const auto& [name, element] : mine) firsts[index.at(name)] = static_cast<int64_t>(element);
+  const std::vector<int64_t> all = engine.all_gather_scalars(firsts);
+  NonFiniteValues out;
+  for (size_t k = 0; k < params.size(); ++k) {
+    int64_t first = -1;
+    for (size_t r = 0; r * params.size() < all.size(); ++r) {
+      const int64_t e = all[r * params.size() + k];
+      if (e >= 0 && (first < 0 || e < first)) first = e;
+    }
+    if (first >= 0) out.emplace_back(params[k]->name, static_cast<uint64_t>(first));
+  }
+  return out;
 }
 
 void start_from_weights(Engine& engine, const std::vector<std::vector<float>>& masters) {

@@ -57,7 +57,7 @@ struct WeightsImportOptions {
 // starting point.
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options = {});
 
-// Where read_owned_weights finds one registered parameter: a tensor of an
+// Where load_owned_weights finds one registered parameter: a tensor of an
 // open file, whose shape and dtype the caller has checked, or nowhere (file
 // null): the parameter keeps the values it has.
 struct OwnedWeightSource {
@@ -70,24 +70,9 @@ struct OwnedWeightSource {
 using NonFiniteValues = std::vector<std::pair<std::string, uint64_t>>;
 
 // Not collective. This rank's shard of each unit in turn: of each parameter
-// only the elements inside the shard, read with positioned reads of just
-// their bytes and converted to fp32, into one buffer that `sink` receives
-// with the unit's index (memory: the largest unit's shard, plus the
-// reader's bounded staging), unless the unit holds a non-finite value: it
-// is skipped and its parameters returned. A unit of which this rank reads
-// nothing still reaches `sink`, with its current values. `progress` is
-// called after each piece with (tensor bytes read, tensor bytes this rank
-// reads in all), on the calling thread; `threads` threads read and convert
-// each unit's pieces (the calling thread and threads - 1 more, for a unit of
-// several MiB). Every rank reads its own shard, so at stages 1-3 the ranks
-// together read each file about once; at stage 0 every rank owns and reads
-// everything.
-NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
-                                   const std::function<void(int unit, std::span<const float> shard)>& sink,
-                                   const std::function<void(uint64_t, uint64_t)>& progress = {}, int threads = 1);
-
-// Not collective. read_owned_weights without the fp32 copy of each shard:
-// each unit's owned byte ranges are read as stored and checked, and a unit
+// only the elements inside the shard (at stages 1-3 the ranks together read
+// each file about once; at stage 0 every rank reads everything). Each
+// unit's owned byte ranges are read as stored and checked, and a unit
 // holding no non-finite value goes straight into the engine's shard
 // (Engine::begin_shard_load: master weights, compute-dtype parameters,
 // zeroed optimizer state) while the next unit is read (Note [one pass from
@@ -95,10 +80,28 @@ NonFiniteValues read_owned_weights(Engine& engine, const std::function<OwnedWeig
 // its values and state, and its parameters are returned. Parameters
 // without a source keep their values. Memory: two units' shards as stored
 // (for bf16 one fp32 shard) and a few KiB per thread. finish_loaded_weights
-// (collective) then ends it as finish_start_from_weights does.
+// (collective) then ends it as finish_start_from_weights does. `progress`
+// is called on the calling thread with (tensor bytes read, tensor bytes
+// this rank reads in all); `threads` threads read and store. `map_files`:
+// a file's bytes are looked at in the page cache where they are (mapped),
+// else read with pread into buffers (file_view.h says why mapping is the
+// default; pread suits file systems where mapping is slow).
 NonFiniteValues load_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
-                                   const std::function<void(uint64_t, uint64_t)>& progress = {}, int threads = 1);
+                                   const std::function<void(uint64_t, uint64_t)>& progress = {}, int threads = 1,
+                                   bool map_files = true);
 void finish_loaded_weights(Engine& engine);
+// Collective: load_owned_weights on every rank (`what` names the step in
+// errors). Where any rank fails, every rank throws, after rebuilding its
+// parameters from the shards as they are (finish_start_from_weights), so the
+// engine stays consistent; else finish_loaded_weights follows.
+NonFiniteValues load_weights_on_every_rank(Engine& engine, const char* what,
+                                           const std::function<OwnedWeightSource(const ParamLayout&)>& source,
+                                           const std::function<void(uint64_t, uint64_t)>& progress, int threads,
+                                           bool map_files = true);
+// Collective. The non-finite values every rank found (load_owned_weights),
+// agreed: each parameter holding one anywhere with the lowest element index
+// found, in the layout's order, the same list on every rank.
+NonFiniteValues agree_non_finite(Engine& engine, const NonFiniteValues& mine);
 
 // Collective. What import_weights and a weights-only load_checkpoint do with
 // the values they read: `masters[u]` (this rank's shard of unit u) become the

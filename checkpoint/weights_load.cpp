@@ -2,15 +2,20 @@
 // with positioned reads and written into the engine in one pass.
 //
 // Note [one pass from the file into the shard]: a unit's owned byte ranges
-// are read, as stored, into one of two reusable buffers, and each chunk is
-// checked for NaN/Inf on its raw bits right after its read, while it is in
-// cache. Only a unit found clean is stored: widened block by block (L1
-// sized) into the master shard and narrowed into the compute-dtype
-// parameters at once (Engine::load_shard), so a unit holding a bad value
-// keeps its previous values without a copy of them. The reads of unit u + 1
-// and the stores of unit u are one work list, shared by the threads, so the
-// disk is kept busy while the host stores. Memory: the two buffers (two
-// shards as stored: for bf16 one fp32 shard) and a block per thread.
+// are looked at where the page cache holds them (file_view.h: mapped, each
+// chunk populated first, so an I/O error is an error and not SIGBUS): a warm
+// cache costs no copy at all, and there is no buffer of fresh memory to
+// fault in. Where the source cannot be mapped, or the values are converted
+// as read (F64), they are read as stored into one of two reusable buffers
+// instead. Each chunk is checked for NaN/Inf on its raw bits right after it
+// is read, while it is in cache. Only a unit found clean is stored:
+// converted from the file's bytes straight into the master shard and the
+// compute-dtype parameters (Engine::load_shard; a bf16 file into bf16
+// parameters is a copy), so a unit holding a bad value keeps its previous
+// values without a copy of them. The reads of unit u + 1 and the stores of
+// unit u are one work list, shared by the threads, so the disk is kept busy
+// while the host stores. Memory: the pages of two units' shards as stored,
+// mapped or in the buffers.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -31,10 +36,10 @@ namespace {
 // Elements per read and check: a few hundred KiB, so the check finds the
 // read's bytes in cache.
 constexpr size_t kReadElems = size_t{1} << 18;
-// Elements per store task (several threads share a unit) and per widened
-// block (stays in L1 while it is copied and narrowed).
+// Elements per store task (several threads share a unit), and of the
+// zeros the padding is stored from.
 constexpr size_t kStoreElems = size_t{1} << 18;
-constexpr size_t kBlockElems = size_t{1} << 13;
+constexpr size_t kZeroElems = size_t{1} << 13;
 constexpr size_t kRawAlign = 64;
 constexpr size_t kHugePage = size_t{2} << 20;
 
@@ -44,7 +49,8 @@ constexpr size_t kHugePage = size_t{2} << 20;
 struct RawPiece {
   const detail::OwnedPiece* piece;
   DType dtype;
-  size_t offset;  // bytes into the unit's buffer
+  size_t offset;                  // bytes into the unit's buffer, where not viewed
+  std::optional<FileView> view;   // the file's own pages, where it stores `dtype`
 };
 
 // Index of the first NaN or Inf among n elements of `dtype` at p, or -1. An
@@ -83,7 +89,7 @@ int64_t first_non_finite(DType dtype, const std::byte* p, size_t n) {
   }
 }
 
-// One task of a step: a read (and check) of unit u + 1's chunk, or a store
+// One task of a step: a read (or populate) and check of unit u + 1's chunk, or a store
 // of unit u's chunk (raw null: zeros, the padding).
 struct Task {
   bool read;
@@ -95,14 +101,25 @@ struct Task {
 class UnitBuffer {
  public:
   // The unit's pieces laid out in the buffer, which grows to hold them.
-  void lay_out(const std::vector<detail::OwnedPiece>& pieces) {
+  void lay_out(const std::vector<detail::OwnedPiece>& pieces, bool map_files) {
     raws_.clear();
     size_t at = 0;
     for (const detail::OwnedPiece& p : pieces) {
-      const std::optional<DType> stored = p.from.file->tensor(p.from.tensor).zest_dtype;
+      const SafetensorsTensor& t = p.from.file->tensor(p.from.tensor);
+      const std::optional<DType> stored = t.zest_dtype;
       const DType d = stored && is_floating(*stored) ? *stored : DType::kFloat32;  // F64: converted when read
-      raws_.push_back({&p, d, at});
-      at += ((p.end - p.begin) * elem_size(d) + kRawAlign - 1) / kRawAlign * kRawAlign;
+      const size_t bytes = (p.end - p.begin) * elem_size(d);
+      if (stored == d && map_files) {
+        // The file's pages themselves: no copy, and no buffer to fault in.
+        std::optional<FileView> v =
+            p.from.file->view_range(p.from.tensor, (p.begin - p.param->offset) * t.elem_size, bytes);
+        if (v) {
+          raws_.push_back({&p, d, 0, std::move(v)});
+          continue;
+        }
+      }
+      raws_.push_back({&p, d, at, std::nullopt});
+      at += (bytes + kRawAlign - 1) / kRawAlign * kRawAlign;
     }
     if (at > size_) {
       data_.reset();  // the old buffer goes first
@@ -116,8 +133,14 @@ class UnitBuffer {
     }
   }
   const std::vector<RawPiece>& raws() const { return raws_; }
-  std::byte* at(const RawPiece& r, size_t element) const {
-    return data_.get() + r.offset + (element - r.piece->begin) * elem_size(r.dtype);
+  // A range of the buffer (never of a view) for a read to fill.
+  std::span<std::byte> writable(const std::byte* p, size_t n) const {
+    ZEST_INTERNAL_ASSERT(p >= data_.get() && p + n <= data_.get() + size_, "a read into a loader's view");
+    return {data_.get() + (p - data_.get()), n};
+  }
+  const std::byte* at(const RawPiece& r, size_t element) const {
+    const size_t skip = (element - r.piece->begin) * elem_size(r.dtype);
+    return r.view ? r.view->bytes().data() + skip : data_.get() + r.offset + skip;
   }
 
  private:
@@ -134,32 +157,33 @@ void read_chunk(const UnitBuffer& buffer, Task& t) {
   const OwnedWeightSource& from = r.piece->from;
   const SafetensorsTensor& tensor = from.file->tensor(from.tensor);
   const uint64_t first = t.begin - r.piece->param->offset;  // in the whole tensor
-  const std::span<std::byte> out(buffer.at(r, t.begin), (t.end - t.begin) * elem_size(r.dtype));
-  if (tensor.zest_dtype == r.dtype) {
-    from.file->read_range(from.tensor, first * tensor.elem_size, out);
+  const size_t bytes = (t.end - t.begin) * elem_size(r.dtype);
+  const std::byte* in = buffer.at(r, t.begin);
+  if (r.view) {
+    r.view->populate(static_cast<size_t>(in - r.view->bytes().data()), bytes);
+  } else if (tensor.zest_dtype == r.dtype) {
+    from.file->read_range(from.tensor, first * tensor.elem_size, buffer.writable(in, bytes));
   } else {
-    from.file->read_range_as(from.tensor, r.dtype, first, out);
+    from.file->read_range_as(from.tensor, r.dtype, first, buffer.writable(in, bytes));
   }
   // fp32, fp16 and bf16 widen exactly, so a non-finite value here is one
   // in the file (or an F64 beyond fp32).
-  if (const int64_t bad = first_non_finite(r.dtype, out.data(), t.end - t.begin); bad >= 0) {
+  if (const int64_t bad = first_non_finite(r.dtype, in, t.end - t.begin); bad >= 0) {
     t.first_bad = static_cast<int64_t>(first) + bad;
   }
 }
 
 // Stores [t.begin, t.end) of unit u (of the shard starting at shard_begin)
-// through `block`.
+// from the buffer as read, converted by the engine straight into the master
+// and the parameters; the padding from `zeros`.
 void store_chunk(Engine& engine, int u, size_t shard_begin, const UnitBuffer& buffer, const Task& t,
-                 std::span<float> block) {
-  const Stream host = Stream::default_for(Device::host());
-  for (size_t b = t.begin; b < t.end; b += block.size()) {
-    const size_t n = std::min(block.size(), t.end - b);
-    if (t.raw == nullptr) {
-      std::fill_n(block.data(), n, 0.0f);
-    } else {
-      convert(host, buffer.at(*t.raw, b), t.raw->dtype, block.data(), DType::kFloat32, n);
-    }
-    engine.load_shard(u, b - shard_begin, block.first(n));
+                 std::span<const float> zeros) {
+  if (t.raw != nullptr) {
+    engine.load_shard(u, t.begin - shard_begin, buffer.at(*t.raw, t.begin), t.raw->dtype, t.end - t.begin);
+    return;
+  }
+  for (size_t b = t.begin; b < t.end; b += zeros.size()) {
+    engine.load_shard(u, b - shard_begin, zeros.first(std::min(zeros.size(), t.end - b)));
   }
 }
 
@@ -186,7 +210,8 @@ std::vector<Task> store_tasks(const UnitLayout& U, size_t shard_begin, const Uni
 }  // namespace
 
 NonFiniteValues load_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
-                                   const std::function<void(uint64_t, uint64_t)>& progress, int threads) {
+                                   const std::function<void(uint64_t, uint64_t)>& progress, int threads,
+                                   bool map_files) {
   const ModelLayout& layout = engine.layout();
   const auto part = static_cast<size_t>(engine.partition());
   const detail::OwnedReads plan = detail::plan_owned_reads(engine, source);
@@ -195,14 +220,14 @@ NonFiniteValues load_owned_weights(Engine& engine, const std::function<OwnedWeig
   std::array<UnitBuffer, 2> buffers;
   std::atomic<uint64_t> done{0};
   uint64_t reported = 0;  // by the calling thread only
-  std::vector<std::unique_ptr<float[]>> blocks;  // one per thread, reused
+  const std::vector<float> zeros(kZeroElems, 0.0f);  // the padding's source
   bool previous_clean = false;
   // Step k reads unit k and stores unit k - 1 (when it was found clean).
   for (int k = 0; k <= units; ++k) {
     std::vector<Task> reads, stores;
     if (k < units) {
       UnitBuffer& b = buffers[static_cast<size_t>(k % 2)];
-      b.lay_out(plan.pieces[static_cast<size_t>(k)]);
+      b.lay_out(plan.pieces[static_cast<size_t>(k)], map_files);
       for (const RawPiece& r : b.raws()) {
         for (size_t e = r.piece->begin; e < r.piece->end; e += kReadElems) {
           reads.push_back({true, &r, e, std::min(r.piece->end, e + kReadElems)});
@@ -216,8 +241,7 @@ NonFiniteValues load_owned_weights(Engine& engine, const std::function<OwnedWeig
       stores = store_tasks(layout.unit(s), stored_begin, stored);
       if (!engine.begin_shard_load(s)) {
         // Device memory: one load_shard at a time, from this thread.
-        std::vector<float> block(kStoreElems);
-        for (const Task& t : stores) store_chunk(engine, s, stored_begin, stored, t, block);
+        for (const Task& t : stores) store_chunk(engine, s, stored_begin, stored, t, zeros);
         stores.clear();
       }
     }
@@ -229,17 +253,14 @@ NonFiniteValues load_owned_weights(Engine& engine, const std::function<OwnedWeig
       if (i < stores.size()) tasks.push_back(stores[i]);
     }
     const size_t workers = std::min(static_cast<size_t>(std::max(threads, 1)), tasks.size());
-    while (blocks.size() < workers) blocks.push_back(std::make_unique_for_overwrite<float[]>(kBlockElems));
     std::atomic<size_t> next{0};
-    std::atomic<size_t> worker_ids{0};
     const UnitBuffer& reading = buffers[static_cast<size_t>(k % 2)];
     // Worker 0 is this thread: it alone calls `progress`.
     const auto work = [&](bool reports) {
-      const std::span<float> block(blocks[reports ? 0 : ++worker_ids].get(), kBlockElems);
       for (size_t i = next++; i < tasks.size(); i = next++) {
         Task& t = tasks[i];
         if (!t.read) {
-          store_chunk(engine, s, stored_begin, stored, t, block);
+          store_chunk(engine, s, stored_begin, stored, t, zeros);
           continue;
         }
         read_chunk(reading, t);

@@ -213,6 +213,12 @@ void ReadOnlyFile::read_at(uint64_t offset, std::span<std::byte> out) const {
   }
 }
 
+FileView ReadOnlyFile::view(uint64_t offset, uint64_t n) const {
+  ZEST_CHECK(offset <= size_ && n <= size_ - offset,
+             "'{}' is too short: viewing {} bytes at offset {} but the file has {}", path_, n, offset, size_);
+  return FileView::map(fd_, path_, offset, n);
+}
+
 uint32_t ReadOnlyFile::crc32() const {
   std::vector<std::byte> piece(static_cast<size_t>(std::min<uint64_t>(size_, uint64_t{1} << 22)));
   uint32_t crc = 0;

@@ -23,6 +23,8 @@
 #include <string>
 #include <string_view>
 
+#include "zest/core/file_view.h"
+
 namespace zest {
 
 // How a reader treats its file.
@@ -99,6 +101,9 @@ class ReadOnlyFile {
   // error naming the file, the offset and its size. Safe from several
   // threads at once (pread).
   void read_at(uint64_t offset, std::span<std::byte> out) const;
+  // Bytes [offset, offset + n) through the page cache's pages, with no copy
+  // (file_view.h); out of the file is an error as for read_at.
+  FileView view(uint64_t offset, uint64_t n) const;
   // CRC-32 of the whole file, read in bounded pieces.
   uint32_t crc32() const;
   // The whole file as text.

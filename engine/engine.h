@@ -304,15 +304,20 @@ class Engine {
   // update in flight and zeroes unit u's optimizer state; it returns whether
   // the shard is in host memory, where load_shard may run on several
   // threads at once for disjoint ranges (else one call at a time, from this
-  // thread). load_shard(u, at, values): master elements [at, at + n) of the
-  // shard become `values`, which the caller has checked are finite, and the
-  // compute-dtype parameters there their narrowing (a frozen unit: the
-  // parameters only). finish_shard_load is restore() for shards written so:
+  // thread). load_shard(u, at, values, dtype, n): master elements [at, at +
+  // n) of the shard become `values` (fp32, fp16 or bf16, as the file stores
+  // them; the caller has checked they are finite), each converted once into
+  // the master's and the parameters' dtypes (a frozen unit: the parameters
+  // only): a bf16 file into bf16 parameters is a copy of its bytes, with no
+  // detour through fp32. finish_shard_load is restore() for shards written so:
   // the parameters are narrowed already, so it sets the progress and
   // gathers. Shards written with write_shard since the last restore() need
   // restore() instead. Not collective, except finish_shard_load.
   bool begin_shard_load(int unit);
-  void load_shard(int unit, size_t at, std::span<const float> values);
+  void load_shard(int unit, size_t at, const void* values, DType dtype, size_t n);
+  void load_shard(int unit, size_t at, std::span<const float> values) {
+    load_shard(unit, at, values.data(), DType::kFloat32, values.size());
+  }
   void finish_shard_load(const Progress& progress);
   // Every rank's `mine` (the same length on every rank), rank by rank, over
   // the engine's own communicator (a split of comm(), so comm()'s counters

@@ -19,7 +19,7 @@ namespace {
 
 using nlohmann::json;
 
-// A file source that counts the bytes read through it.
+// A file source that counts the bytes read (or viewed) through it.
 class CountingSource final : public SafetensorsSource {
  public:
   CountingSource(std::unique_ptr<SafetensorsSource> inner, std::shared_ptr<std::atomic<uint64_t>> count)
@@ -28,6 +28,12 @@ class CountingSource final : public SafetensorsSource {
   void read_at(uint64_t offset, std::span<std::byte> out) const override {
     inner_->read_at(offset, out);
     count_->fetch_add(out.size(), std::memory_order_relaxed);
+  }
+  // A view is counted whole: its reader reads every byte of it.
+  std::optional<FileView> view(uint64_t offset, uint64_t n) const override {
+    std::optional<FileView> v = inner_->view(offset, n);
+    if (v) count_->fetch_add(n, std::memory_order_relaxed);
+    return v;
   }
 
  private:

@@ -94,60 +94,30 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
     }
   });
   // Each unit's shard becomes master weights as soon as it is read, so the
-  // rank holds one unit's shard besides the engine's own memory; the
-  // parameters follow once every rank is done (finish_start_from_weights,
-  // collective, reached on every path so the engine stays consistent).
-  NonFiniteValues non_finite;
+  // rank holds two units' shards besides the engine's own memory; the
+  // parameters follow once every rank is done.
   uint64_t total = 0;
-  try {
-    on_every_rank(engine, "reading the Hugging Face checkpoint", [&] {
-      non_finite = load_owned_weights(
-          engine,
-          [&](const ParamLayout& p) {
-            const auto it = source.find(p.name);
-            if (it == source.end()) return OwnedWeightSource{};
-            return OwnedWeightSource{&ckpt->file_of(it->second), it->second};
-          },
-          [&](uint64_t done, uint64_t all) {
-            total = all;
-            progress(done, all);
-          },
-          options.read_threads);
-    });
-  } catch (...) {
-    try {
-      finish_start_from_weights(engine);
-    } catch (const std::exception& e) {
-      ZEST_LOG_ERROR("after a failed import, rebuilding the parameters failed too: {}", e.what());
-    }
-    throw;
-  }
+  const NonFiniteValues non_finite = load_weights_on_every_rank(
+      engine, "reading the Hugging Face checkpoint",
+      [&](const ParamLayout& p) {
+        const auto it = source.find(p.name);
+        if (it == source.end()) return OwnedWeightSource{};
+        return OwnedWeightSource{&ckpt->file_of(it->second), it->second};
+      },
+      [&](uint64_t done, uint64_t all) {
+        total = all;
+        progress(done, all);
+      },
+      options.read_threads, options.map_files);
   progress.finish(total);
   const double read_seconds = progress.seconds();
   finish_loaded_weights(engine);
 
   // Non-finite values, found by whichever rank owns them: the first element
   // of each parameter, the lowest over ranks, so every rank lists the same.
-  std::vector<const ParamLayout*> params;
-  std::map<std::string, size_t> index;
-  for (const UnitLayout& u : layout.units()) {
-    for (const ParamLayout& p : u.params) {
-      index.emplace(p.name, params.size());
-      params.push_back(&p);
-    }
-  }
-  std::vector<int64_t> mine(params.size(), -1);
-  for (const auto& [name, element] : non_finite) mine[index.at(name)] = static_cast<int64_t>(element);
-  const std::vector<int64_t> all = engine.all_gather_scalars(mine);
   std::vector<std::string> problems;
-  for (size_t k = 0; k < params.size(); ++k) {
-    int64_t first = -1;
-    for (size_t r = 0; r * params.size() < all.size(); ++r) {
-      const int64_t e = all[r * params.size() + k];
-      if (e >= 0 && (first < 0 || e < first)) first = e;
-    }
-    if (first < 0) continue;
-    const std::string& name = source.at(params[k]->name);
+  for (const auto& [param, first] : agree_non_finite(engine, non_finite)) {
+    const std::string& name = source.at(param);
     problems.push_back(fmt::format("non-finite: tensor '{}' in '{}' holds a NaN or Inf (element {} is one)", name,
                                    ckpt->file_of(name).path(), first));
   }

@@ -12,14 +12,15 @@
 // themselves) and checks the match: every registered parameter present
 // (unless allow_missing says it may keep its values: LoRA adapters), no
 // tensor the model does not register (unless ignore_extra), every shape the
-// registered one, every dtype F32, F16, BF16 or F64. Then each rank reads,
-// with positioned reads, only the byte ranges of the elements of the shard it
-// owns (stages 1-3: the ranks together read the checkpoint about once; stage
-// 0: every rank owns and reads everything), as stored, checking each read
-// for NaN/Inf, and widens a clean unit straight into the master shard and
-// the parameters (exact from bf16, fp16 and fp32) while the next unit is
-// read (load_owned_weights), so the memory an import adds is two units'
-// shards as stored and a few KiB per thread, whatever the model's size.
+// registered one, every dtype F32, F16, BF16 or F64. Then each rank reads
+// only the byte ranges of the elements of the shard it owns (stages 1-3: the
+// ranks together read the checkpoint about once; stage 0: every rank owns
+// and reads everything), as stored, where the page cache holds them (mapped;
+// or with positioned reads, map_files), checking each range for NaN/Inf, and
+// converts a clean unit straight into the master shard and the parameters
+// (exact from bf16, fp16 and fp32) while the next unit is read
+// (load_owned_weights), so the memory an import adds is two units' shards as
+// stored, whatever the model's size.
 // The optimizer state is zeroed and the step count restarts. Every problem is reported
 // together in ONE zest::Error, identical on every rank, each line naming the
 // tensor: those of the match before anything is read (the engine is then
@@ -48,6 +49,10 @@ struct HfImportOptions {
   // pieces at once: what a fast disk or the page cache needs to be kept
   // busy). With many ranks on one host, fewer.
   int read_threads = 4;
+  // The checkpoint's bytes looked at where the page cache holds them
+  // (mapped: no copy), or, false, read with pread into buffers: for file
+  // systems where mapping is slow (some network file systems).
+  bool map_files = true;
   // Called on every rank after each piece read, with this rank's tensor
   // bytes read and the total it reads. Unset: rank 0 logs the progress
   // every few seconds of a long load.

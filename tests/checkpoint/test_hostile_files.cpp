@@ -232,3 +232,34 @@ TEST_CASE("finding 12: opening a safetensors header grows about linearly with it
   CHECK(t_large / t_small < 50.0);
   CHECK(t_large < 20.0);
 }
+
+TEST_CASE("a shard file shortened while the loader views its pages: an error naming the file, not SIGBUS") {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  // Three pages and a half of F32 values, as the loader views them
+  // (FileView): the file is cut to one page after the view is made.
+  const size_t numel = 3584;
+  std::vector<float> values(numel);
+  for (size_t i = 0; i < numel; ++i) values[i] = static_cast<float>(i);
+  {
+    SafetensorsWriter w(path, {{"w", "F32", {static_cast<int64_t>(numel)}}});
+    w.write_tensor("w", std::as_bytes(std::span(values)));
+    w.finish();
+  }
+  const ChildOutcome o = run_in_child(
+      [&] {
+        const SafetensorsFile f = SafetensorsFile::open(path);
+        std::optional<FileView> v = f.view_range("w", 0, numel * 4);
+        ZEST_CHECK(v.has_value(), "a file source shows its bytes in place");
+        v->populate(0, 4096);  // before the cut: fine
+        ZEST_CHECK(std::memcmp(v->bytes().data(), values.data(), 4096) == 0, "the view shows the file's bytes");
+        fs::resize_file(path, 4096);
+        v->populate(0, numel * 4);  // past the new end
+        return std::string("populated");
+      },
+      std::chrono::seconds(20));
+  CHECK(o.finished);  // a SIGBUS would end the child by a signal
+  CHECK(o.exit_code == 1);
+  CHECK(has(o.text, "model.safetensors"));
+  CHECK(has(o.text, "the file ends early: it was truncated or replaced while open"));
+}

@@ -567,3 +567,34 @@ TEST_CASE("a failed write names the file and the writer refuses to go on") {
   CHECK(dir.temp_files() == 0);
   CHECK_FALSE(fs::exists(path));
 }
+
+TEST_CASE("view_range shows the bytes read_range reads, from a file and from memory") {
+  TempDir dir;
+  const std::string path = dir.file("v.safetensors");
+  std::vector<uint16_t> bits(5000);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(i * 2654435761u >> 16);
+  {
+    SafetensorsWriter w(path, {{"head", "F32", {3}}, {"b", "BF16", {50, 100}}});
+    const std::vector<float> head{1, 2, 3};
+    w.write_tensor("head", std::as_bytes(std::span(head)));
+    w.write_tensor("b", std::as_bytes(std::span(bits)));
+    w.finish();
+  }
+  const std::string bytes = read_file(path);
+  const SafetensorsFile from_file = SafetensorsFile::open(path);
+  const SafetensorsFile from_memory = SafetensorsFile::from_source(
+      make_safetensors_memory_source(std::as_bytes(std::span(bytes.data(), bytes.size()))), "in memory");
+  for (const SafetensorsFile* f : {&from_file, &from_memory}) {
+    CAPTURE(f->path());
+    // An offset that is not page aligned, to the end of the tensor.
+    const uint64_t at = 2 * 1234, n = bits.size() * 2 - at;
+    std::vector<std::byte> read(n);
+    f->read_range("b", at, read);
+    const std::optional<FileView> v = f->view_range("b", at, n);
+    REQUIRE(v.has_value());
+    v->populate(0, n);
+    REQUIRE(v->bytes().size() == n);
+    CHECK(std::memcmp(v->bytes().data(), read.data(), n) == 0);
+    CHECK_THROWS_WITH_AS(f->view_range("b", at, n + 1), doctest::Contains("are past its end"), Error);
+  }
+}

@@ -74,18 +74,23 @@ TEST_CASE("a sharded checkpoint imports bit for bit from bf16, fp16 and fp32 on 
     CHECK(ckpt.files().size() >= 4);
     for (const int world : {1, 2, 4}) {
       for (const int stage : {0, 1, 2, 3}) {
-        CAPTURE(dtype);
-        CAPTURE(world);
-        CAPTURE(stage);
-        const ImportRun r = import_run(world, stage, dir.str());
-        const std::map<std::string, size_t> numels = llama_numels();
-        REQUIRE(r.params.size() == numels.size());
-        for (const auto& [name, numel] : numels) {
-          CAPTURE(name);
-          CHECK(same_bits(r.params.at(name), writer_values(name, numel)));
+        for (const bool map_files : {true, false}) {  // the file's pages viewed, or read into buffers
+          CAPTURE(dtype);
+          CAPTURE(world);
+          CAPTURE(stage);
+          CAPTURE(map_files);
+          HfImportOptions options;
+          options.map_files = map_files;
+          const ImportRun r = import_run(world, stage, dir.str(), options);
+          const std::map<std::string, size_t> numels = llama_numels();
+          REQUIRE(r.params.size() == numels.size());
+          for (const auto& [name, numel] : numels) {
+            CAPTURE(name);
+            CHECK(same_bits(r.params.at(name), writer_values(name, numel)));
+          }
+          CHECK(r.optimizer_state_zero);
+          CHECK(r.reports[0].tensors_loaded == static_cast<int>(numels.size()));
         }
-        CHECK(r.optimizer_state_zero);
-        CHECK(r.reports[0].tensors_loaded == static_cast<int>(numels.size()));
       }
     }
   }
