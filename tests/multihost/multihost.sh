@@ -58,11 +58,14 @@ printf '10.87.0.1 slots=2\n10.87.0.2 slots=2\n' >"$work/hostfile"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ZEST_LOG_LEVEL=warn
 # Across hosts: TCP only (the namespaces share /dev/shm, so vader would
 # bypass the network), on the simulated subnet; keepalives so that mpirun
-# and its daemons notice a dead link within seconds instead of 5 minutes.
+# and its daemons notice a dead link within seconds instead of 5 minutes
+# (after 2 s idle, 4 probes 1 s apart: about 6 s, longer than the fault
+# cases' --timeout 2 and the second ZEST then takes to ask who is missing,
+# so that the ranks report the fault before mpirun ends them).
 across=(mpirun --hostfile "$work/hostfile" -np 4 --bind-to none
   --mca plm_rsh_agent "$sim rsh"
   --mca btl tcp,self --mca btl_tcp_if_include 10.87.0.0/24 --mca oob_tcp_if_include 10.87.0.0/24
-  --mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3
+  --mca oob_tcp_keepalive_time 2 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 4
   --mca orte_base_help_aggregate 0)
 # One host: the same 4 ranks in h0, shared memory as usual.
 one_host=(mpirun -np 4 --oversubscribe --bind-to none --mca btl self,vader
@@ -138,7 +141,7 @@ case_shaped() {
 
 ckpt="$work/ckpt"
 shape=(--hidden 64 --layers 3)
-fault_args() { echo --launch --stage 2 "${shape[@]}" --print-every 1 --timeout 5 --save "$ckpt" --load "$ckpt"; }
+fault_args() { echo --launch --stage 2 "${shape[@]}" --print-every 1 --timeout 2 --save "$ckpt" --load "$ckpt"; }
 
 ranks_in() {  # the mlp processes of host $1
   local p
@@ -179,7 +182,7 @@ run_fault() {  # steps, trigger, fault
   done
   local t0
   t0=$(date +%s.%N)
-  $3
+  $3 || fail "the fault could not be made"
   local ranks_end=""
   while :; do
     if [[ -z "$ranks_end" && -z "$(ranks_in h0)$(ranks_in h1)" ]]; then ranks_end=$(date +%s.%N); fi
@@ -216,7 +219,7 @@ case_kill() {
 
 case_kill_save() {
   # Large enough a model that writing the checkpoint takes a while.
-  shape=(--hidden 1024 --layers 6)
+  shape=(--hidden 768 --layers 4)
   seed_checkpoint
   run_fault 3 saving kill_h1
   grep -qE 'process rank [23] with PID [0-9]+ on node 10\.87\.0\.2 exited on signal 9' "$work/job.txt" ||
