@@ -24,6 +24,8 @@
 # ZEST_SIM_TAG (default "sim") names a set of hosts: the namespaces are
 # zest-TAG-hI and zest-TAG-sw, so that runs with different tags (ctest -j)
 # never meet. `up` first removes what a crashed run with the same tag left.
+# ZEST_SIM_TCP_RETRIES (default 5): the hosts' net.ipv4.tcp_retries2 (see
+# cmd_up).
 # Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2 (ip, tc).
 #
 # The namespaces share the machine's filesystem, /dev/shm included: an MPI
@@ -35,6 +37,7 @@ tag="${ZEST_SIM_TAG:-sim}"
 prefix="zest-${tag}"
 switch="${prefix}-sw"
 subnet_base="10.87.0"
+tcp_retries="${ZEST_SIM_TCP_RETRIES:-5}"
 
 die() {
   echo "sim_hosts.sh: $*" >&2
@@ -88,10 +91,11 @@ cmd_up() {
     ip netns add "$ns"
     ip -n "$ns" link set lo up
     # TCP gives up on a peer that stopped acknowledging after 5 retries
-    # (about 6 s at the simulated link's round trip) instead of 15 (about
-    # 15 min): mpirun, whose daemons' connections carry data when a link
-    # dies, would otherwise wait that long after every rank has ended.
-    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=5
+    # (seconds at the simulated link's round trip) instead of the kernel's
+    # 15 (about 15 min): mpirun, whose daemons' connections carry data when
+    # a link dies, would otherwise wait that long after every rank has
+    # ended. ZEST_SIM_TCP_RETRIES=15 keeps the kernel's default.
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2="$tcp_retries"
     ip -n "$ns" link add eth0 type veth peer name "h${i}" netns "$switch"
     ip -n "$ns" addr add "${subnet_base}.$((i + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up

@@ -17,6 +17,14 @@
 #   kill_save   h1's ranks SIGKILLed while a checkpoint is being written
 #   cut         h1's link taken down mid-training
 #   drop        h1's link dropping every packet mid-training (link up)
+#   kill_named  kill, with mpirun --enable-recovery: the survivors are not
+#               ended by mpirun but by their own timeout, naming the killed
+#               ranks, their host and the collective
+#   drop_untuned  drop with the kernel's default TCP retries (15): mpirun
+#               waits minutes for its unreachable daemon, and the ranks on
+#               h1 hang in MPI_Abort unless it is bounded (Note [MPI_Abort
+#               can hang], core/exit_deadline.h): every rank must still be
+#               gone within 30 s; mpirun is then killed
 # The fault cases print the seconds from the fault to the last rank's exit
 # and fail when that is 30 s or more, when a survivor's message does not
 # name the failed rank or host and the operation, or when the checkpoint
@@ -52,6 +60,8 @@ fail() {
   exit 1
 }
 
+# The kernel's default TCP retries for drop_untuned, 5 for the others.
+[[ "$case_name" != drop_untuned ]] || export ZEST_SIM_TCP_RETRIES=15
 "$sim" up 2 || fail "could not make the simulated hosts"
 printf '10.87.0.1 slots=2\n10.87.0.2 slots=2\n' >"$work/hostfile"
 
@@ -168,9 +178,12 @@ check_checkpoint() {
 }
 
 # Runs the job in the background until `trigger` returns, applies `fault`,
-# and waits for every rank on both hosts and mpirun to end.
+# and waits for every rank on both hosts and mpirun to end (mpirun, with
+# mpirun_waits=0, for 5 s after the ranks; then it is killed).
+mpirun_extra=()
+mpirun_waits=1
 run_fault() {  # steps, trigger, fault
-  on_h0 120 "${across[@]}" --output-filename "$work/out" "$mlp" $(fault_args) --steps "$1" \
+  on_h0 120 "${across[@]}" "${mpirun_extra[@]}" --output-filename "$work/out" "$mlp" $(fault_args) --steps "$1" \
     >"$work/job.txt" 2>&1 &
   local job=$!
   local waited=0
@@ -187,6 +200,11 @@ run_fault() {  # steps, trigger, fault
   while :; do
     if [[ -z "$ranks_end" && -z "$(ranks_in h0)$(ranks_in h1)" ]]; then ranks_end=$(date +%s.%N); fi
     kill -0 "$job" 2>/dev/null || break
+    if ((mpirun_waits == 0)) && [[ -n "$ranks_end" ]] &&
+      awk -v now="$(date +%s.%N)" -v e="$ranks_end" 'BEGIN { exit !(now - e > 5) }'; then
+      echo "(mpirun still waits for its daemon on h1 5 s after every rank ended: killed)"
+      ip netns pids "zest-${ZEST_SIM_TAG}-h0" | xargs -r kill -9
+    fi
     sleep 0.05
   done
   wait "$job"
@@ -202,7 +220,9 @@ run_fault() {  # steps, trigger, fault
     [[ -s "$f" ]] && grep -H -v '^step\|^==' "$f" | sed "s|$work/out/1/||"
   done
   printf 'MEASURED (%s): every rank gone %.1f s after the fault, mpirun %.1f s after\n' "$case_name" "$rank_s" "$job_s"
-  awk -v s="$job_s" 'BEGIN { exit !(s < 30) }' || fail "the job took ${job_s} s to end after the fault (bound: 30 s)"
+  awk -v s="$rank_s" 'BEGIN { exit !(s < 30) }' || fail "the ranks took ${rank_s} s to end after the fault (bound: 30 s)"
+  ((mpirun_waits == 0)) || awk -v s="$job_s" 'BEGIN { exit !(s < 30) }' ||
+    fail "mpirun took ${job_s} s to end after the fault (bound: 30 s)"
 }
 
 training() { grep -q '^step    3' "$work/job.txt"; }
@@ -228,12 +248,16 @@ case_kill_save() {
 }
 
 # Survivors on h0 name the ranks on zest-h1 and the collective they wait in;
-# those on h1 name the ranks on zest-h0.
-check_named() {
+# those on h1 (unless they were killed) name the ranks on zest-h0.
+check_named_on_h0() {
   local f
   f=$(cat "$work"/out/1/rank.[01]/stderr 2>/dev/null)
   grep -qE 'MPI [a-z_]+ #[0-9]+ .*timed out.*world rank [23] on host zest-h1' <<<"$f" ||
     fail "no survivor on h0 named the ranks on zest-h1 and the operation"
+}
+check_named() {
+  check_named_on_h0
+  local f
   f=$(cat "$work"/out/1/rank.[23]/stderr 2>/dev/null)
   grep -qE 'MPI [a-z_]+ #[0-9]+ .*timed out.*world rank [01] on host zest-h0' <<<"$f" ||
     fail "no rank on h1 named the ranks on zest-h0 and the operation"
@@ -256,6 +280,25 @@ case_drop() {
   check_checkpoint
 }
 
+case_kill_named() {
+  seed_checkpoint
+  mpirun_extra=(--enable-recovery)
+  run_fault 100000 training kill_h1
+  check_named_on_h0
+  check_checkpoint
+}
+
+case_drop_untuned() {
+  seed_checkpoint
+  mpirun_waits=0
+  run_fault 100000 training drop_h1
+  check_named
+  if grep -qs 'MPI_Abort did not end this process' "$work"/out/1/rank.*/stderr; then
+    echo "MPI_Abort hung on some rank and its bound ended it"
+  fi
+  check_checkpoint
+}
+
 case "$case_name" in
   rendezvous) case_rendezvous ;;
   mlp) compare_runs mlp "$mlp" "${mlp_args[@]}" ;;
@@ -265,6 +308,8 @@ case "$case_name" in
   kill_save) case_kill_save ;;
   cut) case_cut ;;
   drop) case_drop ;;
+  kill_named) case_kill_named ;;
+  drop_untuned) case_drop_untuned ;;
   *) echo "multihost.sh: unknown case '$case_name'"; exit 2 ;;
 esac
 echo "PASS ($case_name)"
