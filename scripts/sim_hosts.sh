@@ -79,7 +79,9 @@ cmd_down() {
 
 cmd_up() {
   local n="${1:-}"
-  [[ "$n" =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 200)) || die "up N: N must be a number of hosts, 1 to 200"
+  if ! [[ "$n" =~ ^[0-9]+$ ]] || ((n < 1 || n > 200)); then
+    die "up N: N must be a number of hosts, 1 to 200"
+  fi
   cmd_down
   ip netns add "$switch"
   ip -n "$switch" link set lo up
@@ -112,6 +114,7 @@ cmd_exec() {
   i="$(host_index "$1")"
   shift
   (($# > 0)) || die "exec HOST CMD...: no command"
+  # shellcheck disable=SC2016  # expanded by the inner sh
   exec ip netns exec "$ns" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "zest-h${i}" "$@"
 }
 

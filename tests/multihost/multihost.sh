@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2054  # commas in values: --stages 0,1,2,3, btl self,vader
 # Multi-host runs on simulated hosts (scripts/sim_hosts.sh: network
 # namespaces joined by veth pairs): 2 hosts x 2 ranks, Open MPI over TCP
 # only, against the same 4 ranks on one host; and faults across hosts.
@@ -47,7 +48,18 @@ if ! why=$("$sim" check 2>&1); then
   exit 77
 fi
 
-export ZEST_SIM_TAG="mh${case_name:0:4}$$"
+# Hosts of earlier runs whose script was killed (its trap never ran): their
+# tag ends in the pid of a script that is gone.
+for ns in $(ip netns list | awk '{print $1}' | grep -E '^zest-mh-[a-z_]+-[0-9]+-(sw|h[0-9]+)$'); do
+  owner="${ns%-*}"
+  owner="${owner##*-}"
+  if ! kill -0 "$owner" 2>/dev/null; then
+    ip netns pids "$ns" | xargs -r kill -9 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  fi
+done
+
+export ZEST_SIM_TAG="mh-${case_name:0:4}-$$"
 work="$(mktemp -d "${TMPDIR:-/tmp}/zest-multihost-${case_name}.XXXXXX")"
 cleanup() {
   "$sim" down
@@ -151,7 +163,7 @@ case_shaped() {
 
 ckpt="$work/ckpt"
 shape=(--hidden 64 --layers 3)
-fault_args() { echo --launch --stage 2 "${shape[@]}" --print-every 1 --timeout 2 --save "$ckpt" --load "$ckpt"; }
+
 
 ranks_in() {  # the mlp processes of host $1
   local p
@@ -183,7 +195,8 @@ check_checkpoint() {
 mpirun_extra=()
 mpirun_waits=1
 run_fault() {  # steps, trigger, fault
-  on_h0 120 "${across[@]}" "${mpirun_extra[@]}" --output-filename "$work/out" "$mlp" $(fault_args) --steps "$1" \
+  local args=(--launch --stage 2 "${shape[@]}" --print-every 1 --timeout 2 --save "$ckpt" --load "$ckpt")
+  on_h0 120 "${across[@]}" "${mpirun_extra[@]}" --output-filename "$work/out" "$mlp" "${args[@]}" --steps "$1" \
     >"$work/job.txt" 2>&1 &
   local job=$!
   local waited=0
@@ -227,7 +240,11 @@ run_fault() {  # steps, trigger, fault
 
 training() { grep -q '^step    3' "$work/job.txt"; }
 saving() { compgen -G "$ckpt/.step_*partial*" >/dev/null; }
-kill_h1() { kill -9 $(ranks_in h1); }
+kill_h1() {
+  local pids
+  mapfile -t pids < <(ranks_in h1)
+  ((${#pids[@]} > 0)) && kill -9 "${pids[@]}"
+}
 
 case_kill() {
   seed_checkpoint
