@@ -20,6 +20,7 @@
 #include "zest/comm/mpi_poll.h"
 #include "zest/comm/mpi_presence.h"
 #include "zest/comm/mpi_transfer.h"
+#include "zest/core/exit_deadline.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"
 
@@ -195,6 +196,7 @@ void MpiCommunicator::do_abort(const std::string& message) {
                message.c_str());
   std::fflush(stdout);
   std::fflush(stderr);
+  bound_mpi_abort();
   MPI_Abort(owned_.comm, 1);
   std::_Exit(1);  // MPI_Abort does not return; should it, the job must end anyway
 }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "zest/core/exit_deadline.h"
 #include "zest/core/logging.h"
 #include "zest/core/rank_context.h"
 #include "zest/core/mpi_check.h"
@@ -84,6 +85,7 @@ void MpiEnvironment::abort_job(std::string_view message) {
   if (mpi_running()) {
     std::fprintf(stderr, "ending the MPI job with MPI_Abort\n");
     std::fflush(stderr);
+    bound_mpi_abort();
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   std::_Exit(1);
@@ -139,6 +141,7 @@ MpiEnvironment::~MpiEnvironment() {
                    "because: {}", reason);
     std::fflush(stdout);
     std::fflush(stderr);
+    bound_mpi_abort();
     ZEST_MPI_WARN(MPI_Abort(MPI_COMM_WORLD, 1));
     return;
   }

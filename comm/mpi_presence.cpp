@@ -16,6 +16,7 @@
 #include "zest/comm/communicator.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/comm/mpi_poll.h"
+#include "zest/core/exit_deadline.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"
 
@@ -150,6 +151,7 @@ std::string describe_locked(const Presence& p, int world_rank);
   std::fflush(stderr);
   lock.unlock();
   std::this_thread::sleep_for(kObjectionWait);
+  bound_mpi_abort();
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);  // MPI_Abort does not return; should it, the job must end anyway
 }

@@ -14,6 +14,8 @@ packages=(
   libopenblas0-openmp  # libtorch's BLAS: Debian's default, the reference BLAS, trains the GPT example ~14x slower
   fortunes        # the GPT example's text (/usr/share/games/fortunes)
   clang python3   # the fuzz targets (libFuzzer); the safetensors interop check
+  iproute2        # ip and tc: the simulated hosts of scripts/sim_hosts.sh (tests/multihost)
+  nftables        # their packet loss where the kernel has no netem
 )
 
 missing=()

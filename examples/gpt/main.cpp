@@ -36,6 +36,7 @@
 #include "common/lm_pretrained.h"
 #include "common/lm_training.h"
 #include "common/report.h"
+#include "common/weights_digest.h"
 #include "options.h"
 #include "sample.h"
 #include "trainer.h"
@@ -121,6 +122,10 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   if (!opt.save_dir.empty()) {
     const std::string dir = zt->save(opt.save_dir);
     if (printer) fmt::print("saved {}\n", dir);
+  }
+  if (opt.digest) {
+    const std::string digest = examples::format_weights_digest(engine, config.zero.stage);
+    if (printer) fmt::print("{}\n", digest);
   }
   if (!opt.export_path.empty()) {
     zt->export_safetensors(opt.export_path);

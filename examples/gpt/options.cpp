@@ -19,6 +19,7 @@ std::string usage() {
          "           [--sample-bytes N] [--temperature T] [--sample-seed N] [--prompt TEXT]\n"
          "           [--timeout SECONDS] [--lora R] [--lora-alpha A] [--hf DIR] [--export-hf DIR]\n"
          "           [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16] [--export-adapters]\n"
+         "           [--digest]\n"
          "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n";
 }
 
@@ -33,6 +34,7 @@ Options parse_options(int argc, char** argv) {
   examples::add_pretrained_flags(app, o, shard_size);
   app.add_flag("--untied", untied);
   app.add_flag("--offload-param", o.offload_param);
+  app.add_flag("--digest", o.digest);
   CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
   app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);
   app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));

@@ -37,6 +37,7 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions {
   int64_t warmup = 20;  // warmup steps of the cosine schedule
   int64_t schedule_steps = 0;  // the schedule's length; 0: --steps (set it when a run resumes)
   std::string export_path;  // safetensors, under the module's parameter names
+  bool digest = false;  // print a digest of the trained weights per stage
   SampleOptions sample;
   std::string prompt;
 };

@@ -6,6 +6,8 @@
 //                                           final loss and memory against the
 //                                           ZeRO formula
 //   mpirun -np 4 mlp --launch --stage 3     one process per rank (MPI)
+//   mlp --stages 0,1,2,3 --digest           a digest of the trained weights per
+//                                           stage (equal runs, equal digests)
 //   mlp --config ds_config.json             a DeepSpeed configuration
 //   mlp --device cuda --ranks 4 --dtype bf16
 //                                           4 in-process ranks sharing cuda:0,
@@ -27,6 +29,7 @@
 #include <fmt/format.h>
 
 #include "mlp_cuda.h"
+#include "common/weights_digest.h"
 #include "options.h"
 #include "report.h"
 #include "task.h"
@@ -89,6 +92,10 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
   if (!opt.save_dir.empty()) {
     const std::string dir = zest::save_checkpoint(engine, opt.save_dir);
     if (comm.rank() == 0) fmt::print("saved {}\n", dir);
+  }
+  if (opt.digest) {
+    const std::string digest = examples::format_weights_digest(engine, config.zero.stage);
+    if (comm.rank() == 0) fmt::print("{}\n", digest);
   }
   summary.final_loss = mlp::evaluate(engine, opt.shape, held_out, &device_context);
   summary.memory = engine.memory_report();

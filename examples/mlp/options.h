@@ -31,6 +31,7 @@ struct Options {
   std::string save_dir;       // a checkpoint after the last step
   std::string load_dir;       // resume from this checkpoint root first
   bool table = false;         // the summary table even for one stage
+  bool digest = false;        // print a digest of the trained weights per stage
   zest::CommOptions comm;     // --timeout SECONDS (else ZEST_COMM_TIMEOUT, else 10 min)
 };
 
