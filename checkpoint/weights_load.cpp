@@ -114,6 +114,7 @@ class UnitBuffer {
         std::optional<FileView> v =
             p.from.file->view_range(p.from.tensor, (p.begin - p.param->offset) * t.elem_size, bytes);
         if (v) {
+          v->prefetch();  // read ahead while the previous unit is stored
           raws_.push_back({&p, d, 0, std::move(v)});
           continue;
         }

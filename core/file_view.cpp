@@ -78,6 +78,12 @@ void FileView::release() noexcept {
   map_ = nullptr;
 }
 
+void FileView::prefetch() const {
+  // Refused only for arguments that were never mapped; a refusal costs
+  // speed, not correctness.
+  if (map_ != nullptr) (void)::madvise(map_, map_bytes_, MADV_WILLNEED);
+}
+
 void FileView::populate(size_t offset, size_t n) const {
   ZEST_INTERNAL_ASSERT(offset <= size_ && n <= size_ - offset, "FileView::populate of [{}, {}) in a view of {} bytes",
                        offset, offset + n, size_);

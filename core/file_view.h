@@ -34,6 +34,10 @@ class FileView {
   FileView& operator=(const FileView&) = delete;
 
   std::span<const std::byte> bytes() const { return {data_, size_}; }
+  // Asks the kernel to start reading the whole view into the page cache in
+  // the background (MADV_WILLNEED), so that populate() later finds it
+  // there: a cold read overlapped with other work. Advice only.
+  void prefetch() const;
   // Reads bytes [offset, offset + n) of the view into the page cache and
   // maps them, so touching them afterwards cannot fault on I/O. Safe from
   // several threads at once for any ranges.
