@@ -193,6 +193,28 @@ run_tests() {
   step "mlp example, --launch over NCCL, stage 3" "$out/gpu_tests.log" 60 \
     "$build/examples/mlp/mlp" --launch --device cuda --stage 3 --dtype bf16 --steps 50 --print-every 25
 
+  # The GPT example through zest::TorchModule on the GPU, with the image's
+  # libtorch: 2 in-process ranks at stages 0-3, on deterministic kernels
+  # (the example asks for them on CUDA; cuBLAS needs the workspace setting),
+  # so the final validation loss must be the same bits at every stage. Its
+  # output goes to gpu_tests.log (no more files come back from $OUT).
+  local gpt_log
+  gpt_log=$(mktemp)
+  if step "gpt example, cuda, stages 0-3" "$gpt_log" 120 env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+      "$build/examples/gpt/gpt" --device cuda --ranks 2 --stages 0,1,2,3 --steps 30 --print-every 10 \
+      --eval-every 1000 --val-windows 32 --sample-bytes 0; then
+    local losses
+    losses=$(grep '^final validation loss, stage' "$gpt_log" | awk '{print $NF}' | sort -u | wc -l)
+    if [ "$losses" = 1 ]; then
+      note "PASS     gpt example, cuda: the same validation loss, bit for bit, at stages 0-3"
+    else
+      note "FAIL     gpt example, cuda: the stages' validation losses differ (see gpu_tests.log)"
+      status=1
+    fi
+  fi
+  cat "$gpt_log" >>"$out/gpu_tests.log"
+  rm -f "$gpt_log"
+
   # A short run under compute-sanitizer: the optimizer, gradient and norm
   # kernels (memcheck, racecheck for the shared-memory reductions).
   local optim="$build/tests/cuda/gpu_test_optim"

@@ -69,11 +69,6 @@ torch::ScalarType torch_dtype(DType d) {
   }
 }
 
-torch::Device torch_device(Device d) {
-  return d.is_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.index()))
-                     : torch::Device(torch::kCPU);
-}
-
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> strides(sizes.size());
   int64_t s = 1;
@@ -87,6 +82,11 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
 constexpr const char* kRootUnit = "<root>";
 
 }  // namespace
+
+torch::Device torch_device(Device d) {
+  return d.is_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(d.index()))
+                     : torch::Device(torch::kCPU);
+}
 
 struct TorchModule::Unit {
   struct Param {

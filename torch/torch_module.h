@@ -105,6 +105,10 @@
 
 namespace zest {
 
+// torch's name for a ZEST device: where a TorchModule's parameters live and
+// so where its inputs go (`tokens.to(zest::torch_device(comm.device()))`).
+torch::Device torch_device(Device d);
+
 struct TorchModuleOptions {
   // Child modules that are units; empty: one per top-level child.
   std::vector<std::shared_ptr<torch::nn::Module>> units;

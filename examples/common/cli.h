@@ -31,6 +31,8 @@
 #include <fmt/ranges.h>
 
 #include "zest/comm/communicator.h"
+#include "zest/core/check.h"
+#include "zest/core/device.h"
 
 namespace cli {
 
@@ -66,6 +68,17 @@ inline int usage_exit(std::string_view program, const UsageError& e, const std::
   }
   std::fprintf(stderr, "%.*s: %s\n%s", static_cast<int>(program.size()), program.data(), e.what(), usage.c_str());
   return 2;
+}
+
+// zest::parse_device for a flag ("host", "cuda", "cuda:1"), its refusal (an
+// unknown name, or a GPU this build or machine does not have) a UsageError
+// naming the flag.
+inline zest::Device device_flag(std::string_view flag, std::string_view value) {
+  try {
+    return zest::parse_device(value);
+  } catch (const zest::Error& e) {
+    throw UsageError(fmt::format("{} {}: {}", flag, value, e.message()));
+  }
 }
 
 // A finite real number in [lo, hi]: "abc", "nan", "inf" and "1e400" are

@@ -48,14 +48,15 @@ double validation_loss(zest::Engine& engine, const LogitsFn& logits_of, const Co
   const int64_t first = windows / world * rank, last = first + windows / world;
   // Bounded chunks: the logits of a chunk are chunk x context x vocab floats.
   constexpr int64_t kChunk = 16;
+  const torch::Device device = zest::torch_device(engine.comm().device());
   double sum = 0.0;
   {
     torch::NoGradGuard no_grad;
     for (int64_t w = first; w < last; w += kChunk) {
       const Batch b = corpus.validation_windows(w, std::min(kChunk, last - w), context);
-      const torch::Tensor logits = logits_of(b.inputs);
+      const torch::Tensor logits = logits_of(b.inputs.to(device));
       sum += torch::nn::functional::cross_entropy(
-                 logits.reshape({-1, logits.size(-1)}), b.targets.reshape({-1}),
+                 logits.reshape({-1, logits.size(-1)}), b.targets.to(device).reshape({-1}),
                  torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                  .to(torch::kDouble)
                  .item<double>();
@@ -88,11 +89,11 @@ int64_t validation_windows(const Corpus& corpus, int64_t requested, int64_t cont
 }
 
 void run_on_ranks(zest::Communicator* launched, int ranks, const std::function<void(zest::Communicator&)>& body,
-                  const zest::CommOptions& comm) {
+                  const zest::CommOptions& comm, zest::Device device) {
   if (launched != nullptr) {
     body(*launched);
   } else {
-    zest::run_inprocess(ranks, body, zest::Device::host(), comm);
+    zest::run_inprocess(ranks, body, device, comm);
   }
 }
 

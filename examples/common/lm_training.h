@@ -63,9 +63,10 @@ double validation_loss(zest::Engine& engine, const LogitsFn& logits, const Corpu
 // every rank). Collective.
 float mean_over_ranks(zest::Engine& engine, float loss);
 
-// body(comm) on each of `ranks` in-process ranks (threads), or once on
-// `launched` when given (one process per rank, from the launcher).
+// body(comm) on each of `ranks` in-process ranks (threads, all on
+// `device`), or once on `launched` when given (one process per rank, from
+// the launcher).
 void run_on_ranks(zest::Communicator* launched, int ranks, const std::function<void(zest::Communicator&)>& body,
-                  const zest::CommOptions& comm = {});
+                  const zest::CommOptions& comm = {}, zest::Device device = zest::Device::host());
 
 }  // namespace examples

@@ -12,6 +12,8 @@
 //   gpt --steps 100 --schedule-steps 200 --load ckpt --export gpt.safetensors
 //   gpt --stage 3 --export-hf pretrained     a Hugging Face directory (config.json, shards)
 //   gpt --hf pretrained --lora 8 --stage 3   fine-tune it with rank-8 adapters, the base frozen
+//   gpt --device cuda --stages 0,1,2,3       on the GPU (in-process ranks share it; under a
+//                                            launcher each rank takes cuda:(local rank), NCCL)
 //
 // Threads: libtorch's intra-op pool (OpenMP here) would give every rank as
 // many threads as the machine has cores, so 4 in-process ranks on 2 cores
@@ -61,8 +63,19 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   torch::set_num_threads(opt.threads);  // see the top of this file
   const int world = comm.size(), rank = comm.rank();
   const bool printer = rank == 0;
-  zest::CachingAllocator allocator(zest::make_host_allocator());
-  zest::Engine engine(config, comm, allocator, zest::Stream::default_for(comm.device()));
+  // Everything on the communicator's device. The engine works on the
+  // device's legacy default stream, which is libtorch's too: the model's
+  // kernels and the engine's are ordered without events.
+  const zest::Device device = comm.device();
+  // On a GPU some of libtorch's kernels add with atomics (the embedding's
+  // backward), whose order changes run to run; its deterministic ones keep
+  // the stages' results the same bits, as on the host (cuBLAS also wants
+  // CUBLAS_WORKSPACE_CONFIG=:4096:8; warn_only: a kernel without a
+  // deterministic form warns instead of failing).
+  if (device.is_cuda()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  zest::CachingAllocator allocator(device.is_cuda() ? zest::make_cuda_allocator(device.index())
+                                                    : zest::make_host_allocator());
+  zest::Engine engine(config, comm, allocator, zest::Stream::default_for(device));
   gpt::Gpt model(opt.model, opt.seed);
   if (opt.lora_r > 0) zest::enable_lora(*model, gpt::lora_targets(), opt.lora(), opt.seed);
   const std::unique_ptr<zest::TorchModule> zt = gpt::wrap(engine, model);
@@ -135,7 +148,9 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
     examples::export_pretrained(engine, opt, opt.model.to_json(opt.pretrained_dtype), opt.pretrained_dtype,
                                 gpt::lora_targets());
   }
-  if (opt.sample.length > 0) out.sample = gpt::generate(*model, gpt::runner(*zt), opt.prompt, opt.sample);
+  if (opt.sample.length > 0) {
+    out.sample = gpt::generate(*model, gpt::runner(*zt), opt.prompt, opt.sample, zest::torch_device(device));
+  }
   if (printer) std::fflush(stdout);
   return out;
 }
@@ -146,7 +161,7 @@ int main(int argc, char** argv) {
   try {
     const gpt::Options opt = gpt::parse_options(argc, argv);
     std::unique_ptr<zest::Communicator> launched;
-    if (opt.launch) launched = zest::init_distributed(zest::Device::host(), opt.comm);
+    if (opt.launch) launched = zest::init_distributed(opt.device, opt.comm);
     const bool printer = !launched || launched->rank() == 0;
     const int world = launched ? launched->size() : opt.ranks;
     const examples::Corpus corpus = examples::Corpus::load(opt.data);
@@ -172,7 +187,7 @@ int main(int argc, char** argv) {
         // (every rank holds every rank's memory and the same losses).
         if (comm.rank() == 0 || launched) rank0 = std::move(r);
       };
-      examples::run_on_ranks(launched.get(), opt.ranks, body, opt.comm);
+      examples::run_on_ranks(launched.get(), opt.ranks, body, opt.comm, opt.device);
       samples.push_back(rank0.sample);
       rows.push_back({stage, world, rank0.val_loss, rank0.tokens_per_s, rank0.memory.at(0).model_states(),
                       rank0.estimate.model_state_bytes, examples::memory_matches(rank0.memory, rank0.estimate)});

@@ -19,7 +19,7 @@ std::string usage() {
          "           [--sample-bytes N] [--temperature T] [--sample-seed N] [--prompt TEXT]\n"
          "           [--timeout SECONDS] [--lora R] [--lora-alpha A] [--hf DIR] [--export-hf DIR]\n"
          "           [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16] [--export-adapters]\n"
-         "           [--digest]\n"
+         "           [--digest] [--device host|cuda[:N]]\n"
          "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n";
 }
 
@@ -52,7 +52,10 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--temperature", o.sample.temperature)->check(cli::real_range(0, 100));
   app.add_option("--sample-seed", o.sample.seed);
   app.add_option("--prompt", o.prompt);
+  std::string device_name;
+  app.add_option("--device", device_name);
   cli::parse(app, argc, argv);
+  if (!device_name.empty()) o.device = cli::device_flag("--device", device_name);
   if (stage >= 0) o.stages = {stage};
   if (!stages.empty()) o.stages = stages;
   if (untied) o.model.tied_head = false;

@@ -8,7 +8,8 @@
 
 namespace gpt {
 
-std::string generate(GptImpl& model, const UnitRunner& run, const std::string& prompt, const SampleOptions& options) {
+std::string generate(GptImpl& model, const UnitRunner& run, const std::string& prompt, const SampleOptions& options,
+                     torch::Device device) {
   if (options.temperature < 0.0) {
     throw std::invalid_argument(fmt::format("temperature {} is negative; use 0 for greedy", options.temperature));
   }
@@ -19,8 +20,10 @@ std::string generate(GptImpl& model, const UnitRunner& run, const std::string& p
   const size_t start = text.size();
   for (int64_t i = 0; i < options.length; ++i) {
     const size_t window = std::min(text.size(), static_cast<size_t>(context));
-    const torch::Tensor tokens = examples::encode(text.substr(text.size() - window));
-    const torch::Tensor logits = model.forward(tokens, run).select(1, static_cast<int64_t>(window) - 1).squeeze(0);
+    const torch::Tensor tokens = examples::encode(text.substr(text.size() - window)).to(device);
+    // The draw on the host, by the CPU generator, whatever the device.
+    const torch::Tensor logits =
+        model.forward(tokens, run).select(1, static_cast<int64_t>(window) - 1).squeeze(0).to(torch::kCPU);
     int64_t next = 0;
     if (options.temperature == 0.0) {
       next = logits.argmax().item<int64_t>();

@@ -20,6 +20,7 @@ struct SampleOptions {
 // is drawn from softmax(logits / T) by a generator of its own, so every
 // caller with the same arguments gets the same text: under ZEST at stage 3
 // every rank calls this (the forward gathers collectively) and all agree.
-std::string generate(GptImpl& model, const UnitRunner& run, const std::string& prompt, const SampleOptions& options);
+std::string generate(GptImpl& model, const UnitRunner& run, const std::string& prompt, const SampleOptions& options,
+                     torch::Device device = torch::kCPU);
 
 }  // namespace gpt

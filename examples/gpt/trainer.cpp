@@ -11,7 +11,9 @@ std::unique_ptr<zest::TorchModule> wrap(zest::Engine& engine, const Gpt& model) 
 UnitRunner runner(zest::TorchModule& zt) { return examples::runner(zt); }
 
 MicroStep train_micro_step(zest::TorchModule& zt, GptImpl& model, const Batch& batch) {
-  return examples::backward_and_step(zt, lm_loss(model.forward(batch.inputs, runner(zt)), batch.targets));
+  const torch::Device device = zest::torch_device(zt.engine().comm().device());
+  return examples::backward_and_step(
+      zt, lm_loss(model.forward(batch.inputs.to(device), runner(zt)), batch.targets.to(device)));
 }
 
 double validation_loss(zest::TorchModule& zt, GptImpl& model, const Corpus& corpus, int64_t windows) {

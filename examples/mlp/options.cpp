@@ -5,24 +5,8 @@
 #include <fmt/format.h>
 
 #include "common/default_config.h"
-#include "zest/core/check.h"
-#include "zest/core/device.h"
 
 namespace mlp {
-
-namespace {
-
-// zest::parse_device, with its refusal (an unknown name, or a GPU this build
-// or machine does not have) as a usage error.
-zest::Device device(std::string_view flag, std::string_view v) {
-  try {
-    return zest::parse_device(v);
-  } catch (const zest::Error& e) {
-    throw UsageError(fmt::format("{} {}: {}", flag, v, e.message()));
-  }
-}
-
-}  // namespace
 
 std::string usage() {
   return "usage: mlp [--ranks N] [--stage S | --stages 0,1,2,3] [--dtype fp32|bf16|fp16]\n"
@@ -62,7 +46,7 @@ Options parse_options(int argc, char** argv) {
   if (app.count("--dtype") > 0) o.dtype = examples::dtype_flag("--dtype", o.dtype);
   if (stage >= 0) o.stages = {stage};
   if (!stages.empty()) o.stages = stages;
-  if (!device_name.empty()) o.device = device("--device", device_name);
+  if (!device_name.empty()) o.device = cli::device_flag("--device", device_name);
   return o;
 }
 
