@@ -1,5 +1,6 @@
 #include "common/report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -93,6 +94,13 @@ std::string format_parameter_split(const std::vector<zest::MemoryReport>& ranks,
   }
   row("estimate", e[MemoryCategory::kParameters].persistent, e.frozen_parameter_bytes);
   return out;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2.0;
 }
 
 std::string format_stage_table(const std::vector<StageRow>& rows) {

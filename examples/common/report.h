@@ -41,6 +41,10 @@ struct StageRow {
   bool matches = false;      // every rank, every category
 };
 
+// The median of `values` (the mean of the middle two for an even count,
+// as Python's statistics.median); 0 for none.
+double median(std::vector<double> values);
+
 // A row per stage; the validation losses with all their digits, so that
 // equal ones are seen to be equal.
 std::string format_stage_table(const std::vector<StageRow>& rows);
