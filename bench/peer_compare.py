@@ -42,7 +42,7 @@ SKIP = 77
 SIZES = {
     "163k": ["--layers", "12", "--heads", "4", "--d-model", "32"],     # 162,752 parameters
     "834k": ["--layers", "4", "--heads", "4", "--d-model", "128"],     # 834,304
-    "25m": ["--layers", "8", "--heads", "8", "--d-model", "512"],      # 25,383,936
+    "25m": ["--layers", "8", "--heads", "8", "--d-model", "512", "--context", "128"],  # 25,416,704
     "tiny": ["--layers", "2", "--heads", "4", "--d-model", "32"],      # 35,712 (--check)
 }
 DEFAULT_STEPS = {"163k": 30, "834k": 20, "25m": 8, "tiny": 4}
@@ -50,7 +50,8 @@ DEFAULT_STEPS = {"163k": 30, "834k": 20, "25m": 8, "tiny": 4}
 MPI_ENV = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_rmaps_base_oversubscribe": "1",
            "OMPI_MCA_hwloc_base_binding_policy": "none", "OMPI_MCA_orte_base_help_aggregate": "0"}
 
-TIMING = re.compile(r"^timing .*step_ms_median=([0-9.]+) timed_steps=(\d+)", re.M)
+TIMING = re.compile(r"^timing .*step_ms_median=([0-9.]+) timed_steps=(\d+)(.*)$", re.M)
+PHASE = re.compile(r"(\w+)_ms=([0-9.]+)")  # on the timing line, after timed_steps
 ZEST_PARAMS = re.compile(r"GPT of (\d+) parameters")
 PEER_PARAMS = re.compile(r"^parameters=(\d+)", re.M)
 ZEST_VAL = re.compile(r"^final validation loss, stage \d+: (\S+)", re.M)
@@ -79,8 +80,10 @@ def parse_args(argv):
     p.add_argument("--peers", default="ddp,zero1", help="torch configurations on 2 ranks (ddp, zero1)")
     p.add_argument("--rounds", type=int, default=3, help="runs of each ZEST configuration")
     p.add_argument("--steps", type=int, default=0, help="per run; 0: per size (163k 30, 834k 20, 25m 8)")
-    p.add_argument("--batch", type=int, default=16, help="global rows of 64 bytes on 2 ranks")
+    p.add_argument("--batch", type=int, default=16, help="global rows of a context's bytes on 2 ranks")
     p.add_argument("--timeout", type=int, default=1800, help="seconds a run may take")
+    p.add_argument("--max-load", type=float, default=0.0,
+                   help="before each run wait (up to 2 minutes) for the 1-minute load to fall to this; 0: no wait")
     p.add_argument("--check", action="store_true",
                    help="run the tiny model for 4 steps in both and compare parameters and validation loss")
     a = p.parse_args(argv)
@@ -132,6 +135,14 @@ def load1():
         return float(f.read().split()[0])
 
 
+def settled_load(limit):
+    """The 1-minute load, after waiting up to 2 minutes for it to reach `limit` (when positive)."""
+    deadline = time.monotonic() + 120
+    while limit > 0 and load1() > limit and time.monotonic() < deadline:
+        time.sleep(5)
+    return load1()
+
+
 def run(cmd, timeout, env=None):
     """Runs cmd; its output, or Failure naming the command and the end of its output."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
@@ -158,7 +169,7 @@ class Config:
 
     def __init__(self, kind, ranks, stage=None, backend="threads", mode=None):
         self.kind, self.ranks, self.stage, self.backend, self.mode = kind, ranks, stage, backend, mode
-        self.ms, self.loads = [], []
+        self.ms, self.loads, self.phases = [], [], []
 
     @property
     def name(self):
@@ -181,9 +192,10 @@ class Config:
 
     def measure(self, a, size, steps):
         cmd, env = self.command(a, size, steps)
-        load = load1()
+        load = settled_load(a.max_load)
         out = run(cmd, a.timeout, env)
         ms = float(find(TIMING, out, "timing line", cmd))
+        self.phases.append({k: float(v) for k, v in PHASE.findall(TIMING.search(out).group(3))})
         params = int(find(ZEST_PARAMS if self.kind == "zest" else PEER_PARAMS, out, "parameter count", cmd))
         self.ms.append(ms)
         self.loads.append(load)
@@ -202,7 +214,8 @@ def report(size, params, steps, configs, a):
     by = {(c.kind, c.ranks, c.stage, c.backend, c.mode): c for c in configs}
     ddp2, ddp1 = by.get(("torch", 2, None, "threads", "ddp")), by.get(("torch", 1, None, "threads", "ddp"))
     zero2 = by.get(("torch", 2, None, "threads", "zero1"))
-    print(f"\n== {size}: {params} parameters ({' '.join(SIZES[size])}), global batch {a.batch} x 64 bytes, "
+    context = SIZES[size][SIZES[size].index("--context") + 1] if "--context" in SIZES[size] else "64"
+    print(f"\n== {size}: {params} parameters ({' '.join(SIZES[size])}), global batch {a.batch} x {context} bytes, "
           f"{steps} steps a run (median after 3), {a.rounds} rounds ==")
     print(f"{'configuration':<34} {'median ms':>10} {'runs':>5} {'load 1-min':>12} {'/ DDP':>7} {'/ ZeRO-1':>9}"
           f" {'1->2 ranks':>11}")
@@ -226,6 +239,11 @@ def report(size, params, steps, configs, a):
                 verdicts.append(f"{size} stage {c.stage} {c.backend}: 1->2 overhead {z_over * 100:+.0f}% against DDP's "
                                 f"{ddp_over * 100:+.0f}% {'met' if z_over <= ddp_over else 'MISSED'}")
     print("targets:\n  " + "\n  ".join(verdicts))
+    print("phases, ms (medians over the runs of each run's medians; ZEST: the engine's StepTimes, the rest is "
+          "batch, forward and backward; torch: forward with the batch, backward with DDP's all-reduce):")
+    for c in configs:
+        names = list(c.phases[0]) if c.phases else []
+        print(f"  {c.name:<34} " + "  ".join(f"{n} {statistics.median(p[n] for p in c.phases):.2f}" for n in names))
 
 
 def compare_size(a, size):

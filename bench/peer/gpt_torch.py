@@ -14,10 +14,11 @@
 #
 # The flags that the gpt example shares have its defaults and meanings.
 # Rank 0 prints "parameters=N", then a line for scripts
-#   timing mode=ddp ranks=2 step_ms_median=12.345 timed_steps=17
+#   timing mode=ddp ranks=2 step_ms_median=12.345 timed_steps=17 forward_ms=...
 # (the median of rank 0's step times, batch to optimizer step, leaving out
 # the first 3 steps when there are more, as examples/gpt/main.cpp times
-# its), then, with --val-windows, the validation loss after the last step
+# its; then the medians of the step's phases: batch and forward, backward
+# with DDP's all-reduce, gradient clipping, optimizer step), then, with --val-windows, the validation loss after the last step
 # as the example computes it ("final validation loss: X", all digits).
 # Run it as a script (not with the repository root as the working
 # directory and `python3 -c`: the root's torch/ would shadow the package).
@@ -138,29 +139,37 @@ def run_rank(rank, a, init_method, corpus):
     if rank == 0:
         print(f"parameters={count} ({config}), {a.mode} on {a.ranks} ranks, fp32 AdamW", flush=True)
     rows = a.batch // a.ranks
-    step_ms = []
+    phases = {"step_ms": [], "forward_ms": [], "backward_ms": [], "clip_ms": [], "optimizer_ms": []}
     for step in range(a.steps):
-        start = time.perf_counter()
+        t = [time.perf_counter()]
         inputs, targets = corpus.train_batch(step, rank * rows, rows, a.context, a.seed)
         loss = lm_loss(ddp(inputs), targets)
+        t.append(time.perf_counter())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         value = loss.item()
+        t.append(time.perf_counter())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        t.append(time.perf_counter())
         for g in opt.param_groups:
             g["lr"] = lr_for_step(a, step)
         opt.step()
-        step_ms.append((time.perf_counter() - start) * 1e3)
+        t.append(time.perf_counter())
+        phases["step_ms"].append((t[-1] - t[0]) * 1e3)
+        for i, name in enumerate(("forward_ms", "backward_ms", "clip_ms", "optimizer_ms")):
+            phases[name].append((t[i + 1] - t[i]) * 1e3)
         if a.print_every and (step % a.print_every == 0 or step == a.steps - 1):  # every rank: collective
             mean = torch.tensor([value])
             dist.all_reduce(mean)
             if rank == 0:
                 print(f"step {step:5d}  loss {mean.item() / a.ranks:.4f}  lr {lr_for_step(a, step):.2e}  "
-                      f"{step_ms[-1]:7.1f} ms", flush=True)
-    timed = step_ms[UNTIMED_STEPS:] if len(step_ms) > UNTIMED_STEPS else step_ms
+                      f"{phases['step_ms'][-1]:7.1f} ms", flush=True)
+    skip = UNTIMED_STEPS if a.steps > UNTIMED_STEPS else 0
+    medians = {k: statistics.median(v[skip:]) if v[skip:] else 0.0 for k, v in phases.items()}
     if rank == 0:
-        median = statistics.median(timed) if timed else 0.0
-        print(f"timing mode={a.mode} ranks={a.ranks} step_ms_median={median:.3f} timed_steps={len(timed)}", flush=True)
+        rest = " ".join(f"{k}={v:.3f}" for k, v in medians.items() if k != "step_ms")
+        print(f"timing mode={a.mode} ranks={a.ranks} step_ms_median={medians['step_ms']:.3f} "
+              f"timed_steps={a.steps - skip} {rest}", flush=True)
         if a.val_windows:
             print(f"final validation loss: {validation_loss(model, corpus, a, a.ranks):.17g}", flush=True)
     dist.barrier()

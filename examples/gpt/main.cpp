@@ -26,10 +26,11 @@
 // each rank takes its rows, split again into accumulation micro-batches.
 //
 // Each stage ends with a line for scripts (bench/peer_compare.py):
-//   timing stage=2 ranks=2 step_ms_median=12.345 timed_steps=17
-// the median of rank 0's step times (batch, forward, backward, step),
-// leaving out the first kUntimedSteps steps (allocations, first gathers)
-// when there are more; bench/peer/gpt_torch.py times its steps the same way.
+//   timing stage=2 ranks=2 step_ms_median=12.345 timed_steps=17 reduce_ms=...
+// the median of rank 0's step times (batch, forward, backward, step) and of
+// the engine's phases in them (examples::StepTimings), leaving out the first
+// kUntimedSteps steps (allocations, first gathers) when there are more;
+// bench/peer/gpt_torch.py times its steps the same way.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -59,8 +60,7 @@ constexpr int64_t kUntimedSteps = 3;  // see the top of this file
 struct RunResult {
   double val_loss = 0.0;
   double tokens_per_s = 0.0;
-  double step_ms_median = 0.0;  // after kUntimedSteps (rank 0's clock)
-  int64_t timed_steps = 0;
+  std::string timing;  // examples::StepTimings::format(), rank 0's clock
   std::vector<zest::MemoryReport> memory;  // every rank's
   zest::MemoryEstimate estimate;
   std::string sample;  // generated at the end (every rank the same)
@@ -97,7 +97,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
 
   RunResult out;
   double seconds = 0.0;
-  std::vector<double> step_ms;
+  examples::StepTimings timings(kUntimedSteps);
   for (int64_t step = first; step < first + opt.steps; ++step) {
     const auto start = Clock::now();
     float loss = 0.0f;
@@ -111,7 +111,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
     }
     const double dt = std::chrono::duration<double>(Clock::now() - start).count();
     seconds += dt;
-    step_ms.push_back(dt * 1e3);
+    timings.add(dt * 1e3, result.times);
     const bool last = step == first + opt.steps - 1;
     // The same decisions on every rank: what follows is collective.
     if ((step - first) % opt.print_every == 0 || last) {
@@ -124,9 +124,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   }
   out.val_loss = opt.steps > 0 ? validate(first + opt.steps) : 0.0;
   out.tokens_per_s = seconds > 0 ? static_cast<double>(opt.steps * opt.batch * context) / seconds : 0.0;
-  if (static_cast<int64_t>(step_ms.size()) > kUntimedSteps) step_ms.erase(step_ms.begin(), step_ms.begin() + kUntimedSteps);
-  out.timed_steps = static_cast<int64_t>(step_ms.size());
-  out.step_ms_median = examples::median(step_ms);
+  out.timing = timings.format();
   out.memory = examples::gather_memory(engine);
   out.estimate = zest::estimate_memory(examples::describe_model(engine.layout()),
                                        zest::EstimateOptions::from_config(config, world));
@@ -185,8 +183,7 @@ int main(int argc, char** argv) {
       };
       examples::run_on_ranks(launched.get(), opt.ranks, body, opt.comm);
       if (printer) {
-        fmt::print("timing stage={} ranks={} step_ms_median={:.3f} timed_steps={}\n", stage, world,
-                   rank0.step_ms_median, rank0.timed_steps);
+        fmt::print("timing stage={} ranks={} {}\n", stage, world, rank0.timing);
       }
       samples.push_back(rank0.sample);
       rows.push_back({stage, world, rank0.val_loss, rank0.tokens_per_s, rank0.memory.at(0).model_states(),
