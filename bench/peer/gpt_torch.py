@@ -51,6 +51,7 @@ except ImportError as e:
           "(scripts/setup.sh --peer) and run this with /usr/bin/python3", file=sys.stderr)
     sys.exit(SKIP)
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from corpus import Corpus, CorpusError  # noqa: E402 (after the torch check)
 from model import Config, Gpt, lm_loss  # noqa: E402
 
