@@ -3,7 +3,21 @@
 # Safe to run again: it does nothing when everything is there. The CUDA
 # toolkit is not installed here; the build finds it at /usr/local/cuda and
 # builds host-only without it.
+#
+#   scripts/setup.sh          the build's packages
+#   scripts/setup.sh --peer   those and Python torch (python3-torch, ~32
+#                             packages), which only bench/peer needs (the
+#                             GPT example's peer in torch DDP)
 set -euo pipefail
+
+peer=0
+for arg in "$@"; do
+  case "$arg" in
+    --peer) peer=1 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (expected --peer or --help)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   cmake ninja-build g++ ccache
@@ -17,6 +31,9 @@ packages=(
   iproute2        # ip and tc: the simulated hosts of scripts/sim_hosts.sh (tests/multihost)
   nftables        # their packet loss where the kernel has no netem
 )
+if [ "$peer" -eq 1 ]; then
+  packages+=(python3-torch)  # torch 1.13 for Debian's python3 (bench/peer); large, so opt-in
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,5 +1,6 @@
 #include "common/report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -93,6 +94,32 @@ std::string format_parameter_split(const std::vector<zest::MemoryReport>& ranks,
   }
   row("estimate", e[MemoryCategory::kParameters].persistent, e.frozen_parameter_bytes);
   return out;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2.0;
+}
+
+void StepTimings::add(double step_ms, const zest::StepTimes& phases) {
+  step_.push_back(step_ms);
+  reduce_.push_back(phases.reduce_ms);
+  norm_.push_back(phases.norm_ms);
+  optimizer_.push_back(phases.optimizer_ms);
+  gather_.push_back(phases.gather_ms);
+}
+
+std::string StepTimings::format() const {
+  const auto n = static_cast<int64_t>(step_.size());
+  const int64_t skip = n > untimed_ ? untimed_ : 0;
+  const auto timed = [&](const std::vector<double>& v) {
+    return median(std::vector<double>(v.begin() + skip, v.end()));
+  };
+  return fmt::format("step_ms_median={:.3f} timed_steps={} reduce_ms={:.3f} norm_ms={:.3f} optimizer_ms={:.3f} "
+                     "gather_ms={:.3f}",
+                     timed(step_), n - skip, timed(reduce_), timed(norm_), timed(optimizer_), timed(gather_));
 }
 
 std::string format_stage_table(const std::vector<StageRow>& rows) {

@@ -41,6 +41,27 @@ struct StageRow {
   bool matches = false;      // every rank, every category
 };
 
+// The median of `values` (the mean of the middle two for an even count,
+// as Python's statistics.median); 0 for none.
+double median(std::vector<double> values);
+
+// A run's step times for scripts (bench/peer_compare.py): the median of the
+// whole step's milliseconds and of the engine's phases in it (StepTimes:
+// gradient reductions, norm, optimizer, gathers), leaving out the first
+// `untimed` steps when there are more.
+class StepTimings {
+ public:
+  explicit StepTimings(int64_t untimed) : untimed_(untimed) {}
+  void add(double step_ms, const zest::StepTimes& phases);
+  // "step_ms_median=12.345 timed_steps=17 reduce_ms=1.200 norm_ms=0.010
+  // optimizer_ms=2.300 gather_ms=0.800"
+  std::string format() const;
+
+ private:
+  int64_t untimed_;
+  std::vector<double> step_, reduce_, norm_, optimizer_, gather_;
+};
+
 // A row per stage; the validation losses with all their digits, so that
 // equal ones are seen to be equal.
 std::string format_stage_table(const std::vector<StageRow>& rows);

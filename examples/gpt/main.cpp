@@ -26,10 +26,18 @@
 // The global batch of a step is the same whatever the number of ranks: row
 // r of step s is a window of the text drawn from (seed, s, r) alone, and
 // each rank takes its rows, split again into accumulation micro-batches.
+//
+// Each stage ends with a line for scripts (bench/peer_compare.py):
+//   timing stage=2 ranks=2 step_ms_median=12.345 timed_steps=17 reduce_ms=...
+// the median of rank 0's step times (batch, forward, backward, step) and of
+// the engine's phases in them (examples::StepTimings), leaving out the first
+// kUntimedSteps steps (allocations, first gathers) when there are more;
+// bench/peer/gpt_torch.py times its steps the same way.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -50,9 +58,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr int64_t kUntimedSteps = 3;  // see the top of this file
+
 struct RunResult {
   double val_loss = 0.0;
   double tokens_per_s = 0.0;
+  std::string timing;  // examples::StepTimings::format(), rank 0's clock
   std::vector<zest::MemoryReport> memory;  // every rank's
   zest::MemoryEstimate estimate;
   std::string sample;  // generated at the end (every rank the same)
@@ -100,6 +111,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
 
   RunResult out;
   double seconds = 0.0;
+  examples::StepTimings timings(kUntimedSteps);
   for (int64_t step = first; step < first + opt.steps; ++step) {
     const auto start = Clock::now();
     float loss = 0.0f;
@@ -113,6 +125,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
     }
     const double dt = std::chrono::duration<double>(Clock::now() - start).count();
     seconds += dt;
+    timings.add(dt * 1e3, result.times);
     const bool last = step == first + opt.steps - 1;
     // The same decisions on every rank: what follows is collective.
     if ((step - first) % opt.print_every == 0 || last) {
@@ -125,6 +138,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   }
   out.val_loss = opt.steps > 0 ? validate(first + opt.steps) : 0.0;
   out.tokens_per_s = seconds > 0 ? static_cast<double>(opt.steps * opt.batch * context) / seconds : 0.0;
+  out.timing = timings.format();
   out.memory = examples::gather_memory(engine);
   out.estimate = zest::estimate_memory(examples::describe_model(engine.layout()),
                                        zest::EstimateOptions::from_config(config, world));
@@ -188,6 +202,9 @@ int main(int argc, char** argv) {
         if (comm.rank() == 0 || launched) rank0 = std::move(r);
       };
       examples::run_on_ranks(launched.get(), opt.ranks, body, opt.comm, opt.device);
+      if (printer) {
+        fmt::print("timing stage={} ranks={} {}\n", stage, world, rank0.timing);
+      }
       samples.push_back(rank0.sample);
       rows.push_back({stage, world, rank0.val_loss, rank0.tokens_per_s, rank0.memory.at(0).model_states(),
                       rank0.estimate.model_state_bytes, examples::memory_matches(rank0.memory, rank0.estimate)});

@@ -2,11 +2,13 @@
 // a few steps at stages 0-3 on 2 in-process ranks give the same losses, the
 // same validation loss, the same parameters and the same sampled text, bit
 // for bit, and the loss falls; a run saved and resumed continues exactly.
-// Also the corpus split and the batch rows, and the parameter count.
+// Also the corpus split and the batch rows, the parameter count, and the
+// timing line that bench/peer_compare.py reads.
 #include <bit>
 #include <filesystem>
 
 #include "common/corpus.h"
+#include "common/report.h"
 #include "model.h"
 #include "sample.h"
 #include "trainer.h"
@@ -176,4 +178,26 @@ TEST_CASE("gpt model: the parameter count, tied and untied, and GPT-2 small's") 
   gpt::Config bad = tiny();
   bad.heads = 3;
   CHECK_THROWS_AS(bad.validate(), std::invalid_argument);
+}
+
+TEST_CASE("gpt timing line: medians after the untimed steps, an even count's as Python's statistics.median") {
+  CHECK(examples::median({}) == 0.0);
+  CHECK(examples::median({3.0, 1.0, 2.0}) == 2.0);
+  CHECK(examples::median({4.0, 1.0, 3.0, 2.0}) == 2.5);
+
+  examples::StepTimings t(/*untimed=*/2);
+  t.add(100.0, zest::StepTimes{.reduce_ms = 50.0, .norm_ms = 50.0, .optimizer_ms = 50.0, .gather_ms = 50.0});
+  t.add(90.0, zest::StepTimes{.reduce_ms = 40.0});
+  t.add(10.0, zest::StepTimes{.reduce_ms = 1.0, .norm_ms = 0.5, .optimizer_ms = 2.0, .gather_ms = 0.25});
+  t.add(12.0, zest::StepTimes{.reduce_ms = 3.0, .norm_ms = 0.5, .optimizer_ms = 4.0, .gather_ms = 0.75});
+  t.add(11.5, zest::StepTimes{.reduce_ms = 2.5, .norm_ms = 1.5, .optimizer_ms = 3.0, .gather_ms = 0.5});
+  CHECK(t.format() ==
+        "step_ms_median=11.500 timed_steps=3 reduce_ms=2.500 norm_ms=0.500 optimizer_ms=3.000 gather_ms=0.500");
+
+  // No more steps than the untimed ones: all of them count.
+  examples::StepTimings few(/*untimed=*/3);
+  few.add(7.0, zest::StepTimes{.reduce_ms = 1.0});
+  few.add(9.0, zest::StepTimes{.reduce_ms = 2.0});
+  CHECK(few.format() ==
+        "step_ms_median=8.000 timed_steps=2 reduce_ms=1.500 norm_ms=0.000 optimizer_ms=0.000 gather_ms=0.000");
 }
