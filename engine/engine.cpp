@@ -377,7 +377,8 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     const UnitLayout& unit = L.unit(u);
     UnitState& st = im.units[static_cast<size_t>(u)];
     st.ready.emplace(comm_.device());
-    st.resident = resident_unit(stage, unit.numel, config_.zero.stage3_param_persistence_threshold);
+    st.resident = resident_unit(stage, partitions, offloads_params(), unit.numel,
+                                config_.zero.stage3_param_persistence_threshold);
     if (st.resident) {
       st.params_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kParameters);
     } else if (shard_on_host(u)) {

@@ -131,3 +131,46 @@ TEST_CASE("whole-unit views: data() holds every parameter and gradient at its of
     });
   }
 }
+
+TEST_CASE("one rank runs no collective, and its stage-3 units stay whole") {
+  // Note [one rank reduces nothing] (engine_grads.cpp) and Note [one
+  // partition keeps stage 3 resident] (layout_constants.h): over one rank
+  // the reduction and the gathers are identities, so nothing is copied.
+  for (int stage : {0, 1, 2, 3}) {
+    for (int64_t gas : {1, 2}) {
+      CAPTURE(stage);
+      CAPTURE(gas);
+      EngineConfig config = base_config(stage);  // no persistence threshold
+      config.gradient_accumulation_steps = gas;
+      const RankResult r = run_engine(config, runs(1, 2))[0];
+      for (CollectiveKind kind : {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
+                                  CollectiveKind::kAllGather, CollectiveKind::kBroadcast}) {
+        CHECK(r.last_step_counters[kind].calls == 0);
+      }
+      // No gathered copy beside the shards at any time: the peak is the
+      // parameters themselves.
+      int64_t psi = 0;
+      for (size_t n : padded_units(1)) psi += static_cast<int64_t>(n);
+      CHECK(r.memory[MemoryCategory::kParameters].peak == 4 * psi);
+      CHECK(r.memory[MemoryCategory::kParameters].current == 4 * psi);
+    }
+  }
+  run_inprocess(1, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(3), comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    for (int u = 0; u < engine.layout().num_units(); ++u) CHECK(engine.persistent(u));
+  });
+  // offload_param keeps the shards in host memory: gathered to the device.
+  EngineConfig config = base_config(3);
+  config.offload_optimizer.device = OffloadDevice::kCpu;
+  config.offload_param.device = OffloadDevice::kCpu;
+  run_inprocess(1, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    for (int u = 0; u < engine.layout().num_units(); ++u) CHECK(!engine.persistent(u));
+  });
+}
