@@ -174,3 +174,47 @@ TEST_CASE("one rank runs no collective, and its stage-3 units stay whole") {
     for (int u = 0; u < engine.layout().num_units(); ++u) CHECK(!engine.persistent(u));
   });
 }
+
+TEST_CASE("stage 3 peaks below stage 2 by the parameters it does not keep, when its prefetch window is one unit") {
+  // 8 units of 16384 fp32 parameters on 2 ranks. Stage 2 keeps every full
+  // unit; stage 3 keeps its shards and gathers one unit at a time when
+  // nothing is prefetched (a window smaller than a unit), or every unit at
+  // once when the window holds the model (DeepSpeed's default, 5e7
+  // elements, for a model this small).
+  constexpr int kUnits = 8;
+  constexpr int64_t kNumel = 16384;
+  RunOptions opt = runs(2, 2);
+  opt.model = [](Engine& e) {
+    for (int u = 0; u < kUnits; ++u) e.add_unit(fmt::format("u{}", u), {{fmt::format("u{}.w", u), {kNumel}}});
+  };
+  const int64_t unit = kNumel * 4, full = kUnits * unit, shard = full / 2;
+  const RankResult two = run_engine(base_config(2), opt)[0];
+  EngineConfig config = base_config(3);
+  config.zero.stage3_prefetch_bucket_size = 1;
+  const RankResult three = run_engine(config, opt)[0];
+  config.zero.stage3_prefetch_bucket_size = 50'000'000;
+  const RankResult whole = run_engine(config, opt)[0];
+
+  CHECK(two.memory[MemoryCategory::kParameters].peak == full);
+  CHECK(three.memory[MemoryCategory::kParameters].peak == shard + unit);
+  CHECK(whole.memory[MemoryCategory::kParameters].peak == shard + full);
+  // The whole process's share: every category at once, as the allocator
+  // held it. Stage 3 is below stage 2 by the model-state difference, less
+  // the one unit it holds gathered.
+  const int64_t difference = two.memory.model_states() - three.memory.model_states();
+  CHECK(difference == full - shard);
+  CHECK(three.memory.peak_allocated <= two.memory.peak_allocated - difference + unit);
+  CHECK(whole.memory.peak_allocated > two.memory.peak_allocated);
+  for (const RankResult* r : {&two, &three, &whole}) {
+    const MemoryReport& m = r->memory;
+    CHECK(m.peak_reserved >= m.peak_allocated);
+    CHECK(m.peak_allocated >= m.model_states());
+    // A host run: the device allocator's memory is the process's.
+    CHECK(m.engine_host_peak == m.peak_reserved + m.host_peak_reserved);
+#ifdef __linux__
+    CHECK(m.process_rss > 0);
+    CHECK(m.process_peak_rss >= m.process_rss);
+    CHECK(m.unaccounted_peak() == m.process_peak_rss - m.engine_host_peak);
+#endif
+  }
+}
