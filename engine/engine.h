@@ -285,9 +285,10 @@ class Engine {
   std::vector<float> param_master(const std::string& name);
   MemoryReport memory_report() const;
   // Whether unit u's full parameters stay in memory between gathers, at one
-  // address (stages 0-2, and units of up to
-  // stage3_param_persistence_threshold elements at stage 3); otherwise
-  // gather() brings them into a new buffer each time.
+  // address (stages 0-2; at stage 3 units of up to
+  // stage3_param_persistence_threshold elements, and every unit on one rank
+  // without offload_param, layout_constants.h); otherwise gather() brings
+  // them into a new buffer each time.
   bool persistent(int unit) const;
 
   // --- checkpoints (checkpoint.h builds on these) ---
