@@ -8,6 +8,7 @@
 
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
+#include "zest/core/process_memory.h"
 #include "zest/engine/engine_state.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/engine/master_precision.h"
@@ -377,7 +378,8 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     const UnitLayout& unit = L.unit(u);
     UnitState& st = im.units[static_cast<size_t>(u)];
     st.ready.emplace(comm_.device());
-    st.resident = resident_unit(stage, unit.numel, config_.zero.stage3_param_persistence_threshold);
+    st.resident = resident_unit(stage, partitions, offloads_params(), unit.numel,
+                                config_.zero.stage3_param_persistence_threshold);
     if (st.resident) {
       st.params_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kParameters);
     } else if (shard_on_host(u)) {
@@ -503,6 +505,8 @@ MemoryReport Engine::memory_report() const {
   }
   r.reserved = at(s.reserved_bytes, StatPool::kAggregate).current;
   r.allocated = at(s.allocated_bytes, StatPool::kAggregate).current;
+  r.peak_reserved = at(s.reserved_bytes, StatPool::kAggregate).peak;
+  r.peak_allocated = at(s.allocated_bytes, StatPool::kAggregate).peak;
   if (host_allocator_ != nullptr) {
     const AllocatorStats h = host_allocator_->stats();
     for (MemoryCategory c : kAllMemoryCategories) {
@@ -510,7 +514,12 @@ MemoryReport Engine::memory_report() const {
     }
     r.host_reserved = at(h.reserved_bytes, StatPool::kAggregate).current;
     r.host_allocated = at(h.allocated_bytes, StatPool::kAggregate).current;
+    r.host_peak_reserved = at(h.reserved_bytes, StatPool::kAggregate).peak;
   }
+  const ProcessMemory process = process_memory();
+  r.process_rss = process.rss;
+  r.process_peak_rss = process.peak_rss;
+  r.engine_host_peak = r.host_peak_reserved + (stream_.device().is_host() ? r.peak_reserved : 0);
   return r;
 }
 

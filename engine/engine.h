@@ -133,6 +133,11 @@ struct MemoryReport {
   int64_t frozen_parameters = 0;
   int64_t reserved = 0;   // segments the allocator holds
   int64_t allocated = 0;  // blocks in use (rounded sizes)
+  // The highest reserved and allocated since the allocator's construction
+  // (or its reset_peak_stats()): what the engine's allocator took from the
+  // system at most, the part of a process's peak memory that is ZEST's.
+  int64_t peak_reserved = 0;
+  int64_t peak_allocated = 0;
 
   const Entry& operator[](MemoryCategory c) const { return by_category[category_index(c)]; }
   // current bytes of parameters, gradients, master weights and optimizer state
@@ -145,8 +150,24 @@ struct MemoryReport {
   std::array<Entry, kNumMemoryCategories> host_by_category{};
   int64_t host_reserved = 0;
   int64_t host_allocated = 0;
+  int64_t host_peak_reserved = 0;
   const Entry& host(MemoryCategory c) const { return host_by_category[category_index(c)]; }
   int64_t host_model_states() const;
+
+  // Note [what a process's peak RSS holds]. The process's resident memory
+  // when the report was taken (core/process_memory.h; -1 where unknown),
+  // and of its peak the part that is this engine's: what its allocators
+  // took from host memory at most (the host allocator's peak reserved, and
+  // the device allocator's when the device is the host). The rest, which
+  // no allocator of ZEST's holds, is libtorch's (activations, its own
+  // caching allocator), the runtime's (code, libraries, thread stacks) and
+  // the program's; unaccounted_peak() names it for a process of one rank.
+  int64_t process_rss = -1;
+  int64_t process_peak_rss = -1;
+  int64_t engine_host_peak = 0;
+  // process_peak_rss - engine_host_peak; -1 where the peak is unknown. With
+  // several in-process ranks subtract every rank's engine_host_peak.
+  int64_t unaccounted_peak() const { return process_peak_rss < 0 ? -1 : process_peak_rss - engine_host_peak; }
 };
 
 class Engine {
@@ -264,9 +285,10 @@ class Engine {
   std::vector<float> param_master(const std::string& name);
   MemoryReport memory_report() const;
   // Whether unit u's full parameters stay in memory between gathers, at one
-  // address (stages 0-2, and units of up to
-  // stage3_param_persistence_threshold elements at stage 3); otherwise
-  // gather() brings them into a new buffer each time.
+  // address (stages 0-2; at stage 3 units of up to
+  // stage3_param_persistence_threshold elements, and every unit on one rank
+  // without offload_param, layout_constants.h); otherwise gather() brings
+  // them into a new buffer each time.
   bool persistent(int unit) const;
 
   // --- checkpoints (checkpoint.h builds on these) ---

@@ -126,18 +126,29 @@ void Engine::flush_reductions() {
     // added into the accumulator.
     return into_acc && st.grad_acc && first_micro && !widening ? st.grad_acc.data() : owned_part(st.grads_full, u);
   };
-  comm_.group_start();
+  // Note [one rank reduces nothing]: over one rank the sum and the average
+  // (x / 1) of the gradients are the gradients, bit for bit, so no
+  // collective runs: in place that is all, and where the reduction would
+  // write the accumulator (the first micro-step's), the two buffers, of one
+  // size and dtype at one partition, trade places instead of being copied.
+  const bool alone = comm_.size() == 1;
+  if (!alone) comm_.group_start();
   for (int u : im.pending) {
     UnitState& st = im.units[static_cast<size_t>(u)];
     const UnitLayout& U = im.layout->unit(u);
     void* dst = reduced_into(u);
-    if (stage == 0) {
+    if (alone) {
+      if (dst == st.grads_full.data()) continue;
+      ZEST_INTERNAL_ASSERT(dst == st.grad_acc.data() && st.grad_acc.size_bytes() == st.grads_full.size_bytes(),
+                           "unit {}: one rank's reduction goes to the accumulator, of the gradients' size", u);
+      std::swap(st.grad_acc, st.grads_full);
+    } else if (stage == 0) {
       comm_.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, division.op, comm);
     } else {
       comm_.reduce_scatter(st.grads_full.data(), dst, U.shard, compute_dtype_, division.op, comm);
     }
   }
-  comm_.group_end();
+  if (!alone) comm_.group_end();
   if (division.after != 1.0f) {
     for (int u : im.pending) {
       const UnitLayout& U = im.layout->unit(u);

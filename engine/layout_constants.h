@@ -44,9 +44,15 @@ constexpr int partitions_for(int stage, int world) { return stage == 0 ? 1 : wor
 
 // Whether a unit of `numel` parameters stays whole on every rank (resident)
 // rather than gathered on demand: always below stage 3; at stage 3 when it
-// is no larger than stage3_param_persistence_threshold, as in DeepSpeed.
-constexpr bool resident_unit(int stage, size_t numel, int64_t persistence_threshold) {
-  return stage < 3 || static_cast<int64_t>(numel) <= persistence_threshold;
+// is no larger than stage3_param_persistence_threshold, as in DeepSpeed, and
+// on a single partition unless offload_param keeps it in host memory. Note
+// [one partition keeps stage 3 resident]: one rank's shard is the whole
+// unit, so a gather would only copy it into a second buffer of the same
+// size (and a release free that copy); resident, the shard is the full
+// parameters, and the values, hence the bits, are the same.
+constexpr bool resident_unit(int stage, int partitions, bool offload_param, size_t numel,
+                             int64_t persistence_threshold) {
+  return stage < 3 || (partitions == 1 && !offload_param) || static_cast<int64_t>(numel) <= persistence_threshold;
 }
 
 }  // namespace zest

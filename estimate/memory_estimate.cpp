@@ -4,7 +4,8 @@
 //               padded to partitions x kShardQuantum, one shard per rank
 //   persistent  engine.cpp finalize(): fp32 master and optimizer state over
 //               the owned elements; per unit the full parameters (or the
-//               shard, stage 3 above the persistence threshold), the full
+//               shard, stage 3 above the persistence threshold on more
+//               than one partition or with offload_param), the full
 //               gradients at stages 0-1, an owned-shard accumulator at
 //               stages 2-3 or when accumulating (full size under
 //               reduce_at_accumulation_boundary)
@@ -49,7 +50,8 @@ std::vector<UnitSize> unit_sizes(const ModelDescription& model, const EstimateOp
     s.shard = s.padded / static_cast<size_t>(P);
     s.count = u.count;
     s.frozen = u.frozen;
-    s.resident = resident_unit(o.zero.stage, s.numel, o.zero.stage3_param_persistence_threshold);
+    s.resident =
+        resident_unit(o.zero.stage, P, o.offloads_params(), s.numel, o.zero.stage3_param_persistence_threshold);
     out.push_back(s);
   }
   return out;

@@ -35,6 +35,8 @@ std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine) {
   mine.push_back(m.allocated);
   mine.push_back(m.frozen_parameters);
   for (const auto& e : m.host_by_category) mine.push_back(e.current);
+  mine.insert(mine.end(), {m.peak_reserved, m.peak_allocated, m.host_peak_reserved, m.process_rss, m.process_peak_rss,
+                           m.engine_host_peak});
   const std::vector<int64_t> all = engine.all_gather_scalars(mine);
   std::vector<zest::MemoryReport> ranks(all.size() / mine.size());
   for (size_t r = 0; r < ranks.size(); ++r) {
@@ -46,6 +48,13 @@ std::vector<zest::MemoryReport> gather_memory(zest::Engine& engine) {
     for (size_t c = 0; c < zest::kNumMemoryCategories; ++c) {
       ranks[r].host_by_category[c].current = v[2 * zest::kNumMemoryCategories + 3 + c];
     }
+    const int64_t* peaks = v + 3 * zest::kNumMemoryCategories + 3;
+    ranks[r].peak_reserved = peaks[0];
+    ranks[r].peak_allocated = peaks[1];
+    ranks[r].host_peak_reserved = peaks[2];
+    ranks[r].process_rss = peaks[3];
+    ranks[r].process_peak_rss = peaks[4];
+    ranks[r].engine_host_peak = peaks[5];
   }
   return ranks;
 }
@@ -81,6 +90,29 @@ std::string format_memory(const std::vector<zest::MemoryReport>& ranks, const ze
                      kib(e[MemoryCategory::kMasterWeights].persistent),
                      kib(e[MemoryCategory::kOptimizerState].persistent), kib(e.model_state_bytes),
                      kib(e[MemoryCategory::kCommBuffers].peak));
+  return out;
+}
+
+std::string format_process_memory(const std::vector<zest::MemoryReport>& ranks, bool ranks_share_process) {
+  const auto mib = [](int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0); };
+  const char* rest = "libtorch's activations and allocator, the runtime's code, libraries and threads, the data";
+  std::string out;
+  const auto line = [&](const std::string& who, const zest::MemoryReport& m, int64_t engines, size_t count) {
+    if (m.process_peak_rss < 0) {
+      out += fmt::format("{}peak RSS unknown on this system; the engine's allocators peaked at {}\n", who, mib(engines));
+      return;
+    }
+    out += fmt::format("{}peak RSS {}: the engine's allocators {} at their peak ({} rank{}), not accounted {} ({})\n",
+                       who, mib(m.process_peak_rss), mib(engines), count, count == 1 ? "" : "s",
+                       mib(m.process_peak_rss - engines), rest);
+  };
+  if (ranks_share_process) {
+    int64_t engines = 0;
+    for (const zest::MemoryReport& m : ranks) engines += m.engine_host_peak;
+    line("process: ", ranks.at(0), engines, ranks.size());
+  } else {
+    for (size_t r = 0; r < ranks.size(); ++r) line(fmt::format("rank {} process: ", r), ranks[r], ranks[r].engine_host_peak, 1);
+  }
   return out;
 }
 

@@ -23,6 +23,11 @@ void print_step(int64_t step, float mean_loss, const zest::StepResult& r, double
 // figures for one rank; "= estimate" when a rank's model states match the
 // estimate to the byte in every category.
 std::string format_memory(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& estimate);
+// The process's peak resident memory against what the engines' allocators
+// took of it (Note [what a process's peak RSS holds], engine.h), the rest
+// named: one line for in-process ranks (`ranks_share_process`, every rank's
+// engine subtracted), else one per rank's process.
+std::string format_process_memory(const std::vector<zest::MemoryReport>& ranks, bool ranks_share_process);
 // A row per rank of the parameters' device bytes split into frozen (no
 // gradient, master or optimizer state: a LoRA base) and trainable, then the
 // estimator's split (KiB).

@@ -51,6 +51,7 @@
 #include "sample.h"
 #include "trainer.h"
 #include "zest/comm/mpi_comm.h"
+#include "zest/core/process_memory.h"
 #include "zest/launch/bootstrap.h"
 #include "zest/memory/raw_allocator.h"
 
@@ -145,6 +146,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   if (printer) {
     fmt::print("\nmemory per rank by category (the engine's allocator; torch's activations are not in it):\n{}",
                examples::format_memory(out.memory, out.estimate));
+    fmt::print("{}", examples::format_process_memory(out.memory, !opt.launch));
   }
   if (!opt.save_dir.empty()) {
     const std::string dir = zt->save(opt.save_dir);
@@ -195,6 +197,9 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
       RunResult rank0;
+      // Each stage's peak resident memory its own (a stage run before
+      // would otherwise set it).
+      (void)zest::reset_peak_rss();
       const auto body = [&](zest::Communicator& comm) {
         RunResult r = train(opt, corpus, config, comm);
         // In-process: rank 0's. Under a launcher each process keeps its own

@@ -91,6 +91,14 @@ zest::EngineConfig engine_config(const Options& opt, int stage, int world) {
     program.optimizer = c.optimizer;
     program.scheduler = c.scheduler;
     c = zest::load_config_file(opt.config_path, program);
+  } else {
+    // Stage 3's prefetch window as Hugging Face's Trainer fills "auto" for
+    // this hidden size (0.9 x d_model^2, config.h). DeepSpeed's default, 5e7
+    // elements, is the whole of a model this size: every unit would be
+    // gathered at once beside the shards, and stage 3 would peak above
+    // stage 2. On the host a gather does not overlap compute anyway.
+    const auto d = static_cast<double>(opt.model.d_model);
+    c.zero.stage3_prefetch_bucket_size = static_cast<int64_t>(0.9 * d * d);
   }
   c.zero.stage = stage;
   if (opt.offload) {

@@ -131,3 +131,90 @@ TEST_CASE("whole-unit views: data() holds every parameter and gradient at its of
     });
   }
 }
+
+TEST_CASE("one rank runs no collective, and its stage-3 units stay whole") {
+  // Note [one rank reduces nothing] (engine_grads.cpp) and Note [one
+  // partition keeps stage 3 resident] (layout_constants.h): over one rank
+  // the reduction and the gathers are identities, so nothing is copied.
+  for (int stage : {0, 1, 2, 3}) {
+    for (int64_t gas : {1, 2}) {
+      CAPTURE(stage);
+      CAPTURE(gas);
+      EngineConfig config = base_config(stage);  // no persistence threshold
+      config.gradient_accumulation_steps = gas;
+      const RankResult r = run_engine(config, runs(1, 2))[0];
+      for (CollectiveKind kind : {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
+                                  CollectiveKind::kAllGather, CollectiveKind::kBroadcast}) {
+        CHECK(r.last_step_counters[kind].calls == 0);
+      }
+      // No gathered copy beside the shards at any time: the peak is the
+      // parameters themselves.
+      int64_t psi = 0;
+      for (size_t n : padded_units(1)) psi += static_cast<int64_t>(n);
+      CHECK(r.memory[MemoryCategory::kParameters].peak == 4 * psi);
+      CHECK(r.memory[MemoryCategory::kParameters].current == 4 * psi);
+    }
+  }
+  run_inprocess(1, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(3), comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    for (int u = 0; u < engine.layout().num_units(); ++u) CHECK(engine.persistent(u));
+  });
+  // offload_param keeps the shards in host memory: gathered to the device.
+  EngineConfig config = base_config(3);
+  config.offload_optimizer.device = OffloadDevice::kCpu;
+  config.offload_param.device = OffloadDevice::kCpu;
+  run_inprocess(1, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    for (int u = 0; u < engine.layout().num_units(); ++u) CHECK(!engine.persistent(u));
+  });
+}
+
+TEST_CASE("stage 3 peaks below stage 2 by the parameters it does not keep, when its prefetch window is one unit") {
+  // 8 units of 16384 fp32 parameters on 2 ranks. Stage 2 keeps every full
+  // unit; stage 3 keeps its shards and gathers one unit at a time when
+  // nothing is prefetched (a window smaller than a unit), or every unit at
+  // once when the window holds the model (DeepSpeed's default, 5e7
+  // elements, for a model this small).
+  constexpr int kUnits = 8;
+  constexpr int64_t kNumel = 16384;
+  RunOptions opt = runs(2, 2);
+  opt.model = [](Engine& e) {
+    for (int u = 0; u < kUnits; ++u) e.add_unit(fmt::format("u{}", u), {{fmt::format("u{}.w", u), {kNumel}}});
+  };
+  const int64_t unit = kNumel * 4, full = kUnits * unit, shard = full / 2;
+  const RankResult two = run_engine(base_config(2), opt)[0];
+  EngineConfig config = base_config(3);
+  config.zero.stage3_prefetch_bucket_size = 1;
+  const RankResult three = run_engine(config, opt)[0];
+  config.zero.stage3_prefetch_bucket_size = 50'000'000;
+  const RankResult whole = run_engine(config, opt)[0];
+
+  CHECK(two.memory[MemoryCategory::kParameters].peak == full);
+  CHECK(three.memory[MemoryCategory::kParameters].peak == shard + unit);
+  CHECK(whole.memory[MemoryCategory::kParameters].peak == shard + full);
+  // The whole process's share: every category at once, as the allocator
+  // held it. Stage 3 is below stage 2 by the model-state difference, less
+  // the one unit it holds gathered.
+  const int64_t difference = two.memory.model_states() - three.memory.model_states();
+  CHECK(difference == full - shard);
+  CHECK(three.memory.peak_allocated <= two.memory.peak_allocated - difference + unit);
+  CHECK(whole.memory.peak_allocated > two.memory.peak_allocated);
+  for (const RankResult* r : {&two, &three, &whole}) {
+    const MemoryReport& m = r->memory;
+    CHECK(m.peak_reserved >= m.peak_allocated);
+    CHECK(m.peak_allocated >= m.model_states());
+    // A host run: the device allocator's memory is the process's.
+    CHECK(m.engine_host_peak == m.peak_reserved + m.host_peak_reserved);
+#ifdef __linux__
+    CHECK(m.process_rss > 0);
+    CHECK(m.process_peak_rss >= m.process_rss);
+    CHECK(m.unaccounted_peak() == m.process_peak_rss - m.engine_host_peak);
+#endif
+  }
+}

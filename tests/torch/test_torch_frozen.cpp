@@ -86,7 +86,8 @@ Params train_reference(bool all_frozen_mid) {
 struct Run {
   Params params;
   std::vector<double> loss;
-  bool frozen_released_in_backward = true;  // stage 3: before step()
+  // stage 3: released before step() on more than one rank, kept whole on one
+  bool frozen_released_in_backward = true;
 };
 
 Run train_zest(bool all_frozen_mid, int stage, int world, int64_t persistence) {
@@ -109,10 +110,16 @@ Run train_zest(bool all_frozen_mid, int stage, int world, int64_t persistence) {
       torch::Tensor loss = model->loss(x.narrow(0, per_rank * comm.rank(), per_rank),
                                        y.narrow(0, per_rank * comm.rank(), per_rank), run);
       zt.scale(loss).backward();
-      if (stage == 3) {
+      if (stage == 3 && comm.size() > 1) {
         out.frozen_released_in_backward = out.frozen_released_in_backward &&
                                           model->adapted->base->weight.numel() == 0 &&
                                           (!all_frozen_mid || model->mid->weight.numel() == 0);
+      } else if (stage == 3) {
+        // One rank keeps the units whole (Note [one partition keeps stage 3
+        // resident]): nothing to release.
+        out.frozen_released_in_backward = out.frozen_released_in_backward &&
+                                          model->adapted->base->weight.numel() > 0 &&
+                                          (!all_frozen_mid || model->mid->weight.numel() > 0);
       }
       REQUIRE(zt.step().applied);
       out.loss.push_back(loss.item<double>());

@@ -255,10 +255,13 @@ TEST_CASE("refused: step without backward, two backwards in one micro-step, stag
     CHECK_THROWS_WITH_AS(model->loss(x, y, run_directly).backward(),
                          doctest::Contains("call zt.step() after each backward"), std::exception);
   }
-  {
-    OneRank r(3);
+  // Two ranks: one keeps stage 3's units whole (Note [one partition keeps
+  // stage 3 resident]), so nothing would be refused.
+  run_inprocess(2, [](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(zest_config({}, 3), comm, alloc, Stream::default_for(Device::host()));
     auto model = std::make_shared<Mlp>();
-    TorchModule zt(r.engine, model);
+    TorchModule zt(engine, model);
     const auto [x, y] = batch(Model::kMlp, 0);
     // The parameters are empty outside zt.call: torch's shape checks fail,
     // nothing reads freed memory.
@@ -267,7 +270,7 @@ TEST_CASE("refused: step without backward, two backwards in one micro-step, stag
     // but fc2's parameters used directly are refused.
     torch::Tensor h = zt.call(*model->fc1, [&] { return model->fc1->forward(x); });
     CHECK_THROWS_AS((void)model->fc2->forward(h), std::exception);
-  }
+  });
 }
 
 TEST_CASE("bf16 compute: the module becomes bf16, trains, and stages 0 and 3 agree bit for bit") {
