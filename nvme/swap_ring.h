@@ -26,11 +26,12 @@
 // Failures: an I/O error, a short read or an exception from the callback
 // stops the stream after every transfer in flight has finished (the kernel
 // must be done with the buffers), and throws (check_io's message: the file,
-// the operation, the offset, the bytes). The callback has then run for
-// exactly the chunks before the failed one, in order, and never for a chunk
-// whose read failed; the file's region may be partly written (the caller
-// that needs the previous state whole writes elsewhere and switches after
-// success).
+// the operation, the offset, the bytes). The callback has then run, in
+// order, for exactly the chunks before a failed read (never for its chunk),
+// or, for a failed write, for the chunks computed before its failure was
+// seen (at most buffer_count - 1 past it). The file's region may be partly
+// written: a caller that needs the previous state whole writes elsewhere
+// and switches over after success.
 #pragma once
 
 #include <cstddef>

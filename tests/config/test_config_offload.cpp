@@ -109,7 +109,7 @@ TEST_CASE("offload_optimizer.ratio: [0, 1], and below 1 only at stage 3") {
   }
 }
 
-TEST_CASE("nvme loads with its keys and DeepSpeed's defaults; nvme_path is required; NVMe-only keys are noted "
+TEST_CASE("nvme loads with its keys and DeepSpeed's defaults, nvme_path required, and NVMe-only keys are noted "
           "with any other device") {
   // DeepSpeedZeroOffloadOptimizerConfig: buffer_count 4, pipeline_read,
   // pipeline_write and fast_init False; ...ParamConfig: buffer_count 5,

@@ -92,7 +92,7 @@ TEST_CASE("SwapFile: a link planted at the file's name is refused and its target
             .ends_with("taken.bin: File exists"));
 }
 
-TEST_CASE("SwapFile: stale files of dead processes are removed at the next create; live ones, links and others stay") {
+TEST_CASE("SwapFile: stale files of dead processes are removed at the next create, while live ones, links and others stay") {
   TempDir dir;
   const pid_t dead = dead_pid();
   const std::string stale = dir / fmt::format("zest_swap.r1.{}.00000000deadbeef.bin", dead);

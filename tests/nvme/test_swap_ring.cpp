@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -172,4 +174,21 @@ TEST_CASE("SwapRing: a region outside the file or at an unaligned offset is refu
   CHECK(test::error_of([&] { SwapRing(file, *io, {.buffer_count = 0}); }) ==
         "the NVMe tier's buffer_count is 0: it must be at least 1 (DeepSpeed's default is 4; 2 or more overlap I/O "
         "with compute)");
+}
+
+TEST_CASE("SwapRing: times() splits a stream into waits for reads, the computation and waits for writes") {
+  TempDir dir;
+  SwapFile file = SwapFile::create(dir.str(), {.bytes = 4 * 4096});
+  std::unique_ptr<AioBackend> io = make_aio_backend({}, {.kind = AioBackendKind::kThreadPool});
+  SwapRing ring(file, *io, {.buffer_count = 2, .buffer_size = 4096});
+  ring.stream(0, 4 * 4096, StreamMode::kReadWrite, [](int64_t, uint64_t, std::span<std::byte>) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  CHECK(ring.times().compute >= 4 * 0.005);
+  CHECK(ring.times().wait_read >= 0.0);
+  CHECK(ring.times().wait_write >= 0.0);
+  // Reset by the next stream: reading alone waits for no write.
+  ring.stream(0, 4 * 4096, StreamMode::kRead, [](int64_t, uint64_t, std::span<std::byte>) {});
+  CHECK(ring.times().compute < 4 * 0.005);
+  CHECK(ring.times().wait_write == 0.0);
 }
