@@ -52,6 +52,7 @@ class IoUringBackend final : public AioBackend {
   std::string_view name() const override { return "io_uring"; }
 
   AioHandle submit(const AioRequest& r) override {
+    check_usable();
     auto transfer = std::make_shared<TransferState>();
     for_each_piece(r, block_, [&](std::byte* buffer, size_t bytes, uint64_t offset) {
       ++transfer->pending;
@@ -68,7 +69,10 @@ class IoUringBackend final : public AioBackend {
     ZEST_INTERNAL_ASSERT(it != transfers_.end(), "AioBackend::wait on handle {}, not submitted or already waited for",
                          h);
     std::shared_ptr<TransferState> t = it->second;
-    while (t->pending > 0) reap_one();
+    while (t->pending > 0) {
+      check_usable();
+      reap_one();
+    }
     transfers_.erase(it);
     return t->result;
   }
@@ -102,7 +106,19 @@ class IoUringBackend final : public AioBackend {
     int rc;
     while ((rc = io_uring_submit(&ring_)) == -EINTR) {
     }
-    ZEST_CHECK(rc >= 0, "io_uring_submit failed: {}; the NVMe tier cannot queue its I/O", errno_text(-rc));
+    if (rc < 0) {
+      // The prepared entries the kernel did not take never complete: only
+      // those it took are waited for (by the destructor), and every later
+      // call fails with this error rather than waiting forever.
+      broken_ = -rc;
+      in_flight_ -= static_cast<int>(io_uring_sq_ready(&ring_));
+      check_usable();
+    }
+  }
+
+  void check_usable() const {
+    ZEST_CHECK(broken_ == 0, "io_uring_submit failed: {}; the NVMe tier cannot queue its I/O (the transfers in "
+               "flight are lost: the step fails)", errno_text(broken_));
   }
 
   void reap_one() {
@@ -146,6 +162,7 @@ class IoUringBackend final : public AioBackend {
   std::unordered_map<uint64_t, Piece> pieces_;  // in the kernel, by user data
   std::unordered_map<AioHandle, std::shared_ptr<TransferState>> transfers_;
   int in_flight_ = 0;
+  int broken_ = 0;  // errno of a failed io_uring_submit
   uint64_t next_piece_ = 1;
   AioHandle next_handle_ = 1;
 };

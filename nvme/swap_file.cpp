@@ -131,6 +131,11 @@ SwapFile SwapFile::create(const std::string& dir, const SwapFileOptions& options
   const int base = O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   f.direct_ = options.direct;
   f.fd_ = ::open(path.c_str(), base | (f.direct_ ? O_DIRECT : 0), 0600);
+  if (f.fd_ >= 0 && f.direct_ && options.simulate_no_direct) {
+    ::close(f.fd_);
+    f.fd_ = -1;
+    errno = EINVAL;
+  }
   if (f.fd_ < 0 && f.direct_ && errno == EINVAL) {
     // The file system has no O_DIRECT (tmpfs before Linux 6.6, some FUSE).
     // The failed open may still have created the file.

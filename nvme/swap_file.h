@@ -33,6 +33,8 @@ struct SwapFileOptions {
   int rank = 0;        // in the name, for a person reading the directory
   // Test seam and escape hatch: false opens without O_DIRECT at once.
   bool direct = true;
+  // Test seam: act as if the file system refused O_DIRECT (EINVAL).
+  bool simulate_no_direct = false;
   // Test seam: this file name (in dir) instead of a unique one.
   std::string name = {};
 };

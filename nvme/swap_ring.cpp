@@ -57,7 +57,13 @@ void SwapRing::wait(int64_t chunk) {
 void SwapRing::drain() noexcept {
   for (Slot& s : slots_) {
     if (s.handle) {
-      io_.wait(*s.handle);
+      try {
+        io_.wait(*s.handle);
+      } catch (...) {
+        // A back end that cannot wait any more (its queue failed) has
+        // nothing of this transfer in flight; the first error is the one
+        // that propagates.
+      }
       s.handle.reset();
     }
   }

@@ -11,11 +11,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "nvme/nvme_test_util.h"
 #include "zest/core/check.h"
+#include "zest/core/logging.h"
 #include "zest/nvme/swap_file.h"
 
 using namespace zest;
@@ -181,9 +184,28 @@ TEST_CASE("SwapFile: a disk too small for the preallocation is an error naming t
   CHECK(f.size() == f.alignment());
 }
 
-TEST_CASE("SwapFile: without O_DIRECT (the fallback where a file system refuses it) the file still works") {
+namespace {
+std::vector<std::string> g_lines;
+void capture(LogLevel, std::string_view line) { g_lines.emplace_back(line); }
+}  // namespace
+
+TEST_CASE("SwapFile: a file system that refuses O_DIRECT (EINVAL) gets buffered I/O, with a note in the log") {
   TempDir dir;
-  SwapFile f = SwapFile::create(dir.str(), {.bytes = 4096, .direct = false});
+  g_lines.clear();
+  const LogLevel saved = log_level();
+  set_log_level(LogLevel::kInfo);
+  set_log_sink(capture);
+  SwapFile f = SwapFile::create(dir.str(), {.bytes = 4096, .simulate_no_direct = true, .name = "zest_swap.r0.t.bin"});
+  set_log_sink(nullptr);
+  set_log_level(saved);
   CHECK_FALSE(f.direct());
   CHECK((::fcntl(f.fd(), F_GETFL) & O_DIRECT) == 0);
+  CHECK(f.size() == f.alignment());
+  REQUIRE(g_lines.size() == 1);
+  CHECK(g_lines[0].find(fmt::format("] the file system of {} refuses O_DIRECT: its swap file uses buffered I/O "
+                                    "(the page cache)\n",
+                                    dir.str())) != std::string::npos);
+  // The escape hatch: no O_DIRECT asked for, none tried.
+  SwapFile g = SwapFile::create(dir.str(), {.bytes = 4096, .direct = false});
+  CHECK_FALSE(g.direct());
 }
