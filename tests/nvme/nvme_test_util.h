@@ -26,8 +26,8 @@ namespace zest::test {
 // (root: a tmpfs mounted there, `read_only` or `bytes` in size), or, for
 // another user, a directory made read-only by its mode (a non-root process
 // cannot mount; it can be refused by permissions, which root is not).
-// ok() says whether the condition could be set up; a test that needs it
-// fails (it never passes by skipping).
+// `ready` says whether the condition could be set up; the tests then use
+// another way to the same failure.
 struct LimitedDir {
   TempDir base;
   std::string path;
