@@ -10,7 +10,7 @@ install(TARGETS ${_zest_install_targets} EXPORT zestTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Internal headers (used only inside the library; some include <mpi.h>) stay out.
-set(_zest_layers core data memory comm launch optim config engine checkpoint hf estimate)
+set(_zest_layers core data memory nvme comm launch optim config engine checkpoint hf estimate)
 if(ZEST_TORCH)
   list(APPEND _zest_layers torch)
 endif()
@@ -18,6 +18,7 @@ foreach(layer ${_zest_layers})
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zest/${layer}
     FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
     PATTERN "mpi_poll.h" EXCLUDE
+    PATTERN "aio_pieces.h" EXCLUDE
     PATTERN "nccl_watchdog.h" EXCLUDE
     PATTERN "pending_collectives.h" EXCLUDE
     PATTERN "reduce_element.h" EXCLUDE

@@ -12,6 +12,10 @@ set_property(CACHE ZEST_TORCH PROPERTY STRINGS AUTO ON OFF)
 option(ZEST_BUILD_TESTS "Build the tests" ${PROJECT_IS_TOP_LEVEL})
 option(ZEST_BUILD_EXTRAS "Build examples, benchmarks and tools" ${PROJECT_IS_TOP_LEVEL})
 option(ZEST_WERROR "Treat compiler warnings as errors" OFF)
+# io_uring (liburing) for the NVMe tier (nvme/): AUTO uses it when found;
+# without it the tier's thread pool (pread/pwrite) serves alone.
+set(ZEST_IO_URING AUTO CACHE STRING "Build the NVMe tier's io_uring back end (liburing): AUTO, ON or OFF")
+set_property(CACHE ZEST_IO_URING PROPERTY STRINGS AUTO ON OFF)
 set(ZEST_SANITIZE "" CACHE STRING "Sanitizers for host code, e.g. address,undefined")
 
 function(_zest_resolve_switch name found)
@@ -111,10 +115,29 @@ if(ZEST_TORCH)
   endif()
 endif()
 
+# liburing: its header and library, where pkg-config (when present) says
+# they are or on the default paths. Linked by its file, so that the exported
+# static zest names it without a target of its own.
+string(TOUPPER "${ZEST_IO_URING}" _zest_uring_request)
+set(_zest_uring_found OFF)
+if(NOT _zest_uring_request STREQUAL "OFF")
+  find_package(PkgConfig QUIET)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(ZEST_PC_LIBURING QUIET liburing)
+  endif()
+  find_path(ZEST_LIBURING_INCLUDE liburing.h HINTS ${ZEST_PC_LIBURING_INCLUDE_DIRS})
+  find_library(ZEST_LIBURING_LIBRARY uring HINTS ${ZEST_PC_LIBURING_LIBRARY_DIRS})
+  if(ZEST_LIBURING_INCLUDE AND ZEST_LIBURING_LIBRARY)
+    set(_zest_uring_found ON)
+  endif()
+endif()
+_zest_resolve_switch(ZEST_IO_URING ${_zest_uring_found})
+set(ZEST_WITH_IO_URING ${ZEST_IO_URING})
+
 set(ZEST_WITH_CUDA ${ZEST_CUDA})
 set(ZEST_WITH_NCCL ${ZEST_CUDA})
 set(ZEST_WITH_MPI ${ZEST_MPI})
-message(STATUS "ZEST: CUDA backend ${ZEST_CUDA}, MPI backend ${ZEST_MPI}, libtorch layer ${ZEST_TORCH}, sanitizers '${ZEST_SANITIZE}'")
+message(STATUS "ZEST: CUDA backend ${ZEST_CUDA}, MPI backend ${ZEST_MPI}, libtorch layer ${ZEST_TORCH}, io_uring ${ZEST_IO_URING}, sanitizers '${ZEST_SANITIZE}'")
 
 find_program(ZEST_CCACHE ccache)
 if(ZEST_CCACHE)

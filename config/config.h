@@ -26,10 +26,10 @@
 // for "stage3_max_live_parameters"):
 //   - a key ZEST honours sets the field below;
 //   - a key about something ZEST does not do (memory printouts, profilers,
-//     monitors, autotuning, NVMe I/O tuning, stage-3 fetch heuristics...) is
+//     monitors, autotuning, stage-3 fetch heuristics...) is
 //     accepted, and listed in `ignored` with the reason;
-//   - a key that asks for a feature ZEST lacks (offload to NVMe,
-//     LAMB or 1-bit optimizers, curriculum learning, activation
+//   - a key that asks for a feature ZEST lacks (GPUDirect Storage,
+//     1-bit optimizers, curriculum learning, activation
 //     checkpointing, pipeline or tensor parallelism, compression...) is
 //     refused with the feature's name;
 //   - a key DeepSpeed itself would refuse is refused with the names allowed
@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "zest/core/dtype.h"
+#include "zest/nvme/aio_config.h"
 #include "zest/optim/loss_scaler.h"
 #include "zest/optim/lr_schedule.h"
 #include "zest/optim/optimizer.h"
@@ -107,14 +108,17 @@ struct ZeroConfig {
 // zero_optimization.offload_optimizer / offload_param (DeepSpeed's
 // DeepSpeedZeroOffloadOptimizerConfig and ...ParamConfig, with their
 // defaults): where the fp32 master weights and optimizer state, or the
-// parameters not in use, live. A file's "nvme" device (ZeRO-Infinity) is
-// refused by name; its NVMe-only keys (nvme_path, the optimizer's
-// buffer_count, pipeline_read/write, fast_init, the parameters' buffer_count,
-// buffer_size and max_in_cpu) are noted as ignored with any other device, as
-// DeepSpeed reads them only for "nvme". The deprecated
+// parameters not in use, live. A file's "nvme" device (ZeRO-Infinity) loads
+// with its NVMe keys (nvme_path, required; the optimizer's buffer_count,
+// pipeline_read/write, fast_init; the parameters' buffer_count, buffer_size
+// and max_in_cpu) and the top-level `aio` section; the NVMe tier's storage
+// layer (nvme/) exists, but the Engine does not run on it yet and refuses
+// kNvme at construction. With any other device the NVMe keys are read
+// (type and range checked) and noted as ignored, as DeepSpeed reads them
+// only for "nvme". The deprecated
 // cpu_offload / cpu_offload_param (true) are read as {"device": "cpu"};
 // cpu_offload_use_pin_memory, which DeepSpeed no longer applies, is ignored.
-enum class OffloadDevice { kNone, kCpu };
+enum class OffloadDevice { kNone, kCpu, kNvme };
 
 struct OffloadOptimizerConfig {
   // kCpu: ZeRO-Offload, at stages 1-3 (a file's cpu at stage 0 is ignored,
@@ -128,6 +132,12 @@ struct OffloadOptimizerConfig {
   // ZeRO-Offload's one-step delayed parameter update (DPU); off by default.
   // No DeepSpeed key sets it: DeepSpeed has no DPU.
   bool delayed_update = false;
+  // kNvme only (DeepSpeed's defaults): the directory of the swap files, the
+  // ring's buffers, and DeepSpeed's swapper's pipelining switches (read
+  // and kept; nvme/swap_ring.h always overlaps reads and writes).
+  std::string nvme_path;
+  int64_t buffer_count = 4;
+  bool pipeline_read = false, pipeline_write = false, fast_init = false;
 };
 
 struct OffloadParamConfig {
@@ -137,8 +147,10 @@ struct OffloadParamConfig {
   // offload_optimizer device cpu at ratio 1, whose host update writes them.
   OffloadDevice device = OffloadDevice::kNone;
   bool pin_memory = false;
-  // NVMe only, in DeepSpeed and so here: read (and range-checked) from a
-  // file, acted on by nothing.
+  // kNvme only, in DeepSpeed and so here (its defaults): the swap files'
+  // directory, the prefetch buffers and how many parameters stay in host
+  // memory.
+  std::string nvme_path;
   int64_t buffer_count = 5, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements
 };
 
@@ -245,6 +257,8 @@ struct EngineConfig {
   std::optional<DType> grad_accum_dtype;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
+  // The top-level `aio` section (nvme/aio_config.h): the NVMe tier's I/O.
+  AioConfig aio;
   // How gradients are averaged over the ranks, as DeepSpeed's
   // prescale_gradients and gradient_predivide_factor say (Note [gradient
   // predivision] in engine/engine_grads.cpp): divided before the reduction

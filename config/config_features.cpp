@@ -60,7 +60,6 @@ void read_ignored(Section& top) {
   top.ignore("use_data_before_expert_parallelism", "for expert (MoE) parallelism, which ZEST does not do");
   top.ignore("timers", "DeepSpeed's throughput timers");
   top.ignore("nebula", "DeepSpeed's Nebula checkpoint service");
-  top.ignore("aio", "NVMe I/O settings, used only by NVMe offload, which ZEST does not do");
   top.ignore("compile", "torch.compile settings; ZEST does not compile the model");
   const std::string monitor = "a training monitor's output; ZEST writes none (log StepResult yourself)";
   ignore_section(top, "tensorboard", {"enabled", "output_path", "job_name"}, monitor);

@@ -154,6 +154,7 @@ EngineConfig parse(std::string_view text, const AutoValues& program, const std::
   const AutoRule<double> clip{program.gradient_clipping, "gradient_clipping"};
   top.read_double("gradient_clipping", cfg.gradient_clipping, 0.0, 1e38, &clip);
   read_zero(top, file);
+  read_aio(top, file);
   read_precision(top, file);
   read_optimizer(top, file);
   read_scheduler(top, file);

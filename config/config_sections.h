@@ -22,6 +22,9 @@ void read_zero(Section& top, FileState& file);
 void read_precision(Section& top, FileState& file);
 void read_optimizer(Section& top, FileState& file);
 void read_scheduler(Section& top, FileState& file);
+// aio: the NVMe tier's I/O settings; after read_zero (it notes the section
+// as ignored without an "nvme" device).
+void read_aio(Section& top, FileState& file);
 // The top-level keys of DeepSpeed's that are about something ZEST does not
 // do (ignored, with the reason) or ask for a feature it lacks (refused).
 void read_other_features(Section& top, FileState& file);

@@ -14,9 +14,10 @@ namespace {
 const char* const kSameValues = "an implementation choice of DeepSpeed's; ZEST computes the same values its own way";
 
 // offload_optimizer / offload_param (DeepSpeedZeroOffloadOptimizerConfig /
-// ...ParamConfig): device "none" or "cpu" (ZeRO-Offload) set the config;
-// "nvme" (ZeRO-Infinity) is refused by name. The keys that tune only
-// DeepSpeed's NVMe swapping are accepted and noted with any other device, as
+// ...ParamConfig): device "none", "cpu" (ZeRO-Offload) or "nvme"
+// (ZeRO-Infinity, which needs nvme_path). The keys that tune only
+// DeepSpeed's NVMe swapping are read with any device (so a bad value is an
+// error either way) and noted as ignored unless the device is "nvme", as
 // DeepSpeed reads them only for "nvme".
 struct OffloadSection {
   bool present = false;
@@ -38,19 +39,26 @@ void read_device(Section& o, FileState& file, OffloadSection& s) {
   s.nvme = i == 2;
 }
 
-// The NVMe-only keys present in `o`, comma-separated; each noted as ignored
-// unless the device is nvme (then the device's error lists them).
-std::string nvme_keys(Section& o, FileState& file, const std::vector<const char*>& keys, bool nvme) {
-  std::string named;
+// nvme_path: DeepSpeed's Path, a non-empty string here.
+void read_nvme_path(Section& o, std::string& out) {
+  const json* v = o.get("nvme_path");
+  if (!v) return;
+  if (!v->is_string() || v->get<std::string>().empty()) {
+    o.problem("nvme_path", fmt::format("must be the path of a directory on the NVMe drive, got {}", v->dump()));
+    return;
+  }
+  out = v->get<std::string>();
+}
+
+// Notes each of the NVMe-only keys present in `o` as ignored unless the
+// device is nvme.
+void note_nvme_keys(Section& o, FileState& file, const std::vector<const char*>& keys, bool nvme) {
+  if (nvme) return;
   for (const char* k : keys) {
-    if (!o.get(k)) continue;
-    named += (named.empty() ? "" : ", ") + std::string(k);
-    if (!nvme) {
-      file.ignored(o.where(k), "an NVMe offload setting: DeepSpeed reads it only with device \"nvme\", and ZEST "
-                               "has no NVMe offload");
+    if (o.value().contains(k) && !o.value().at(k).is_null()) {
+      file.ignored(o.where(k), "an NVMe offload setting: DeepSpeed reads it only with device \"nvme\"");
     }
   }
-  return named;
 }
 
 // Opens `key`'s section and reads what both kinds have: device, pin_memory.
@@ -64,21 +72,20 @@ std::optional<Section> open_offload(Section& z, FileState& file, const char* key
   return o;
 }
 
-// After the section's keys: "nvme" refused, naming the NVMe keys nothing
-// will read; "cpu" where DeepSpeed does not act on it (`inert` says why, empty
-// where it acts) noted and dropped; "none" noted.
-void settle_offload(Section& z, FileState& file, const Section& o, const char* key, const char* what,
-                    const std::string& named, const std::string& inert, OffloadSection& s) {
-  if (s.nvme) {
-    file.problem(fmt::format("{} is \"nvme\": that asks for offloading {} to NVMe (ZeRO-Infinity), which ZEST does "
-                             "not have (it offloads to CPU memory only){}; set the device to \"cpu\" or \"none\"",
-                             o.where("device"), what,
-                             named.empty() ? "" : fmt::format(", and so nothing reads {}", named)));
-  } else if (!s.cpu) {
+// After the section's keys: "nvme" without nvme_path refused; "cpu" or
+// "nvme" where DeepSpeed does not act on it (`inert` says why, empty where
+// it acts) noted and dropped; "none" noted.
+void settle_offload(Section& z, FileState& file, const Section& o, const char* key, const std::string& path,
+                    const std::string& inert, OffloadSection& s) {
+  if (s.nvme && path.empty() && inert.empty()) {
+    file.problem(fmt::format("{} is \"nvme\" without {}: name the directory on the NVMe drive where the swap "
+                             "files go",
+                             o.where("device"), o.where("nvme_path")));
+  } else if (!s.cpu && !s.nvme) {
     file.ignored(z.where(key), "device \"none\": nothing is offloaded");
   } else if (!inert.empty()) {
     file.ignored(z.where(key), inert);
-    s.cpu = false;
+    s.cpu = s.nvme = false;
   }
 }
 
@@ -88,8 +95,12 @@ OffloadSection read_offload_optimizer(Section& z, FileState& file, int stage) {
   std::optional<Section> o = open_offload(z, file, "offload_optimizer", s, c.pin_memory);
   if (!o) return s;
   o->read_double("ratio", c.ratio, 0.0, 1.0);
-  const std::string named =
-      nvme_keys(*o, file, {"nvme_path", "buffer_count", "pipeline_read", "pipeline_write", "fast_init"}, s.nvme);
+  read_nvme_path(*o, c.nvme_path);
+  o->read_int("buffer_count", c.buffer_count, 0, kMaxCount);
+  o->read_bool("pipeline_read", c.pipeline_read);
+  o->read_bool("pipeline_write", c.pipeline_write);
+  o->read_bool("fast_init", c.fast_init);
+  note_nvme_keys(*o, file, {"nvme_path", "buffer_count", "pipeline_read", "pipeline_write", "fast_init"}, s.nvme);
   // Newer DeepSpeed's keys for Superchips (Grace Hopper) and CPU Adam.
   o->refuse_if("super_offload", is_on, "DeepSpeed's SuperOffload for Superchips", "false, as in ZEST");
   o->ignore("convert_grad_on_cpu", "where DeepSpeed converts offloaded gradients to fp32; ZEST's host update reads "
@@ -105,12 +116,14 @@ OffloadSection read_offload_optimizer(Section& z, FileState& file, int stage) {
                              o->where("ratio"), c.ratio, stage));
   }
   // ZeRO off: DeepSpeed's fp16/bf16 optimizers never offload.
-  settle_offload(z, file, *o, "offload_optimizer", "optimizer state", named,
-                 stage == 0 ? "device \"cpu\" at stage 0: DeepSpeed offloads the optimizer only under ZeRO (stages "
-                              "1-3), and so does ZEST; nothing is offloaded"
+  settle_offload(z, file, *o, "offload_optimizer", c.nvme_path,
+                 stage == 0 ? fmt::format("device \"{}\" at stage 0: DeepSpeed offloads the optimizer only under ZeRO "
+                                          "(stages 1-3), and so does ZEST; nothing is offloaded",
+                                          s.nvme ? "nvme" : "cpu")
                             : "",
                  s);
   if (s.cpu) c.device = OffloadDevice::kCpu;
+  if (s.nvme) c.device = OffloadDevice::kNvme;
   return s;
 }
 
@@ -122,17 +135,19 @@ OffloadSection read_offload_param(Section& z, FileState& file, int stage) {
   o->read_int("buffer_count", c.buffer_count, 0, kMaxCount);
   o->read_int("buffer_size", c.buffer_size, 0, kMaxCount);
   o->read_int("max_in_cpu", c.max_in_cpu, 0, kMaxCount);
+  read_nvme_path(*o, c.nvme_path);
   // DeepSpeed reads all four only for "nvme" (its parameter swapper's pool
   // and how much of the model stays in CPU memory beside NVMe).
-  const std::string named = nvme_keys(*o, file, {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}, s.nvme);
+  note_nvme_keys(*o, file, {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}, s.nvme);
   o->finish();
-  settle_offload(z, file, *o, "offload_param", "parameters", named,
+  settle_offload(z, file, *o, "offload_param", c.nvme_path,
                  stage < 3 ? fmt::format("DeepSpeed offloads parameters only at stage 3; this is stage {}, so nothing "
                                          "is offloaded",
                                          stage)
                            : "",
                  s);
   if (s.cpu) c.device = OffloadDevice::kCpu;
+  if (s.nvme) c.device = OffloadDevice::kNvme;
   return s;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
@@ -25,6 +26,16 @@ namespace {
 EngineConfig checked(EngineConfig c, const Communicator& comm) {
   ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
              "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
+  // The config reads "nvme" (and its keys and the aio section) so that
+  // ZeRO-Infinity files load; the step does not use the tier yet.
+  for (const auto& [key, device] : {std::pair{"offload_optimizer", c.offload_optimizer.device},
+                                    std::pair{"offload_param", c.offload_param.device}}) {
+    ZEST_CHECK(device != OffloadDevice::kNvme,
+               "zero_optimization.{}.device is \"nvme\": ZEST's NVMe tier has its storage layer (swap files, "
+               "io_uring I/O, the buffer ring: nvme/) but the engine does not run on it yet; set the device to "
+               "\"cpu\" to offload to host memory",
+               key);
+  }
   c.resolve_batch(comm.size());
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.zero.stage <= 1,
              "zero.reduce_at_accumulation_boundary is on at stage {}: stages 2-3 keep only the owned "

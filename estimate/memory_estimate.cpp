@@ -432,6 +432,11 @@ void EstimateOptions::validate() const {
              "stage3_max_live_parameters ({}) >= 0 (elements)",
              zero.reduce_bucket_size.value_or(1), zero.stage3_prefetch_bucket_size,
              zero.stage3_max_live_parameters);
+  // A third tier the estimate does not count yet: refused rather than
+  // counted as no offload.
+  ZEST_CHECK(offload_optimizer.device != OffloadDevice::kNvme && offload_param.device != OffloadDevice::kNvme,
+             "offload device \"nvme\": the estimate does not count the NVMe tier yet (as the engine does not run "
+             "on it yet); estimate with device \"cpu\"");
   ZEST_CHECK(offload_optimizer.ratio >= 0.0 && offload_optimizer.ratio <= 1.0,
              "offload_optimizer.ratio is {}: it must be in [0, 1] (the fraction of the optimizer state offloaded)",
              offload_optimizer.ratio);

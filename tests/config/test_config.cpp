@@ -145,10 +145,7 @@ TEST_CASE("a feature ZEST lacks is refused by name, never as an unknown key") {
     const char* feature;
   };
   const Case cases[] = {
-      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}})",
-       "offloading optimizer state to NVMe (ZeRO-Infinity)"},
-      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}})",
-       "offloading parameters to NVMe (ZeRO-Infinity)"},
+      {R"({"aio": {"use_gds": true}})", "GPUDirect Storage"},
       {R"({"optimizer": {"type": "OneBitLamb", "params": {"lr": 0.1, "max_coeff": 0.3}}})", "1-bit LAMB"},
       {R"({"optimizer": {"type": "Lamb", "params": {"amsgrad": true}}})", "the AMSGrad variant (FusedLamb"},
       {R"({"optimizer": {"type": "Lamb", "params": {"max_grad_norm": 1.0}}})", "FusedLamb's own clipping"},
@@ -268,9 +265,9 @@ TEST_CASE("every problem of a file is listed in one error, each with its key pat
   CHECK(e == "config: 6 problems:\n"
              "  - train_batch_size must be a whole number, got \"lots\"\n"
              "  - zero_optimization.stage3_prefetch_bucket_size is -1; allowed: 0 to 1125899906842624\n"
-             "  - zero_optimization.offload_param.device is \"nvme\": that asks for offloading parameters to "
-             "NVMe (ZeRO-Infinity), which ZEST does not have (it offloads to CPU memory only); set the device to "
-             "\"cpu\" or \"none\"\n"
+             "  - zero_optimization.offload_param.device is \"nvme\" without "
+             "zero_optimization.offload_param.nvme_path: name the directory on the NVMe drive where the swap files "
+             "go\n"
              "  - " + error_of(R"({"zero_optimization": {"stgae": 1}})").substr(8) + "\n"
              "  - fp16.enabled must be true or false, got 2\n"
              "  - optimizer.type is \"Adagrad\": that asks for the Adagrad optimizer, which ZEST does not have; it "

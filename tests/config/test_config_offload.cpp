@@ -1,7 +1,8 @@
 // zero_optimization.offload_optimizer / offload_param and their deprecated
 // forms, read with DeepSpeed's semantics (deepspeed/runtime/zero/config.py
 // and offload_config.py): defaults, the stages at which each acts, the ratio
-// check, "nvme" refused by name, NVMe-only keys noted.
+// check, "nvme" with its keys, NVMe-only keys noted with other devices, and
+// the aio section.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -108,18 +109,61 @@ TEST_CASE("offload_optimizer.ratio: [0, 1], and below 1 only at stage 3") {
   }
 }
 
-TEST_CASE("nvme is refused by name, NVMe-only keys are noted with any other device") {
-  CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
-    "nvme_path": "/local_nvme", "buffer_count": 4, "fast_init": false}}})") ==
-        "config: zero_optimization.offload_optimizer.device is \"nvme\": that asks for offloading optimizer state "
-        "to NVMe (ZeRO-Infinity), which ZEST does not have (it offloads to CPU memory only), and so nothing reads "
-        "nvme_path, buffer_count, fast_init; set the device to \"cpu\" or \"none\"");
+TEST_CASE("nvme loads with its keys and DeepSpeed's defaults, nvme_path required, and NVMe-only keys are noted "
+          "with any other device") {
+  // DeepSpeedZeroOffloadOptimizerConfig: buffer_count 4, pipeline_read,
+  // pipeline_write and fast_init False; ...ParamConfig: buffer_count 5,
+  // buffer_size 1e8, max_in_cpu 1e9.
+  const EngineConfig d = test::parse("{}");
+  CHECK(d.offload_optimizer.buffer_count == 4);
+  CHECK_FALSE(d.offload_optimizer.pipeline_read);
+  CHECK_FALSE(d.offload_optimizer.pipeline_write);
+  CHECK_FALSE(d.offload_optimizer.fast_init);
+  CHECK(d.offload_optimizer.nvme_path.empty());
+  CHECK(d.offload_param.nvme_path.empty());
+  const EngineConfig n = test::parse(R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 6, "pipeline_read": true,
+                          "pipeline_write": true, "fast_init": true, "pin_memory": true},
+    "offload_param": {"device": "nvme", "nvme_path": "/local_nvme2", "buffer_count": 7, "buffer_size": 2e8,
+                      "max_in_cpu": 3e9}}})");
+  CHECK(n.offload_optimizer.device == OffloadDevice::kNvme);
+  CHECK(n.offload_optimizer.nvme_path == "/local_nvme");
+  CHECK(n.offload_optimizer.buffer_count == 6);
+  CHECK(n.offload_optimizer.pipeline_read);
+  CHECK(n.offload_optimizer.pipeline_write);
+  CHECK(n.offload_optimizer.fast_init);
+  CHECK(n.offload_optimizer.pin_memory);
+  CHECK(n.offload_param.device == OffloadDevice::kNvme);
+  CHECK(n.offload_param.nvme_path == "/local_nvme2");
+  CHECK(n.offload_param.buffer_count == 7);
+  CHECK(n.offload_param.buffer_size == 200'000'000);
+  CHECK(n.offload_param.max_in_cpu == 3'000'000'000);
+  CHECK(n.ignored.empty());
   CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})") ==
-        "config: zero_optimization.offload_param.device is \"nvme\": that asks for offloading parameters to NVMe "
-        "(ZeRO-Infinity), which ZEST does not have (it offloads to CPU memory only); set the device to \"cpu\" or "
-        "\"none\"");
+        "config: zero_optimization.offload_param.device is \"nvme\" without zero_optimization.offload_param.nvme_path: "
+        "name the directory on the NVMe drive where the swap files go");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": 3}}})") ==
+        "config: 2 problems:\n"
+        "  - zero_optimization.offload_optimizer.nvme_path must be the path of a directory on the NVMe drive, got 3\n"
+        "  - zero_optimization.offload_optimizer.device is \"nvme\" without "
+        "zero_optimization.offload_optimizer.nvme_path: name the directory on the NVMe drive where the swap files go");
+  CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/x",
+    "buffer_count": -1}}})") ==
+        "config: zero_optimization.offload_optimizer.buffer_count is -1; allowed: 0 to 1125899906842624");
   CHECK(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})") ==
         "config: zero_optimization.offload_param.device is \"gpu\" (did you mean \"cpu\"?); allowed: none, cpu, nvme");
+  // Where DeepSpeed does not act on the section, nvme is dropped as cpu is:
+  // offload_param below stage 3, offload_optimizer at stage 0 (no nvme_path
+  // needed then).
+  const EngineConfig z2 = test::parse(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "nvme"}}})");
+  CHECK(z2.offload_param.device == OffloadDevice::kNone);
+  CHECK(ignored_reason(z2, "zero_optimization.offload_param") ==
+        "DeepSpeed offloads parameters only at stage 3; this is stage 2, so nothing is offloaded");
+  const EngineConfig z0 = test::parse(R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "nvme"}}})");
+  CHECK(z0.offload_optimizer.device == OffloadDevice::kNone);
+  CHECK(ignored_reason(z0, "zero_optimization.offload_optimizer") ==
+        "device \"nvme\" at stage 0: DeepSpeed offloads the optimizer only under ZeRO (stages 1-3), and so does ZEST; "
+        "nothing is offloaded");
   // DeepSpeed's docs write the NVMe keys next to device "cpu": they load,
   // noted by name.
   const EngineConfig c = test::parse(R"({"zero_optimization": {"stage": 3,
@@ -128,8 +172,7 @@ TEST_CASE("nvme is refused by name, NVMe-only keys are noted with any other devi
     "offload_param": {"device": "cpu", "nvme_path": "/local_nvme"}}})");
   CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
   CHECK(c.offload_param.device == OffloadDevice::kCpu);
-  const char* const nvme = "an NVMe offload setting: DeepSpeed reads it only with device \"nvme\", and ZEST has no "
-                           "NVMe offload";
+  const char* const nvme = "an NVMe offload setting: DeepSpeed reads it only with device \"nvme\"";
   for (const char* key : {"offload_optimizer.nvme_path", "offload_optimizer.buffer_count",
                           "offload_optimizer.pipeline_read", "offload_optimizer.pipeline_write",
                           "offload_optimizer.fast_init", "offload_param.nvme_path"}) {
@@ -178,4 +221,44 @@ TEST_CASE("the deprecated cpu_offload, cpu_offload_param and cpu_offload_use_pin
         "the file writes both: DeepSpeed refuses that; keep only zero_optimization.offload_optimizer");
   CHECK(error_of(R"({"zero_optimization": {"stage": 2, "cpu_offload": "sometimes"}})") ==
         "config: zero_optimization.cpu_offload must be true or false, got \"sometimes\"");
+}
+
+TEST_CASE("aio: DeepSpeed's defaults and names, each key checked, noted as ignored without an nvme device") {
+  // deepspeed/runtime/swap_tensor/aio_config.py's AIO_DEFAULT_DICT.
+  const EngineConfig d = test::parse("{}");
+  CHECK(d.aio.block_size == 1048576);
+  CHECK(d.aio.queue_depth == 8);
+  CHECK(d.aio.intra_op_parallelism == 1);
+  CHECK_FALSE(d.aio.single_submit);
+  CHECK(d.aio.overlap_events);
+  CHECK_FALSE(d.aio.use_gds);
+  const EngineConfig a = test::parse(R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}},
+    "aio": {"block_size": 262144, "queue_depth": 32, "intra_op_parallelism": 4, "single_submit": true,
+            "overlap_events": false, "use_gds": false}})");
+  CHECK(a.aio.block_size == 262144);
+  CHECK(a.aio.queue_depth == 32);
+  CHECK(a.aio.intra_op_parallelism == 4);
+  CHECK(a.aio.single_submit);
+  CHECK_FALSE(a.aio.overlap_events);
+  // use_gds false is accepted and noted, as every switch of a feature ZEST lacks.
+  REQUIRE(a.ignored.size() == 1);
+  CHECK(a.ignored[0].key == "aio.use_gds");
+  // Older DeepSpeed's name for the threads.
+  CHECK(test::parse(R"({"aio": {"thread_count": 3}})").aio.intra_op_parallelism == 3);
+  const EngineConfig cpu = test::parse(R"({"aio": {"queue_depth": 16}})");
+  CHECK(cpu.aio.queue_depth == 16);
+  CHECK(ignored_reason(cpu, "aio") == "NVMe I/O settings: DeepSpeed uses them only with offload device \"nvme\"");
+  CHECK(error_of(R"({"aio": {"block_size": 1000000}})") ==
+        "config: aio.block_size is 1000000: direct I/O needs a multiple of 4096 bytes (DeepSpeed's default is 1048576)");
+  CHECK(error_of(R"({"aio": {"block_size": 512}})") == "config: aio.block_size is 512; allowed: 4096 to 1073741824");
+  CHECK(error_of(R"({"aio": {"queue_depth": 0}})") == "config: aio.queue_depth is 0; allowed: 1 to 65536");
+  CHECK(error_of(R"({"aio": {"intra_op_parallelism": "4"}})") ==
+        "config: aio.intra_op_parallelism must be a whole number, got \"4\"");
+  CHECK(error_of(R"({"aio": {"single_submit": 1}})") == "config: aio.single_submit must be true or false, got 1");
+  CHECK(error_of(R"({"aio": {"thread_count": 2, "intra_op_parallelism": 2}})").find("thread_count") !=
+        std::string::npos);
+  CHECK(error_of(R"({"aio": {"use_gds": true}})") ==
+        "config: aio.use_gds is true: that asks for GPUDirect Storage (cuFile reads and writes between the drive and "
+        "the GPU), which ZEST does not have (remove the key, or turn it off, to train without it)");
 }

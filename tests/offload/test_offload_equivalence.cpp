@@ -162,6 +162,25 @@ TEST_CASE("memory_report: offload_param keeps the parameter shards in the host a
   CHECK(both.memory[MemoryCategory::kGradients].current == opt_only.memory[MemoryCategory::kGradients].current);
 }
 
+TEST_CASE("device nvme loads from a file but the engine refuses it at construction, naming the key") {
+  CachingAllocator alloc(make_host_allocator());
+  const Stream stream = Stream::default_for(Device::host());
+  const auto construct = [&](const EngineConfig& config) {
+    run_inprocess(1, [&](Communicator& comm) { Engine engine(config, comm, alloc, stream); });
+  };
+  for (const char* key : {"offload_optimizer", "offload_param"}) {
+    CAPTURE(key);
+    EngineConfig config = base_config(3);
+    (std::string(key) == "offload_param" ? config.offload_param.device : config.offload_optimizer.device) =
+        OffloadDevice::kNvme;
+    const std::string want = fmt::format("zero_optimization.{}.device is \"nvme\": ZEST's NVMe tier has its storage "
+                                         "layer (swap files, io_uring I/O, the buffer ring: nvme/) but the engine does "
+                                         "not run on it yet; set the device to \"cpu\" to offload to host memory",
+                                         key);
+    CHECK_THROWS_WITH_AS(construct(config), doctest::Contains(want.c_str()), Error);
+  }
+}
+
 TEST_CASE("offload settings the engine cannot honour are errors naming the key") {
   CachingAllocator alloc(make_host_allocator());
   const Stream stream = Stream::default_for(Device::host());
