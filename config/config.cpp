@@ -23,6 +23,20 @@ int64_t batch_product(int64_t micro, int64_t accum, int64_t world) {
 
 }  // namespace
 
+void ZeroConfig::check_mics(int world, bool offloads_optimizer) const {
+  const int s = mics_shard_size;
+  if (s <= 0 || stage != 3) return;
+  ZEST_CHECK(s <= world && world % s == 0,
+             "zero.mics_shard_size is {} but the data-parallel world has {} ranks: the shard groups must divide "
+             "the world evenly (DeepSpeed asserts the same); set mics_shard_size to a divisor of {}",
+             s, world, world);
+  ZEST_CHECK(!offloads_optimizer || s == world,
+             "zero.mics_shard_size {} with offload_optimizer (device cpu): DeepSpeed's MiCS refuses CPU offload "
+             "(\"Local sharding has no support for CPU offloading\"), and so does ZEST; set "
+             "offload_optimizer.device to \"none\", or mics_shard_size to -1",
+             s);
+}
+
 int64_t ZeroConfig::reduce_bucket(size_t padded_numel) const {
   constexpr int64_t kDeepSpeedDefault = 500'000'000;
   int64_t bucket = reduce_bucket_size.value_or(

@@ -102,6 +102,39 @@ struct ZeroConfig {
   // No DeepSpeed key maps to it. An Error at stages 2-3, which keep only the
   // owned shard of the gradients between micro-steps.
   bool reduce_at_accumulation_boundary = false;
+
+  // Note [MiCS]. DeepSpeed's mics_shard_size (MiCS, the placement FSDP2
+  // calls HSDP): at stage 3, the model states are sharded within groups of
+  // mics_shard_size consecutive ranks (ranks [g S, (g+1) S)) and replicated
+  // across the groups. Each micro-step reduce-scatters the gradients within
+  // the group (averaging over its S ranks); at the accumulation boundary
+  // the accumulated shard is divided by the R = world / S replicas and
+  // summed over the ranks that hold the same shard, one per group, before
+  // the norm and the optimizer step (DeepSpeed's MiCS_Optimizer
+  // allreduce_mics_shard_grads). So only 1/S of the gradients crosses
+  // groups, once per optimizer step, and the parameter gathers stay within
+  // the group. 0 or negative: off (DeepSpeed's -1 default), as is S equal
+  // to the world size, which is flat sharding. S must divide the world
+  // size. DeepSpeed builds MiCS only at stage 3 (a file's value at stages
+  // 0-2 is ignored, as DeepSpeed ignores it; set in code, the Engine
+  // refuses it), and not with offload_optimizer ("Local sharding has no
+  // support for CPU offloading"), which the Engine refuses too.
+  int mics_shard_size = -1;
+  // DeepSpeed's mics_hierarchical_params_gather: gathers the parameters in
+  // two steps (across hosts, then within) when a group spans hosts. The
+  // values gathered are the same; ZEST gathers within the group in one
+  // all-gather, so it is read and noted, not applied.
+  bool mics_hierarchical_params_gather = false;
+
+  // MiCS's shard size on a world of `world` ranks: the ranks model states
+  // are sharded over (`world` when MiCS is off or the group is the world).
+  int shard_group_size(int world) const {
+    return stage == 3 && mics_shard_size > 0 && mics_shard_size < world ? mics_shard_size : world;
+  }
+  // Throws an Error naming what to change unless MiCS, where it applies
+  // (stage 3), can run on `world` ranks: mics_shard_size must divide the
+  // world (DeepSpeed asserts the same), and it has no CPU offload.
+  void check_mics(int world, bool offloads_optimizer) const;
 };
 
 // zero_optimization.offload_optimizer / offload_param (DeepSpeed's

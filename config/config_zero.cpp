@@ -3,6 +3,8 @@
 // every field under its name and its alias ("stage3_prefetch_bucket_size"
 // or "prefetch_bucket_size"), the deprecated names, and an unknown key
 // refused (the models forbid extra keys).
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "zest/config/config_sections.h"
@@ -196,9 +198,33 @@ void read_zero_variants(Section& z) {
               "off, as in ZEST");
   z.refuse_if("zero_quantized_gradients", is_on, "ZeRO++ quantized gradient reduction (qgZ)", "off, as in ZEST");
   z.refuse_if("zeropp_loco_param", is_on, "LoCo-ZeRO++ error feedback", "empty: LoCo is off");
-  z.refuse_if("mics_shard_size", [](const json& v) { return v.is_number() && v.get<double>() > 0; },
-              "MiCS sharding (mics_shard_size)", "MiCS is off (-1 or 0)");
-  z.ignore("mics_hierarchical_params_gather", "applies to MiCS sharding only");
+}
+
+// MiCS (Note [MiCS] in config.h): honoured at stage 3, where DeepSpeed builds
+// its MiCS optimizer; at stages 0-2 DeepSpeed never reads the key, and a file
+// setting it there is noted as ignored.
+void read_mics(Section& z, FileState& file) {
+  ZeroConfig& c = file.out.zero;
+  int shard = -1;
+  if (z.read_int("mics_shard_size", shard, std::numeric_limits<int>::min(), std::numeric_limits<int>::max())) {
+    if (shard <= 0) {
+      file.ignored(z.where("mics_shard_size"), "MiCS is off (-1 or 0)");
+    } else if (c.stage != 3) {
+      file.ignored(z.where("mics_shard_size"),
+                   fmt::format("DeepSpeed shards within MiCS groups only at stage 3 (its MiCS_Optimizer); this is "
+                               "stage {}, so the model states are sharded over every rank",
+                               c.stage));
+    } else {
+      c.mics_shard_size = shard;
+    }
+  }
+  if (z.read_bool("mics_hierarchical_params_gather", c.mics_hierarchical_params_gather) &&
+      c.mics_hierarchical_params_gather) {
+    file.ignored(z.where("mics_hierarchical_params_gather"),
+                 c.mics_shard_size > 0 ? "gathers across hosts, then within, in DeepSpeed, the same values; ZEST "
+                                         "gathers within the MiCS group in one all-gather"
+                                       : "applies to MiCS sharding (mics_shard_size at stage 3) only");
+  }
 }
 
 void read_zero_object(Section& z, FileState& file) {
@@ -283,6 +309,7 @@ void read_zero_object(Section& z, FileState& file) {
   const OffloadSection opt = read_offload_optimizer(z, file, c.stage);
   read_deprecated_offload(z, file, c.stage, opt, param);
   read_zero_variants(z);
+  read_mics(z, file);
   z.finish();
 }
 

@@ -11,6 +11,7 @@
 #include "zest/engine/engine_state.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/engine/master_precision.h"
+#include "zest/engine/shard_groups.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/grad_ops.h"
 
@@ -25,6 +26,7 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
   ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
              "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
   c.resolve_batch(comm.size());
+  check_mics(c.zero, c.offload_optimizer.device == OffloadDevice::kCpu, comm.size());
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.zero.stage <= 1,
              "zero.reduce_at_accumulation_boundary is on at stage {}: stages 2-3 keep only the owned "
              "shard of the gradients between micro-steps, so they reduce every micro-step; turn it "
@@ -128,7 +130,6 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
              "must be on one device",
              comm.device().str(), allocator.device().str(), stream.device().str());
   impl_->groups.push_back({"default", config_.optimizer.weight_decay});
-  impl_->part = config_.zero.stage == 0 ? 0 : comm.rank();
   log_config_notes(config_, comm);
   if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
     // One host allocator for both offloads: pinned when either asks.
@@ -333,12 +334,18 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   ZEST_CHECK(static_cast<bool>(init) || from == InitFrom::kZeros, "finalize(): the initializer is empty");
   Impl& im = *impl_;
   const int stage = config_.zero.stage;
-  const int partitions = partitions_for(stage, comm_.size());
+  // Every rank splits the same communicators in the same order: the MiCS
+  // groups (none under flat sharding), then the scalars' own.
+  im.mics = split_shard_groups(comm_, config_.zero.shard_group_size(comm_.size()));
+  const Communicator& shards = shard_group();
+  im.part = stage == 0 ? 0 : shards.rank();
+  const int partitions = partitions_for(stage, shards.size());
   auto layout = std::make_unique<ModelLayout>(im.groups, im.specs, partitions);
 
   // Scalars only (digests, the norm's words): on NCCL the child shares the
   // parent's connections and buffers rather than setting up its own.
   im.control = comm_.split(0, comm_.rank(), /*share_resources=*/true);
+  if (im.mics.shard) im.mics_control = im.mics.shard->split(0, im.mics.shard->rank(), /*share_resources=*/true);
   im.comm_stream.emplace(comm_.device());
   im.handoff.emplace(comm_.device());
   check_same_model(*im.control, layout->describe() + describe_hyperparameters(config_), allocator_,
@@ -470,6 +477,22 @@ Engine::Progress Engine::progress() const {
 std::vector<int64_t> Engine::all_gather_scalars(std::span<const int64_t> mine) {
   check_finalized("all_gather_scalars()");
   return all_gather_int64(*impl_->control, allocator_, stream_, mine);
+}
+
+Communicator& Engine::shard_group() const { return impl_->mics.shard ? *impl_->mics.shard : comm_; }
+
+Communicator& Engine::shard_control() const {
+  return impl_->mics_control ? *impl_->mics_control : *impl_->control;
+}
+
+Communicator& Engine::shard_comm() const {
+  check_finalized("shard_comm()");
+  return shard_group();
+}
+
+Communicator* Engine::replica_comm() const {
+  check_finalized("replica_comm()");
+  return impl_->mics.replica.get();
 }
 
 int Engine::partition() const {

@@ -257,6 +257,16 @@ class Engine {
   Stream stream() const { return stream_; }
   const ModelLayout& layout() const;
   Communicator& comm() const { return comm_; }
+  // The ranks the model states are sharded over: comm() itself, or with
+  // MiCS (zero.mics_shard_size, Note [MiCS] in config.h) this rank's group
+  // of mics_shard_size ranks, a split of comm() whose counters() count the
+  // gathers and reduce-scatters within the group. After finalize().
+  Communicator& shard_comm() const;
+  // MiCS: the ranks holding the same shard as this one, one per group, over
+  // which the gradient shards are all-reduced once per optimizer step (its
+  // counters() are the traffic that crosses groups). nullptr under flat
+  // sharding. After finalize().
+  Communicator* replica_comm() const;
   // The fp32 master values of a whole unit (padded flat layout), gathered
   // from the shards. Collective.
   std::vector<float> unit_master(int unit);
@@ -407,6 +417,10 @@ class Engine {
   void follow_trace(int unit);
   // engine_grads.cpp
   void flush_reductions();
+  void reduce_across_replicas();
+  // shard_comm() and the communicator for its scalars, unchecked.
+  Communicator& shard_group() const;
+  Communicator& shard_control() const;
   // engine_step.cpp
   void end_micro_step();
   const void* reduced_grad(int unit) const;

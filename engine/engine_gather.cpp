@@ -69,7 +69,7 @@ void Engine::materialize(int unit) {
     shard = slot;
   }
   try {
-    comm_.all_gather(shard, st.params_full.data(), U.shard, compute_dtype_, im.comm(), gather_tag(unit));
+    shard_group().all_gather(shard, st.params_full.data(), U.shard, compute_dtype_, im.comm(), gather_tag(unit));
   } catch (const CommError& e) {
     if (e.reason() != CommError::Reason::kMismatch) throw;
     throw CommError(e.reason(),

@@ -10,6 +10,7 @@
 #include "zest/core/stream.h"
 #include "zest/engine/engine.h"
 #include "zest/engine/optimizer_offload.h"
+#include "zest/engine/shard_groups.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/optim/lamb.h"
 
@@ -83,6 +84,12 @@ struct Engine::Impl {
   std::vector<UnitSpec> specs;
   std::unique_ptr<ModelLayout> layout;
   std::unique_ptr<Communicator> control;  // scalars: digests, norms, broadcasts
+  // MiCS (Note [MiCS] in config.h): the shard and replica groups, and a
+  // split of the shard group for its scalars (norms, master gathers). All
+  // null under flat sharding, where the engine's communicator and `control`
+  // serve instead (Engine::shard_group, shard_control).
+  ShardGroups mics;
+  std::unique_ptr<Communicator> mics_control;
   std::optional<OwnedStream> comm_stream;
   std::optional<Event> handoff;  // compute -> comm ordering
   std::vector<UnitState> units;

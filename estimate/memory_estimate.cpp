@@ -304,8 +304,9 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   e.padding_bytes = e.model_state_bytes - std::llround(bare_device);
 
   e.paper_k = paper_k(o.compute_dtype, o.optimizer, o.master_dtype, o.state_dtype);
-  const PaperBytes paper = paper_offload_bytes(static_cast<double>(e.numel), o.world_size, o.zero.stage,
-                                               o.offloads_optimizer(), o.offloads_params(), e.paper_k,
+  // MiCS: the paper's N is the shard group's size.
+  const PaperBytes paper = paper_offload_bytes(static_cast<double>(e.numel), o.zero.shard_group_size(o.world_size),
+                                               o.zero.stage, o.offloads_optimizer(), o.offloads_params(), e.paper_k,
                                                static_cast<double>(b));
   e.paper_bytes = paper.device;
   e.paper_host_bytes = paper.host;
@@ -441,6 +442,7 @@ void EstimateOptions::validate() const {
              "offload_param (device cpu) goes with offload_optimizer cpu at ratio 1, as in the engine (its host "
              "optimizer writes the offloaded parameters); this has offload_optimizer {}, ratio {}",
              offloads_optimizer() ? "cpu" : "none", offload_optimizer.ratio);
+  zero.check_mics(world_size, offloads_optimizer());
   ZEST_CHECK(live_units >= 0 && grad_units_in_flight >= 0,
              "live_units ({}) and grad_units_in_flight ({}) must be >= 0 (0: the engine's policy)",
              live_units, grad_units_in_flight);

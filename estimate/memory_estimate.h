@@ -92,7 +92,9 @@ ModelDescription parse_model_description(std::string_view text);
 
 struct EstimateOptions {
   int world_size = 1;
-  // stage, stage3_param_persistence_threshold, reduce_bucket_size,
+  // stage, mics_shard_size (MiCS: at stage 3 the model states are sharded
+  // over groups of that many ranks, so the per-rank bytes are those of a
+  // world of mics_shard_size ranks), stage3_param_persistence_threshold, reduce_bucket_size,
   // stage3_prefetch_bucket_size and stage3_max_live_parameters, with the
   // engine's (DeepSpeed's) defaults and meaning.
   ZeroConfig zero;
@@ -125,7 +127,8 @@ struct EstimateOptions {
   // Throws a zest::Error naming the bad field and the allowed values.
   void validate() const;
   // 1 at stage 0, the world size at stages 1-3.
-  int partitions() const { return partitions_for(zero.stage, world_size); }
+  // With MiCS (zero.mics_shard_size at stage 3) the shard group's size.
+  int partitions() const { return partitions_for(zero.stage, zero.shard_group_size(world_size)); }
   bool offloads_optimizer() const { return offload_optimizer.device == OffloadDevice::kCpu; }
   bool offloads_params() const { return offload_param.device == OffloadDevice::kCpu; }
 };
