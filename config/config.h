@@ -135,6 +135,33 @@ struct ZeroConfig {
   // (stage 3), can run on `world` ranks: mics_shard_size must divide the
   // world (DeepSpeed asserts the same), and it has no CPU offload.
   void check_mics(int world, bool offloads_optimizer) const;
+
+  // Note [hpZ]. ZeRO++'s hierarchical partitioning (zero_hpz_partition_size,
+  // H): at stage 3 the model states stay sharded over every rank, and each
+  // rank also keeps a secondary copy of the parameters, sharded over its
+  // group of H consecutive ranks (a host's, typically: ranks [k H, (k+1) H)),
+  // made from a unit's first gather after an optimizer step, which spans the
+  // world. While it exists, the unit's gathers (backward's, and the forward
+  // of later micro-steps) all-gather it within the group instead. Every
+  // optimizer step drops the copies (DeepSpeed's
+  // invalidate_secondary_tensor), as do restore() and loads. The values are
+  // those of flat stage 3; the gathers that cross groups fall to one per
+  // unit and step, the others moving (H-1)/H of a unit within the group,
+  // at the cost of padded / H more elements per gathered unit while the
+  // copies live. 1 (DeepSpeed's default) or 0: off; H at
+  // least the world size is flat stage 3 (DeepSpeed takes min(H, world)).
+  // DeepSpeed reads it at stage 3 only (a file's value elsewhere is
+  // ignored; set in code, the Engine refuses it). H must divide the world;
+  // ZEST refuses it with mics_shard_size and with offload_param.
+  int zero_hpz_partition_size = 1;
+  // hpZ's group size on `world` ranks, 0 when no secondary copy is kept.
+  int hpz_group_size(int world) const {
+    return stage == 3 && zero_hpz_partition_size > 1 && zero_hpz_partition_size < world ? zero_hpz_partition_size
+                                                                                         : 0;
+  }
+  // Throws an Error naming what to change unless hpZ, where it applies,
+  // can run on `world` ranks.
+  void check_hpz(int world, bool offloads_params) const;
 };
 
 // zero_optimization.offload_optimizer / offload_param (DeepSpeed's

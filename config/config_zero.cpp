@@ -191,8 +191,6 @@ void read_deprecated_offload(Section& z, FileState& file, int stage, const Offlo
 
 // ZeRO++ and MiCS: other partitionings and quantized communication.
 void read_zero_variants(Section& z) {
-  z.refuse_if("zero_hpz_partition_size", [](const json& v) { return v.is_number() && v.get<double>() > 1; },
-              "ZeRO++ hierarchical partitioning (hpZ)", "1: one partition group, as in ZEST");
   z.refuse_if("zero_quantized_weights", is_on, "ZeRO++ quantized weight gathers (qwZ)", "off, as in ZEST");
   z.refuse_if("zero_quantized_nontrainable_weights", is_on, "quantized storage of frozen weights",
               "off, as in ZEST");
@@ -200,10 +198,10 @@ void read_zero_variants(Section& z) {
   z.refuse_if("zeropp_loco_param", is_on, "LoCo-ZeRO++ error feedback", "empty: LoCo is off");
 }
 
-// MiCS (Note [MiCS] in config.h): honoured at stage 3, where DeepSpeed builds
-// its MiCS optimizer; at stages 0-2 DeepSpeed never reads the key, and a file
-// setting it there is noted as ignored.
-void read_mics(Section& z, FileState& file) {
+// MiCS and hpZ (Notes [MiCS] and [hpZ] in config.h): honoured at stage 3,
+// where DeepSpeed builds them; at stages 0-2 DeepSpeed never reads the keys,
+// and a file setting them there is noted as ignored.
+void read_hierarchical(Section& z, FileState& file) {
   ZeroConfig& c = file.out.zero;
   int shard = -1;
   if (z.read_int("mics_shard_size", shard, std::numeric_limits<int>::min(), std::numeric_limits<int>::max())) {
@@ -216,6 +214,18 @@ void read_mics(Section& z, FileState& file) {
                                c.stage));
     } else {
       c.mics_shard_size = shard;
+    }
+  }
+  int hpz = 1;
+  if (z.read_int("zero_hpz_partition_size", hpz, 0, std::numeric_limits<int>::max())) {
+    if (hpz <= 1) {
+      file.ignored(z.where("zero_hpz_partition_size"), "1 or 0: hpZ is off");
+    } else if (c.stage != 3) {
+      file.ignored(z.where("zero_hpz_partition_size"),
+                   fmt::format("DeepSpeed keeps hpZ's secondary parameter copy only at stage 3; this is stage {}",
+                               c.stage));
+    } else {
+      c.zero_hpz_partition_size = hpz;
     }
   }
   if (z.read_bool("mics_hierarchical_params_gather", c.mics_hierarchical_params_gather) &&
@@ -309,7 +319,7 @@ void read_zero_object(Section& z, FileState& file) {
   const OffloadSection opt = read_offload_optimizer(z, file, c.stage);
   read_deprecated_offload(z, file, c.stage, opt, param);
   read_zero_variants(z);
-  read_mics(z, file);
+  read_hierarchical(z, file);
   z.finish();
 }
 

@@ -26,7 +26,8 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
   ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
              "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
   c.resolve_batch(comm.size());
-  check_mics(c.zero, c.offload_optimizer.device == OffloadDevice::kCpu, comm.size());
+  check_hierarchical(c.zero, c.offload_optimizer.device == OffloadDevice::kCpu,
+                     c.offload_param.device == OffloadDevice::kCpu, comm.size());
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.zero.stage <= 1,
              "zero.reduce_at_accumulation_boundary is on at stage {}: stages 2-3 keep only the owned "
              "shard of the gradients between micro-steps, so they reduce every micro-step; turn it "
@@ -336,7 +337,8 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   const int stage = config_.zero.stage;
   // Every rank splits the same communicators in the same order: the MiCS
   // groups (none under flat sharding), then the scalars' own.
-  im.mics = split_shard_groups(comm_, config_.zero.shard_group_size(comm_.size()));
+  im.mics = split_shard_groups(comm_, config_.zero.shard_group_size(comm_.size()),
+                               config_.zero.hpz_group_size(comm_.size()));
   const Communicator& shards = shard_group();
   im.part = stage == 0 ? 0 : shards.rank();
   const int partitions = partitions_for(stage, shards.size());
@@ -495,6 +497,11 @@ Communicator* Engine::replica_comm() const {
   return impl_->mics.replica.get();
 }
 
+Communicator* Engine::hpz_comm() const {
+  check_finalized("hpz_comm()");
+  return impl_->mics.hpz.get();
+}
+
 int Engine::partition() const {
   check_finalized("partition()");
   return impl_->part;
@@ -520,7 +527,8 @@ MemoryReport Engine::memory_report() const {
       if (!U.frozen) continue;
       // The device's bytes only: a shard in host memory is the host's kParameters.
       const size_t shard = shard_on_host(u) ? 0 : U.shard;
-      const size_t held = (st.resident ? U.padded : shard + (st.params_full ? U.padded : 0)) * bc;
+      const size_t secondary = st.params_secondary ? U.padded / static_cast<size_t>(impl_->mics.hpz->size()) : 0;
+      const size_t held = (st.resident ? U.padded : shard + secondary + (st.params_full ? U.padded : 0)) * bc;
       r.frozen_parameters += static_cast<int64_t>(held);
     }
   }

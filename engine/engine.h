@@ -267,6 +267,11 @@ class Engine {
   // counters() are the traffic that crosses groups). nullptr under flat
   // sharding. After finalize().
   Communicator* replica_comm() const;
+  // hpZ (zero.zero_hpz_partition_size, Note [hpZ] in config.h): this rank's
+  // group of H ranks, over which the secondary copy of the parameters is
+  // gathered (its counters() are those gathers). nullptr without hpZ.
+  // After finalize().
+  Communicator* hpz_comm() const;
   // The fp32 master values of a whole unit (padded flat layout), gathered
   // from the shards. Collective.
   std::vector<float> unit_master(int unit);

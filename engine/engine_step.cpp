@@ -301,6 +301,10 @@ double Engine::next_lr() const {
 void Engine::gather_updated_params(bool frozen_too) {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
+  // hpZ: the parameters changed (or may have), so the secondary copies go,
+  // as DeepSpeed's invalidate_secondary_tensor after every step; the next
+  // gather of each unit spans the world again and makes a new one.
+  for (UnitState& st : im.units) st.params_secondary = Buffer();
   if (L.partitions() == 1) return;
   const PhaseTimer timer(im.times.gather_ms);
   Communicator& shards = shard_group();

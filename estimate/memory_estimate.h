@@ -17,7 +17,8 @@
 // them; its rounding to 512 B and its cached segments are not):
 //   persistent  parameters, gradients (incl. the accumulator), master
 //               weights and optimizer state (fp32, or bf16), from finalize() on
-//   transient   stage 3: gathered full parameters of the live units;
+//   transient   stage 3: gathered full parameters of the live units, and
+//               with hpZ every gathered unit's secondary copy (padded / H);
 //               stages 2-3: full gradient buffers waiting for their
 //               reduce-scatter; finalize()'s fp32 staging of one unit
 //               (with offload_param, and its compute-dtype copy) and the
@@ -94,7 +95,8 @@ struct EstimateOptions {
   int world_size = 1;
   // stage, mics_shard_size (MiCS: at stage 3 the model states are sharded
   // over groups of that many ranks, so the per-rank bytes are those of a
-  // world of mics_shard_size ranks), stage3_param_persistence_threshold, reduce_bucket_size,
+  // world of mics_shard_size ranks), zero_hpz_partition_size (hpZ: the
+  // secondary copies of the parameters, a transient of stage 3), stage3_param_persistence_threshold, reduce_bucket_size,
   // stage3_prefetch_bucket_size and stage3_max_live_parameters, with the
   // engine's (DeepSpeed's) defaults and meaning.
   ZeroConfig zero;

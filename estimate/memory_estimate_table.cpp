@@ -155,6 +155,11 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
                        "(N = {} there) and replicated across the {} groups; stages 0-2 shard over all N ranks\n",
                        s, s, s, o.world_size / s);
   }
+  if (const int h = o.zero.zero_hpz_partition_size; h > 1 && h < o.world_size) {
+    out += fmt::format("hpZ: zero_hpz_partition_size {}: at stage 3 each gathered unit also keeps a copy sharded "
+                       "over {} ranks (padded / {}) from its first gather until the step, in the peak\n",
+                       h, h, h);
+  }
   if (o.offloads_optimizer()) {
     out += fmt::format("offload_optimizer: cpu, ratio {:g}{}: that part of each rank's master weights and optimizer "
                        "state is in host memory, with the copies' staging\n",

@@ -213,12 +213,7 @@ TEST_CASE("a DeepSpeed file's mics_shard_size trains on 4 ranks in groups of 2, 
 }
 
 TEST_CASE("MiCS refusals: a shard size not dividing the world, a stage other than 3, CPU offload") {
-  const auto construct = [](const EngineConfig& config) {
-    run_inprocess(kWorld, [&](Communicator& comm) {
-      CachingAllocator alloc(make_host_allocator());
-      Engine e(config, comm, alloc, Stream::default_for(Device::host()));
-    });
-  };
+  const auto construct = [](const EngineConfig& config) { construct_engines(config, kWorld); };
   CHECK_THROWS_WITH_AS(construct(mics_config(3)),
                        doctest::Contains("zero.mics_shard_size is 3 but the data-parallel world has 4 ranks"), Error);
   CHECK_THROWS_WITH_AS(construct(mics_config(8)), doctest::Contains("set mics_shard_size to a divisor of 4"), Error);

@@ -574,9 +574,12 @@ TEST_CASE("the engine's measured bytes equal the estimate") {
   }
 }
 
-// MiCS (zero.mics_shard_size): at stage 3 a rank of a world of W in groups
-// of S holds what a rank of a world of S holds, and the engine measures it.
-TEST_CASE("MiCS: stage 3's bytes at W ranks in groups of S are those of S ranks, as the engine measures") {
+// Hierarchical sharding at stage 3. MiCS (zero.mics_shard_size): a rank of
+// a world of W in groups of S holds what a rank of a world of S holds. hpZ
+// (zero.zero_hpz_partition_size): the transients add each gathered unit's
+// secondary copy, padded / H elements. The engine measures both.
+TEST_CASE("MiCS: stage 3's bytes at W ranks in groups of S are those of S ranks, and hpZ's peak adds padded / H "
+          "per gathered unit, as the engine measures") {
   const ModelDescription paper = ModelDescription::from_total(7'500'000'000);
   EstimateOptions mics = options(64, 3, DType::kFloat16, OptimizerKind::kAdamW);
   mics.zero.mics_shard_size = 8;
@@ -602,13 +605,25 @@ TEST_CASE("MiCS: stage 3's bytes at W ranks in groups of S are those of S ranks,
     CAPTURE(bf16);
     EngineConfig config = test::base_config(3);
     config.bf16 = bf16;
-    config.zero.mics_shard_size = 2;
     config.gradient_accumulation_steps = 2;
-    const MemoryEstimate got = estimate_memory(m, EstimateOptions::from_config(config, 4));
-    config.zero.mics_shard_size = -1;
-    CHECK(got.model_state_bytes == estimate_memory(m, EstimateOptions::from_config(config, 2)).model_state_bytes);
-    config.zero.mics_shard_size = 2;
-    check_measured(got, test::run_engine(config, test::runs(4, 2)));
+    const MemoryEstimate flat4 = estimate_memory(m, EstimateOptions::from_config(config, 4));
+    const MemoryEstimate flat2 = estimate_memory(m, EstimateOptions::from_config(config, 2));
+
+    EngineConfig in_groups = config;
+    in_groups.zero.mics_shard_size = 2;
+    const MemoryEstimate got = estimate_memory(m, EstimateOptions::from_config(in_groups, 4));
+    CHECK(got.model_state_bytes == flat2.model_state_bytes);
+    check_measured(got, test::run_engine(in_groups, test::runs(4, 2)));
+
+    EngineConfig secondary = config;
+    secondary.zero.zero_hpz_partition_size = 2;
+    const MemoryEstimate hpz = estimate_memory(m, EstimateOptions::from_config(secondary, 4));
+    // 3 units of 4 x 256 padded elements, half of each.
+    const int64_t copies = 3 * 512 * (bf16 ? 2 : 4);
+    CHECK(hpz.model_state_bytes == flat4.model_state_bytes);
+    CHECK(hpz[MemoryCategory::kParameters].peak == flat4[MemoryCategory::kParameters].peak + copies);
+    CHECK(hpz.peak_bytes == flat4.peak_bytes + copies);
+    check_measured(hpz, test::run_engine(secondary, test::runs(4, 2)));
   }
 }
 
