@@ -263,6 +263,12 @@ struct AutoValues {
   std::optional<int64_t> micro_batch_size;
   std::optional<int64_t> gradient_accumulation_steps;
   std::optional<int> world_size;
+  // Ranks on this host: the launcher's local size
+  // (detect_launch_env().local_world_size, from LOCAL_WORLD_SIZE,
+  // OMPI_COMM_WORLD_LOCAL_SIZE, ...). What "auto" makes mics_shard_size and
+  // zero_hpz_partition_size: groups of one host's ranks (a ZEST extension:
+  // DeepSpeed takes only numbers there).
+  std::optional<int> local_world_size;
   std::optional<DType> compute_dtype;  // kFloat32, kFloat16 or kBFloat16
   std::optional<int64_t> hidden_size;
   std::optional<double> learning_rate;

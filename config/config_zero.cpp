@@ -203,8 +203,15 @@ void read_zero_variants(Section& z) {
 // and a file setting them there is noted as ignored.
 void read_hierarchical(Section& z, FileState& file) {
   ZeroConfig& c = file.out.zero;
+  // "auto": the ranks of one host. A number in the file is used as it is,
+  // whatever the host's size.
+  std::optional<int64_t> local;
+  if (file.program.local_world_size) local = *file.program.local_world_size;
+  const AutoRule<int64_t> per_host{local, "local_world_size", "the ranks of one host", /*must_match_program=*/false,
+                                   /*has_a_default=*/false};
   int shard = -1;
-  if (z.read_int("mics_shard_size", shard, std::numeric_limits<int>::min(), std::numeric_limits<int>::max())) {
+  if (z.read_int("mics_shard_size", shard, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+                 &per_host)) {
     if (shard <= 0) {
       file.ignored(z.where("mics_shard_size"), "MiCS is off (-1 or 0)");
     } else if (c.stage != 3) {
@@ -217,7 +224,7 @@ void read_hierarchical(Section& z, FileState& file) {
     }
   }
   int hpz = 1;
-  if (z.read_int("zero_hpz_partition_size", hpz, 0, std::numeric_limits<int>::max())) {
+  if (z.read_int("zero_hpz_partition_size", hpz, 0, std::numeric_limits<int>::max(), &per_host)) {
     if (hpz <= 1) {
       file.ignored(z.where("zero_hpz_partition_size"), "1 or 0: hpZ is off");
     } else if (c.stage != 3) {

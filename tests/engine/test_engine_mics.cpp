@@ -210,6 +210,17 @@ TEST_CASE("a DeepSpeed file's mics_shard_size trains on 4 ranks in groups of 2, 
   });
   REQUIRE(note != stage2.ignored.end());
   CHECK(note->text.find("stage 3") != std::string::npos);
+
+  // "auto" (a ZEST extension): groups of one host's ranks, from the
+  // launcher's local size; without it, an error naming what to set.
+  const char* per_host = R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3, "mics_shard_size": "auto", "zero_hpz_partition_size": "auto"}})";
+  CHECK_THROWS_WITH_AS(parse_config_json(per_host, program), doctest::Contains("AutoValues::local_world_size"),
+                       Error);
+  program.local_world_size = 2;
+  const EngineConfig from_host = parse_config_json(per_host, program);
+  CHECK(from_host.zero.mics_shard_size == 2);
+  CHECK(from_host.zero.zero_hpz_partition_size == 2);
 }
 
 TEST_CASE("MiCS refusals: a shard size not dividing the world, a stage other than 3, CPU offload") {
