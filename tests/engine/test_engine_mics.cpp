@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "engine_harness.h"
 #include "zest/engine/layout_constants.h"
@@ -42,6 +43,32 @@ double sum_kind(const CommCounters& c, CollectiveKind k) { return c[k].bytes_sen
 
 }  // namespace
 
+// The runs of `flat` and of `mics` (its groups) on 4 ranks, with integer
+// gradients: the same parameters, norms, clipping and skipped steps.
+// Returns flat's steps.
+std::vector<StepResult> check_integer_equivalence(const EngineConfig& flat, const EngineConfig& mics,
+                                                  const std::function<bool(int64_t, int)>& poison = {}) {
+  RunOptions opt = runs(kWorld, 3);
+  opt.backward.integer_valued = true;
+  opt.backward.poison = poison;
+  const std::vector<RankResult> want = run_engine(flat, opt);
+  const std::vector<RankResult> got = run_engine(mics, opt);
+  check_ranks_agree(got);
+  check_same(got[0].params, want[0].params);
+  for (int r = 0; r < kWorld; ++r) {
+    REQUIRE(got[static_cast<size_t>(r)].steps.size() == want[0].steps.size());
+    for (size_t s = 0; s < want[0].steps.size(); ++s) {
+      CAPTURE(s);
+      const StepResult& g = got[static_cast<size_t>(r)].steps[s];
+      CHECK(g.grad_norm == want[0].steps[s].grad_norm);
+      CHECK(g.clipped == want[0].steps[s].clipped);
+      CHECK(g.applied == want[0].steps[s].applied);
+      CHECK(g.loss_scale == want[0].steps[s].loss_scale);
+    }
+  }
+  return want[0].steps;
+}
+
 TEST_CASE("MiCS on 4 ranks in groups of 2 gives flat stage 3's bits with integer gradients, with accumulation") {
   // Whole-number gradients: every partial sum and power-of-two average is
   // exact in fp32, so averaging within the group, then across the groups
@@ -53,23 +80,67 @@ TEST_CASE("MiCS on 4 ranks in groups of 2 gives flat stage 3's bits with integer
     flat.gradient_accumulation_steps = accumulation;
     EngineConfig mics = mics_config(kShard);
     mics.gradient_accumulation_steps = accumulation;
-    RunOptions opt = runs(kWorld, 3);
-    opt.backward.integer_valued = true;
-    const std::vector<RankResult> want = run_engine(flat, opt);
-    const std::vector<RankResult> got = run_engine(mics, opt);
-    check_ranks_agree(got);
-    check_same(got[0].params, want[0].params);
-    for (int r = 0; r < kWorld; ++r) {
-      REQUIRE(got[static_cast<size_t>(r)].steps.size() == want[0].steps.size());
-      for (size_t s = 0; s < want[0].steps.size(); ++s) {
-        CHECK(got[static_cast<size_t>(r)].steps[s].grad_norm == want[0].steps[s].grad_norm);
-        CHECK(got[static_cast<size_t>(r)].steps[s].clipped == want[0].steps[s].clipped);
-      }
-    }
+    check_integer_equivalence(flat, mics);
     // A group of the whole world is flat sharding, with no groups split.
     EngineConfig whole = mics;
     whole.zero.mics_shard_size = kWorld;
-    check_same(run_engine(whole, opt)[0].params, want[0].params);
+    check_integer_equivalence(flat, whole);
+  }
+}
+
+TEST_CASE("MiCS with LAMB, and with fp16 whose overflow skips the step on every rank alike") {
+  // LAMB's per-parameter norms are summed within the group, as the global
+  // norm is; an Inf written by backward reaches every group through the
+  // all-reduce across groups, so every rank skips the step and lowers the
+  // loss scale together.
+  EngineConfig lamb = mics_config(-1);
+  lamb.optimizer.kind = OptimizerKind::kLamb;
+  EngineConfig lamb_mics = lamb;
+  lamb_mics.zero.mics_shard_size = kShard;
+  check_integer_equivalence(lamb, lamb_mics);
+
+  EngineConfig fp16 = mics_config(-1);
+  fp16.fp16.enabled = true;
+  fp16.fp16.initial_scale_power = 4;
+  fp16.gradient_accumulation_steps = 2;
+  EngineConfig fp16_mics = fp16;
+  fp16_mics.zero.mics_shard_size = kShard;
+  const std::vector<StepResult> steps =
+      check_integer_equivalence(fp16, fp16_mics, [](int64_t step, int micro) { return step == 1 && micro == 1; });
+  REQUIRE(steps.size() == 3u);
+  CHECK(steps[0].applied);
+  CHECK_FALSE(steps[1].applied);  // the poisoned step, skipped
+  CHECK(steps[2].applied);
+}
+
+TEST_CASE("MiCS: an Inf on one rank of one group skips the step on every rank of both groups") {
+  // Rank 3 (group 1) alone writes an Inf, at element 5 of unit b: its
+  // group's reduce-scatter carries it into shard 0 (rank 2's), the
+  // all-reduce across groups into rank 0's replica of that shard, so both
+  // groups see a non-finite norm. Without that all-reduce group 0 would
+  // apply the step.
+  EngineConfig config = mics_config(kShard);
+  config.fp16.enabled = true;
+  std::vector<StepResult> results(kWorld);
+  run_inprocess(kWorld, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    for (int u = 0; u < engine.layout().num_units(); ++u) {
+      UnitHandle h = engine.gather(u);
+      GradHandle g = engine.grads(u);
+      std::vector<fp16> values(engine.layout().unit(u).padded, fp16(1.0f));
+      if (comm.rank() == 3 && u == 1) values[5] = fp16(INFINITY);
+      copy_bytes(engine.stream(), g.data(), values.data(), values.size() * sizeof(fp16));
+      g.done();
+    }
+    results[static_cast<size_t>(comm.rank())] = engine.step();
+  });
+  for (const StepResult& r : results) {
+    CHECK(r.boundary);
+    CHECK_FALSE(r.applied);
+    CHECK(r.skipped_steps == 1);
   }
 }
 
