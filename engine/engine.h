@@ -23,6 +23,11 @@
 //   3  as 2, and parameters too are sharded: gather() all-gathers a unit
 //      (prefetching the next one in the order recorded on the first
 //      iteration) and the handle's end releases it
+// At stage 3, zero.mics_shard_size (MiCS, FSDP2's HSDP) shards the model
+// states within groups of ranks and replicates them across the groups, and
+// zero.zero_hpz_partition_size (ZeRO++'s hpZ) keeps a secondary copy of the
+// parameters within groups for the gathers after a step's first: Notes
+// [MiCS] and [hpZ] in config.h, docs/MICS.md.
 //
 // Gradients are averaged over ranks each micro-step (in the compute dtype)
 // and accumulated in grad_accum_dtype(); step() divides by the accumulation steps and the loss scale,
@@ -153,7 +158,8 @@ class Engine {
  public:
   // `comm` is the data-parallel group; the engine keeps a reference (and
   // splits off a communicator of its own for scalars, so comm's counters
-  // count only parameters and gradients). `stream` is the stream of the
+  // count only parameters and gradients; with MiCS or hpZ, the groups it
+  // splits count theirs: shard_comm(), replica_comm(), hpz_comm()). `stream` is the stream of the
   // user's compute; it and the allocator must be on comm's device.
   //
   // The config's batch triple is resolved here at comm.size() ranks, by
