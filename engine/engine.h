@@ -344,7 +344,8 @@ class Engine {
   // the engine's own communicator (a split of comm(), so comm()'s counters
   // count only the model). Collective.
   std::vector<int64_t> all_gather_scalars(std::span<const int64_t> mine);
-  // Index of the shard this rank owns (0 at stage 0, where one shard is all).
+  // Index of the shard this rank owns (0 at stage 0, where one shard is all;
+  // with MiCS its rank in its group, the index its replicas share).
   int partition() const;
 
  private:
