@@ -159,9 +159,13 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
       partial_checkpoint_dir(root, tag, static_cast<uint64_t>(engine.all_gather_scalars(nonce)[0]));
 
   // Every rank that owns a shard writes it: the master weights of every unit
-  // in order, then each optimizer state buffer the same way.
+  // in order, then each optimizer state buffer the same way. With MiCS the
+  // first group's ranks, 0 to partitions - 1, whose partition is their rank;
+  // the other groups hold replicas of the same shards.
   int64_t bytes = 0, crc = 0, user_bytes = 0, user_crc = 0;
   const bool writes = rank < layout.partitions();
+  ZEST_INTERNAL_ASSERT(!writes || engine.partition() == rank, "rank {} writes shard file {} but owns partition {}",
+                       rank, rank, engine.partition());
   on_every_rank(engine, "writing the shard files", [&] {
     if (user != nullptr) {
       AtomicFile mine((partial / user_rank_file_name(rank)).string());

@@ -150,9 +150,13 @@ CheckpointManifest parse_manifest(const std::string& json_text, const std::strin
   m.world_size = static_cast<int>(r.integer(doc, "world_size", "manifest", 1, 1 << 20));
   m.stage = static_cast<int>(r.integer(doc, "stage", "manifest", 0, 3));
   m.partitions = static_cast<int>(r.integer(doc, "partitions", "manifest", 1, 1 << 20));
-  ZEST_CHECK(m.partitions == (m.stage == 0 ? 1 : m.world_size),
-             "checkpoint manifest '{}': {} partitions do not fit stage {} on {} ranks", path, m.partitions, m.stage,
-             m.world_size);
+  // Stage 0: one; stages 1-2: one per rank; stage 3: one per rank, or with
+  // MiCS one per rank of a group, the group's size dividing the world.
+  const bool fits = m.stage == 0   ? m.partitions == 1
+                    : m.stage == 3 ? m.partitions <= m.world_size && m.world_size % m.partitions == 0
+                                   : m.partitions == m.world_size;
+  ZEST_CHECK(fits, "checkpoint manifest '{}': {} partitions do not fit stage {} on {} ranks", path, m.partitions,
+             m.stage, m.world_size);
   m.compute_dtype = r.text(doc, "compute_dtype", "manifest");
   check_known(m.compute_dtype, {"fp32", "fp16", "bf16"}, "compute_dtype", path);
   m.optimizer = r.text(doc, "optimizer", "manifest");

@@ -31,7 +31,9 @@ struct CheckpointManifest {
   int format_version = 0;
   int world_size = 1;
   int stage = 0;
-  int partitions = 1;  // files that hold shards: 1 at stage 0, else world_size
+  // Files that hold shards: 1 at stage 0, else world_size, or with MiCS
+  // (stage 3) the shard group's size, the first group's ranks writing them.
+  int partitions = 1;
   std::string compute_dtype;
   std::string optimizer;
   int shard_buffers = 1;  // master + optimizer state buffers

@@ -23,6 +23,37 @@ int64_t batch_product(int64_t micro, int64_t accum, int64_t world) {
 
 }  // namespace
 
+void ZeroConfig::check_mics(int world, bool offloads_optimizer) const {
+  const int s = mics_shard_size;
+  if (s <= 0 || stage != 3) return;
+  ZEST_CHECK(s <= world && world % s == 0,
+             "zero.mics_shard_size is {} but the data-parallel world has {} ranks: the shard groups must divide "
+             "the world evenly (DeepSpeed asserts the same); set mics_shard_size to a divisor of {}",
+             s, world, world);
+  ZEST_CHECK(!offloads_optimizer || s == world,
+             "zero.mics_shard_size {} with offload_optimizer (device cpu): DeepSpeed's MiCS refuses CPU offload "
+             "(\"Local sharding has no support for CPU offloading\"), and so does ZEST; set "
+             "offload_optimizer.device to \"none\", or mics_shard_size to -1",
+             s);
+}
+
+void ZeroConfig::check_hpz(int world, bool offloads_params) const {
+  const int h = zero_hpz_partition_size;
+  if (h <= 1 || stage != 3) return;
+  ZEST_CHECK(h >= world || world % h == 0,
+             "zero.zero_hpz_partition_size is {} but the data-parallel world has {} ranks: the hpZ groups must "
+             "divide the world evenly (DeepSpeed asserts the same); set it to a divisor of {}, or 1 for off",
+             h, world, world);
+  ZEST_CHECK(mics_shard_size <= 0,
+             "zero.zero_hpz_partition_size {} with mics_shard_size {}: hpZ's secondary copy is for flat stage 3, "
+             "and ZEST does not combine the two; use one of them",
+             h, mics_shard_size);
+  ZEST_CHECK(!offloads_params,
+             "zero.zero_hpz_partition_size {} with offload_param (device cpu) is not supported: ZEST keeps hpZ's "
+             "secondary copy on the device; set offload_param.device to \"none\", or zero_hpz_partition_size to 1",
+             h);
+}
+
 int64_t ZeroConfig::reduce_bucket(size_t padded_numel) const {
   constexpr int64_t kDeepSpeedDefault = 500'000'000;
   int64_t bucket = reduce_bucket_size.value_or(

@@ -103,6 +103,66 @@ struct ZeroConfig {
   // No DeepSpeed key maps to it. An Error at stages 2-3, which keep only the
   // owned shard of the gradients between micro-steps.
   bool reduce_at_accumulation_boundary = false;
+
+  // Note [MiCS]. DeepSpeed's mics_shard_size (MiCS, the placement FSDP2
+  // calls HSDP): at stage 3, the model states are sharded within groups of
+  // mics_shard_size consecutive ranks (ranks [g S, (g+1) S)) and replicated
+  // across the groups. Each micro-step reduce-scatters the gradients within
+  // the group (averaging over its S ranks); at the accumulation boundary
+  // the accumulated shard is divided by the R = world / S replicas and
+  // summed over the ranks that hold the same shard, one per group, before
+  // the norm and the optimizer step (DeepSpeed's MiCS_Optimizer
+  // allreduce_mics_shard_grads). So only 1/S of the gradients crosses
+  // groups, once per optimizer step, and the parameter gathers stay within
+  // the group. 0 or negative: off (DeepSpeed's -1 default), as is S equal
+  // to the world size, which is flat sharding. S must divide the world
+  // size. DeepSpeed builds MiCS only at stage 3 (a file's value at stages
+  // 0-2 is ignored, as DeepSpeed ignores it; set in code, the Engine
+  // refuses it), and not with offload_optimizer ("Local sharding has no
+  // support for CPU offloading"), which the Engine refuses too.
+  int mics_shard_size = -1;
+  // DeepSpeed's mics_hierarchical_params_gather: gathers the parameters in
+  // two steps (across hosts, then within) when a group spans hosts. The
+  // values gathered are the same; ZEST gathers within the group in one
+  // all-gather, so it is read and noted, not applied.
+  bool mics_hierarchical_params_gather = false;
+
+  // MiCS's shard size on a world of `world` ranks: the ranks model states
+  // are sharded over (`world` when MiCS is off or the group is the world).
+  int shard_group_size(int world) const {
+    return stage == 3 && mics_shard_size > 0 && mics_shard_size < world ? mics_shard_size : world;
+  }
+  // Throws an Error naming what to change unless MiCS, where it applies
+  // (stage 3), can run on `world` ranks: mics_shard_size must divide the
+  // world (DeepSpeed asserts the same), and it has no CPU offload.
+  void check_mics(int world, bool offloads_optimizer) const;
+
+  // Note [hpZ]. ZeRO++'s hierarchical partitioning (zero_hpz_partition_size,
+  // H): at stage 3 the model states stay sharded over every rank, and each
+  // rank also keeps a secondary copy of the parameters, sharded over its
+  // group of H consecutive ranks (a host's, typically: ranks [k H, (k+1) H)),
+  // made from a unit's first gather after an optimizer step, which spans the
+  // world. While it exists, the unit's gathers (backward's, and the forward
+  // of later micro-steps) all-gather it within the group instead. Every
+  // optimizer step drops the copies (DeepSpeed's
+  // invalidate_secondary_tensor), as do restore() and loads. The values are
+  // those of flat stage 3; the gathers that cross groups fall to one per
+  // unit and step, the others moving (H-1)/H of a unit within the group,
+  // at the cost of padded / H more elements per gathered unit while the
+  // copies live. 1 (DeepSpeed's default) or 0: off; H at
+  // least the world size is flat stage 3 (DeepSpeed takes min(H, world)).
+  // DeepSpeed reads it at stage 3 only (a file's value elsewhere is
+  // ignored; set in code, the Engine refuses it). H must divide the world;
+  // ZEST refuses it with mics_shard_size and with offload_param.
+  int zero_hpz_partition_size = 1;
+  // hpZ's group size on `world` ranks, 0 when no secondary copy is kept.
+  int hpz_group_size(int world) const {
+    return stage == 3 && zero_hpz_partition_size > 1 && zero_hpz_partition_size < world ? zero_hpz_partition_size
+                                                                                         : 0;
+  }
+  // Throws an Error naming what to change unless hpZ, where it applies,
+  // can run on `world` ranks.
+  void check_hpz(int world, bool offloads_params) const;
 };
 
 // zero_optimization.offload_optimizer / offload_param (DeepSpeed's
@@ -215,6 +275,12 @@ struct AutoValues {
   std::optional<int64_t> micro_batch_size;
   std::optional<int64_t> gradient_accumulation_steps;
   std::optional<int> world_size;
+  // Ranks on this host: the launcher's local size
+  // (detect_launch_env().local_world_size, from LOCAL_WORLD_SIZE,
+  // OMPI_COMM_WORLD_LOCAL_SIZE, ...). What "auto" makes mics_shard_size and
+  // zero_hpz_partition_size: groups of one host's ranks (a ZEST extension:
+  // DeepSpeed takes only numbers there).
+  std::optional<int> local_world_size;
   std::optional<DType> compute_dtype;  // kFloat32, kFloat16 or kBFloat16
   std::optional<int64_t> hidden_size;
   std::optional<double> learning_rate;

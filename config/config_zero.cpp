@@ -3,6 +3,8 @@
 // every field under its name and its alias ("stage3_prefetch_bucket_size"
 // or "prefetch_bucket_size"), the deprecated names, and an unknown key
 // refused (the models forbid extra keys).
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "zest/config/config_sections.h"
@@ -204,16 +206,57 @@ void read_deprecated_offload(Section& z, FileState& file, int stage, const Offlo
 
 // ZeRO++ and MiCS: other partitionings and quantized communication.
 void read_zero_variants(Section& z) {
-  z.refuse_if("zero_hpz_partition_size", [](const json& v) { return v.is_number() && v.get<double>() > 1; },
-              "ZeRO++ hierarchical partitioning (hpZ)", "1: one partition group, as in ZEST");
   z.refuse_if("zero_quantized_weights", is_on, "ZeRO++ quantized weight gathers (qwZ)", "off, as in ZEST");
   z.refuse_if("zero_quantized_nontrainable_weights", is_on, "quantized storage of frozen weights",
               "off, as in ZEST");
   z.refuse_if("zero_quantized_gradients", is_on, "ZeRO++ quantized gradient reduction (qgZ)", "off, as in ZEST");
   z.refuse_if("zeropp_loco_param", is_on, "LoCo-ZeRO++ error feedback", "empty: LoCo is off");
-  z.refuse_if("mics_shard_size", [](const json& v) { return v.is_number() && v.get<double>() > 0; },
-              "MiCS sharding (mics_shard_size)", "MiCS is off (-1 or 0)");
-  z.ignore("mics_hierarchical_params_gather", "applies to MiCS sharding only");
+}
+
+// MiCS and hpZ (Notes [MiCS] and [hpZ] in config.h): honoured at stage 3,
+// where DeepSpeed builds them; at stages 0-2 DeepSpeed never reads the keys,
+// and a file setting them there is noted as ignored.
+void read_hierarchical(Section& z, FileState& file) {
+  ZeroConfig& c = file.out.zero;
+  // "auto": the ranks of one host. A number in the file is used as it is,
+  // whatever the host's size.
+  std::optional<int64_t> local;
+  if (file.program.local_world_size) local = *file.program.local_world_size;
+  const AutoRule<int64_t> per_host{local, "local_world_size", "the ranks of one host", /*must_match_program=*/false,
+                                   /*has_a_default=*/false};
+  int shard = -1;
+  if (z.read_int("mics_shard_size", shard, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+                 &per_host)) {
+    if (shard <= 0) {
+      file.ignored(z.where("mics_shard_size"), "MiCS is off (-1 or 0)");
+    } else if (c.stage != 3) {
+      file.ignored(z.where("mics_shard_size"),
+                   fmt::format("DeepSpeed shards within MiCS groups only at stage 3 (its MiCS_Optimizer); this is "
+                               "stage {}, so the model states are sharded over every rank",
+                               c.stage));
+    } else {
+      c.mics_shard_size = shard;
+    }
+  }
+  int hpz = 1;
+  if (z.read_int("zero_hpz_partition_size", hpz, 0, std::numeric_limits<int>::max(), &per_host)) {
+    if (hpz <= 1) {
+      file.ignored(z.where("zero_hpz_partition_size"), "1 or 0: hpZ is off");
+    } else if (c.stage != 3) {
+      file.ignored(z.where("zero_hpz_partition_size"),
+                   fmt::format("DeepSpeed keeps hpZ's secondary parameter copy only at stage 3; this is stage {}",
+                               c.stage));
+    } else {
+      c.zero_hpz_partition_size = hpz;
+    }
+  }
+  if (z.read_bool("mics_hierarchical_params_gather", c.mics_hierarchical_params_gather) &&
+      c.mics_hierarchical_params_gather) {
+    file.ignored(z.where("mics_hierarchical_params_gather"),
+                 c.mics_shard_size > 0 ? "gathers across hosts, then within, in DeepSpeed, the same values; ZEST "
+                                         "gathers within the MiCS group in one all-gather"
+                                       : "applies to MiCS sharding (mics_shard_size at stage 3) only");
+  }
 }
 
 void read_zero_object(Section& z, FileState& file) {
@@ -298,6 +341,7 @@ void read_zero_object(Section& z, FileState& file) {
   const OffloadSection opt = read_offload_optimizer(z, file, c.stage);
   read_deprecated_offload(z, file, c.stage, opt, param);
   read_zero_variants(z);
+  read_hierarchical(z, file);
   z.finish();
 }
 

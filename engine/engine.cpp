@@ -13,6 +13,7 @@
 #include "zest/engine/engine_state.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/engine/master_precision.h"
+#include "zest/engine/shard_groups.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/grad_ops.h"
 
@@ -37,6 +38,8 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
                key);
   }
   c.resolve_batch(comm.size());
+  check_hierarchical(c.zero, c.offload_optimizer.device == OffloadDevice::kCpu,
+                     c.offload_param.device == OffloadDevice::kCpu, comm.size());
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.zero.stage <= 1,
              "zero.reduce_at_accumulation_boundary is on at stage {}: stages 2-3 keep only the owned "
              "shard of the gradients between micro-steps, so they reduce every micro-step; turn it "
@@ -140,7 +143,6 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
              "must be on one device",
              comm.device().str(), allocator.device().str(), stream.device().str());
   impl_->groups.push_back({"default", config_.optimizer.weight_decay});
-  impl_->part = config_.zero.stage == 0 ? 0 : comm.rank();
   log_config_notes(config_, comm);
   if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
     // One host allocator for both offloads: pinned when either asks.
@@ -345,12 +347,19 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   ZEST_CHECK(static_cast<bool>(init) || from == InitFrom::kZeros, "finalize(): the initializer is empty");
   Impl& im = *impl_;
   const int stage = config_.zero.stage;
-  const int partitions = partitions_for(stage, comm_.size());
+  // Every rank splits the same communicators in the same order: the MiCS
+  // groups (none under flat sharding), then the scalars' own.
+  im.mics = split_shard_groups(comm_, config_.zero.shard_group_size(comm_.size()),
+                               config_.zero.hpz_group_size(comm_.size()));
+  const Communicator& shards = shard_group();
+  im.part = stage == 0 ? 0 : shards.rank();
+  const int partitions = partitions_for(stage, shards.size());
   auto layout = std::make_unique<ModelLayout>(im.groups, im.specs, partitions);
 
   // Scalars only (digests, the norm's words): on NCCL the child shares the
   // parent's connections and buffers rather than setting up its own.
   im.control = comm_.split(0, comm_.rank(), /*share_resources=*/true);
+  if (im.mics.shard) im.mics_control = im.mics.shard->split(0, im.mics.shard->rank(), /*share_resources=*/true);
   im.comm_stream.emplace(comm_.device());
   im.handoff.emplace(comm_.device());
   check_same_model(*im.control, layout->describe() + describe_hyperparameters(config_), allocator_,
@@ -485,6 +494,27 @@ std::vector<int64_t> Engine::all_gather_scalars(std::span<const int64_t> mine) {
   return all_gather_int64(*impl_->control, allocator_, stream_, mine);
 }
 
+Communicator& Engine::shard_group() const { return impl_->mics.shard ? *impl_->mics.shard : comm_; }
+
+Communicator& Engine::shard_control() const {
+  return impl_->mics_control ? *impl_->mics_control : *impl_->control;
+}
+
+Communicator& Engine::shard_comm() const {
+  check_finalized("shard_comm()");
+  return shard_group();
+}
+
+Communicator* Engine::replica_comm() const {
+  check_finalized("replica_comm()");
+  return impl_->mics.replica.get();
+}
+
+Communicator* Engine::hpz_comm() const {
+  check_finalized("hpz_comm()");
+  return impl_->mics.hpz.get();
+}
+
 int Engine::partition() const {
   check_finalized("partition()");
   return impl_->part;
@@ -510,7 +540,8 @@ MemoryReport Engine::memory_report() const {
       if (!U.frozen) continue;
       // The device's bytes only: a shard in host memory is the host's kParameters.
       const size_t shard = shard_on_host(u) ? 0 : U.shard;
-      const size_t held = (st.resident ? U.padded : shard + (st.params_full ? U.padded : 0)) * bc;
+      const size_t secondary = st.params_secondary ? U.padded / static_cast<size_t>(impl_->mics.hpz->size()) : 0;
+      const size_t held = (st.resident ? U.padded : shard + secondary + (st.params_full ? U.padded : 0)) * bc;
       r.frozen_parameters += static_cast<int64_t>(held);
     }
   }

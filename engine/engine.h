@@ -23,6 +23,11 @@
 //   3  as 2, and parameters too are sharded: gather() all-gathers a unit
 //      (prefetching the next one in the order recorded on the first
 //      iteration) and the handle's end releases it
+// At stage 3, zero.mics_shard_size (MiCS, FSDP2's HSDP) shards the model
+// states within groups of ranks and replicates them across the groups, and
+// zero.zero_hpz_partition_size (ZeRO++'s hpZ) keeps a secondary copy of the
+// parameters within groups for the gathers after a step's first: Notes
+// [MiCS] and [hpZ] in config.h, docs/MICS.md.
 //
 // Gradients are averaged over ranks each micro-step (in the compute dtype)
 // and accumulated in grad_accum_dtype(); step() divides by the accumulation steps and the loss scale,
@@ -174,7 +179,8 @@ class Engine {
  public:
   // `comm` is the data-parallel group; the engine keeps a reference (and
   // splits off a communicator of its own for scalars, so comm's counters
-  // count only parameters and gradients). `stream` is the stream of the
+  // count only parameters and gradients; with MiCS or hpZ, the groups it
+  // splits count theirs: shard_comm(), replica_comm(), hpz_comm()). `stream` is the stream of the
   // user's compute; it and the allocator must be on comm's device.
   //
   // The config's batch triple is resolved here at comm.size() ranks, by
@@ -278,6 +284,21 @@ class Engine {
   Stream stream() const { return stream_; }
   const ModelLayout& layout() const;
   Communicator& comm() const { return comm_; }
+  // The ranks the model states are sharded over: comm() itself, or with
+  // MiCS (zero.mics_shard_size, Note [MiCS] in config.h) this rank's group
+  // of mics_shard_size ranks, a split of comm() whose counters() count the
+  // gathers and reduce-scatters within the group. After finalize().
+  Communicator& shard_comm() const;
+  // MiCS: the ranks holding the same shard as this one, one per group, over
+  // which the gradient shards are all-reduced once per optimizer step (its
+  // counters() are the traffic that crosses groups). nullptr under flat
+  // sharding. After finalize().
+  Communicator* replica_comm() const;
+  // hpZ (zero.zero_hpz_partition_size, Note [hpZ] in config.h): this rank's
+  // group of H ranks, over which the secondary copy of the parameters is
+  // gathered (its counters() are those gathers). nullptr without hpZ.
+  // After finalize().
+  Communicator* hpz_comm() const;
   // The fp32 master values of a whole unit (padded flat layout), gathered
   // from the shards. Collective.
   std::vector<float> unit_master(int unit);
@@ -345,7 +366,8 @@ class Engine {
   // the engine's own communicator (a split of comm(), so comm()'s counters
   // count only the model). Collective.
   std::vector<int64_t> all_gather_scalars(std::span<const int64_t> mine);
-  // Index of the shard this rank owns (0 at stage 0, where one shard is all).
+  // Index of the shard this rank owns (0 at stage 0, where one shard is all;
+  // with MiCS its rank in its group, the index its replicas share).
   int partition() const;
 
  private:
@@ -429,6 +451,10 @@ class Engine {
   void follow_trace(int unit);
   // engine_grads.cpp
   void flush_reductions();
+  void reduce_across_replicas();
+  // shard_comm() and the communicator for its scalars, unchecked.
+  Communicator& shard_group() const;
+  Communicator& shard_control() const;
   // engine_step.cpp
   void end_micro_step();
   const void* reduced_grad(int unit) const;

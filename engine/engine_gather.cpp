@@ -68,8 +68,28 @@ void Engine::materialize(int unit) {
     copy_bytes(im.comm(), slot, shard, U.shard * elem_size(compute_dtype_));
     shard = slot;
   }
+  const size_t bc = elem_size(compute_dtype_);
+  Communicator* hpz = im.mics.hpz.get();
   try {
-    comm_.all_gather(shard, st.params_full.data(), U.shard, compute_dtype_, im.comm(), gather_tag(unit));
+    if (hpz != nullptr && st.params_secondary) {
+      // hpZ: from the secondary copy, within the group (in place, from this
+      // rank's slot of its part).
+      const size_t part = U.padded / static_cast<size_t>(hpz->size());
+      std::byte* slot = st.params_full.as<std::byte>() + static_cast<size_t>(hpz->rank()) * part * bc;
+      copy_bytes(im.comm(), slot, st.params_secondary.data(), part * bc);
+      hpz->all_gather(slot, st.params_full.data(), part, compute_dtype_, im.comm(), gather_tag(unit));
+    } else {
+      shard_group().all_gather(shard, st.params_full.data(), U.shard, compute_dtype_, im.comm(), gather_tag(unit));
+      if (hpz != nullptr) {
+        // The secondary copy: this rank's part of the unit over its hpZ
+        // group, for the gathers until the next optimizer step.
+        const size_t part = U.padded / static_cast<size_t>(hpz->size());
+        st.params_secondary = allocator_.allocate_buffer(part * bc, stream_, MemoryCategory::kParameters);
+        allocator_.record_stream(st.params_secondary.data(), im.comm());
+        copy_bytes(im.comm(), st.params_secondary.data(),
+                   st.params_full.as<std::byte>() + static_cast<size_t>(hpz->rank()) * part * bc, part * bc);
+      }
+    }
   } catch (const CommError& e) {
     if (e.reason() != CommError::Reason::kMismatch) throw;
     throw CommError(e.reason(),

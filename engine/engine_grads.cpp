@@ -110,7 +110,10 @@ void Engine::flush_reductions() {
   const int stage = config_.zero.stage;
   const bool widening = grad_accum_dtype_ != compute_dtype_;
 
-  const GradientDivision division = gradient_division(config_, comm_.size());
+  // Averaged over the shard group: the replicas' average follows at the
+  // accumulation boundary (reduce_across_replicas).
+  Communicator& shards = shard_group();
+  const GradientDivision division = gradient_division(config_, shards.size());
   if (division.before != 1.0f) {
     for (int u : im.pending) {
       scale(comm, im.units[static_cast<size_t>(u)].grads_full.data(), compute_dtype_, division.before,
@@ -131,8 +134,9 @@ void Engine::flush_reductions() {
   // collective runs: in place that is all, and where the reduction would
   // write the accumulator (the first micro-step's), the two buffers, of one
   // size and dtype at one partition, trade places instead of being copied.
-  const bool alone = comm_.size() == 1;
-  if (!alone) comm_.group_start();
+  // (One rank of a shard group: its replicas sum at the boundary.)
+  const bool alone = shards.size() == 1;
+  if (!alone) shards.group_start();
   for (int u : im.pending) {
     UnitState& st = im.units[static_cast<size_t>(u)];
     const UnitLayout& U = im.layout->unit(u);
@@ -143,12 +147,12 @@ void Engine::flush_reductions() {
                            "unit {}: one rank's reduction goes to the accumulator, of the gradients' size", u);
       std::swap(st.grad_acc, st.grads_full);
     } else if (stage == 0) {
-      comm_.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, division.op, comm);
+      shards.all_reduce(st.grads_full.data(), dst, U.padded, compute_dtype_, division.op, comm);
     } else {
-      comm_.reduce_scatter(st.grads_full.data(), dst, U.shard, compute_dtype_, division.op, comm);
+      shards.reduce_scatter(st.grads_full.data(), dst, U.shard, compute_dtype_, division.op, comm);
     }
   }
-  if (!alone) comm_.group_end();
+  if (!alone) shards.group_end();
   if (division.after != 1.0f) {
     for (int u : im.pending) {
       const UnitLayout& U = im.layout->unit(u);
@@ -173,6 +177,39 @@ void Engine::flush_reductions() {
   }
   im.pending.clear();
   im.pending_numel = 0;
+}
+
+// MiCS's step across the groups (Note [MiCS] in config.h), at the
+// accumulation boundary: each group's accumulated gradient shards are
+// divided by the R replicas and summed over the ranks that hold the same
+// shard, as DeepSpeed's MiCS_Optimizer allreduce_mics_shard_grads does (it
+// divides by R with div_; the multiplication by 1/R here is the same value
+// when R is a power of two, and within half an ulp of it otherwise). Every
+// replica then holds the same bits, so the norm summed within the group,
+// the overflow decision and the update agree across the world. Ordered on
+// the compute stream, after the micro-step's reductions.
+void Engine::reduce_across_replicas() {
+  Impl& im = *impl_;
+  Communicator* replicas = im.mics.replica.get();
+  if (replicas == nullptr) return;
+  const PhaseTimer timer(im.times.reduce_ms);
+  const ModelLayout& L = *im.layout;
+  const auto inverse = static_cast<float>(1.0 / replicas->size());
+  // MiCS runs at stage 3 only, where a trainable unit's reduced gradients
+  // are always its accumulator (in grad_accum_dtype).
+  for (int u = 0; u < L.num_units(); ++u) {
+    UnitState& st = im.units[static_cast<size_t>(u)];
+    ZEST_INTERNAL_ASSERT(L.unit(u).frozen || (st.grad_acc && !im.local_accumulation),
+                         "unit {}: MiCS without a gradient accumulator", u);
+    if (!L.unit(u).frozen) scale(stream_, st.grad_acc.data(), grad_accum_dtype_, inverse, L.unit(u).shard);
+  }
+  replicas->group_start();
+  for (int u = 0; u < L.num_units(); ++u) {
+    if (L.unit(u).frozen) continue;
+    void* g = im.units[static_cast<size_t>(u)].grad_acc.data();
+    replicas->all_reduce(g, g, L.unit(u).shard, grad_accum_dtype_, ReduceOp::kSum, stream_);
+  }
+  replicas->group_end();
 }
 
 // --- GradHandle ---

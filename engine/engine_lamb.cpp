@@ -91,7 +91,7 @@ void Engine::lamb_step(StepScalars scalars, Buffer& workspace) {
   fill_zero(stream_, words, word_count * 8);
   lamb_accumulate(stream_, pieces, sums, count, plan.params, words);
   if (L.partitions() > 1) {
-    im.control->all_reduce(words, words, word_count, DType::kInt64, ReduceOp::kSum, stream_);
+    shard_control().all_reduce(words, words, word_count, DType::kInt64, ReduceOp::kSum, stream_);
   }
   lamb_trust_ratios(stream_, config_.optimizer, words, plan.params, ratios);
   for (const LambPlan::Run& r : plan.runs) {

@@ -31,7 +31,7 @@ std::vector<float> Engine::unit_master(int unit) {
     float* mine = full.as<float>() + (gathered ? U.shard * static_cast<size_t>(impl_->part) : 0);
     Buffer temp;
     convert(stream_, readable_params(unit, temp), compute_dtype_, mine, DType::kFloat32, U.shard);
-    if (gathered) impl_->control->all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
+    if (gathered) shard_control().all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
     copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
     stream_.synchronize();
     return out;
@@ -50,7 +50,7 @@ std::vector<float> Engine::unit_master(int unit) {
       for (const ShardPiece& p : pieces) piece_to_fp32(p, p.begin, p.end, slot + p.begin, /*dst_host=*/false);
       mine = slot;
     }
-    impl_->control->all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
+    shard_control().all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
     copy_bytes(stream_, out.data(), full.data(), U.padded * 4);
   }
   stream_.synchronize();

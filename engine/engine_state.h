@@ -10,6 +10,7 @@
 #include "zest/core/stream.h"
 #include "zest/engine/engine.h"
 #include "zest/engine/optimizer_offload.h"
+#include "zest/engine/shard_groups.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/optim/lamb.h"
 
@@ -24,6 +25,10 @@ struct Engine::UnitState {
   Buffer params_full;
   // Stage 3, non-resident units: the owned shard of the parameters.
   Buffer params_shard;
+  // hpZ (Note [hpZ] in config.h): this rank's part of the unit's parameters
+  // sharded over its hpZ group (padded / H elements), from the first gather
+  // since the last optimizer step; empty otherwise.
+  Buffer params_secondary;
   // What backward writes: persistent at stages 0-1, per micro-step at 2-3.
   Buffer grads_full;
   // The reduced gradients of the owned shard, accumulated over micro-steps.
@@ -83,6 +88,12 @@ struct Engine::Impl {
   std::vector<UnitSpec> specs;
   std::unique_ptr<ModelLayout> layout;
   std::unique_ptr<Communicator> control;  // scalars: digests, norms, broadcasts
+  // MiCS (Note [MiCS] in config.h): the shard and replica groups, and a
+  // split of the shard group for its scalars (norms, master gathers). All
+  // null under flat sharding, where the engine's communicator and `control`
+  // serve instead (Engine::shard_group, shard_control). With hpZ, its group.
+  ShardGroups mics;
+  std::unique_ptr<Communicator> mics_control;
   std::optional<OwnedStream> comm_stream;
   std::optional<Event> handoff;  // compute -> comm ordering
   std::vector<UnitState> units;

@@ -87,7 +87,7 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
   }
   fill_zero(stream_, exact, kExactWords * 8);
   accumulate_exact(stream_, sums.as<double>(), chunks, exact);
-  if (L.partitions() > 1) im.control->all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
+  if (L.partitions() > 1) shard_control().all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
   return exact;
 }
 
@@ -149,6 +149,7 @@ StepResult Engine::step() {
   // the gather is queued too (with offload_optimizer the host updates its
   // part, so it reads the decision before). The gather runs on a skipped
   // step as well, moving unchanged values.
+  reduce_across_replicas();
   Buffer workspace;
   int64_t* words = global_sum_of_squares(static_cast<float>(unscale), workspace);
   decide_step(stream_, words, unscale, config_.gradient_clipping);
@@ -300,8 +301,13 @@ double Engine::next_lr() const {
 void Engine::gather_updated_params(bool frozen_too) {
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
+  // hpZ: the parameters changed (or may have), so the secondary copies go,
+  // as DeepSpeed's invalidate_secondary_tensor after every step; the next
+  // gather of each unit spans the world again and makes a new one.
+  for (UnitState& st : im.units) st.params_secondary = Buffer();
   if (L.partitions() == 1) return;
   const PhaseTimer timer(im.times.gather_ms);
+  Communicator& shards = shard_group();
   size_t bucket = 0;
   bool open = false;
   for (int u = 0; u < L.num_units(); ++u) {
@@ -309,18 +315,18 @@ void Engine::gather_updated_params(bool frozen_too) {
     const UnitLayout& U = L.unit(u);
     if (!st.resident || (U.frozen && !frozen_too)) continue;
     if (!open) {
-      comm_.group_start();
+      shards.group_start();
       open = true;
     }
-    comm_.all_gather(owned_part(st.params_full, u), st.params_full.data(), U.shard, compute_dtype_, stream_);
+    shards.all_gather(owned_part(st.params_full, u), st.params_full.data(), U.shard, compute_dtype_, stream_);
     bucket += U.padded;
     if (static_cast<int64_t>(bucket) >= config_.zero.allgather_bucket_size) {
-      comm_.group_end();
+      shards.group_end();
       open = false;
       bucket = 0;
     }
   }
-  if (open) comm_.group_end();
+  if (open) shards.group_end();
 }
 
 }  // namespace zest

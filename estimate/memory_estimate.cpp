@@ -285,9 +285,18 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   // O(shard), whatever the world size.
   const int64_t norm_sums = to_bytes(trainable_owned / kShardQuantum + kExactWords, 8);
   e.norm_bytes = norm_sums;
-  const int64_t backward = to_bytes(live.numel, b) + to_bytes(grads.numel, b);
+  // hpZ (Note [hpZ] in config.h): every unit gathered on demand holds its
+  // secondary copy, padded / H elements, from its first gather of a step
+  // until the step's end.
+  int64_t secondary = 0;
+  if (const int hpz = o.zero.hpz_group_size(o.world_size); hpz > 0) {
+    for (const UnitSize& u : units) {
+      if (!u.resident) secondary += to_bytes(u.count * (u.padded / static_cast<size_t>(hpz)), b);
+    }
+  }
+  const int64_t backward = to_bytes(live.numel, b) + secondary + to_bytes(grads.numel, b);
 
-  set(MemoryCategory::kParameters, device_params, to_bytes(live.numel, b));
+  set(MemoryCategory::kParameters, device_params, to_bytes(live.numel, b) + secondary);
   set(MemoryCategory::kGradients, s.grads, to_bytes(grads.numel, b));
   set(MemoryCategory::kMasterWeights, device_master, 0);
   set(MemoryCategory::kOptimizerState, device_state, 0);
@@ -306,8 +315,9 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   e.padding_bytes = e.model_state_bytes - std::llround(bare_device);
 
   e.paper_k = paper_k(o.compute_dtype, o.optimizer, o.master_dtype, o.state_dtype);
-  const PaperBytes paper = paper_offload_bytes(static_cast<double>(e.numel), o.world_size, o.zero.stage,
-                                               o.offloads_optimizer(), o.offloads_params(), e.paper_k,
+  // MiCS: the paper's N is the shard group's size.
+  const PaperBytes paper = paper_offload_bytes(static_cast<double>(e.numel), o.zero.shard_group_size(o.world_size),
+                                               o.zero.stage, o.offloads_optimizer(), o.offloads_params(), e.paper_k,
                                                static_cast<double>(b));
   e.paper_bytes = paper.device;
   e.paper_host_bytes = paper.host;
@@ -448,6 +458,8 @@ void EstimateOptions::validate() const {
              "offload_param (device cpu) goes with offload_optimizer cpu at ratio 1, as in the engine (its host "
              "optimizer writes the offloaded parameters); this has offload_optimizer {}, ratio {}",
              offloads_optimizer() ? "cpu" : "none", offload_optimizer.ratio);
+  zero.check_mics(world_size, offloads_optimizer());
+  zero.check_hpz(world_size, offloads_params());
   ZEST_CHECK(live_units >= 0 && grad_units_in_flight >= 0,
              "live_units ({}) and grad_units_in_flight ({}) must be >= 0 (0: the engine's policy)",
              live_units, grad_units_in_flight);

@@ -17,7 +17,8 @@
 // them; its rounding to 512 B and its cached segments are not):
 //   persistent  parameters, gradients (incl. the accumulator), master
 //               weights and optimizer state (fp32, or bf16), from finalize() on
-//   transient   stage 3: gathered full parameters of the live units;
+//   transient   stage 3: gathered full parameters of the live units, and
+//               with hpZ every gathered unit's secondary copy (padded / H);
 //               stages 2-3: full gradient buffers waiting for their
 //               reduce-scatter; finalize()'s fp32 staging of one unit
 //               (with offload_param, and its compute-dtype copy) and the
@@ -92,7 +93,10 @@ ModelDescription parse_model_description(std::string_view text);
 
 struct EstimateOptions {
   int world_size = 1;
-  // stage, stage3_param_persistence_threshold, reduce_bucket_size,
+  // stage, mics_shard_size (MiCS: at stage 3 the model states are sharded
+  // over groups of that many ranks, so the per-rank bytes are those of a
+  // world of mics_shard_size ranks), zero_hpz_partition_size (hpZ: the
+  // secondary copies of the parameters, a transient of stage 3), stage3_param_persistence_threshold, reduce_bucket_size,
   // stage3_prefetch_bucket_size and stage3_max_live_parameters, with the
   // engine's (DeepSpeed's) defaults and meaning.
   ZeroConfig zero;
@@ -125,7 +129,8 @@ struct EstimateOptions {
   // Throws a zest::Error naming the bad field and the allowed values.
   void validate() const;
   // 1 at stage 0, the world size at stages 1-3.
-  int partitions() const { return partitions_for(zero.stage, world_size); }
+  // With MiCS (zero.mics_shard_size at stage 3) the shard group's size.
+  int partitions() const { return partitions_for(zero.stage, zero.shard_group_size(world_size)); }
   bool offloads_optimizer() const { return offload_optimizer.device == OffloadDevice::kCpu; }
   bool offloads_params() const { return offload_param.device == OffloadDevice::kCpu; }
 };

@@ -150,6 +150,16 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
       o.gradient_accumulation_steps);
   out += "Ψ = parameters; Ψ' = elements with alignment and shard padding; s = Ψ'/N owned per rank "
          "(N = 1 at stage 0)\n";
+  if (const int s = o.zero.mics_shard_size; s > 0 && s < o.world_size) {
+    out += fmt::format("MiCS: mics_shard_size {}: at stage 3 the model states are sharded over groups of {} ranks "
+                       "(N = {} there) and replicated across the {} groups; stages 0-2 shard over all N ranks\n",
+                       s, s, s, o.world_size / s);
+  }
+  if (const int h = o.zero.zero_hpz_partition_size; h > 1 && h < o.world_size) {
+    out += fmt::format("hpZ: zero_hpz_partition_size {}: at stage 3 each gathered unit also keeps a copy sharded "
+                       "over {} ranks (padded / {}) from its first gather until the step, in the peak\n",
+                       h, h, h);
+  }
   if (o.offloads_optimizer()) {
     out += fmt::format("offload_optimizer: cpu, ratio {:g}{}: that part of each rank's master weights and optimizer "
                        "state is in host memory, with the copies' staging\n",

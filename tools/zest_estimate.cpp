@@ -54,6 +54,11 @@ options:
   --host-memory SIZE       with --device-memory: host memory of one machine; prints the largest model
                            that fits, per stage and offload choice
   --ranks-per-host N       ranks sharing --host-memory (default: --world, one machine)
+  --mics-shard-size S      stage 3: MiCS / HSDP, model states sharded over groups of S ranks (a divisor
+                           of --world, e.g. the ranks of one host) and replicated across the groups
+                           (DeepSpeed's mics_shard_size; -1: off)
+  --hpz-partition-size H   stage 3: ZeRO++ hpZ, a secondary copy of the parameters sharded over groups
+                           of H ranks for the gathers after the first of each step (1: off)
   --config FILE            a DeepSpeed JSON config: stage, dtype, optimizer, accumulation,
                            thresholds and buckets from it; the flags above override it
   --micro-batch N          with --config: what "auto" micro-batch sizes take (train_batch_size
@@ -107,7 +112,8 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
                                  "--live-units", "--grad-units", "--device-memory", "--runtime-reserve",
                                  "--offload-optimizer", "--offload-ratio", "--offload-param",
                                  "--host-memory", "--ranks-per-host", "--config", "--micro-batch",
-                                 "--hidden-size", "--total-steps"};
+                                 "--hidden-size", "--total-steps", "--mics-shard-size",
+                                 "--hpz-partition-size"};
   CLI::App app("zest-estimate");
   std::map<std::string, std::string> values;
   for (const char* f : kFlags) app.add_option(f, values[f]);
@@ -243,6 +249,14 @@ int run(int argc, char** argv) {
   if (has("--offload-param")) {
     const std::string d = cli::choice("--offload-param", flags["--offload-param"], {"none", "cpu"});
     opt.offload_param.device = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
+  }
+  if (has("--mics-shard-size")) {
+    const std::string& s = flags["--mics-shard-size"];
+    opt.zero.mics_shard_size = s == "-1" ? -1 : static_cast<int>(count_arg("--mics-shard-size", s, 1, world));
+  }
+  if (has("--hpz-partition-size")) {
+    opt.zero.zero_hpz_partition_size =
+        static_cast<int>(count_arg("--hpz-partition-size", flags["--hpz-partition-size"], 1, world));
   }
   if (has("--ranks-per-host") && !has("--host-memory")) usage_error("--ranks-per-host goes with --host-memory");
   if (has("--host-memory") && !has("--device-memory")) {

@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
       } else {
         zest::run_inprocess(opt.ranks, body, opt.device, opt.comm);
       }
-      rows.push_back({stage, world, rank0});
+      rows.push_back({stage, world, rank0, config.zero.shard_group_size(world)});
     }
     if (printer && (rows.size() > 1 || opt.table)) {
       fmt::print("\n{}", mlp::format_stage_table(rows, opt.shape.parameters(), mlp::engine_config(opt, 0)));

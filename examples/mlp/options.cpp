@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "common/default_config.h"
+#include "zest/launch/launch_env.h"
 
 namespace mlp {
 
@@ -58,9 +59,17 @@ zest::EngineConfig engine_config(const Options& opt, int stage) {
     zest::AutoValues program;
     program.optimizer = c.optimizer;
     program.scheduler = c.scheduler;
+    // "auto" MiCS / hpZ groups: one host's ranks (all of them in-process).
+    program.local_world_size = opt.launch ? zest::detect_launch_env().local_world_size : opt.ranks;
     c = zest::load_config_file(opt.config_path, program);
   }
   c.zero.stage = stage;
+  if (stage != 3) {
+    // A file's MiCS / hpZ groups are stage-3 settings (DeepSpeed reads them
+    // only there): the other stages of --stages run flat.
+    c.zero.mics_shard_size = -1;
+    c.zero.zero_hpz_partition_size = 1;
+  }
   if (opt.accum > 0) c.gradient_accumulation_steps = opt.accum;
   if (!opt.dtype.empty()) examples::set_compute_dtype(c, opt.dtype);
   const int world = opt.launch ? 0 : opt.ranks;

@@ -59,7 +59,7 @@ std::string format_stage_table(const std::vector<StageRow>& rows, long parameter
                      "final loss", "params", "grads", "master", "optim", "measured", "formula", "padding");
   for (const StageRow& row : rows) {
     const double formula =
-        zest::paper_model_bytes(static_cast<double>(parameters), row.world, row.stage, k, bc);
+        zest::paper_model_bytes(static_cast<double>(parameters), row.sharded_over, row.stage, k, bc);
     const zest::MemoryReport& m = row.summary.memory;
     const double measured = static_cast<double>(m.model_states());
     out += fmt::format("{:>5} {:>5} {:>11.5f} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>8.2f}%\n", row.stage,
@@ -68,7 +68,8 @@ std::string format_stage_table(const std::vector<StageRow>& rows, long parameter
                        kib(m[MemoryCategory::kOptimizerState].current), kib(measured), kib(formula),
                        100.0 * (measured - formula) / formula);
   }
-  out += "\nformula: stage 0 (2+2+K)Ψ, 1 2Ψ+2Ψ+KΨ/N, 2 2Ψ+(2+K)Ψ/N, 3 (2+2+K)Ψ/N (2 = bytes of the compute dtype)\n";
+  out += "\nformula: stage 0 (2+2+K)Ψ, 1 2Ψ+2Ψ+KΨ/N, 2 2Ψ+(2+K)Ψ/N, 3 (2+2+K)Ψ/N (2 = bytes of the compute dtype;\n"
+         "N = the ranks, or at stage 3 with mics_shard_size the ranks of a group)\n";
   return out;
 }
 

@@ -19,6 +19,7 @@ struct StageRow {
   int stage = 0;
   int world = 1;
   RunSummary summary;
+  int sharded_over = 1;  // the ranks the model states are sharded over: world, or MiCS's group
 };
 
 // What a step line shows of one rank.

@@ -13,6 +13,7 @@
 #include "zest/core/crc32.h"
 #include "zest/checkpoint/checkpoint.h"
 #include "zest/checkpoint/checkpoint_manifest.h"
+#include "zest/checkpoint/checkpoint_reader.h"
 #include "zest/core/file_io.h"
 
 using namespace zest;
@@ -159,3 +160,40 @@ TEST_CASE("a damaged or foreign checkpoint is a clear error naming the file") {
 }
 
 // A process killed at random moments of saves: test_kill_loop.cpp (test_checkpoint_safety).
+
+// A MiCS run (zero.mics_shard_size) holds a replica of the model states per
+// group of ranks: its first group's ranks save their shards, which load
+// under flat sharding at other world sizes and stages, and back into MiCS.
+TEST_CASE("a MiCS checkpoint (4 ranks, groups of 2) loads flat on 4, 2 and 3 ranks, and a flat one back into MiCS") {
+  // Every rank computes the same gradients, so runs on 2, 3 and 4 ranks,
+  // flat or in groups, give the same parameters bit for bit.
+  RunOptions opt = runs(1, 0);
+  opt.backward.same_on_every_rank = true;
+  const auto config = [](int stage, int mics_shard_size) {
+    EngineConfig c = adam_config(stage);
+    c.zero.mics_shard_size = mics_shard_size;
+    return c;
+  };
+  TempDir a, b, c;
+  const Params straight = run(config(3, -1), 4, 0, 4, "", "", opt);
+  const Params mics_straight = run(config(3, 2), 4, 0, 4, "", "", opt);
+  check_same(mics_straight, straight);
+
+  const Params at2 = run(config(3, 2), 4, 0, 2, "", a.str(), opt);
+  // The first group's two shards hold the whole model: two shard files, the
+  // partitions of the group, on a world of 4.
+  const CheckpointManifest m = CheckpointReader((a.path / "step_000002").string()).manifest();
+  CHECK(m.partitions == 2);
+  CHECK(m.world_size == 4);
+  CHECK(m.files.size() == 2u);
+
+  // MiCS -> flat stage 3 on 4 ranks, continued: the straight run's bits, so
+  // the parameters and the optimizer state both came through.
+  check_same(run(config(3, -1), 4, 2, 4, a.str(), "", opt), straight);
+  // MiCS -> stage 1 on 2 ranks -> stage 2 on 3 ranks: the parameters kept...
+  check_same(run(config(1, -1), 2, 0, 0, a.str(), b.str(), opt), at2);
+  check_same(run(config(2, -1), 3, 0, 0, b.str(), c.str(), opt), at2);
+  // ...and back into MiCS on 4 ranks, continued: still the straight run.
+  check_same(run(config(3, 2), 4, 2, 4, c.str(), "", opt), straight);
+  check_same(run(config(3, 2), 4, 2, 4, a.str(), "", opt), mics_straight);
+}

@@ -161,7 +161,6 @@ TEST_CASE("a feature ZEST lacks is refused by name, never as an unknown key") {
       {R"({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": true}}}})",
        "compression training"},
       {R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})", "ZeRO++ quantized weight gathers"},
-      {R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})", "ZeRO++ hierarchical partitioning"},
       {R"({"amp": {"enabled": true, "opt_level": "O2"}})", "NVIDIA apex AMP"},
       {R"({"bf16": {"enabled": true}, "communication_data_type": "fp32"})", "reducing gradients in fp32"},
       {R"({"fp16": {"enabled": true, "fp16_master_weights_and_grads": true}})", "fp16 master weights"},

@@ -93,6 +93,12 @@ struct RankResult {
   std::map<std::string, std::vector<float>> params;  // fp32 master values
   std::vector<StepResult> steps;
   CommCounters last_step_counters;  // the data communicator's, over the last step
+  // MiCS: the shard group's and the replica group's over the last step
+  // (the shard group's is last_step_counters under flat sharding, and the
+  // replica group's then empty).
+  CommCounters last_step_shard_counters;
+  CommCounters last_step_replica_counters;
+  CommCounters last_step_hpz_counters;  // hpZ: its group's (empty without)
   MemoryReport memory;              // after the last step
 };
 
@@ -127,8 +133,14 @@ inline void run_steps(Engine& engine, Communicator& comm, const RunOptions& opt,
                       RankResult& out) {
   const int units = engine.layout().num_units();
   Backward bw = opt.backward;
+  Communicator& shards = engine.shard_comm();
+  Communicator* replicas = engine.replica_comm();
+  Communicator* hpz = engine.hpz_comm();
   for (int64_t s = first; s < last; ++s) {
     comm.reset_counters();
+    shards.reset_counters();
+    if (replicas != nullptr) replicas->reset_counters();
+    if (hpz != nullptr) hpz->reset_counters();
     for (int m = 0; m < static_cast<int>(engine.config().accumulation_steps()); ++m) {
       bw.scale = static_cast<float>(engine.loss_scale());
       if (opt.forward_then_backward && !(opt.change_order && s > first)) {
@@ -145,6 +157,9 @@ inline void run_steps(Engine& engine, Communicator& comm, const RunOptions& opt,
       if (r.boundary) out.steps.push_back(r);
     }
     out.last_step_counters = comm.counters();
+    out.last_step_shard_counters = shards.counters();
+    if (replicas != nullptr) out.last_step_replica_counters = replicas->counters();
+    if (hpz != nullptr) out.last_step_hpz_counters = hpz->counters();
   }
 }
 
@@ -207,6 +222,15 @@ inline std::vector<RankResult> run_engine(const EngineConfig& config, const RunO
       [&](Communicator& comm) { results[static_cast<size_t>(comm.rank())] = run_rank(config, opt, comm); },
       opt.device, comm_options);
   return results;
+}
+
+// Constructs an engine of `config` on each of `world` in-process ranks and
+// nothing more: for the constructor's refusals, which it rethrows.
+inline void construct_engines(const EngineConfig& config, int world) {
+  run_inprocess(world, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine e(config, comm, alloc, Stream::default_for(Device::host()));
+  });
 }
 
 inline EngineConfig base_config(int stage) {

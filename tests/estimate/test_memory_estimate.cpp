@@ -580,6 +580,59 @@ TEST_CASE("the engine's measured bytes equal the estimate") {
   }
 }
 
+// Hierarchical sharding at stage 3. MiCS (zero.mics_shard_size): a rank of
+// a world of W in groups of S holds what a rank of a world of S holds. hpZ
+// (zero.zero_hpz_partition_size): the transients add each gathered unit's
+// secondary copy, padded / H elements. The engine measures both.
+TEST_CASE("MiCS: stage 3's bytes at W ranks in groups of S are those of S ranks, and hpZ's peak adds padded / H "
+          "per gathered unit, as the engine measures") {
+  const ModelDescription paper = ModelDescription::from_total(7'500'000'000);
+  EstimateOptions mics = options(64, 3, DType::kFloat16, OptimizerKind::kAdamW);
+  mics.zero.mics_shard_size = 8;
+  const EstimateOptions flat8 = options(8, 3, DType::kFloat16, OptimizerKind::kAdamW);
+  const MemoryEstimate e = estimate_memory(paper, mics);
+  CHECK(e.model_state_bytes == estimate_memory(paper, flat8).model_state_bytes);
+  CHECK(e.paper_bytes == 16.0 * 7.5e9 / 8);
+  // Stages 0-2 ignore it, as DeepSpeed builds MiCS at stage 3 only.
+  for (int stage : {0, 1, 2}) {
+    CAPTURE(stage);
+    EstimateOptions o = mics;
+    o.zero.stage = stage;
+    CHECK(estimate_memory(paper, o).model_state_bytes ==
+          estimate_memory(paper, options(64, stage, DType::kFloat16, OptimizerKind::kAdamW)).model_state_bytes);
+  }
+  EstimateOptions bad = mics;
+  bad.zero.mics_shard_size = 6;
+  CHECK_THROWS_WITH_AS(estimate_memory(paper, bad), doctest::Contains("set mics_shard_size to a divisor of 64"), Error);
+
+  ModelDescription m;  // engine_harness.h's model, in layout order
+  m.units = {{"a", {91, 7}, 1}, {"b", {35, 5, 1}, 1}, {"c", {33}, 1}};
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    EngineConfig config = test::base_config(3);
+    config.bf16 = bf16;
+    config.gradient_accumulation_steps = 2;
+    const MemoryEstimate flat4 = estimate_memory(m, EstimateOptions::from_config(config, 4));
+    const MemoryEstimate flat2 = estimate_memory(m, EstimateOptions::from_config(config, 2));
+
+    EngineConfig in_groups = config;
+    in_groups.zero.mics_shard_size = 2;
+    const MemoryEstimate got = estimate_memory(m, EstimateOptions::from_config(in_groups, 4));
+    CHECK(got.model_state_bytes == flat2.model_state_bytes);
+    check_measured(got, test::run_engine(in_groups, test::runs(4, 2)));
+
+    EngineConfig secondary = config;
+    secondary.zero.zero_hpz_partition_size = 2;
+    const MemoryEstimate hpz = estimate_memory(m, EstimateOptions::from_config(secondary, 4));
+    // 3 units of 4 x 256 padded elements, half of each.
+    const int64_t copies = 3 * 512 * (bf16 ? 2 : 4);
+    CHECK(hpz.model_state_bytes == flat4.model_state_bytes);
+    CHECK(hpz[MemoryCategory::kParameters].peak == flat4[MemoryCategory::kParameters].peak + copies);
+    CHECK(hpz.peak_bytes == flat4.peak_bytes + copies);
+    check_measured(hpz, test::run_engine(secondary, test::runs(4, 2)));
+  }
+}
+
 // The same contract with offload_optimizer: the device's bytes and the
 // host allocator's, category by category.
 TEST_CASE("with offload_optimizer (and offload_param at stage 3), the engine's device and host bytes equal the estimate") {
