@@ -200,10 +200,12 @@ run_fault() {  # steps, trigger, fault
     >"$work/job.txt" 2>&1 &
   local job=$!
   local waited=0
+  # Polled every 10 ms: on a quiet machine a checkpoint is written in a
+  # few hundred milliseconds.
   until $2; do
-    sleep 0.05
+    sleep 0.01
     waited=$((waited + 1))
-    ((waited < 1200)) || fail "the fault's trigger never came"
+    ((waited < 6000)) || fail "the fault's trigger never came"
     kill -0 "$job" 2>/dev/null || { cat "$work/job.txt"; fail "the job ended before the fault"; }
   done
   local t0
@@ -255,8 +257,9 @@ case_kill() {
 }
 
 case_kill_save() {
-  # Large enough a model that writing the checkpoint takes a while.
-  shape=(--hidden 768 --layers 4)
+  # Large enough a model (6.3M parameters: 24 MiB of model states a rank at
+  # stage 2) that writing the checkpoint takes a while.
+  shape=(--hidden 1024 --layers 6)
   seed_checkpoint
   run_fault 3 saving kill_h1
   grep -qE 'process rank [23] with PID [0-9]+ on node 10\.87\.0\.2 exited on signal 9' "$work/job.txt" ||
