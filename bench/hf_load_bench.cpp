@@ -57,7 +57,7 @@ struct Options {
   int repeat = 3;
   std::string dir;       // empty: a temporary directory, removed at the end
   std::string cache = "both";  // cold, warm or both
-  std::string read = "map";    // map, pread or both (HfImportOptions::map_files)
+  std::string read = "pread";  // pread, map or both (HfImportOptions::map_files)
 };
 
 constexpr int64_t kCols = 2048;
@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", opt.repeat, "runs of each measurement")->check(CLI::Range(1, 1000));
   app.add_option("--cache", opt.cache, "page cache: cold (dropped before each run), warm, or both")
       ->check(CLI::IsMember({"cold", "warm", "both"}));
-  app.add_option("--read", opt.read, "how the load reads: map (the default), pread, or both")
+  app.add_option("--read", opt.read, "how the load reads: pread (the default), map, or both")
       ->check(CLI::IsMember({"map", "pread", "both"}));
   app.add_option("--dir", opt.dir, "where to write the checkpoint (default: a temporary directory, removed)");
   try {

@@ -83,12 +83,12 @@ using NonFiniteValues = std::vector<std::pair<std::string, uint64_t>>;
 // (collective) then ends it as finish_start_from_weights does. `progress`
 // is called on the calling thread with (tensor bytes read, tensor bytes
 // this rank reads in all); `threads` threads read and store. `map_files`:
-// a file's bytes are looked at in the page cache where they are (mapped),
-// else read with pread into buffers (file_view.h says why mapping is the
-// default; pread suits file systems where mapping is slow).
+// a file's bytes are looked at in the page cache where they are (mapped,
+// file_view.h) instead of read with pread into buffers
+// (HfImportOptions::map_files says which is faster where).
 NonFiniteValues load_owned_weights(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source,
                                    const std::function<void(uint64_t, uint64_t)>& progress = {}, int threads = 1,
-                                   bool map_files = true);
+                                   bool map_files = false);
 void finish_loaded_weights(Engine& engine);
 // Collective: load_owned_weights on every rank (`what` names the step in
 // errors). Where any rank fails, every rank throws, after rebuilding its
@@ -97,7 +97,7 @@ void finish_loaded_weights(Engine& engine);
 NonFiniteValues load_weights_on_every_rank(Engine& engine, const char* what,
                                            const std::function<OwnedWeightSource(const ParamLayout&)>& source,
                                            const std::function<void(uint64_t, uint64_t)>& progress, int threads,
-                                           bool map_files = true);
+                                           bool map_files = false);
 // Collective. The non-finite values every rank found (load_owned_weights),
 // agreed: each parameter holding one anywhere with the lowest element index
 // found, in the layout's order, the same list on every rank.

@@ -2,13 +2,12 @@
 // with positioned reads and written into the engine in one pass.
 //
 // Note [one pass from the file into the shard]: a unit's owned byte ranges
-// are looked at where the page cache holds them (file_view.h: mapped, each
-// chunk populated first, so an I/O error is an error and not SIGBUS): a warm
-// cache costs no copy at all, and there is no buffer of fresh memory to
-// fault in. Where the source cannot be mapped, or the values are converted
-// as read (F64), they are read as stored into one of two reusable buffers
-// instead. Each chunk is checked for NaN/Inf on its raw bits right after it
-// is read, while it is in cache. Only a unit found clean is stored:
+// are read as stored into one of two reusable buffers (F64 converted to
+// fp32 as it is read), or with map_files looked at where the page cache
+// holds them (file_view.h: mapped, each chunk populated first, so an I/O
+// error is an error and not SIGBUS; measured slower here, see
+// HfImportOptions::map_files). Each chunk is checked for NaN/Inf on its raw
+// bits right after it is read, while it is in cache. Only a unit found clean is stored:
 // converted from the file's bytes straight into the master shard and the
 // compute-dtype parameters (Engine::load_shard; a bf16 file into bf16
 // parameters is a copy), so a unit holding a bad value keeps its previous

@@ -1,8 +1,8 @@
 // A read-only window on part of a file through its page-cache pages
 // (mmap), for readers that look at the bytes once: no copy into a buffer of
 // their own, and no fresh anonymous memory to fault in. The Hugging Face
-// loader reads its shards so (checkpoint/weights_load.cpp); a warm page
-// cache then costs it no copy at all.
+// loader reads its shards so on request (HfImportOptions::map_files: on
+// the machines measured, the kernel's copy into a buffer was faster).
 //
 // Reading a mapping whose file shrank, or whose page the disk cannot read,
 // raises SIGBUS instead of returning an error, so a reader populates each

@@ -15,8 +15,8 @@
 // registered one, every dtype F32, F16, BF16 or F64. Then each rank reads
 // only the byte ranges of the elements of the shard it owns (stages 1-3: the
 // ranks together read the checkpoint about once; stage 0: every rank owns
-// and reads everything), as stored, where the page cache holds them (mapped;
-// or with positioned reads, map_files), checking each range for NaN/Inf, and
+// and reads everything), as stored, with positioned reads (or mapped:
+// map_files), checking each range for NaN/Inf, and
 // converts a clean unit straight into the master shard and the parameters
 // (exact from bf16, fp16 and fp32) while the next unit is read
 // (load_owned_weights), so the memory an import adds is two units' shards as
@@ -49,10 +49,12 @@ struct HfImportOptions {
   // pieces at once: what a fast disk or the page cache needs to be kept
   // busy). With many ranks on one host, fewer.
   int read_threads = 4;
-  // The checkpoint's bytes looked at where the page cache holds them
-  // (mapped: no copy), or, false, read with pread into buffers: for file
-  // systems where mapping is slow (some network file systems).
-  bool map_files = true;
+  // The checkpoint's bytes read with pread into two reused buffers (the
+  // default), or, true, looked at in place in the page cache (mapped: no
+  // copy). Measured on an x86 VM, mapping was the slower by 20-40% cold and
+  // warm (bench/hf_load_bench --read both): reading a mapping walks 4 KiB
+  // pages, where the kernel's copy reads through its own huge mappings.
+  bool map_files = false;
   // Called on every rank after each piece read, with this rank's tensor
   // bytes read and the total it reads. Unset: rank 0 logs the progress
   // every few seconds of a long load.
