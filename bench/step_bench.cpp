@@ -88,7 +88,9 @@ std::string loadavg() {
 
 // Times memcpys of up to `capacity` bytes between buffers allocated and
 // touched once, as the engine's buffers are after its first step, so that
-// no bound pays for page faults the step does not. On the host the W
+// no bound pays for page faults the step does not; from the allocator the
+// engine's memory comes from (on the host in the same pages: Note [host
+// memory in huge pages] in memory/raw_allocator.cpp). On the host the W
 // in-process ranks run their phases at once, sharing the cores and the
 // memory bus: the bound is then W threads each copying its own bytes at
 // once, the slowest one's time.
@@ -97,10 +99,14 @@ class CopyBound {
   CopyBound(zest::Device device, int ranks, size_t capacity) : device_(device) {
     if (capacity == 0) return;
     if (device.is_host()) {
+      alloc_.emplace(zest::make_host_allocator());
+      const zest::Stream host = zest::Stream::default_for(device);
       host_.resize(static_cast<size_t>(ranks));
       for (HostPair& h : host_) {
-        h.src.assign(capacity, std::byte{1});
-        h.dst.assign(capacity, std::byte{0});
+        h.src = alloc_->allocate_buffer(capacity, host);
+        h.dst = alloc_->allocate_buffer(capacity, host);
+        std::memset(h.src.data(), 1, capacity);
+        std::memset(h.dst.data(), 0, capacity);
       }
       return;
     }
@@ -123,7 +129,7 @@ class CopyBound {
       stream_->get().synchronize();
       return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     }
-    ZEST_INTERNAL_ASSERT(!host_.empty() && bytes <= host_[0].src.size());
+    ZEST_INTERNAL_ASSERT(!host_.empty() && bytes <= host_[0].src.size_bytes());
     std::vector<double> ms(host_.size());
     std::latch start(static_cast<std::ptrdiff_t>(host_.size()));
     const auto copy = [&](size_t r) {
@@ -141,12 +147,12 @@ class CopyBound {
 
  private:
   struct HostPair {
-    std::vector<std::byte> src, dst;
+    zest::Buffer src, dst;
   };
   zest::Device device_;
-  std::vector<HostPair> host_;
-  std::optional<zest::CachingAllocator> alloc_;
+  std::optional<zest::CachingAllocator> alloc_;  // before the buffers: they go first
   std::optional<zest::OwnedStream> stream_;
+  std::vector<HostPair> host_;
   zest::Buffer src_, dst_;
 };
 

@@ -1,5 +1,6 @@
 #include "zest/memory/raw_allocator.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,6 +14,7 @@ namespace {
 // Page alignment keeps every block offset (a multiple of 512) as aligned on the
 // host as it is in cudaMalloc'ed memory, so vector loads behave the same.
 constexpr size_t kHostAlignment = 4096;
+constexpr size_t kHugePage = size_t{2} << 20;
 
 class HostRawAllocator final : public RawAllocator {
  public:
@@ -20,8 +22,19 @@ class HostRawAllocator final : public RawAllocator {
   std::string_view name() const override { return "host"; }
 
   void* allocate(size_t size_bytes) override {
-    if (size_bytes > SIZE_MAX - kHostAlignment) return nullptr;
-    return std::aligned_alloc(kHostAlignment, round_up(size_bytes, kHostAlignment));
+    if (size_bytes > SIZE_MAX - kHugePage) return nullptr;
+    if (size_bytes < kHugePage) return std::aligned_alloc(kHostAlignment, round_up(size_bytes, kHostAlignment));
+    // Note [host memory in huge pages]: segments of 2 MiB and more (the
+    // caching allocator's large pool rounds to 2 MiB already) are asked for
+    // in transparent huge pages. Shards, gathers and buckets are streamed
+    // through at memory bandwidth, and 4 KiB pages cost a TLB miss every
+    // 4 KiB: under nested paging (a VM) a miss walks two page tables, and a
+    // pread into such memory ran 5-10x slower than into huge pages
+    // (bench/hf_load_bench, docs/BENCHMARKS.md). Advice only: where THP is
+    // off, the memory is as good in 4 KiB pages.
+    void* p = std::aligned_alloc(kHugePage, round_up(size_bytes, kHugePage));
+    if (p != nullptr) (void)::madvise(p, round_up(size_bytes, kHugePage), MADV_HUGEPAGE);
+    return p;
   }
   void deallocate(void* ptr, size_t) noexcept override { std::free(ptr); }
 
