@@ -14,10 +14,12 @@
 #include <limits>
 #include <numeric>
 
-#include "zest/core/check.h"
+#include "error_of.h"
 #include "zest/checkpoint/safetensors.h"
+#include "zest/core/check.h"
 
 using namespace zest;
+using zest::test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -87,17 +89,6 @@ std::span<const std::byte> cbytes(const std::string& s) { return std::as_bytes(s
 template <typename T>
 std::span<std::byte> bytes_of(std::vector<T>& v) {
   return std::as_writable_bytes(std::span(v));
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  FAIL("expected a zest::Error");
-  return {};
 }
 
 void check_parts(const std::string& message, const std::vector<std::string>& parts) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "error_of.h"
 #include "zest/checkpoint/checkpoint_manifest.h"
 #include "zest/config/config.h"
 #include "zest/config/json_parse.h"
@@ -13,19 +14,10 @@
 #include "zest/estimate/memory_estimate.h"
 
 using namespace zest;
+using zest::test::error_of;
 using nlohmann::json;
 
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "no error";
-}
 
 std::string parse_error(const std::string& text, int max_depth = 16) {
   return error_of([&] { (void)detail::parse_json(text, "test.json", {.max_depth = max_depth}); });

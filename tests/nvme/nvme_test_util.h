@@ -17,6 +17,7 @@
 #include <doctest/doctest.h>
 
 #include "checkpoint/temp_dir.h"
+#include "error_of.h"
 #include "zest/core/check.h"
 #include "zest/nvme/aio_backend.h"
 
@@ -72,17 +73,6 @@ inline std::vector<AioBackendKind> backend_kinds() {
   int error = 0;
   if (aio_io_uring_built() && detail::make_io_uring_backend(AioConfig{}, error)) kinds.push_back(AioBackendKind::kIoUring);
   return kinds;
-}
-
-// The message of the zest::Error that fn throws, "(no error)" if none.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
 }
 
 inline const char* kind_name(AioBackendKind k) { return k == AioBackendKind::kIoUring ? "io_uring" : "thread pool"; }
