@@ -12,6 +12,7 @@
 #include "zest/memory/copy.h"
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/host_convert.h"
+#include "zest/optim/host_kernels.h"
 #include "zest/optim/optim_cuda.h"
 
 namespace zest {
@@ -143,6 +144,22 @@ void scale(const Stream& stream, void* buf, DType dtype, float factor, size_t n)
     using T = typename decltype(type)::type;
     scale_loop(static_cast<T*>(buf), factor, n);
   });
+}
+
+bool any_non_finite_host(const void* values, DType dtype, size_t n) {
+  ZEST_CHECK(values != nullptr || n == 0, "any_non_finite_host: null values for {} elements", n);
+  const detail::HostKernels& k = detail::host_kernels();
+  switch (dtype) {
+    case DType::kFloat32:
+      return k.any_non_finite32(static_cast<const uint32_t*>(values), n);
+    case DType::kBFloat16:
+      return k.any_non_finite16(static_cast<const uint16_t*>(values), n, 0x7f80u);
+    case DType::kFloat16:
+      return k.any_non_finite16(static_cast<const uint16_t*>(values), n, 0x7c00u);
+    default:
+      ZEST_CHECK(false, "any_non_finite_host: {} values (fp32, fp16 or bf16 only)", dtype_name(dtype));
+      return false;
+  }
 }
 
 }  // namespace zest

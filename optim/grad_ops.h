@@ -51,4 +51,10 @@ void scale(const Stream& stream, void* buf, DType dtype, float factor, size_t n)
 void convert(const Stream& stream, const void* src, DType src_dtype, void* dst, DType dst_dtype,
              size_t n);
 
+// Whether any of n values of `dtype` (fp32, fp16 or bf16) in host memory is
+// a NaN or an Inf, judged on their bits in one pass that vectorizes for the
+// widest instruction set the CPU has (a loader checks every element it
+// reads with it, so it runs at memory speed).
+bool any_non_finite_host(const void* values, DType dtype, size_t n);
+
 }  // namespace zest

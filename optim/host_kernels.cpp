@@ -73,7 +73,8 @@ bool cpu_has_f16c() { return false; }
 #define ZEST_KERNEL_TABLE(ns, isa_value)                                                        \
   HostKernels {                                                                                 \
     isa_value, ns::adam<true>, ns::adam<false>, ns::sgd, ns::widen<fp16>, ns::narrow<fp16>,     \
-        ns::widen<bf16>, ns::narrow<bf16>, ns::chunk_squares                                    \
+        ns::widen<bf16>, ns::narrow<bf16>, ns::chunk_squares, ns::any_non_finite16,             \
+        ns::any_non_finite32                                                                    \
   }
 
 HostKernels make_table(CpuIsa isa) {

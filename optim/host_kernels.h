@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "zest/core/cpu_isa.h"
 #include "zest/core/float16.h"
@@ -29,6 +30,10 @@ struct HostKernels {
   // The sums of squares of x * scale over chunks of `chunk` elements (the
   // last may be shorter), each in the GPU's order (chunk_sum_order.h).
   void (*chunk_squares)(const float* x, size_t n, size_t chunk, float scale, double* out) = nullptr;
+  // Whether any of n IEEE values is a NaN or an Inf: 16-bit ones (fp16 or
+  // bf16, told apart by their exponent mask) or fp32.
+  bool (*any_non_finite16)(const uint16_t* bits, size_t n, uint16_t exponent) = nullptr;
+  bool (*any_non_finite32)(const uint32_t* bits, size_t n) = nullptr;
 };
 
 // The table for host_isa(); its fp16 conversions use F16C's instructions
