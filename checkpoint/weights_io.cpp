@@ -80,10 +80,6 @@ void export_weights(Engine& engine, const std::string& path, const WeightsExport
   });
 }
 
-// Threads per rank for import_weights: enough to keep the page cache or a
-// fast disk busy (as HfImportOptions::read_threads).
-constexpr int kImportThreads = 4;
-
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options) {
   const ModelLayout& layout = engine.layout();
   std::optional<SafetensorsFile> file;
@@ -120,7 +116,7 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
       [&](const ParamLayout& p) {
         return file->find(p.name) != nullptr ? OwnedWeightSource{&*file, p.name} : OwnedWeightSource{};
       },
-      {}, kImportThreads);
+      {}, kDefaultReadThreads);
   finish_loaded_weights(engine);
   const NonFiniteValues bad = agree_non_finite(engine, mine);
   if (!bad.empty()) {

@@ -69,6 +69,11 @@ struct OwnedWeightSource {
 // whole tensor of the first such element found).
 using NonFiniteValues = std::vector<std::pair<std::string, uint64_t>>;
 
+// Threads per rank that read and store a load's pieces (import_weights,
+// HfImportOptions::read_threads' default): enough to keep the page cache or
+// a fast disk busy.
+constexpr int kDefaultReadThreads = 4;
+
 // Not collective. This rank's shard of each unit in turn: of each parameter
 // only the elements inside the shard (at stages 1-3 the ranks together read
 // each file about once; at stage 0 every rank reads everything). Each
@@ -76,10 +81,13 @@ using NonFiniteValues = std::vector<std::pair<std::string, uint64_t>>;
 // holding no non-finite value goes straight into the engine's shard
 // (Engine::begin_shard_load: master weights, compute-dtype parameters,
 // zeroed optimizer state) while the next unit is read (Note [one pass from
-// the file into the shard] in weights_load.cpp). A unit holding one keeps
-// its values and state, and its parameters are returned. Parameters
-// without a source keep their values. Memory: two units' shards as stored
-// (for bf16 one fp32 shard) and a few KiB per thread. finish_loaded_weights
+// the file into the shard] in weights_load.cpp; a unit in the compute dtype
+// is read straight into the parameters). A unit holding one keeps its
+// weights (a frozen unit read in place is zeroed: Engine::abandon_shard_load)
+// with its optimizer state zeroed, and its parameters are returned; so does
+// a unit in flight when a read fails. Parameters without a source keep their
+// values. Memory: two units' shards as stored (none for a unit read in
+// place; for bf16 one fp32 shard) and a few KiB per thread. finish_loaded_weights
 // (collective) then ends it as finish_start_from_weights does. `progress`
 // is called on the calling thread with (tensor bytes read, tensor bytes
 // this rank reads in all); `threads` threads read and store. `map_files`:

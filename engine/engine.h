@@ -343,25 +343,52 @@ class Engine {
   void restore(const Progress& progress);
   // A weights load that checks its values itself (import_hf), writing each
   // unit's shard straight from its read buffers, with no staging copy of the
-  // shard and no second check. begin_shard_load(u) settles the optimizer's
-  // update in flight and zeroes unit u's optimizer state; it returns whether
-  // the shard is in host memory, where load_shard may run on several
-  // threads at once for disjoint ranges (else one call at a time, from this
-  // thread). load_shard(u, at, values, dtype, n): master elements [at, at +
-  // n) of the shard become `values` (fp32, fp16 or bf16, as the file stores
-  // them; the caller has checked they are finite), each converted once into
-  // the master's and the parameters' dtypes (a frozen unit: the parameters
+  // shard and no second check. begin_shard_load(u, every_value) settles the
+  // optimizer's update in flight and zeroes unit u's optimizer state.
+  // `every_value`: the dtype of the values of every load_shard of unit u
+  // until the load ends, where together they cover the whole shard (every
+  // parameter and the padding); nullopt otherwise. Where it is the compute
+  // dtype and the master weights are an fp32 copy of their own in host
+  // memory, the master is not written: it is widened from the parameters
+  // when first read (Note [a master widened when first read] in
+  // engine_load.cpp), so such a load writes 2 bytes an element, not 6.
+  // load_shard(u, at, values, dtype, n): master elements [at, at + n) of the
+  // shard become `values` (fp32, fp16 or bf16, as the file stores them; the
+  // caller has checked they are finite), each converted once into the
+  // master's and the parameters' dtypes (a frozen unit: the parameters
   // only): a bf16 file into bf16 parameters is a copy of its bytes, with no
   // detour through fp32. finish_shard_load is restore() for shards written so:
   // the parameters are narrowed already, so it sets the progress and
   // gathers. Shards written with write_shard since the last restore() need
   // restore() instead. Not collective, except finish_shard_load.
-  bool begin_shard_load(int unit);
+  struct ShardLoad {
+    // The shard is in host memory: load_shard may run on several threads
+    // at once for disjoint ranges (else one call at a time, from this thread).
+    bool threads = false;
+    // Where load_shard of values of the compute dtype would only copy them:
+    // the owned parameters (shard element i at byte i * elem_size), in host
+    // memory, for the loader to read the file's bytes into without a copy.
+    // Given for a frozen unit, and a unit whose master is widened later;
+    // empty otherwise. Written so, a unit that then cannot be loaded (a
+    // non-finite value) needs abandon_shard_load.
+    std::span<std::byte> in_place;
+  };
+  ShardLoad begin_shard_load(int unit, std::optional<DType> every_value = std::nullopt);
   void load_shard(int unit, size_t at, const void* values, DType dtype, size_t n);
   void load_shard(int unit, size_t at, std::span<const float> values) {
     load_shard(unit, at, values.data(), DType::kFloat32, values.size());
   }
+  // Unit u's load stops part-way (the loader found a value it refuses):
+  // its parameters are narrowed again from its master, which the load left
+  // as it was, or, for a frozen unit written through ShardLoad::in_place
+  // (it has no other copy of its values), zeroed, so that no value of the
+  // refused file stays. Its optimizer state stays zeroed.
+  void abandon_shard_load(int unit);
   void finish_shard_load(const Progress& progress);
+  // The master weights a load deferred (ShardLoad::in_place), widened from
+  // the parameters now rather than by the first step() or shard read: to
+  // time steps without that pass in the first. Not collective.
+  void widen_deferred_masters();
   // Every rank's `mine` (the same length on every rank), rank by rank, over
   // the engine's own communicator (a split of comm(), so comm()'s counters
   // count only the model). Collective.
@@ -402,7 +429,12 @@ class Engine {
     // Where shard element i (in [begin, end)) lies.
     std::byte* at(size_t i) const { return data + (i - begin) * elem_size(dtype); }
   };
+  // Buffer 0 widens a deferred master first (Note [a master widened when
+  // first read]); stored_shard_pieces does not.
   std::array<ShardPiece, 2> shard_pieces(int unit, int buffer);
+  std::array<ShardPiece, 2> stored_shard_pieces(int unit, int buffer);
+  // The deferred master of unit u widened from its parameters, now.
+  void widen_deferred_master(int unit);
   // The values of shard elements [a, b) of piece p as fp32 to `dst`, or
   // fp32 values from `src` narrowed into them; dst_host / src_host say
   // whether dst / src is host memory or memory of the engine's device. Ordered

@@ -2,6 +2,23 @@
 // shard written straight from the loader's buffers (engine.h,
 // begin_shard_load), without write_shard's staging copy, second check and
 // restore()'s second pass that narrows the parameters.
+//
+// Note [a master widened when first read]: a checkpoint published in the
+// compute dtype (bf16, as Hugging Face publishes most models) holds the
+// parameters' bits, and the fp32 master weights it implies are those bits
+// widened, exactly. Writing that master at load time would write 4 bytes an
+// element beside the parameters' 2, for values nothing reads until the
+// first optimizer step (or a checkpoint or export): three times the memory
+// traffic of the read itself. So where a unit's whole shard comes in the
+// compute dtype and its master is an fp32 copy in host memory, the load
+// writes only the parameters (read from the file straight into them:
+// ShardLoad::in_place) and marks the master deferred; every reader of the
+// master goes through shard_pieces(u, 0), which widens it first, and the
+// optimizer step widens every deferred master before it starts (the
+// offloaded part's update reads its buffer directly). The master's memory
+// exists all along; only its values wait. Until then the invariant the
+// engine keeps otherwise, parameters = the master narrowed, holds the other
+// way round: master = the parameters widened.
 #include <algorithm>
 #include <vector>
 
@@ -17,17 +34,22 @@ bool Engine::shard_in_host_memory(int unit) {
   if (stream_.device().is_host()) return true;
   if (!shard_on_host(unit)) return false;  // the parameters are on the device
   if (impl_->layout->unit(unit).frozen) return true;
-  for (const ShardPiece& p : shard_pieces(unit, 0)) {
+  for (const ShardPiece& p : stored_shard_pieces(unit, 0)) {
     if (p.end > p.begin && !p.host) return false;
   }
   return true;
 }
 
-bool Engine::begin_shard_load(int unit) {
+Engine::ShardLoad Engine::begin_shard_load(int unit, std::optional<DType> every_value) {
   check_finalized("begin_shard_load()");
   settle_offload();
-  (void)state(unit);  // checks the index
-  if (!impl_->layout->unit(unit).frozen) {
+  UnitState& st = state(unit);  // checks the index
+  const UnitLayout& U = impl_->layout->unit(unit);
+  // A master still waiting for the previous load's parameters is widened
+  // before they change (a part of it may keep its values: a parameter the
+  // new load does not hold).
+  widen_deferred_master(unit);
+  if (!U.frozen) {
     const Stream host = Stream::default_for(Device::host());
     for (int b = 1; b < shard_buffers(); ++b) {
       for (const ShardPiece& p : shard_pieces(unit, b)) {
@@ -36,7 +58,32 @@ bool Engine::begin_shard_load(int unit) {
     }
     stream_.synchronize();
   }
-  return shard_in_host_memory(unit);
+  ShardLoad load;
+  load.threads = shard_in_host_memory(unit);
+  const bool copies_only = load.threads && every_value == compute_dtype_;
+  st.master_deferred = copies_only && !U.frozen && !master_is_params();
+  st.loading_in_place = copies_only && (U.frozen || st.master_deferred);
+  if (st.loading_in_place) load.in_place = {owned_params(unit), U.shard * elem_size(compute_dtype_)};
+  return load;
+}
+
+void Engine::abandon_shard_load(int unit) {
+  UnitState& st = state(unit);
+  const UnitLayout& U = impl_->layout->unit(unit);
+  const size_t bc = elem_size(compute_dtype_);
+  if (st.master_deferred) {
+    // The master holds the values from before the load: the parameters
+    // become them again, as restore() narrows them.
+    st.master_deferred = false;
+    for (const ShardPiece& m : stored_shard_pieces(unit, 0)) {
+      if (master_is_params() && !m.host) continue;
+      convert(Stream::default_for(Device::host()), m.data, m.dtype, owned_params(unit) + m.begin * bc,
+              compute_dtype_, m.end - m.begin);
+    }
+  } else if (st.loading_in_place && U.frozen) {
+    fill_zero(Stream::default_for(Device::host()), owned_params(unit), U.shard * bc);
+  }
+  st.loading_in_place = false;
 }
 
 void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, size_t n) {
@@ -52,9 +99,13 @@ void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, si
   const size_t esize = elem_size(dtype);
   // The master's pieces overlapping [at, at + n). Where the master is the
   // parameters (fp32, bf16 master weights) the device piece is written below.
+  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  ZEST_CHECK(!st.master_deferred || dtype == compute_dtype_,
+             "load_shard of unit '{}': values of {} into a load begun for {} only (begin_shard_load's every_value)",
+             U.name, dtype_name(dtype), dtype_name(compute_dtype_));
   const auto masters = [&](auto&& write) {
-    if (U.frozen) return;
-    for (const ShardPiece& p : shard_pieces(unit, 0)) {
+    if (U.frozen || st.master_deferred) return;
+    for (const ShardPiece& p : stored_shard_pieces(unit, 0)) {
       const size_t lo = std::max(at, p.begin), hi = std::min(at + n, p.end);
       if (lo >= hi || (!p.host && master_is_params())) continue;
       write(p, lo, hi, src + (lo - at) * esize);
@@ -93,6 +144,7 @@ void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, si
 }
 
 void Engine::finish_shard_load(const Progress& progress) {
+  for (UnitState& st : impl_->units) st.loading_in_place = false;
   restore_progress(progress);
   gather_updated_params(/*frozen_too=*/true);
   stream_.synchronize();

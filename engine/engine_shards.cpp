@@ -77,6 +77,11 @@ std::byte* Engine::owned_params(int unit) const {
 }
 
 std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
+  if (buffer == 0) widen_deferred_master(unit);
+  return stored_shard_pieces(unit, buffer);
+}
+
+std::array<Engine::ShardPiece, 2> Engine::stored_shard_pieces(int unit, int buffer) {
   UnitState& st = state(unit);
   ZEST_CHECK(buffer >= 0 && buffer < shard_buffers(), "shard buffer {} is out of range: this optimizer has {}",
              buffer, shard_buffers());
@@ -133,6 +138,23 @@ void convert_across(const Stream& stream, CachingAllocator& allocator, const voi
 }
 
 }  // namespace
+
+void Engine::widen_deferred_master(int unit) {
+  UnitState& st = state(unit);
+  if (!st.master_deferred) return;
+  const size_t bc = elem_size(compute_dtype_);
+  const std::byte* params = owned_params(unit);
+  for (const ShardPiece& p : stored_shard_pieces(unit, 0)) {
+    convert_across(stream_, allocator_, params + p.begin * bc, compute_dtype_, shard_on_host(unit), p.data, p.dtype,
+                   p.host, p.end - p.begin);
+  }
+  stream_.synchronize();
+  st.master_deferred = false;
+}
+
+void Engine::widen_deferred_masters() {
+  for (int u = 0; u < impl_->layout->num_units(); ++u) widen_deferred_master(u);
+}
 
 // Note [shard pieces as fp32]: what checkpoints and the export see of a
 // piece is fp32 whatever it keeps (widening bf16 is exact, and narrowing

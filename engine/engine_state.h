@@ -43,6 +43,14 @@ struct Engine::UnitState {
   // read every optimizer step.
   std::vector<GroupRun> runs;
 
+  // Note [a master widened when first read] (engine_load.cpp): the master
+  // shard is stale, and its values are the owned compute-dtype parameters
+  // widened; shard_pieces(u, 0) and the optimizer step widen it first.
+  bool master_deferred = false;
+  // Between begin_shard_load and finish_shard_load / abandon_shard_load:
+  // the loader was given the owned parameters to read into directly.
+  bool loading_in_place = false;
+
   bool resident = true;
   int gathered = 0;     // live UnitHandles
   Grads grads = Grads::kIdle;

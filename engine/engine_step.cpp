@@ -139,6 +139,9 @@ StepResult Engine::step() {
   }
   im.trace_pos = 0;
   result.boundary = true;
+  // The update reads the master weights: a load's deferred ones (Note [a
+  // master widened when first read]) are widened first, once.
+  widen_deferred_masters();
 
   const ModelLayout& L = *im.layout;
   const double unscale = 1.0 / (static_cast<double>(config_.accumulation_steps()) * loss_scale());

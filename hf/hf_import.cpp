@@ -124,8 +124,9 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
   if (!problems.empty()) {
     detail::fail_with_problems(fmt::format("Hugging Face checkpoint '{}' holds values that cannot be weights", dir),
                                problems,
-                               "Each rank's shards of the units holding them kept their previous values, the "
-                               "others were loaded: fix the checkpoint and import again.");
+                               "Each rank's shards of the units holding them kept their previous weights (a "
+                               "frozen unit read in place was zeroed), the others were loaded: fix the "
+                               "checkpoint and import again.");
   }
   HfImportReport report;
   report.bytes_read = ckpt->bytes_read();

@@ -20,18 +20,24 @@
 // converts a clean unit straight into the master shard and the parameters
 // (exact from bf16, fp16 and fp32) while the next unit is read
 // (load_owned_weights), so the memory an import adds is two units' shards as
-// stored, whatever the model's size.
+// stored, whatever the model's size. A checkpoint in the compute dtype (bf16
+// into a bf16 engine) is read straight into the parameters, and the fp32
+// master weights are widened from them when first read (Note [a master
+// widened when first read] in engine/engine_load.cpp: the first step pays
+// that pass, the import does not).
 // The optimizer state is zeroed and the step count restarts. Every problem is reported
 // together in ONE zest::Error, identical on every rank, each line naming the
 // tensor: those of the match before anything is read (the engine is then
 // unchanged), the non-finite values found on any rank after the reads (the
-// shards of units holding one keep their previous values).
+// shards of units holding one keep their previous weights, except a frozen
+// unit read in place, which has no other copy of them: it is zeroed).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 
+#include "zest/checkpoint/weights_io.h"
 #include "zest/engine/engine.h"
 #include "zest/hf/hf_name_map.h"
 
@@ -48,7 +54,7 @@ struct HfImportOptions {
   // Threads per rank that read and convert (positioned reads of a unit's
   // pieces at once: what a fast disk or the page cache needs to be kept
   // busy). With many ranks on one host, fewer.
-  int read_threads = 4;
+  int read_threads = kDefaultReadThreads;
   // The checkpoint's bytes read with pread into two reused buffers (the
   // default), or, true, looked at in place in the page cache (mapped: no
   // copy). Measured on an x86 VM, mapping was the slower by 20-40% cold and

@@ -71,8 +71,7 @@ Loaded load_run(const EngineConfig& config, int world, bool one_pass, int thread
         start_unit_from_weights(*engine, u, v);
         continue;
       }
-      const bool direct = engine->begin_shard_load(u);
-      CHECK(direct);  // host memory here: several threads may write
+      CHECK(engine->begin_shard_load(u).threads);  // host memory here: several threads may write
       // Two ranges, the second split among `threads` threads.
       const size_t half = v.size() / 3;
       engine->load_shard(u, 0, std::span(v).first(half));
@@ -159,4 +158,147 @@ TEST_CASE("load_shard refuses a range past the shard, naming the unit") {
         fmt::format("load_shard of unit 'a': elements [{}, {}) are past its shard of {}", shard - 1, shard + 1, shard);
     CHECK_THROWS_WITH_AS(engine->load_shard(0, shard - 1, v), doctest::Contains(want.c_str()), Error);
   });
+}
+
+namespace {
+
+// How a unit's bf16 values reach a bf16 engine with an fp32 master.
+enum class Bf16Load {
+  kWritten,   // load_shard, without every_value: the master is written
+  kInPlace,   // copied into ShardLoad::in_place: the master is deferred
+  kInPlaceRead,  // and every master read (widened) before the first step
+};
+
+struct Bf16Run {
+  std::vector<std::vector<float>> masters;  // read_shard(u, 0) after the load, by rank then unit
+  Loaded trained;                           // after two steps
+};
+
+// Unit u's load values (new_values) rounded to bf16, as a bf16 checkpoint
+// holds them.
+std::vector<uint16_t> bf16_values(const Engine& engine, int u) {
+  const std::vector<float> v = new_values(engine, u);
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = float_to_bf16_bits(v[i]);
+  return out;
+}
+
+Bf16Run bf16_load_run(const EngineConfig& config, int world, Bf16Load how) {
+  std::vector<Bf16Run> out(static_cast<size_t>(world));
+  run_inprocess(world, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator()), host(make_host_allocator());
+    const std::unique_ptr<Engine> engine = finalized_engine(config, comm, alloc, host,
+                                                            Stream::default_for(Device::host()));
+    const int units = engine->layout().num_units();
+    for (int u = 0; u < units; ++u) {
+      const std::vector<uint16_t> v = bf16_values(*engine, u);
+      if (how == Bf16Load::kWritten) {
+        CHECK(engine->begin_shard_load(u).in_place.empty());
+        engine->load_shard(u, 0, v.data(), DType::kBFloat16, v.size());
+        continue;
+      }
+      const Engine::ShardLoad load = engine->begin_shard_load(u, DType::kBFloat16);
+      REQUIRE(load.in_place.size() == v.size() * 2);
+      std::memcpy(load.in_place.data(), v.data(), load.in_place.size());
+    }
+    engine->finish_shard_load(engine->progress());
+    Bf16Run r;
+    if (how != Bf16Load::kInPlace) {
+      for (int u = 0; u < units; ++u) r.masters.push_back(engine->read_shard(u, 0));
+    }
+    RankResult ignored;
+    run_steps(*engine, comm, runs(world, 2), 0, 2, ignored);
+    for (int u = 0; u < units; ++u) {
+      for (int b = 0; b < engine->shard_buffers(); ++b) r.trained.shards.push_back(engine->read_shard(u, b));
+      UnitHandle h = engine->gather(u);
+      const auto* bytes = static_cast<const std::byte*>(h.data());
+      r.trained.params.emplace_back(bytes, bytes + engine->layout().unit(u).padded * 2);
+    }
+    out[static_cast<size_t>(comm.rank())] = std::move(r);
+  });
+  Bf16Run all = std::move(out[0]);
+  for (size_t r = 1; r < out.size(); ++r) {
+    all.masters.insert(all.masters.end(), out[r].masters.begin(), out[r].masters.end());
+    all.trained.shards.insert(all.trained.shards.end(), out[r].trained.shards.begin(), out[r].trained.shards.end());
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("a load in the compute dtype defers the master: the same bits read and after steps as a load that writes it") {
+  for (const int stage : {1, 2, 3}) {
+    for (const double ratio : {0.0, 0.5}) {
+      EngineConfig config = base_config(stage);
+      config.bf16 = true;
+      if (ratio > 0) {
+        config.offload_optimizer.device = OffloadDevice::kCpu;
+        config.offload_optimizer.ratio = ratio;
+      }
+      CAPTURE(stage);
+      CAPTURE(ratio);
+      const Bf16Run written = bf16_load_run(config, 2, Bf16Load::kWritten);
+      const Bf16Run deferred = bf16_load_run(config, 2, Bf16Load::kInPlace);
+      const Bf16Run read = bf16_load_run(config, 2, Bf16Load::kInPlaceRead);
+      // Read before a step: widened from the parameters, the bits the
+      // written master holds (the bf16 values widened, none of them zero
+      // outside the padding).
+      REQUIRE(read.masters.size() == written.masters.size());
+      for (size_t i = 0; i < read.masters.size(); ++i) CHECK(same_bits(read.masters[i], written.masters[i]));
+      // Widened by the first step instead, or by the reads before it: the
+      // update starts from the same master either way.
+      for (const Bf16Run* run : {&deferred, &read}) {
+        REQUIRE(run->trained.shards.size() == written.trained.shards.size());
+        for (size_t i = 0; i < written.trained.shards.size(); ++i) {
+          CAPTURE(i);
+          CHECK(same_bits(run->trained.shards[i], written.trained.shards[i]));
+        }
+        CHECK(run->trained.params == written.trained.params);
+      }
+    }
+  }
+}
+
+TEST_CASE("a load abandoned after writing in place: the parameters come back from the master, a frozen unit's are zeroed") {
+  for (const int stage : {0, 3}) {
+    CAPTURE(stage);
+    run_inprocess(stage == 0 ? 1 : 2, [&](Communicator& comm) {
+      CachingAllocator alloc(make_host_allocator()), host(make_host_allocator());
+      EngineConfig config = base_config(stage);
+      config.bf16 = true;
+      const std::unique_ptr<Engine> engine =
+          finalized_engine(config, comm, alloc, host, Stream::default_for(Device::host()), [](Engine& e) {
+            register_model(e);
+            e.add_unit("f", {{"f.w", {5, 7}, "default", false}});
+          });
+      const int units = engine->layout().num_units();
+      const Params before = master_params(*engine);
+      for (int u = 0; u < units; ++u) {
+        const Engine::ShardLoad load = engine->begin_shard_load(u, DType::kBFloat16);
+        REQUIRE(!load.in_place.empty());
+        std::fill(load.in_place.begin(), load.in_place.end(), std::byte{0x7f});  // stand-ins for a refused file
+        engine->abandon_shard_load(u);
+      }
+      engine->finish_shard_load(engine->progress());
+      const Params after = master_params(*engine);
+      for (const auto& [name, values] : after) {
+        CAPTURE(name);
+        if (name == "f.w") {
+          CHECK(std::all_of(values.begin(), values.end(), [](float x) { return detail::float_bits(x) == 0; }));
+        } else {
+          CHECK(same_bits(values, before.at(name)));
+        }
+      }
+      // The parameters are the master narrowed again, on every rank.
+      for (int u = 0; u + 1 < units; ++u) {
+        UnitHandle h = engine->gather(u);
+        for (const ParamLayout& p : engine->layout().unit(u).params) {
+          const std::span<const bf16> w = h.param<bf16>(p.name);
+          for (size_t i = 0; i < p.numel; ++i) {
+            CHECK(w[i].bits == float_to_bf16_bits(before.at(p.name)[i]));
+          }
+        }
+      }
+    });
+  }
 }

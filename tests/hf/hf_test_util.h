@@ -16,6 +16,7 @@
 
 #include "checkpoint/temp_dir.h"
 #include "engine/engine_harness.h"
+#include "error_of.h"
 
 namespace zest::test {
 
@@ -90,28 +91,21 @@ inline std::map<std::string, size_t> llama_numels(const TinyLlama& m = {}) {
 }
 
 // A finalized engine on one in-process rank's communicator, with the
-// harness's host allocator and stream.
+// harness's host allocator and stream; base_config(stage) changed by `tweak`.
 struct RankEngine {
   CachingAllocator alloc{make_host_allocator()};
   std::unique_ptr<Engine> engine;
-  RankEngine(Communicator& comm, int stage, const std::function<void(Engine&)>& model) {
-    engine = std::make_unique<Engine>(base_config(stage), comm, alloc, Stream::default_for(Device::host()));
+  RankEngine(Communicator& comm, int stage, const std::function<void(Engine&)>& model,
+             const std::function<void(EngineConfig&)>& tweak = {}) {
+    EngineConfig config = base_config(stage);
+    if (tweak) tweak(config);
+    engine = std::make_unique<Engine>(config, comm, alloc, Stream::default_for(Device::host()));
     model(*engine);
     engine->finalize(init_values);
   }
   Engine& operator*() { return *engine; }
   Engine* operator->() { return engine.get(); }
 };
-
-// The message of the zest::Error that fn throws; "" when it throws none.
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
 
 inline std::string hf_tool(const std::string& args) {
   return fmt::format("python3 {}/tests/tools/hf_llama_writer.py {}", ZEST_SOURCE_DIR, args);

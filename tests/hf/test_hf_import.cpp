@@ -370,3 +370,122 @@ TEST_CASE("a name map that does not map back is refused naming the tensor and wi
   // The export carries the checkpoint's names again, and its bytes.
   CHECK(std::system(hf_tool(fmt::format("compare {} {}", dir / "in", dir / "out")).c_str()) == 0);
 }
+
+namespace {
+
+// The compute-dtype bits of every parameter, gathered (collective).
+std::map<std::string, std::vector<uint16_t>> bf16_params(Engine& engine) {
+  std::map<std::string, std::vector<uint16_t>> out;
+  for (int u = 0; u < engine.layout().num_units(); ++u) {
+    UnitHandle h = engine.gather(u);
+    for (const ParamLayout& p : engine.layout().unit(u).params) {
+      const std::span<const bf16> w = h.param<bf16>(p.name);
+      std::vector<uint16_t>& bits = out[p.name];
+      for (const bf16 x : w) bits.push_back(x.bits);
+    }
+  }
+  return out;
+}
+
+void bf16_engine(EngineConfig& c) { c.bf16 = true; }
+
+}  // namespace
+
+TEST_CASE("a bf16 checkpoint into a bf16 engine: read into the parameters in place, the master widened from them") {
+  TempDir dir;
+  write_llama_checkpoint(dir.str(), "bf16", kShard);
+  for (const int stage : {0, 1, 2, 3}) {
+    for (const bool offload : {false, true}) {
+      if (offload && stage == 0) continue;
+      CAPTURE(stage);
+      CAPTURE(offload);
+      std::mutex mu;
+      Params masters;
+      std::map<std::string, std::vector<uint16_t>> params;
+      bool state_zero = true;
+      run_inprocess(2, [&](Communicator& comm) {
+        RankEngine engine(comm, stage, [](Engine& e) { register_llama(e); }, [&](EngineConfig& c) {
+          c.bf16 = true;
+          if (offload) {
+            c.offload_optimizer.device = OffloadDevice::kCpu;
+            c.offload_optimizer.ratio = 0.5;
+          }
+        });
+        import_hf(*engine, dir.str());
+        auto p = bf16_params(*engine);  // before any master read: what the file holds
+        Params m = master_params(*engine);
+        bool zero = true;
+        for (int u = 0; u < engine->layout().num_units(); ++u) {
+          for (const float x : engine->read_shard(u, 1)) zero = zero && x == 0.0f;
+        }
+        const std::lock_guard<std::mutex> lock(mu);
+        state_zero = state_zero && zero;
+        if (comm.rank() == 0) {
+          masters = std::move(m);
+          params = std::move(p);
+        }
+      });
+      CHECK(state_zero);
+      for (const auto& [name, numel] : llama_numels()) {
+        CAPTURE(name);
+        const std::vector<float> want = writer_values(name, numel);
+        CHECK(same_bits(masters.at(name), want));
+        std::vector<uint16_t> want_bits(numel);
+        for (size_t i = 0; i < numel; ++i) want_bits[i] = float_to_bf16_bits(want[i]);
+        CHECK(params.at(name) == want_bits);
+      }
+    }
+  }
+}
+
+TEST_CASE("a NaN in a bf16 checkpoint read in place: a trained unit keeps its weights, a frozen one is zeroed") {
+  TempDir dir;
+  // As in the fp32 case above: the embedding's element 3 in rank 0's shard,
+  // lm_head's 1600 and 1607 in rank 1's (stage 3, 2 ranks).
+  write_llama_checkpoint(dir.str(), "bf16", kShard,
+                         "--nan model.embed_tokens.weight:3 --nan lm_head.weight:1607 --nan lm_head.weight:1600");
+  const TinyLlama m;
+  const auto model = [&](Engine& e) {
+    e.add_param_group("no_decay", 0.0f);
+    e.add_unit("embed", {{"model.embed_tokens.weight", {m.vocab, m.hidden}, "default", false}});  // frozen
+    e.add_unit("head", {{"model.norm.weight", {m.hidden}, "no_decay"}, {"lm_head.weight", {m.vocab, m.hidden}}});
+  };
+  HfImportOptions options;
+  options.ignore_extra = true;  // the layers
+  std::mutex mu;
+  std::string error;
+  Params before, after;
+  std::map<std::string, std::vector<uint16_t>> params;
+  run_inprocess(2, [&](Communicator& comm) {
+    RankEngine engine(comm, 3, model, bf16_engine);
+    Params b = master_params(*engine);
+    const std::string e = error_of([&] { import_hf(*engine, dir.str(), options); });
+    Params a = master_params(*engine);
+    auto p = bf16_params(*engine);
+    const std::lock_guard<std::mutex> lock(mu);
+    if (comm.rank() == 0) {
+      error = e;
+      before = std::move(b);
+      after = std::move(a);
+      params = std::move(p);
+    }
+  });
+  CHECK(error.find("2 problems") != std::string::npos);
+  CHECK(error.find("(a frozen unit read in place was zeroed)") != std::string::npos);
+  // The frozen embedding: rank 0's shard zeroed, rank 1's loaded.
+  const std::vector<float>& embed = after.at("model.embed_tokens.weight");
+  CHECK(std::all_of(embed.begin(), embed.begin() + 800, [](float x) { return detail::float_bits(x) == 0; }));
+  const std::vector<float> embed_file = writer_values("model.embed_tokens.weight", 67 * 24);
+  CHECK(std::equal(embed.end() - 500, embed.end(), embed_file.end() - 500));
+  // The head: rank 0's shard loaded, rank 1's master as before and its
+  // parameters that master narrowed again.
+  const std::vector<float>& head = after.at("lm_head.weight");
+  const std::vector<float> head_file = writer_values("lm_head.weight", 67 * 24);
+  CHECK(std::equal(head.begin(), head.begin() + 700, head_file.begin()));
+  CHECK(same_bits({head.end() - 8, head.end()}, {before.at("lm_head.weight").end() - 8, before.at("lm_head.weight").end()}));
+  const std::vector<uint16_t>& head_bits = params.at("lm_head.weight");
+  for (size_t i = head.size() - 8; i < head.size(); ++i) {
+    CHECK(head_bits[i] == float_to_bf16_bits(before.at("lm_head.weight")[i]));
+  }
+  for (size_t i = 0; i < 700; ++i) CHECK(head_bits[i] == float_to_bf16_bits(head_file[i]));
+}
