@@ -27,7 +27,7 @@ bool split_number(std::string_view text, double& value, std::string& unit) {
   return true;
 }
 
-double bandwidth(std::string_view text, std::string_view whole) {
+double bandwidth(std::string_view text) {
   double v = 0.0;
   std::string unit;
   if (split_number(text, v, unit)) {
@@ -41,13 +41,13 @@ double bandwidth(std::string_view text, std::string_view whole) {
       if (unit == name && v > 0.0) return v * scale;
     }
   }
-  throw Error(fmt::format("link '{}': '{}' is not a bandwidth; expected a positive number of bytes or bits a "
-                          "second such as 400GB/s, 25Gbit/s, 100Gbps or 4.5e11 (bytes/s)",
-                          whole, text),
+  throw Error(fmt::format("'{}' is not a bandwidth; expected a positive number of bytes or bits a second such "
+                          "as 400GB/s, 25Gbit/s, 100Gbps or 4.5e11 (bytes/s)",
+                          text),
               __FILE__, __LINE__);
 }
 
-double latency(std::string_view text, std::string_view whole) {
+double latency(std::string_view text) {
   double v = 0.0;
   std::string unit;
   if (split_number(text, v, unit) && v >= 0.0) {
@@ -58,9 +58,7 @@ double latency(std::string_view text, std::string_view whole) {
       if (unit == name) return v * scale;
     }
   }
-  throw Error(fmt::format("link '{}': '{}' is not a latency; expected 0 or more with a unit: ns, us, ms or s "
-                          "(e.g. 5us)",
-                          whole, text),
+  throw Error(fmt::format("'{}' is not a latency; expected 0 or more with a unit: ns, us, ms or s (e.g. 5us)", text),
               __FILE__, __LINE__);
 }
 
@@ -115,8 +113,8 @@ LinkSpec parse_link_spec(std::string_view text) {
   }
   const size_t comma = text.find(',');
   LinkSpec out;
-  out.bytes_per_s = bandwidth(text.substr(0, comma), text);
-  if (comma != std::string_view::npos) out.latency_s = latency(text.substr(comma + 1), text);
+  out.bytes_per_s = bandwidth(text.substr(0, comma));
+  if (comma != std::string_view::npos) out.latency_s = latency(text.substr(comma + 1));
   return out;
 }
 
