@@ -51,11 +51,13 @@ double latency(std::string_view text) {
   double v = 0.0;
   std::string unit;
   if (split_number(text, v, unit) && v >= 0.0) {
+    // Divided by a power of ten, which the double holds exactly, so that
+    // "5us" is the double nearest 5e-6 (5 x 1e-6 is not).
     static const std::pair<std::string_view, double> kUnits[] = {
-        {"ns", 1e-9}, {"us", 1e-6}, {"\u00b5s", 1e-6}, {"ms", 1e-3}, {"s", 1.0}};
+        {"ns", 1e9}, {"us", 1e6}, {"\u00b5s", 1e6}, {"ms", 1e3}, {"s", 1.0}};
     if (unit.empty() && v == 0.0) return 0.0;
-    for (const auto& [name, scale] : kUnits) {
-      if (unit == name) return v * scale;
+    for (const auto& [name, per_second] : kUnits) {
+      if (unit == name) return v / per_second;
     }
   }
   throw Error(fmt::format("'{}' is not a latency; expected 0 or more with a unit: ns, us, ms or s (e.g. 5us)", text),

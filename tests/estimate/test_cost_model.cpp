@@ -259,8 +259,10 @@ TEST_CASE("link specs: bytes or bits a second, latencies with their unit, preset
   CHECK(parse_link_spec("20 Mbit/s").bytes_per_s == 2.5e6);
   CHECK(parse_link_spec("4.5e11").bytes_per_s == 4.5e11);
   CHECK(parse_link_spec("1GiB/s").bytes_per_s == 1073741824.0);
-  CHECK(parse_link_spec("450GB/s,3us").latency_s == doctest::Approx(3e-6).epsilon(1e-15));
-  CHECK(parse_link_spec("10Gbit/s,1.5ms").latency_s == doctest::Approx(1.5e-3).epsilon(1e-15));
+  CHECK(parse_link_spec("450GB/s,3us").latency_s == 3e-6);
+  CHECK(parse_link_spec("10Gbit/s,1.5ms").latency_s == 1.5e-3);
+  CHECK(parse_link_spec("10Gbit/s,5us").latency_s == 5e-6);
+  CHECK(parse_link_spec("10Gbit/s,250ns").latency_s == 250e-9);
   CHECK(parse_link_spec("10Gbit/s,0").latency_s == 0.0);
   CHECK(parse_link_spec("ib-hdr").bytes_per_s == 200e9);
   for (const char* bad : {"fast", "0GB/s", "-1GB/s", "5 parsecs/s", ""}) {
