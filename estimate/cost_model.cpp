@@ -198,8 +198,9 @@ CostEstimate estimate_cost(const ModelDescription& model, const CostOptions& opt
   const uint64_t reductions = local ? 1 : A;
   const auto gathers = static_cast<uint64_t>(options.gathers_per_micro_step) * A;
 
+  const std::vector<UnitSize> units = unit_sizes(model, o);
   StepBuilder step(topo, out);
-  for (const UnitSize& u : unit_sizes(model, o)) {
+  for (const UnitSize& u : units) {
     const uint64_t n = u.count;
     if (!u.frozen) {
       if (stage == 0) {
@@ -224,13 +225,13 @@ CostEstimate estimate_cost(const ModelDescription& model, const CostOptions& opt
   // At the boundary: MiCS's all-reduce across groups (engine_grads.cpp
   // reduce_across_replicas), then the update's gathers (engine_step.cpp
   // gather_updated_params: resident trainable units).
-  for (const UnitSize& u : unit_sizes(model, o)) {
+  for (const UnitSize& u : units) {
     if (!u.frozen && S < W) {
       step.add(TrafficKind::kReplicaAllReduce, CollectiveKind::kAllReduce, W / S, replica_per_host(S, R), u.count,
                u.shard, acc_b);
     }
   }
-  for (const UnitSize& u : unit_sizes(model, o)) {
+  for (const UnitSize& u : units) {
     if (stage >= 1 && u.resident && !u.frozen) {
       step.add(TrafficKind::kUpdatedGather, CollectiveKind::kAllGather, S, shard_per_host, u.count, u.shard, b);
     }

@@ -108,8 +108,9 @@ struct CostEstimate {
   double inter_bytes_per_rank = 0.0;
   double host_link_bytes = 0.0;
   // Predicted communication time of a step with nothing overlapped: every
-  // collective after the previous one, none hidden behind compute. A step
-  // takes at least max(compute, this / overlap) and at most compute + this.
+  // collective after the previous one, none hidden behind compute. With
+  // compute C a step takes about C + this without overlap, and no less
+  // than max(C, this) with perfect overlap.
   double seconds = 0.0;
   MemoryEstimate memory;  // estimate_memory of the same options
 };
