@@ -134,11 +134,12 @@ TEST_CASE("stage 3's persistent units are gathered once after the update, as the
   // stage3_param_persistence_threshold 100 keeps units b (41 parameters)
   // and c (33) whole on every rank: no gathers in forward or backward, one
   // all-gather of their updated shards a step (engine_step.cpp).
-  for (const int shard : {-1, 2}) {
-    CAPTURE(shard);
+  for (const int mode : {0, 1, 2}) {  // flat, MiCS S=2, hpZ H=2
+    CAPTURE(mode);
     EngineConfig config = test::base_config(3);
     config.zero.stage3_param_persistence_threshold = 100;
-    config.zero.mics_shard_size = shard;
+    if (mode == 1) config.zero.mics_shard_size = 2;
+    if (mode == 2) config.zero.zero_hpz_partition_size = 2;
     config.gradient_accumulation_steps = 2;
     check_against_run(config);
   }
