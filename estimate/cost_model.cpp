@@ -60,16 +60,26 @@ uint64_t call_elements(CollectiveKind kind, size_t count, int n) {
   return kind == CollectiveKind::kAllReduce ? count : count * static_cast<uint64_t>(n);
 }
 
+// A communicator of the step: `size` ranks, `per_host` of them on each host
+// it spans.
+struct Group {
+  CommGroup id = CommGroup::kWorld;
+  int size = 1;
+  int per_host = 1;
+};
+
 class StepBuilder {
  public:
   StepBuilder(const Topology& t, CostEstimate& out) : topology_(t), out_(out) {}
 
   // `calls` collectives of `count` elements each (as the engine passes it)
-  // over groups of `n` ranks, `per_host` of them on each host they span.
-  void add(TrafficKind traffic, CollectiveKind kind, int n, int per_host, uint64_t calls, size_t count,
+  // over `g`.
+  void add(TrafficKind traffic, CollectiveKind kind, const Group& g, uint64_t calls, size_t count,
            size_t elem_bytes) {
+    const int n = g.size;
+    const int per_host = g.per_host;
     if (n <= 1 || calls == 0) return;  // Note [one rank reduces nothing]: no collective runs
-    TrafficCost& t = line(traffic, kind, n, per_host);
+    TrafficCost& t = line(traffic, kind, g);
     const double bytes = call_bytes(kind, count, n, elem_bytes);
     t.calls += calls;
     t.elements += calls * call_elements(kind, count, n);
@@ -79,15 +89,16 @@ class StepBuilder {
   }
 
  private:
-  TrafficCost& line(TrafficKind traffic, CollectiveKind kind, int n, int per_host) {
+  TrafficCost& line(TrafficKind traffic, CollectiveKind kind, const Group& g) {
     for (TrafficCost& t : out_.traffic) {
-      if (t.traffic == traffic && t.group_size == n) return t;
+      if (t.traffic == traffic && t.group == g.id) return t;
     }
     TrafficCost t;
     t.traffic = traffic;
     t.kind = kind;
-    t.group_size = n;
-    t.link = spans_hosts(per_host, n) ? LinkClass::kInter : LinkClass::kIntra;
+    t.group = g.id;
+    t.group_size = g.size;
+    t.link = spans_hosts(g.per_host, g.size) ? LinkClass::kInter : LinkClass::kIntra;
     out_.traffic.push_back(t);
     return out_.traffic.back();
   }
@@ -130,9 +141,9 @@ std::string_view traffic_kind_name(TrafficKind kind) {
   switch (kind) {
     case TrafficKind::kGradAllReduce: return "gradient all-reduce";
     case TrafficKind::kGradReduceScatter: return "gradient reduce-scatter";
+    case TrafficKind::kForwardGather: return "forward all-gather";
+    case TrafficKind::kBackwardGather: return "backward all-gather";
     case TrafficKind::kReplicaAllReduce: return "all-reduce across replicas";
-    case TrafficKind::kParamGather: return "parameter all-gather";
-    case TrafficKind::kHpzGather: return "hpZ all-gather";
     case TrafficKind::kUpdatedGather: return "all-gather after the update";
   }
   return "?";
@@ -187,8 +198,10 @@ CostEstimate estimate_cost(const ModelDescription& model, const CostOptions& opt
   const int stage = o.zero.stage;
   const int S = o.zero.shard_group_size(W);  // the shard group: W unless MiCS
   const int H = o.zero.hpz_group_size(W);    // 0 without hpZ
-  const int shard_per_host = consecutive_per_host(S, R, "mics_shard_size");
-  const int hpz_per_host = H > 0 ? consecutive_per_host(H, R, "zero_hpz_partition_size") : 0;
+  const Group world{CommGroup::kWorld, W, R};
+  const Group shard = S < W ? Group{CommGroup::kShard, S, consecutive_per_host(S, R, "mics_shard_size")} : world;
+  const Group replica{CommGroup::kReplica, W / S, replica_per_host(S, R)};
+  const Group hpz{CommGroup::kHpz, H, H > 0 ? consecutive_per_host(H, R, "zero_hpz_partition_size") : 0};
   const size_t b = elem_size(o.compute_dtype);
   const size_t acc_b = elem_size(o.grad_accum_dtype.value_or(o.compute_dtype));
   const auto A = static_cast<uint64_t>(o.gradient_accumulation_steps);
@@ -196,7 +209,7 @@ CostEstimate estimate_cost(const ModelDescription& model, const CostOptions& opt
   // reduce once per step, of the micro-steps' sum.
   const bool local = stage <= 1 && A > 1 && o.zero.reduce_at_accumulation_boundary;
   const uint64_t reductions = local ? 1 : A;
-  const auto gathers = static_cast<uint64_t>(options.gathers_per_micro_step) * A;
+  const auto backward_gathers = static_cast<uint64_t>(options.gathers_per_micro_step - 1) * A;
 
   const std::vector<UnitSize> units = unit_sizes(model, o);
   StepBuilder step(topo, out);
@@ -204,21 +217,24 @@ CostEstimate estimate_cost(const ModelDescription& model, const CostOptions& opt
     const uint64_t n = u.count;
     if (!u.frozen) {
       if (stage == 0) {
-        step.add(TrafficKind::kGradAllReduce, CollectiveKind::kAllReduce, W, R, n * reductions, u.padded, b);
+        step.add(TrafficKind::kGradAllReduce, CollectiveKind::kAllReduce, world, n * reductions, u.padded, b);
       } else {
-        step.add(TrafficKind::kGradReduceScatter, CollectiveKind::kReduceScatter, S, shard_per_host,
-                 n * reductions, u.shard, b);
+        step.add(TrafficKind::kGradReduceScatter, CollectiveKind::kReduceScatter, shard, n * reductions, u.shard,
+                 b);
       }
     }
     if (stage == 3 && !u.resident) {
       // engine_gather.cpp materialize(): with hpZ the first gather of a step
-      // spans the world, the others come from the secondary copy.
-      const uint64_t world_gathers = H > 0 ? 1 : gathers;
-      step.add(TrafficKind::kParamGather, CollectiveKind::kAllGather, S, shard_per_host, n * world_gathers,
-               u.shard, b);
+      // (the first micro-step's forward) spans the world and leaves the
+      // secondary copy, from which every later one gathers within the group.
       if (H > 0) {
-        step.add(TrafficKind::kHpzGather, CollectiveKind::kAllGather, H, hpz_per_host, n * (gathers - 1),
-                 u.padded / static_cast<size_t>(H), b);
+        const size_t part = u.padded / static_cast<size_t>(H);
+        step.add(TrafficKind::kForwardGather, CollectiveKind::kAllGather, world, n, u.shard, b);
+        step.add(TrafficKind::kForwardGather, CollectiveKind::kAllGather, hpz, n * (A - 1), part, b);
+        step.add(TrafficKind::kBackwardGather, CollectiveKind::kAllGather, hpz, n * backward_gathers, part, b);
+      } else {
+        step.add(TrafficKind::kForwardGather, CollectiveKind::kAllGather, shard, n * A, u.shard, b);
+        step.add(TrafficKind::kBackwardGather, CollectiveKind::kAllGather, shard, n * backward_gathers, u.shard, b);
       }
     }
   }
@@ -227,13 +243,12 @@ CostEstimate estimate_cost(const ModelDescription& model, const CostOptions& opt
   // gather_updated_params: resident trainable units).
   for (const UnitSize& u : units) {
     if (!u.frozen && S < W) {
-      step.add(TrafficKind::kReplicaAllReduce, CollectiveKind::kAllReduce, W / S, replica_per_host(S, R), u.count,
-               u.shard, acc_b);
+      step.add(TrafficKind::kReplicaAllReduce, CollectiveKind::kAllReduce, replica, u.count, u.shard, acc_b);
     }
   }
   for (const UnitSize& u : units) {
     if (stage >= 1 && u.resident && !u.frozen) {
-      step.add(TrafficKind::kUpdatedGather, CollectiveKind::kAllGather, S, shard_per_host, u.count, u.shard, b);
+      step.add(TrafficKind::kUpdatedGather, CollectiveKind::kAllGather, shard, u.count, u.shard, b);
     }
   }
   for (const TrafficCost& t : out.traffic) {

@@ -66,17 +66,26 @@ enum class LinkClass : uint8_t { kIntra, kInter };
 enum class TrafficKind : uint8_t {
   kGradAllReduce,      // stage 0: each micro-step's gradients
   kGradReduceScatter,  // stages 1-3: each micro-step's gradients, over the shard group
+  kForwardGather,      // stage 3: a unit's parameters for its forward, each micro-step
+  kBackwardGather,     // stage 3: again for its backward
   kReplicaAllReduce,   // MiCS: the gradient shards across groups, once per step
-  kParamGather,        // stage 3: a unit's gathers for forward and backward
-  kHpzGather,          // hpZ: the gathers from the secondary copy, within its group
   kUpdatedGather,      // stages 1-2, and stage 3's persistent units: after the update
 };
 std::string_view traffic_kind_name(TrafficKind kind);
 
-// One kind of traffic of a step: `calls` collectives of one group size.
+// The engine's communicator that carries (and counts) a collective.
+enum class CommGroup : uint8_t {
+  kWorld,    // Engine::comm(): flat sharding, and hpZ's first gather of a step
+  kShard,    // MiCS: Engine::shard_comm(), S consecutive ranks
+  kReplica,  // MiCS: Engine::replica_comm(), the W / S ranks of one shard index
+  kHpz,      // hpZ: Engine::hpz_comm(), H consecutive ranks (the secondary copy's gathers)
+};
+
+// One kind of traffic of a step on one communicator: `calls` collectives.
 struct TrafficCost {
-  TrafficKind traffic = TrafficKind::kParamGather;
+  TrafficKind traffic = TrafficKind::kForwardGather;
   CollectiveKind kind = CollectiveKind::kAllGather;
+  CommGroup group = CommGroup::kWorld;
   int group_size = 1;
   LinkClass link = LinkClass::kIntra;  // kInter when the group spans hosts
   uint64_t calls = 0;                  // per optimizer step
@@ -136,12 +145,13 @@ EstimateOptions with_mode(EstimateOptions base, ShardingMode mode, int stage, in
 
 // A row per mode: memory per rank (model states and peak), bytes per rank
 // within and across hosts, bytes through a host's link, and the predicted
-// seconds of communication per step; then the links assumed.
+// seconds of communication per step; with `traffic`, each mode's lines per
+// collective kind and communicator; then the links assumed.
 struct ModeRow {
   std::string label;
   EstimateOptions options;
 };
 std::string format_cost_table(const ModelDescription& model, const std::vector<ModeRow>& rows,
-                              const Topology& topology, int gathers_per_micro_step = 2);
+                              const Topology& topology, int gathers_per_micro_step = 2, bool traffic = false);
 
 }  // namespace zest

@@ -8,8 +8,22 @@
 
 namespace zest {
 
+namespace {
+
+std::string_view group_name(CommGroup g) {
+  switch (g) {
+    case CommGroup::kWorld: return "world";
+    case CommGroup::kShard: return "shard group";
+    case CommGroup::kReplica: return "replica group";
+    case CommGroup::kHpz: return "hpZ group";
+  }
+  return "?";
+}
+
+}  // namespace
+
 std::string format_cost_table(const ModelDescription& model, const std::vector<ModeRow>& rows,
-                              const Topology& topology, int gathers_per_micro_step) {
+                              const Topology& topology, int gathers_per_micro_step, bool traffic) {
   std::vector<CostEstimate> costs;
   double largest = 0.0;
   for (const ModeRow& r : rows) {
@@ -44,6 +58,19 @@ std::string format_cost_table(const ModelDescription& model, const std::vector<M
                        cell(static_cast<double>(c.memory.model_state_bytes)),
                        cell(static_cast<double>(c.memory.peak_bytes)), cell(c.intra_bytes_per_rank),
                        cell(c.inter_bytes_per_rank), cell(c.host_link_bytes), c.seconds);
+  }
+  if (traffic) {
+    out += "\nper collective kind (calls a step, the group, each rank's bytes, seconds):\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      out += fmt::format("{}\n", rows[i].label);
+      for (const TrafficCost& t : costs[i].traffic) {
+        out += fmt::format("  {:<28} {:>7} x {:<14} of {:>7} ranks, {:<12} {:>12} {}/rank {:>12.4g} s\n",
+                           traffic_kind_name(t.traffic), t.calls, group_name(t.group), t.group_size,
+                           t.link == LinkClass::kInter ? "across hosts" : "within host", cell(t.bytes_per_rank), unit,
+                           t.seconds);
+      }
+    }
+    out += "\n";
   }
   out += fmt::format(
       "links: within a host {:.4g} GB/s a rank, {:.3g} us; between hosts {:.4g} GB/s a host (its ranks share it), "

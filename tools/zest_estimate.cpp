@@ -91,6 +91,9 @@ communication (the cost model, estimate/cost_model.h):
                            bytes/s). LAT: ns, us, ms, s
   --algorithm ring|pairwise  ring: NCCL's rings (default); pairwise: ZEST's MPI backend, every rank
                            sending its part to every other directly
+  --traffic                with --hosts: also each mode's collectives by kind (forward and backward
+                           gathers, reduce-scatters, all-reduces across replicas, gathers after the
+                           update) and communicator, with calls, bytes and seconds a step
 )";
 
 using cli::usage_error;
@@ -144,6 +147,8 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   for (const char* f : kFlags) app.add_option(f, values[f]);
   // --link, twice at most (intra and inter): kept as lines in one value.
   std::vector<std::string> links;
+  bool traffic = false;
+  app.add_flag("--traffic", traffic);
   app.add_option("--link", links)->allow_extra_args(false);
   std::map<std::string, std::string> flags;
   try {
@@ -157,6 +162,7 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
     if (app.count(f) > 0) flags[f] = values[f];
   }
   if (!links.empty()) flags["--link"] = fmt::format("{}", fmt::join(links, "\n"));
+  if (traffic) flags["--traffic"] = "";
   return flags;
 }
 
@@ -285,7 +291,7 @@ std::string cost_table(const zest::ModelDescription& model, const zest::Estimate
       rows.push_back({fmt::format("hpZ (H={})", H), zest::with_mode(base, ShardingMode::kHpz, 3, H, topology)});
     }
   }
-  return zest::format_cost_table(model, rows, topology);
+  return zest::format_cost_table(model, rows, topology, 2, flags.count("--traffic") != 0);
 }
 
 int run(int argc, char** argv) {
@@ -297,7 +303,7 @@ int run(int argc, char** argv) {
   }
   if (has("--params") == has("--units")) usage_error("give the model as --params N or --units FILE (one of them)");
   if (has("--unit-numel") && !has("--params")) usage_error("--unit-numel goes with --params");
-  for (const char* f : {"--link", "--algorithm"}) {
+  for (const char* f : {"--link", "--algorithm", "--traffic"}) {
     if (has(f) && !has("--hosts")) usage_error("{} goes with --hosts (the cost model's world)", f);
   }
   if (has("--hosts") && !has("--ranks-per-host")) usage_error("--hosts goes with --ranks-per-host R");

@@ -14,25 +14,14 @@ using namespace zest;
 
 namespace {
 
-// Which of a run's communicators carries a kind of traffic: the world's
-// (comm()), MiCS's shard and replica groups, or hpZ's group.
-enum class Comm : uint8_t { kWorld, kShard, kReplica, kHpz };
-
-Comm comm_of(TrafficKind t, const EngineConfig& config, int world) {
-  const bool mics = config.zero.shard_group_size(world) < world;
-  switch (t) {
-    case TrafficKind::kReplicaAllReduce: return Comm::kReplica;
-    case TrafficKind::kHpzGather: return Comm::kHpz;
-    default: return mics ? Comm::kShard : Comm::kWorld;
-  }
-}
-
-const CommCounters& counters_of(Comm c, const test::RankResult& r) {
+// The counters of the communicator a TrafficCost names, over a run's last
+// step: the world's (comm()), MiCS's shard and replica groups, hpZ's group.
+const CommCounters& counters_of(CommGroup c, const test::RankResult& r) {
   switch (c) {
-    case Comm::kWorld: return r.last_step_counters;
-    case Comm::kShard: return r.last_step_shard_counters;
-    case Comm::kReplica: return r.last_step_replica_counters;
-    case Comm::kHpz: return r.last_step_hpz_counters;
+    case CommGroup::kWorld: return r.last_step_counters;
+    case CommGroup::kShard: return r.last_step_shard_counters;
+    case CommGroup::kReplica: return r.last_step_replica_counters;
+    case CommGroup::kHpz: return r.last_step_hpz_counters;
   }
   return r.last_step_counters;
 }
@@ -48,10 +37,10 @@ Topology two_by_two() {
 
 // The model's traffic summed per communicator and collective kind, as a
 // CommCounters, for comparison with a rank's.
-std::map<Comm, CommCounters> predicted(const CostEstimate& c, const EngineConfig& config, int world) {
-  std::map<Comm, CommCounters> out;
+std::map<CommGroup, CommCounters> predicted(const CostEstimate& c) {
+  std::map<CommGroup, CommCounters> out;
   for (const TrafficCost& t : c.traffic) {
-    CollectiveCounter& k = out[comm_of(t.traffic, config, world)][t.kind];
+    CollectiveCounter& k = out[t.group][t.kind];
     k.calls += t.calls;
     k.elements += t.elements;
     k.bytes_sent += t.bytes_per_rank;
@@ -69,21 +58,21 @@ void check_against_run(const EngineConfig& config) {
   o.topology = two_by_two();
   const CostEstimate cost = estimate_cost(m, o);
   REQUIRE_FALSE(cost.traffic.empty());
-  std::map<Comm, CommCounters> want = predicted(cost, config, kWorld);
+  std::map<CommGroup, CommCounters> want = predicted(cost);
   const std::vector<test::RankResult> runs = test::run_engine(config, test::runs(kWorld, 2));
   double across = 0.0, within = 0.0;
-  for (const Comm c : {Comm::kWorld, Comm::kShard, Comm::kReplica, Comm::kHpz}) {
-    const bool spans = c == Comm::kWorld || c == Comm::kReplica;
+  for (const CommGroup c : {CommGroup::kWorld, CommGroup::kShard, CommGroup::kReplica, CommGroup::kHpz}) {
+    const bool spans = c == CommGroup::kWorld || c == CommGroup::kReplica;
     (spans ? across : within) += want[c].total_bytes_sent();
   }
   CHECK(cost.inter_bytes_per_rank == across);
   CHECK(cost.intra_bytes_per_rank == within);
   for (size_t r = 0; r < runs.size(); ++r) {
     CAPTURE(r);
-    for (const Comm c : {Comm::kWorld, Comm::kShard, Comm::kReplica, Comm::kHpz}) {
+    for (const CommGroup c : {CommGroup::kWorld, CommGroup::kShard, CommGroup::kReplica, CommGroup::kHpz}) {
       // Under flat sharding shard_comm() is the world: its counters are the
       // world's, already compared.
-      if (c == Comm::kShard && config.zero.shard_group_size(kWorld) == kWorld) continue;
+      if (c == CommGroup::kShard && config.zero.shard_group_size(kWorld) == kWorld) continue;
       CAPTURE(static_cast<int>(c));
       const CommCounters& got = counters_of(c, runs[r]);
       for (const CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kReduceScatter,
@@ -156,14 +145,14 @@ TEST_CASE("links: flat groups span the hosts, MiCS's shard groups and hpZ's grou
   const CostEstimate mics = estimate_cost(m, o);
   for (const TrafficCost& t : mics.traffic) {
     CAPTURE(traffic_kind_name(t.traffic));
-    CHECK(t.link == (t.traffic == TrafficKind::kReplicaAllReduce ? LinkClass::kInter : LinkClass::kIntra));
+    CHECK(t.link == (t.group == CommGroup::kReplica ? LinkClass::kInter : LinkClass::kIntra));
   }
   o.estimate.zero.mics_shard_size = -1;
   o.estimate.zero.zero_hpz_partition_size = 2;
   const CostEstimate hpz = estimate_cost(m, o);
   for (const TrafficCost& t : hpz.traffic) {
     CAPTURE(traffic_kind_name(t.traffic));
-    CHECK(t.link == (t.traffic == TrafficKind::kHpzGather ? LinkClass::kIntra : LinkClass::kInter));
+    CHECK(t.link == (t.group == CommGroup::kHpz ? LinkClass::kIntra : LinkClass::kInter));
   }
   // ZeRO++'s accounting (its blog's table): of flat stage 3's three
   // parameter-sized volumes across nodes, hpZ keeps two (the forward
@@ -186,12 +175,17 @@ TEST_CASE("times: the alpha-beta arithmetic of a step, worked out by hand") {
   // Flat, ring: each collective moves 3 x 2^18 x 2 = 1,572,864 bytes a
   // rank; the ring crosses each host's link once (R / per_host = 1 ring),
   // so the inter link carries the same 1,572,864 bytes: 15.72864 ms, plus 3
-  // hops of 10 us. A reduce-scatter and two gathers.
+  // hops of 10 us. A reduce-scatter, a forward and a backward gather.
   CostEstimate c = estimate_cost(m, o);
-  REQUIRE(c.traffic.size() == 2);
+  REQUIRE(c.traffic.size() == 3);
   CHECK(c.traffic[0].traffic == TrafficKind::kGradReduceScatter);
-  CHECK(c.traffic[0].bytes_per_rank == 1'572'864.0);
-  CHECK(c.traffic[1].calls == 2u);
+  CHECK(c.traffic[1].traffic == TrafficKind::kForwardGather);
+  CHECK(c.traffic[2].traffic == TrafficKind::kBackwardGather);
+  for (const TrafficCost& t : c.traffic) {
+    CHECK(t.calls == 1u);
+    CHECK(t.bytes_per_rank == 1'572'864.0);
+    CHECK(t.seconds == doctest::Approx(3e-5 + 0.01572864).epsilon(1e-12));
+  }
   CHECK(c.host_link_bytes == 3 * 1'572'864.0);
   CHECK(c.seconds == doctest::Approx(3 * (3e-5 + 0.01572864)).epsilon(1e-12));
 
