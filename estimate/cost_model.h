@@ -103,7 +103,12 @@ struct CostOptions {
   Topology topology;
   // Stage 3: gathers of each unit a micro-step, its forward's and its
   // backward's, as a training loop that releases units between them
-  // issues (a loop keeping units gathered issues fewer).
+  // issues (a loop keeping units gathered issues fewer). The engine's
+  // prefetch (stage3_prefetch_bucket_size) gathers ahead in the order it
+  // recorded; where the loop strays from that order a prefetched unit
+  // dropped unused costs one more gather, which the model does not count
+  // (test_cost_model: 13 gathers against a loop's 9 in one such pattern;
+  // forward then backward, as here, matches exactly).
   int gathers_per_micro_step = 2;
 };
 

@@ -49,17 +49,22 @@ std::map<CommGroup, CommCounters> predicted(const CostEstimate& c) {
   return out;
 }
 
-void check_against_run(const EngineConfig& config) {
+// `gathers` a unit a micro-step: 2 (forward, then backward) or 1 (the
+// harness gathers each unit once for both).
+void check_against_run(const EngineConfig& config, int gathers = 2) {
   constexpr int kWorld = 4;
   ModelDescription m;  // engine_harness.h's register_model, in layout order
   m.units = {{"a", {91, 7}, 1}, {"b", {35, 5, 1}, 1}, {"c", {33}, 1}};
   CostOptions o;
   o.estimate = EstimateOptions::from_config(config, kWorld);
   o.topology = two_by_two();
+  o.gathers_per_micro_step = gathers;
   const CostEstimate cost = estimate_cost(m, o);
   REQUIRE_FALSE(cost.traffic.empty());
   std::map<CommGroup, CommCounters> want = predicted(cost);
-  const std::vector<test::RankResult> runs = test::run_engine(config, test::runs(kWorld, 2));
+  test::RunOptions opt = test::runs(kWorld, 2);
+  opt.forward_then_backward = gathers == 2;
+  const std::vector<test::RankResult> runs = test::run_engine(config, opt);
   double across = 0.0, within = 0.0;
   for (const CommGroup c : {CommGroup::kWorld, CommGroup::kShard, CommGroup::kReplica, CommGroup::kHpz}) {
     const bool spans = c == CommGroup::kWorld || c == CommGroup::kReplica;
@@ -131,6 +136,23 @@ TEST_CASE("stage 3's persistent units are gathered once after the update, as the
     if (mode == 2) config.zero.zero_hpz_partition_size = 2;
     config.gradient_accumulation_steps = 2;
     check_against_run(config);
+  }
+}
+
+// The harness then gathers each unit once a micro-step, in backward order.
+// Prefetch off: the engine's prefetch follows the order it recorded, and
+// here it mispredicts across micro-steps: 13 gathers a step instead of the
+// loop's 9 (3 units x 3 micro-steps), each prefetched unit dropped unused
+// costing one more. The model counts the loop's gathers (cost_model.h).
+TEST_CASE("a loop that gathers each unit once a micro-step: gathers_per_micro_step 1") {
+  for (const int mode : {0, 1, 2}) {  // flat, MiCS S=2, hpZ H=2
+    CAPTURE(mode);
+    EngineConfig config = test::base_config(3);
+    config.gradient_accumulation_steps = 3;
+    config.zero.stage3_prefetch_bucket_size = 0;
+    if (mode == 1) config.zero.mics_shard_size = 2;
+    if (mode == 2) config.zero.zero_hpz_partition_size = 2;
+    check_against_run(config, 1);
   }
 }
 
