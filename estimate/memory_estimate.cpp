@@ -23,39 +23,11 @@
 #include "zest/core/check.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/engine/master_precision.h"
+#include "zest/estimate/unit_sizes.h"
 #include "zest/optim/exact_sum.h"
 
 namespace zest {
 namespace {
-
-// Elements of one unit as the engine lays it out for P partitions.
-struct UnitSize {
-  size_t numel = 0;   // parameters
-  size_t padded = 0;  // flat buffer
-  size_t shard = 0;   // padded / P
-  size_t count = 1;
-  bool resident = true;  // full parameters kept (not gathered on demand)
-  bool frozen = false;
-};
-
-std::vector<UnitSize> unit_sizes(const ModelDescription& model, const EstimateOptions& o) {
-  const int P = o.partitions();
-  std::vector<UnitSize> out;
-  for (const UnitDescription& u : model.units) {
-    size_t end = 0;
-    for (size_t n : u.param_numels) end = aligned_param_offset(end) + n;
-    UnitSize s;
-    s.numel = u.numel();
-    s.padded = padded_unit_numel(end, P);
-    s.shard = s.padded / static_cast<size_t>(P);
-    s.count = u.count;
-    s.frozen = u.frozen;
-    s.resident =
-        resident_unit(o.zero.stage, P, o.offloads_params(), s.numel, o.zero.stage3_param_persistence_threshold);
-    out.push_back(s);
-  }
-  return out;
-}
 
 // Model-state bytes for units of `full` elements of which a rank owns
 // `shard`: instantiated with the padded sizes (exact, integers) and with the

@@ -6,6 +6,8 @@
 //   zest-estimate --params 7.5e9 --world 64
 //   zest-estimate --units model.txt --world 8 --dtype bf16 --device-memory 80GiB
 //   zest-estimate --params 13e9 --world 1 --device-memory 32GiB --host-memory 256GiB
+//   zest-estimate --params 7e9 --unit-numel 2e8 --hosts 16 --ranks-per-host 8 --link nvlink4 --link ib-ndr
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -21,6 +24,7 @@
 #include "zest/core/check.h"
 #include "zest/config/config.h"
 #include "zest/core/file_io.h"
+#include "zest/estimate/cost_model.h"
 #include "zest/estimate/memory_estimate.h"
 
 namespace {
@@ -33,7 +37,7 @@ model (one of):
   --units FILE             one unit per line "name numel [numel...]", or a JSON list of
                            [numel, ...] or {"name": ..., "params": [...], "count": n}
 options:
-  --world N                data-parallel ranks (required)
+  --world N                data-parallel ranks (required, unless --hosts gives them)
   --stage 0|1|2|3          show this stage only (default: all four side by side)
   --dtype fp16|bf16|fp32   compute dtype (default fp16, the ZeRO paper's)
   --optimizer adamw|adam|lamb|sgd|sgd-momentum   (default adamw)
@@ -53,7 +57,8 @@ options:
                            host memory
   --host-memory SIZE       with --device-memory: host memory of one machine; prints the largest model
                            that fits, per stage and offload choice
-  --ranks-per-host N       ranks sharing --host-memory (default: --world, one machine)
+  --ranks-per-host N       ranks of one machine: they share --host-memory and, with --hosts, its
+                           network link (default: --world, one machine)
   --mics-shard-size S      stage 3: MiCS / HSDP, model states sharded over groups of S ranks (a divisor
                            of --world, e.g. the ranks of one host) and replicated across the groups
                            (DeepSpeed's mics_shard_size; -1: off)
@@ -66,6 +71,29 @@ options:
   --hidden-size N          with --config: the model's hidden size, for "auto" bucket sizes (as
                            Hugging Face fills them: hidden^2, 0.9 hidden^2, 10 hidden)
   --total-steps N          with --config: what an "auto" scheduler total_num_steps takes
+communication (the cost model, estimate/cost_model.h):
+  --hosts N                with --ranks-per-host R: a world of N x R ranks; prints, per mode (flat
+                           ZeRO-0..3, HSDP = MiCS with S = R, MiCS with --mics-shard-size, hpZ with
+                           --hpz-partition-size or H = R), memory per rank, the bytes each rank sends
+                           on groups within a host and spanning hosts, a host's link bytes, and the
+                           predicted seconds of communication per optimizer step (alpha-beta, nothing
+                           overlapped with compute)
+  --link intra=BW[,LAT]    a rank's bandwidth (per direction) and latency to its host's ranks, e.g.
+                           intra=450GB/s,3us (default: nvlink4)
+  --link inter=BW[,LAT]    one host's bandwidth (per direction, all its NICs, shared by its ranks)
+                           and latency to the other hosts, e.g. inter=400GB/s,5us (8 x 400 Gbit/s)
+                           or inter=100Gbit/s (default: ib-ndr)
+  --link PRESET            a named link (intra or inter as it describes), or intra=PRESET /
+                           inter=PRESET: nvlink4, nvlink3 (within a host); ib-ndr, ib-hdr, efa-400,
+                           efa-100 (a host's NICs); sim-intra, sim-inter (measured here, on the
+                           simulated hosts of tests/multihost). BW: B, kB, MB, GB, TB or bit, kbit,
+                           Mbit, Gbit per second (400GB/s, 25Gbit/s, 100Gbps; a bare number is
+                           bytes/s). LAT: ns, us, ms, s
+  --algorithm ring|pairwise  ring: NCCL's rings (default); pairwise: ZEST's MPI backend, every rank
+                           sending its part to every other directly
+  --traffic                with --hosts: also each mode's collectives by kind (forward and backward
+                           gathers, reduce-scatters, all-reduces across replicas, gathers after the
+                           update) and communicator, with calls, bytes and seconds a step
 )";
 
 using cli::usage_error;
@@ -113,10 +141,15 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
                                  "--offload-optimizer", "--offload-ratio", "--offload-param",
                                  "--host-memory", "--ranks-per-host", "--config", "--micro-batch",
                                  "--hidden-size", "--total-steps", "--mics-shard-size",
-                                 "--hpz-partition-size"};
+                                 "--hpz-partition-size", "--hosts", "--algorithm"};
   CLI::App app("zest-estimate");
   std::map<std::string, std::string> values;
   for (const char* f : kFlags) app.add_option(f, values[f]);
+  // --link, twice at most (intra and inter): kept as lines in one value.
+  std::vector<std::string> links;
+  bool traffic = false;
+  app.add_flag("--traffic", traffic);
+  app.add_option("--link", links)->allow_extra_args(false);
   std::map<std::string, std::string> flags;
   try {
     cli::parse(app, argc, argv);
@@ -128,6 +161,8 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   for (const char* f : kFlags) {
     if (app.count(f) > 0) flags[f] = values[f];
   }
+  if (!links.empty()) flags["--link"] = fmt::format("{}", fmt::join(links, "\n"));
+  if (traffic) flags["--traffic"] = "";
   return flags;
 }
 
@@ -187,6 +222,78 @@ zest::AutoValues config_program(std::map<std::string, std::string>& flags, int w
   return p;
 }
 
+// --hosts, --ranks-per-host, --link (twice at most) and --algorithm.
+zest::Topology topology_args(std::map<std::string, std::string>& flags) {
+  zest::Topology t;
+  t.hosts = static_cast<int>(count_arg("--hosts", flags["--hosts"], 1, 1 << 20));
+  t.ranks_per_host = static_cast<int>(count_arg("--ranks-per-host", flags["--ranks-per-host"], 1, 1 << 20));
+  if (static_cast<int64_t>(t.hosts) * t.ranks_per_host > (1 << 20)) {
+    usage_error("--hosts {} x --ranks-per-host {}: at most 1048576 ranks", t.hosts, t.ranks_per_host);
+  }
+  t.intra = zest::link_preset("nvlink4").link;
+  t.inter = zest::link_preset("ib-ndr").link;
+  bool seen[2] = {false, false};
+  std::string_view rest = flags["--link"];
+  while (!rest.empty()) {
+    const size_t nl = rest.find('\n');
+    const std::string text(rest.substr(0, nl));
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    const size_t eq = text.find('=');
+    const std::string cls = eq == std::string::npos ? "" : text.substr(0, eq);
+    const std::string spec = eq == std::string::npos ? text : text.substr(eq + 1);
+    bool inter = cls == "inter";
+    if (cls.empty()) {
+      // A bare preset says which link it is.
+      const auto& presets = zest::link_presets();
+      const auto it = std::find_if(presets.begin(), presets.end(), [&](const zest::LinkPreset& p) { return p.name == spec; });
+      if (it == presets.end()) {
+        usage_error("--link '{}': expected intra=BANDWIDTH[,LATENCY], inter=BANDWIDTH[,LATENCY] or a preset ({})",
+                    text, zest::link_preset_names());
+      }
+      inter = it->link_class == zest::LinkPresetClass::kInter;
+    } else if (cls != "intra" && cls != "inter") {
+      usage_error("--link '{}': '{}' is not a link; expected intra= or inter=", text, cls);
+    }
+    if (seen[inter ? 1 : 0]) usage_error("--link '{}': the {} link is given twice", text, inter ? "inter" : "intra");
+    seen[inter ? 1 : 0] = true;
+    try {
+      (inter ? t.inter : t.intra) = zest::parse_link_spec(spec);
+    } catch (const zest::Error& e) {
+      usage_error("--link '{}': {}", text, e.message());
+    }
+  }
+  if (flags.count("--algorithm") != 0) {
+    const std::string a = cli::choice("--algorithm", flags["--algorithm"], {"ring", "pairwise"});
+    t.algorithm = a == "ring" ? zest::CollectiveAlgorithm::kRing : zest::CollectiveAlgorithm::kPairwise;
+  }
+  return t;
+}
+
+// The modes side by side: flat stages 0-3 (or --stage), HSDP, MiCS with
+// --mics-shard-size when it is not one host, hpZ with --hpz-partition-size
+// (or one host's ranks). The hierarchical rows need more than one host.
+std::string cost_table(const zest::ModelDescription& model, const zest::EstimateOptions& base,
+                       const zest::Topology& topology, std::map<std::string, std::string>& flags) {
+  using zest::ShardingMode;
+  std::vector<zest::ModeRow> rows;
+  std::vector<int> stages = {0, 1, 2, 3};
+  if (flags.count("--stage") != 0) stages = {std::stoi(flags["--stage"])};
+  for (int s : stages) rows.push_back({fmt::format("ZeRO-{}", s), zest::with_mode(base, ShardingMode::kFlat, s, 0, topology)});
+  const int R = topology.ranks_per_host;
+  if (topology.hosts > 1) {
+    rows.push_back({fmt::format("HSDP (S={})", R), zest::with_mode(base, ShardingMode::kHsdp, 3, R, topology)});
+    const int S = base.zero.mics_shard_size;
+    if (S > 0 && S != R && S < topology.world()) {
+      rows.push_back({fmt::format("MiCS (S={})", S), zest::with_mode(base, ShardingMode::kMics, 3, S, topology)});
+    }
+    const int H = base.zero.zero_hpz_partition_size > 1 ? base.zero.zero_hpz_partition_size : R;
+    if (H < topology.world()) {
+      rows.push_back({fmt::format("hpZ (H={})", H), zest::with_mode(base, ShardingMode::kHpz, 3, H, topology)});
+    }
+  }
+  return zest::format_cost_table(model, rows, topology, 2, flags.count("--traffic") != 0);
+}
+
 int run(int argc, char** argv) {
   std::map<std::string, std::string> flags = parse_flags(argc, argv);
   const auto has = [&](const char* f) { return flags.count(f) != 0; };
@@ -196,9 +303,25 @@ int run(int argc, char** argv) {
   }
   if (has("--params") == has("--units")) usage_error("give the model as --params N or --units FILE (one of them)");
   if (has("--unit-numel") && !has("--params")) usage_error("--unit-numel goes with --params");
-  if (!has("--world")) usage_error("--world N is required (the number of data-parallel ranks)");
-
-  const int world = static_cast<int>(count_arg("--world", flags["--world"], 1, 1 << 20));
+  for (const char* f : {"--link", "--algorithm", "--traffic"}) {
+    if (has(f) && !has("--hosts")) usage_error("{} goes with --hosts (the cost model's world)", f);
+  }
+  if (has("--hosts") && !has("--ranks-per-host")) usage_error("--hosts goes with --ranks-per-host R");
+  if (!has("--world") && !has("--hosts")) {
+    usage_error("--world N is required (the number of data-parallel ranks), or --hosts N --ranks-per-host R");
+  }
+  int world = 0;
+  zest::Topology topology;
+  if (has("--hosts")) {
+    topology = topology_args(flags);
+    world = topology.world();
+    if (has("--world") && count_arg("--world", flags["--world"], 1, 1 << 20) != static_cast<size_t>(world)) {
+      usage_error("--world {} is not --hosts {} x --ranks-per-host {} = {}", flags["--world"], topology.hosts,
+                  topology.ranks_per_host, world);
+    }
+  } else {
+    world = static_cast<int>(count_arg("--world", flags["--world"], 1, 1 << 20));
+  }
   zest::EstimateOptions opt;
   for (const char* f : {"--micro-batch", "--hidden-size", "--total-steps"}) {
     if (has(f) && !has("--config")) usage_error("{} goes with --config (it fills the file's \"auto\" values)", f);
@@ -258,7 +381,9 @@ int run(int argc, char** argv) {
     opt.zero.zero_hpz_partition_size =
         static_cast<int>(count_arg("--hpz-partition-size", flags["--hpz-partition-size"], 1, world));
   }
-  if (has("--ranks-per-host") && !has("--host-memory")) usage_error("--ranks-per-host goes with --host-memory");
+  if (has("--ranks-per-host") && !has("--host-memory") && !has("--hosts")) {
+    usage_error("--ranks-per-host goes with --host-memory or --hosts");
+  }
   if (has("--host-memory") && !has("--device-memory")) {
     usage_error("--host-memory goes with --device-memory (the largest model that fits both)");
   }
@@ -271,6 +396,10 @@ int run(int argc, char** argv) {
                             count_arg("--params", flags["--params"], 1),
                             has("--unit-numel") ? count_arg("--unit-numel", flags["--unit-numel"], 1) : 0)
                       : units_file(flags["--units"]);
+  if (has("--hosts")) {
+    std::fputs(cost_table(model, opt, topology, flags).c_str(), stdout);
+    return 0;
+  }
   std::fputs(zest::format_estimate_table(model, opt, table).c_str(), stdout);
   if (has("--host-memory")) {
     const int64_t host = size_arg("--host-memory", flags["--host-memory"]) / per_host;

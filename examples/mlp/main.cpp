@@ -9,6 +9,8 @@
 //   mlp --stages 0,1,2,3 --digest           a digest of the trained weights per
 //                                           stage (equal runs, equal digests)
 //   mlp --config ds_config.json             a DeepSpeed configuration
+//   mlp --comm-report                       the bytes and seconds of communication
+//                                           after the first step (common/comm_report.h)
 //   mlp --device cuda --ranks 4 --dtype bf16
 //                                           4 in-process ranks sharing cuda:0,
 //                                           forward and backward with cuBLAS
@@ -29,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "mlp_cuda.h"
+#include "common/comm_report.h"
 #include "common/weights_digest.h"
 #include "options.h"
 #include "report.h"
@@ -73,6 +76,7 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
   }
 
   mlp::RunSummary summary;
+  examples::CommMeter meter(engine);
   for (long step = first; step < first + opt.steps; ++step) {
     const auto start = Clock::now();
     float loss = 0.0f;
@@ -81,6 +85,7 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
       const mlp::Batch batch = teacher.batch(step, comm.rank() * rows_per_rank + m * rows_per_micro, rows_per_micro);
       loss += mlp::forward_backward(engine, opt.shape, batch, &device_context) / static_cast<float>(accum);
       result = engine.step();
+      meter.add(result);
     }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     // The same decision on every rank: gather_step is collective.
@@ -92,6 +97,10 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
   if (!opt.save_dir.empty()) {
     const std::string dir = zest::save_checkpoint(engine, opt.save_dir);
     if (comm.rank() == 0) fmt::print("saved {}\n", dir);
+  }
+  if (opt.comm_report) {
+    const std::string report = meter.format();
+    if (comm.rank() == 0) fmt::print("{}\n", report);
   }
   if (opt.digest) {
     const std::string digest = examples::format_weights_digest(engine, config.zero.stage);

@@ -14,7 +14,7 @@ std::string usage() {
          "           [--steps N] [--batch ROWS] [--accum N] [--lr X] [--layers N] [--hidden N]\n"
          "           [--seed N] [--config ds_config.json] [--launch] [--device host|cuda[:N]]\n"
          "           [--print-every N] [--table] [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
-         "           [--timeout SECONDS] [--digest]\n";
+         "           [--timeout SECONDS] [--digest] [--comm-report]\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -27,6 +27,7 @@ Options parse_options(int argc, char** argv) {
   cli::add_timeout(app, o.comm);
   app.add_flag("--table", o.table);
   app.add_flag("--digest", o.digest);
+  app.add_flag("--comm-report", o.comm_report);
   app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 20));
   CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
   app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);

@@ -32,6 +32,7 @@ struct Options {
   std::string load_dir;       // resume from this checkpoint root first
   bool table = false;         // the summary table even for one stage
   bool digest = false;        // print a digest of the trained weights per stage
+  bool comm_report = false;   // rank 0's bytes per communicator and comm seconds (common/comm_report.h)
   zest::CommOptions comm;     // --timeout SECONDS (else ZEST_COMM_TIMEOUT, else 10 min)
 };
 
