@@ -107,6 +107,8 @@ class SafetensorsSource {
   // The n bytes at offset in place, without a copy (file_view.h), or
   // nullopt where the source cannot show them so (then read_at them).
   virtual std::optional<FileView> view(uint64_t /*offset*/, uint64_t /*n*/) const { return std::nullopt; }
+  // Advice that the n bytes at offset are read soon (ReadOnlyFile::will_need).
+  virtual void will_need(uint64_t /*offset*/, uint64_t /*n*/) const {}
 };
 std::unique_ptr<SafetensorsSource> make_safetensors_file_source(const std::string& path);
 // Refers to bytes, which must outlive the source.
@@ -137,6 +139,9 @@ class SafetensorsFile {
   // page-cache pages: populate() each range before reading it), or nullopt
   // where the source cannot show them without a copy.
   std::optional<FileView> view_range(std::string_view name, uint64_t byte_offset, uint64_t n) const;
+  // Advice that those n bytes are read soon: a file source starts reading
+  // them into the page cache (SafetensorsSource::will_need).
+  void will_need_range(std::string_view name, uint64_t byte_offset, uint64_t n) const;
   // The whole tensor converted to `want`: out.size() must be numel *
   // elem_size(want). Same type: a plain read. Between F32, F16, BF16 and F64
   // in the file and fp32, fp16 and bf16 in memory: rounded to nearest even

@@ -76,6 +76,8 @@ class FileSource final : public SafetensorsSource {
   uint64_t size() const override { return file_.size(); }
   void read_at(uint64_t offset, std::span<std::byte> out) const override { file_.read_at(offset, out); }
   std::optional<FileView> view(uint64_t offset, uint64_t n) const override { return file_.view(offset, n); }
+  // Refused advice changes only the speed.
+  void will_need(uint64_t offset, uint64_t n) const override { (void)file_.will_need(offset, n); }
 
  private:
   ReadOnlyFile file_;
@@ -445,6 +447,12 @@ std::optional<FileView> SafetensorsFile::view_range(std::string_view name, uint6
              "safetensors file '{}': tensor '{}' holds {} bytes; bytes [{}, {}) are past its end", path_, t.name,
              t.size_bytes(), byte_offset, byte_offset + n);
   return source_->view(data_begin() + t.begin + byte_offset, n);
+}
+
+void SafetensorsFile::will_need_range(std::string_view name, uint64_t byte_offset, uint64_t n) const {
+  const SafetensorsTensor& t = tensor(name);
+  if (byte_offset >= t.size_bytes()) return;
+  source_->will_need(data_begin() + t.begin + byte_offset, std::min(n, t.size_bytes() - byte_offset));
 }
 
 void SafetensorsFile::read_as(std::string_view name, DType want, std::span<std::byte> out,

@@ -199,6 +199,16 @@ void store_chunk(Engine& engine, int u, size_t shard_begin, const UnitBuffer& bu
   }
 }
 
+// The next unit's pieces asked of the kernel while this one is read, so
+// that the disk has them in flight through the step's last reads and the
+// hand-over between units (cold reads; in the page cache it costs nothing).
+void will_need(const std::vector<detail::OwnedPiece>& pieces) {
+  for (const detail::OwnedPiece& p : pieces) {
+    const size_t size = p.from.file->tensor(p.from.tensor).elem_size;
+    p.from.file->will_need_range(p.from.tensor, (p.begin - p.param->offset) * size, (p.end - p.begin) * size);
+  }
+}
+
 // The dtype every element of the shard comes in (Engine::begin_shard_load's
 // every_value): the pieces' common stored dtype, where they cover every
 // parameter's part of the shard (the padding is zeros of any dtype).
@@ -269,6 +279,7 @@ NonFiniteValues load_owned_weights(Engine& engine, const std::function<OwnedWeig
             reads.push_back({true, &r, e, std::min(r.piece->end, e + kReadElems)});
           }
         }
+        if (k + 1 < units) will_need(plan.pieces[static_cast<size_t>(k + 1)]);
       }
       const int s = k - 1;  // the unit stored
       const UnitBuffer& stored = buffers[static_cast<size_t>((k + 1) % 2)];

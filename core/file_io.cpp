@@ -196,6 +196,12 @@ ReadOnlyFile::~ReadOnlyFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+bool ReadOnlyFile::will_need(uint64_t offset, uint64_t n) const {
+  if (offset >= size_ || n == 0) return true;
+  n = std::min(n, size_ - offset);
+  return ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_WILLNEED) == 0;
+}
+
 void ReadOnlyFile::read_at(uint64_t offset, std::span<std::byte> out) const {
   ZEST_CHECK(offset <= size_ && out.size() <= size_ - offset,
              "'{}' is too short: reading {} bytes at offset {} but the file has {}", path_, out.size(), offset,

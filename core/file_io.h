@@ -104,6 +104,11 @@ class ReadOnlyFile {
   // Bytes [offset, offset + n) through the page cache's pages, with no copy
   // (file_view.h); out of the file is an error as for read_at.
   FileView view(uint64_t offset, uint64_t n) const;
+  // Asks the kernel to start reading [offset, offset + n) into the page
+  // cache now (POSIX_FADV_WILLNEED), so that a read_at of it later finds it
+  // there. Advice: false where the kernel refused it, which changes nothing
+  // but the speed.
+  bool will_need(uint64_t offset, uint64_t n) const;
   // CRC-32 of the whole file, read in bounded pieces.
   uint32_t crc32() const;
   // The whole file as text.

@@ -35,6 +35,7 @@ class CountingSource final : public SafetensorsSource {
     if (v) count_->fetch_add(n, std::memory_order_relaxed);
     return v;
   }
+  void will_need(uint64_t offset, uint64_t n) const override { inner_->will_need(offset, n); }
 
  private:
   std::unique_ptr<SafetensorsSource> inner_;
