@@ -10,13 +10,6 @@ namespace {
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-SwapFile create_file(const OffloadSwapConfig& config, uint64_t bytes) {
-  ZEST_CHECK(!config.nvme_path.empty(),
-             "zero_optimization.offload_optimizer.device is \"nvme\" without nvme_path: set it to a directory on "
-             "the drive that holds the optimizer state");
-  return SwapFile::create(config.nvme_path, {.bytes = bytes, .rank = config.rank});
-}
-
 // The record size before the file's alignment is known: the fields only.
 size_t fields_bytes(size_t chunk, int state_buffers, DType master, DType state) {
   return chunk * elem_size(master) + static_cast<size_t>(state_buffers) * chunk * elem_size(state);
@@ -40,7 +33,7 @@ OffloadSwap::OffloadSwap(const OffloadSwapConfig& config, size_t numel, size_t c
       records_(chunk_numel == 0 ? 0 : (numel + chunk_numel - 1) / chunk_numel),
       region_bytes_(static_cast<uint64_t>(record_bytes_) * records_),
       io_(config.io ? config.io : std::shared_ptr<AioBackend>(make_aio_backend(config.aio))),
-      file_(create_file(config, 2 * region_bytes_)),
+      file_(SwapFile::create(config.nvme_path, {.bytes = 2 * region_bytes_, .rank = config.rank})),
       ring_(file_, *io_, {.buffer_count = config.buffer_count, .buffer_size = record_bytes_}),
       staging_(record_bytes_, file_.alignment()) {
   ZEST_INTERNAL_ASSERT(state_buffers >= 0 && state_buffers <= 2, "{} state buffers", state_buffers);
