@@ -87,9 +87,9 @@
 // host optimizer updates this one and the previous one is written back
 // (engine/offload_swap.h). The bits are those of CPU offload and of the
 // device run. A failed transfer throws an Error naming the file and the
-// operation, the master weights and state kept as before the step (the
-// parameters may hold part of its update: restore() rebuilds them from the
-// master). Not with delayed_update; offload_param "nvme" is refused.
+// operation, and leaves the rank as before the step: master weights, state
+// and parameters (Note [a failed NVMe step], engine_step.cpp). Not with
+// delayed_update; offload_param "nvme" is refused.
 //
 // offload_param (device "cpu", stage 3, with offload_optimizer "cpu" or
 // "nvme" at ratio 1): the parameter shards of the units gathered on demand live in the
@@ -461,6 +461,13 @@ class Engine {
   ShardPiece staged(int unit, int buffer, const ShardPiece& p, size_t a, size_t b, std::vector<std::byte>& staging,
                     bool read);
   void unstage(int unit, int buffer, const ShardPiece& stored, const ShardPiece& staged);
+  // Unit u's owned compute-dtype parameters narrowed from its master (the
+  // parts where the master is not the parameters themselves), as restore()
+  // rebuilds them.
+  void params_from_master(int unit);
+  // After a failed offloaded step (Note [a failed NVMe step], in
+  // engine_step.cpp): params_from_master for every unit with a host part.
+  void undo_offloaded_params();
   // Whether the master weights are the compute-dtype parameters themselves
   // (fp32 compute, or bf16 master weights with bf16 compute) rather than a
   // copy of their own.

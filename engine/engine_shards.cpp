@@ -302,24 +302,27 @@ void Engine::restore_progress(const Progress& progress) {
   }
 }
 
+void Engine::params_from_master(int u) {
+  const size_t bc = elem_size(compute_dtype_);
+  std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
+  std::vector<std::byte> staging;
+  masters[0] = staged(u, 0, masters[0], masters[0].begin, masters[0].end, staging, /*read=*/true);
+  std::byte* params = owned_params(u);
+  for (const ShardPiece& m : masters) {
+    // On the device the master is the parameters; from the host it is
+    // copied (narrowed on the host where it is a copy of its own).
+    if (master_is_params() && !m.host) continue;
+    convert_across(stream_, allocator_, m.data, m.dtype, m.host, params + m.begin * bc, compute_dtype_,
+                   shard_on_host(u), m.end - m.begin);
+  }
+}
+
 void Engine::restore(const Progress& progress) {
   restore_progress(progress);
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
-  const size_t bc = elem_size(compute_dtype_);
   for (int u = 0; u < L.num_units(); ++u) {
-    if (L.unit(u).frozen) continue;  // write_shard wrote its values
-    std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
-    std::vector<std::byte> staging;
-    masters[0] = staged(u, 0, masters[0], masters[0].begin, masters[0].end, staging, /*read=*/true);
-    std::byte* params = owned_params(u);
-    for (const ShardPiece& m : masters) {
-      // On the device the master is the parameters; from the host it is
-      // copied (narrowed on the host where it is a copy of its own).
-      if (master_is_params() && !m.host) continue;
-      convert_across(stream_, allocator_, m.data, m.dtype, m.host, params + m.begin * bc, compute_dtype_,
-                     shard_on_host(u), m.end - m.begin);
-    }
+    if (!L.unit(u).frozen) params_from_master(u);  // write_shard wrote a frozen unit's values
   }
   gather_updated_params(/*frozen_too=*/true);
   stream_.synchronize();

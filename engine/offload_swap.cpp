@@ -2,11 +2,23 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "zest/core/check.h"
 
 namespace zest {
 namespace {
+
+std::function<std::shared_ptr<AioBackend>()>& swap_io_for_tests() {
+  static std::function<std::shared_ptr<AioBackend>()> make;
+  return make;
+}
+
+std::shared_ptr<AioBackend> io_for(const OffloadSwapConfig& config) {
+  if (config.io) return config.io;
+  if (swap_io_for_tests()) return swap_io_for_tests()();
+  return make_aio_backend(config.aio);
+}
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -32,7 +44,7 @@ OffloadSwap::OffloadSwap(const OffloadSwapConfig& config, size_t numel, size_t c
       record_bytes_(round_up(fields_bytes(chunk_numel, state_buffers, master, state), kAssumedAlignment)),
       records_(chunk_numel == 0 ? 0 : (numel + chunk_numel - 1) / chunk_numel),
       region_bytes_(static_cast<uint64_t>(record_bytes_) * records_),
-      io_(config.io ? config.io : std::shared_ptr<AioBackend>(make_aio_backend(config.aio))),
+      io_(io_for(config)),
       file_(SwapFile::create(config.nvme_path, {.bytes = 2 * region_bytes_, .rank = config.rank})),
       ring_(file_, *io_, {.buffer_count = config.buffer_count, .buffer_size = record_bytes_}),
       staging_(record_bytes_, file_.alignment()) {
@@ -50,6 +62,8 @@ OffloadSwap::OffloadSwap(const OffloadSwapConfig& config, size_t numel, size_t c
   // The file is preallocated: it reads as zeros, the state's first values
   // and the master's until the engine writes it.
 }
+
+void set_offload_swap_io(std::function<std::shared_ptr<AioBackend>()> make) { swap_io_for_tests() = std::move(make); }
 
 void OffloadSwap::update(const std::function<void(size_t chunk, const Chunk& buffers)>& update) {
   if (records_ == 0) return;

@@ -39,9 +39,15 @@ struct OffloadSwapConfig {
   int buffer_count = 4;   // the ring's buffers
   int rank = 0;           // in the file's name
   AioConfig aio;
-  // Test seam: the I/O engine (make_aio_backend(aio) when null).
+  // Test seam: the I/O engine (when null: set_offload_swap_io's, else
+  // make_aio_backend(aio)).
   std::shared_ptr<AioBackend> io;
 };
+
+// Test seam: the I/O engine of the swap files OffloadSwap makes from now
+// on in this process (an Engine's, whose config has no place for one), for
+// tests that inject failures; an empty function restores make_aio_backend.
+void set_offload_swap_io(std::function<std::shared_ptr<AioBackend>()> make);
 
 class OffloadSwap {
  public:

@@ -2,15 +2,17 @@
 // optimizer state in a swap file per rank, streamed through the buffer
 // ring at each step, give the bits of CPU offload and of the device run at
 // stages 1-3 on 1, 2 and 4 in-process ranks, fp32 and bf16, all or half of
-// the state offloaded; checkpoints are those of CPU offload, either way;
-// the swap files go with the engine; a failed transfer is an error naming
-// the file and the operation, with the state before the step kept whole.
+// the state offloaded (checkpoints: test_offload_checkpoint.cpp); the swap
+// files go with the engine; a failed transfer is an error naming the file
+// and the operation, and a failed step() leaves the rank as it was before.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "checkpoint/temp_dir.h"
@@ -249,4 +251,85 @@ TEST_CASE("an I/O failure in the nvme step throws naming the file and the operat
     for (int b = 0; b < 3; ++b) CHECK(same_bits(part.read(off, b), want_part.read(reference, b)));
     CHECK(same_bits(part.params, want_part.params));
   }
+}
+
+namespace {
+
+// The engine's swap files' I/O (set_offload_swap_io): a thread pool's,
+// whose read number `countdown` (counting from its setting) fails with EIO.
+class FailingRead : public AioBackend {
+ public:
+  explicit FailingRead(std::atomic<int>& countdown)
+      : inner_(make_aio_backend({}, {.kind = AioBackendKind::kThreadPool})), countdown_(countdown) {}
+  std::string_view name() const override { return "failing read"; }
+  AioHandle submit(const AioRequest& r) override {
+    const AioHandle h = inner_->submit(r);
+    if (r.op == AioOp::kRead && countdown_ > 0 && --countdown_ == 0) failing_.insert(h);
+    return h;
+  }
+  AioResult wait(AioHandle h) override {
+    AioResult result = inner_->wait(h);
+    if (failing_.erase(h) > 0) result.error = EIO;
+    return result;
+  }
+
+ private:
+  std::unique_ptr<AioBackend> inner_;
+  std::atomic<int>& countdown_;
+  std::set<AioHandle> failing_;
+};
+
+// Every unit's gathered compute-dtype parameters, as bytes.
+std::vector<std::vector<std::byte>> gathered_params(Engine& engine) {
+  std::vector<std::vector<std::byte>> out;
+  for (int u = 0; u < engine.layout().num_units(); ++u) {
+    const UnitHandle h = engine.gather(u);
+    const auto* p = static_cast<const std::byte*>(h.data());
+    out.emplace_back(p, p + engine.layout().unit(u).padded * elem_size(engine.compute_dtype()));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a failed nvme step() throws and leaves the rank as before it; the step again has the bits of CPU offload") {
+  std::atomic<int> countdown{0};
+  set_offload_swap_io([&] { return std::make_shared<FailingRead>(countdown); });
+  for (const bool bf16 : {false, true}) {
+    for (const double ratio : {1.0, 0.5}) {
+      CAPTURE(bf16);
+      CAPTURE(ratio);
+      EngineConfig config = base_config(2);
+      config.bf16 = bf16;
+      RunOptions opt = runs(1, 2);
+      opt.model = large_model;
+      const std::vector<RankResult> want = run_engine(on(config, OffloadDevice::kCpu, "", ratio), opt);
+      TempDir dir;
+      run_inprocess(1, [&](Communicator& comm) {
+        CachingAllocator alloc(make_host_allocator());
+        CachingAllocator host(make_host_allocator());
+        const std::unique_ptr<Engine> engine =
+            finalized_engine(on(config, OffloadDevice::kNvme, dir.str(), ratio), comm, alloc, host,
+                             Stream::default_for(Device::host()), large_model);
+        RankResult r;
+        run_steps(*engine, comm, opt, 0, 1, r);
+        const Params master = master_params(*engine);
+        const std::vector<std::vector<std::byte>> params = gathered_params(*engine);
+        // The step's third read: chunks 0 and 1 are updated and their
+        // parameters sent when it fails.
+        countdown = 3;
+        const std::string message = error_of([&] { run_steps(*engine, comm, opt, 1, 2, r); });
+        CAPTURE(message);
+        CHECK(message.starts_with("NVMe swap file " + dir.str() + "/" + kSwapFilePrefix));
+        CHECK(message.find(": read of ") != std::string::npos);
+        CHECK(message.find("Input/output error") != std::string::npos);
+        check_same(master_params(*engine), master);
+        CHECK(gathered_params(*engine) == params);
+        CHECK(engine->progress().applied_steps == 1);
+        run_steps(*engine, comm, opt, 1, 2, r);
+        check_same(master_params(*engine), want[0].params);
+      });
+    }
+  }
+  set_offload_swap_io({});
 }
