@@ -9,7 +9,10 @@
 // one pipeline chunk (OptimizerOffload::chunk_numel() elements): the
 // chunk's master weights, then each state buffer, the record padded to the
 // file's alignment. One record is one ring buffer, so the update of a chunk
-// finds its master and state side by side in one transfer each way.
+// finds its master and state side by side in one transfer each way. A
+// chunk is at most 4M elements (optimizer_offload.cpp): with fp32 master and
+// two fp32 states a record of 48 MiB, so the ring's host memory is at most
+// buffer_count x 48 MiB (192 MiB at DeepSpeed's default of 4).
 //
 // Note [offload swap regions]: the file has two regions of the records;
 // one holds the current values. A step reads it and writes the new values

@@ -78,7 +78,8 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
   const size_t slot_bytes = chunk_ * elem_size(compute);
   for (int i = 0; i < 2; ++i) {
     grad_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
-    // The master in the parameters' dtype is copied back from where it lies.
+    // The master in the parameters' dtype is copied back from where it lies
+    // in host memory; from a swap file's ring it goes through the slots.
     if (!params_from_master()) param_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
   }
 }
