@@ -14,8 +14,12 @@
 // pipeline's scheduling on this CPU, not of a PCIe link. Every stage's time
 // is StepResult::times (host clock; on CUDA the copies are timed by events).
 //
+// --nvme DIR offloads to a swap file in DIR instead (offload_optimizer
+// device "nvme", engine/offload_swap.h): the update then also waits for the
+// ring's reads and writes, and the step is compared with CPU offload's.
+//
 //   offload_bench [--params N] [--units U] [--steps N] [--stage 1|2|3] [--dtype bf16|fp32]
-//                 [--host-threads T] [--device host|cuda:N] [--pin]
+//                 [--host-threads T] [--device host|cuda:N] [--pin] [--nvme DIR]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,6 +49,7 @@ struct Options {
   std::string dtype = "bf16";
   std::string device = "host";
   bool pin = false;
+  std::string nvme;  // the swap files' directory; empty: host memory
 };
 
 struct Times {
@@ -56,15 +61,18 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-Times run(const Options& opt, bool offload) {
+enum class Mode { kNone, kCpu, kNvme };
+
+Times run(const Options& opt, Mode mode) {
   const zest::Device device = zest::parse_device(opt.device);
   zest::EngineConfig config;
   config.zero.stage = opt.stage;
   config.zero.stage3_param_persistence_threshold = 0;
   config.bf16 = opt.dtype == "bf16";
   config.optimizer.host_threads = opt.host_threads;
-  if (offload) {
-    config.offload_optimizer.device = zest::OffloadDevice::kCpu;
+  if (mode != Mode::kNone) {
+    config.offload_optimizer.device = mode == Mode::kCpu ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNvme;
+    config.offload_optimizer.nvme_path = mode == Mode::kNvme ? opt.nvme : "";
     config.offload_optimizer.pin_memory = opt.pin;
   }
   const auto per_unit = static_cast<int64_t>(opt.params / opt.units);
@@ -127,6 +135,7 @@ Options parse(int argc, char** argv, std::string& usage) {
   app.add_option("--dtype", o.dtype, "compute dtype")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--device", o.device, "host, or cuda:N");
   app.add_flag("--pin", o.pin, "pinned host memory (CUDA)");
+  app.add_option("--nvme", o.nvme, "offload to a swap file in this directory too");
   usage = app.help();
   cli::parse(app, argc, argv);
   if (o.params < o.units) cli::usage_error("--params {} is fewer than --units {}", o.params, o.units);
@@ -148,8 +157,8 @@ int main(int argc, char** argv) {
                "{} steps (median; {} build)\n",
                opt.params, opt.units, opt.stage, opt.dtype, opt.device, opt.host_threads,
                opt.pin ? ", pinned" : "", opt.steps, ZEST_BENCH_BUILD_TYPE);
-    const Times base = run(opt, false);
-    const Times off = run(opt, true);
+    const Times base = run(opt, Mode::kNone);
+    const Times off = run(opt, Mode::kCpu);
     const double sum = off.d2h + off.update + off.h2d;
     const double slowest = std::max({off.d2h, off.update, off.h2d});
     fmt::print("{:>10} {:>10} {:>10} | {:>11} {:>10} {:>10} | {:>8}\n", "d2h ms", "update ms", "h2d ms",
@@ -161,6 +170,12 @@ int main(int argc, char** argv) {
     fmt::print("pipeline / bound (slowest stage): {:.2f}\n", off.pipeline / slowest);
     fmt::print("step ms: {:.2f} without offload (optimizer {:.2f}), {:.2f} with (optimizer {:.2f}): {:.2f}x\n",
                base.step, base.optimizer, off.step, off.optimizer, off.step / base.step);
+    if (!opt.nvme.empty()) {
+      const Times nvme = run(opt, Mode::kNvme);
+      fmt::print("nvme ({}): d2h {:.2f}, update {:.2f}, h2d {:.2f}, pipeline {:.2f} ms; step ms "
+                 "{:.2f}: {:.2f}x CPU offload's\n",
+                 opt.nvme, nvme.d2h, nvme.update, nvme.h2d, nvme.pipeline, nvme.step, nvme.step / off.step);
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "offload_bench: %s\n", e.what());

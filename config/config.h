@@ -171,12 +171,14 @@ struct ZeroConfig {
 // parameters not in use, live. A file's "nvme" device (ZeRO-Infinity) loads
 // with its NVMe keys (nvme_path, required; the optimizer's buffer_count,
 // pipeline_read/write, fast_init; the parameters' buffer_count, buffer_size
-// and max_in_cpu) and the top-level `aio` section; the NVMe tier's storage
-// layer (nvme/) exists, but the Engine does not run on it yet and refuses
-// kNvme at construction. With any other device the NVMe keys are read
-// (type and range checked) and noted as ignored, as DeepSpeed reads them
-// only for "nvme". The deprecated
-// cpu_offload / cpu_offload_param (true) are read as {"device": "cpu"};
+// and max_in_cpu) and the top-level `aio` section. The Engine runs
+// offload_optimizer "nvme": the offloaded master weights and optimizer state
+// in a swap file per rank under nvme_path, streamed through buffer_count
+// aligned host buffers at each step (engine/offload_swap.h); it refuses
+// offload_param "nvme" at construction. With any other device the NVMe
+// keys are read (type and range checked) and noted as ignored, as DeepSpeed
+// reads them only for "nvme". The deprecated cpu_offload /
+// cpu_offload_param (true) are read as {"device": "cpu"};
 // cpu_offload_use_pin_memory, which DeepSpeed no longer applies, is ignored.
 enum class OffloadDevice { kNone, kCpu, kNvme };
 
@@ -215,11 +217,11 @@ struct OffloadParamConfig {
 };
 
 // Whether `optimizer` is what offload_param at stage 3 runs with: device cpu
-// at ratio 1, so that the host update is the only writer of the offloaded
-// shards (Note [offload_param runs with the optimizer on the host], in
+// or nvme at ratio 1, so that the host update is the only writer of the
+// offloaded shards (Note [offload_param runs with the optimizer on the host], in
 // engine.cpp). The Engine and the estimator both apply it.
 inline bool carries_offloaded_params(const OffloadOptimizerConfig& optimizer) {
-  return optimizer.device == OffloadDevice::kCpu && optimizer.ratio >= 1.0;
+  return optimizer.device != OffloadDevice::kNone && optimizer.ratio >= 1.0;
 }
 
 struct Fp16Config {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "zest/core/check.h"
@@ -27,18 +28,15 @@ namespace {
 EngineConfig checked(EngineConfig c, const Communicator& comm) {
   ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
              "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
-  // The config reads "nvme" (and its keys and the aio section) so that
-  // ZeRO-Infinity files load; the step does not use the tier yet.
-  for (const auto& [key, device] : {std::pair{"offload_optimizer", c.offload_optimizer.device},
-                                    std::pair{"offload_param", c.offload_param.device}}) {
-    ZEST_CHECK(device != OffloadDevice::kNvme,
-               "zero_optimization.{}.device is \"nvme\": ZEST's NVMe tier has its storage layer (swap files, "
-               "io_uring I/O, the buffer ring: nvme/) but the engine does not run on it yet; set the device to "
-               "\"cpu\" to offload to host memory",
-               key);
-  }
+  // offload_optimizer "nvme" runs (the host part's state in a swap file:
+  // engine/offload_swap.h); offload_param "nvme" does not yet.
+  ZEST_CHECK(c.offload_param.device != OffloadDevice::kNvme,
+             "zero_optimization.offload_param.device is \"nvme\": ZEST offloads the optimizer to NVMe "
+             "(offload_optimizer.device \"nvme\") but not the parameters yet; set offload_param.device to \"cpu\" "
+             "to keep them in host memory");
+  const bool offloads_optimizer = c.offload_optimizer.device != OffloadDevice::kNone;
   c.resolve_batch(comm.size());
-  check_hierarchical(c.zero, c.offload_optimizer.device == OffloadDevice::kCpu,
+  check_hierarchical(c.zero, offloads_optimizer,
                      c.offload_param.device == OffloadDevice::kCpu, comm.size());
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.zero.stage <= 1,
              "zero.reduce_at_accumulation_boundary is on at stage {}: stages 2-3 keep only the owned "
@@ -62,21 +60,26 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
              "offload",
              dtype_name(c.grad_accum_dtype.value_or(compute)), dtype_name(compute));
   check_master_precision({compute, c.master_dtype(), c.optimizer_state_dtype(), c.zero.stage,
-                          c.offload_optimizer.device == OffloadDevice::kCpu, c.optimizer.kind, c.grad_accum_dtype});
+                          offloads_optimizer, c.optimizer.kind, c.grad_accum_dtype});
   ZEST_CHECK(c.gradient_clipping >= 0.0, "gradient_clipping is {}: it must be >= 0 (0: off)",
              c.gradient_clipping);
   c.optimizer.validate();
   c.scheduler.validate();
   ZEST_CHECK(c.optimizer.kind != OptimizerKind::kLamb || c.offload_optimizer.device == OffloadDevice::kNone,
-             "optimizer Lamb with zero_optimization.offload_optimizer (device cpu) is not supported: LAMB's trust "
+             "optimizer Lamb with zero_optimization.offload_optimizer is not supported: LAMB's trust "
              "ratios need every parameter's norms before any weight changes, which the host's chunked update "
              "pipeline does not provide (DeepSpeed's offload runs only its CPU Adam too); set "
              "offload_optimizer.device to \"none\", or use the AdamW optimizer");
-  if (c.offload_optimizer.device == OffloadDevice::kCpu) {
+  if (offloads_optimizer) {
     ZEST_CHECK(c.zero.stage >= 1,
-               "zero_optimization.offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3; this config "
-               "is stage 0: set zero_optimization.stage, or offload_optimizer.device to \"none\"");
+               "zero_optimization.offload_optimizer (device {}) needs ZeRO stage 1, 2 or 3; this config "
+               "is stage 0: set zero_optimization.stage, or offload_optimizer.device to \"none\"",
+               c.offload_optimizer.device == OffloadDevice::kCpu ? "cpu" : "nvme");
     (void)offloaded_numel(0, c.offload_optimizer.ratio);  // checks the ratio
+    ZEST_CHECK(c.offload_optimizer.device != OffloadDevice::kNvme || !c.offload_optimizer.delayed_update,
+               "zero_optimization.offload_optimizer.delayed_update with device \"nvme\" is not supported: the delayed "
+               "update runs over the whole host part at once, which the swap file's buffer ring streams chunk by "
+               "chunk; turn delayed_update off, or use device \"cpu\"");
   }
   if (c.offload_param.device == OffloadDevice::kCpu && c.zero.stage == 3) {
     // Note [offload_param runs with the optimizer on the host]. The host
@@ -85,11 +88,14 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
     // would need mapped pinned memory); every real configuration seen that
     // offloads parameters offloads the optimizer too (ZeRO-Infinity's).
     ZEST_CHECK(carries_offloaded_params(c.offload_optimizer),
-               "zero_optimization.offload_param (device cpu) needs offload_optimizer {{\"device\": \"cpu\"}} with "
-               "ratio 1 in ZEST, whose host optimizer then writes the offloaded parameters; this config has "
+               "zero_optimization.offload_param (device cpu) needs offload_optimizer {{\"device\": \"cpu\"}} (or "
+               "\"nvme\") with ratio 1 in ZEST, whose host optimizer then writes the offloaded parameters; this config has "
                "offload_optimizer device {}, ratio {}: add offload_optimizer {{\"device\": \"cpu\"}}, or set "
                "offload_param.device to \"none\"",
-               c.offload_optimizer.device == OffloadDevice::kCpu ? "cpu" : "none", c.offload_optimizer.ratio);
+               c.offload_optimizer.device == OffloadDevice::kCpu    ? "cpu"
+               : c.offload_optimizer.device == OffloadDevice::kNvme ? "nvme"
+                                                                    : "none",
+               c.offload_optimizer.ratio);
   }
   return c;
 }
@@ -144,7 +150,7 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
              comm.device().str(), allocator.device().str(), stream.device().str());
   impl_->groups.push_back({"default", config_.optimizer.weight_decay});
   log_config_notes(config_, comm);
-  if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
+  if (config_.offload_optimizer.device != OffloadDevice::kNone) {
     // One host allocator for both offloads: pinned when either asks.
     const bool pinned = (config_.offload_optimizer.pin_memory || (offloads_params() && config_.offload_param.pin_memory)) &&
                         comm.device().is_cuda();
@@ -372,7 +378,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   im.local_accumulation = accumulating && config_.zero.reduce_at_accumulation_boundary;
   // The trainable units' shards, in order (frozen units have no master or
   // optimizer state): their first host_numel elements are offloaded.
-  if (config_.offload_optimizer.device == OffloadDevice::kCpu) {
+  if (config_.offload_optimizer.device != OffloadDevice::kNone) {
     im.host_numel = offloaded_numel(L.trainable_owned(), config_.offload_optimizer.ratio);
   }
   const size_t on_device = L.trainable_owned() - im.host_numel;
@@ -386,9 +392,16 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
     fill_zero(stream_, im.state[s].data(), bytes);
   }
   if (im.host_numel > 0) {
+    std::optional<OffloadSwapConfig> swap;
+    if (config_.offload_optimizer.device == OffloadDevice::kNvme) {
+      swap = OffloadSwapConfig{config_.offload_optimizer.nvme_path,
+                               static_cast<int>(config_.offload_optimizer.buffer_count), comm_.rank(), config_.aio,
+                               nullptr};
+    }
     im.offload = std::make_unique<OptimizerOffload>(
         *host_allocator_, comm_.device(), im.host_numel, config_.optimizer.state_buffers(),
-        OffloadDtypes{compute_dtype_, master_dtype_, state_dtype_}, config_.offload_optimizer.delayed_update);
+        OffloadDtypes{compute_dtype_, master_dtype_, state_dtype_}, config_.offload_optimizer.delayed_update,
+        swap ? &*swap : nullptr);
   }
 
   im.units.resize(static_cast<size_t>(L.num_units()));
@@ -463,7 +476,11 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
           if (master_is_params() && !m.host) continue;  // the master is the parameters
           const size_t a = std::max(lo - shard_begin, m.begin);
           const size_t b = std::min(hi - shard_begin, m.end);
-          if (a < b) piece_from_fp32(m, a, b, src + (a + shard_begin - lo), /*src_host=*/false);
+          if (a >= b) continue;
+          std::vector<std::byte> staged_master;
+          const ShardPiece s = staged(u, 0, m, a, b, staged_master, /*read=*/false);
+          piece_from_fp32(s, a, b, src + (a + shard_begin - lo), /*src_host=*/false);
+          unstage(u, 0, m, s);
         }
       }
     }

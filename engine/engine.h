@@ -79,8 +79,20 @@
 // restore and so checkpoints first wait for the update in flight: what they
 // see includes every applied step.
 //
-// offload_param (device "cpu", stage 3, with offload_optimizer "cpu" at
-// ratio 1): the parameter shards of the units gathered on demand live in the
+// offload_optimizer device "nvme" (ZeRO-Infinity's optimizer tier): the
+// same, the offloaded master weights and optimizer state in a swap file per
+// rank under nvme_path (scratch: a unique name, removed with the engine)
+// instead of host memory. Each step streams them through a ring of
+// buffer_count aligned host buffers: the next chunks are read while the
+// host optimizer updates this one and the previous one is written back
+// (engine/offload_swap.h). The bits are those of CPU offload and of the
+// device run. A failed transfer throws an Error naming the file and the
+// operation, and leaves the rank as before the step: master weights, state
+// and parameters (Note [a failed NVMe step], engine_step.cpp). Not with
+// delayed_update; offload_param "nvme" is refused.
+//
+// offload_param (device "cpu", stage 3, with offload_optimizer "cpu" or
+// "nvme" at ratio 1): the parameter shards of the units gathered on demand live in the
 // host allocator too. A gather copies this rank's shard into its slot of the
 // unit's full buffer on the device and all-gathers in place; the host update
 // writes the new shard where it lives. The device then holds parameters only
@@ -441,6 +453,21 @@ class Engine {
   // on the engine's stream; the caller synchronizes before reading dst.
   void piece_to_fp32(const ShardPiece& p, size_t a, size_t b, float* dst, bool dst_host);
   void piece_from_fp32(const ShardPiece& p, size_t a, size_t b, const float* src, bool src_host);
+  // Note [host pieces in a swap file]: with offload_optimizer device nvme a
+  // shard's host piece has no address (data null). Its readers and writers
+  // take the elements [a, b) they touch as a piece in `staging` (read from
+  // the file when `read`); unstage writes such a piece back. Any other
+  // piece is its own staged piece, and unstage does nothing.
+  ShardPiece staged(int unit, int buffer, const ShardPiece& p, size_t a, size_t b, std::vector<std::byte>& staging,
+                    bool read);
+  void unstage(int unit, int buffer, const ShardPiece& stored, const ShardPiece& staged);
+  // Unit u's owned compute-dtype parameters narrowed from its master (the
+  // parts where the master is not the parameters themselves), as restore()
+  // rebuilds them.
+  void params_from_master(int unit);
+  // After a failed offloaded step (Note [a failed NVMe step], in
+  // engine_step.cpp): params_from_master for every unit with a host part.
+  void undo_offloaded_params();
   // Whether the master weights are the compute-dtype parameters themselves
   // (fp32 compute, or bf16 master weights with bf16 compute) rather than a
   // copy of their own.

@@ -31,6 +31,12 @@
 namespace zest {
 
 bool Engine::shard_in_host_memory(int unit) {
+  // A master in a swap file is written through a staged copy (Note [host
+  // pieces in a swap file]), one call at a time: never in place, never from
+  // several threads.
+  if (impl_->offload && impl_->offload->swap() && impl_->units[static_cast<size_t>(unit)].host_numel > 0) {
+    return false;
+  }
   if (stream_.device().is_host()) return true;
   if (!shard_on_host(unit)) return false;  // the parameters are on the device
   if (impl_->layout->unit(unit).frozen) return true;
@@ -52,11 +58,14 @@ Engine::ShardLoad Engine::begin_shard_load(int unit, std::optional<DType> every_
   if (!U.frozen) {
     const Stream host = Stream::default_for(Device::host());
     for (int b = 1; b < shard_buffers(); ++b) {
-      for (const ShardPiece& p : shard_pieces(unit, b)) {
+      for (const ShardPiece& stored : shard_pieces(unit, b)) {
+        std::vector<std::byte> staging;
+        const ShardPiece p = staged(unit, b, stored, stored.begin, stored.end, staging, /*read=*/false);
         fill_zero(p.host ? host : stream_, p.data, (p.end - p.begin) * elem_size(p.dtype));
+        stream_.synchronize();
+        unstage(unit, b, stored, p);
       }
     }
-    stream_.synchronize();
   }
   ShardLoad load;
   load.threads = shard_in_host_memory(unit);
@@ -131,7 +140,10 @@ void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, si
     fp32 = widened.data();
   }
   masters([&](const ShardPiece& p, size_t lo, size_t hi, const std::byte*) {
-    piece_from_fp32(p, lo, hi, fp32 + (lo - at), /*src_host=*/true);
+    std::vector<std::byte> staging;
+    const ShardPiece s = staged(unit, 0, p, lo, hi, staging, /*read=*/false);
+    piece_from_fp32(s, lo, hi, fp32 + (lo - at), /*src_host=*/true);
+    unstage(unit, 0, p, s);
   });
   Buffer staging = allocator_.allocate_buffer(n * 4, stream_, MemoryCategory::kCommBuffers);
   copy_bytes(stream_, staging.data(), fp32, n * 4);

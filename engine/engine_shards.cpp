@@ -36,7 +36,9 @@ std::vector<float> Engine::unit_master(int unit) {
     stream_.synchronize();
     return out;
   }
-  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
+  std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
+  std::vector<std::byte> staging;
+  pieces[0] = staged(unit, 0, pieces[0], pieces[0].begin, pieces[0].end, staging, /*read=*/true);
   if (impl_->layout->partitions() == 1) {
     // The master is the whole unit: no gather, so no staging buffer.
     for (const ShardPiece& p : pieces) piece_to_fp32(p, p.begin, p.end, out.data() + p.begin, /*dst_host=*/true);
@@ -93,7 +95,11 @@ std::array<Engine::ShardPiece, 2> Engine::stored_shard_pieces(int unit, int buff
   const size_t offset = im.layout->trainable_offset(unit);
   const DType dtype = buffer == 0 ? master_dtype_ : state_dtype_;
   std::array<ShardPiece, 2> pieces;
-  if (st.host_numel > 0) pieces[0] = {im.offload->buffer(buffer) + offset * elem_size(dtype), dtype, 0, st.host_numel, true};
+  if (st.host_numel > 0) {
+    // In a swap file the piece has no address (Note [host pieces in a swap file]).
+    std::byte* host = im.offload->buffer(buffer);
+    pieces[0] = {host == nullptr ? nullptr : host + offset * elem_size(dtype), dtype, 0, st.host_numel, true};
+  }
   pieces[1] = {nullptr, dtype, st.host_numel, shard, false};
   if (st.host_numel < shard) {
     // Device elements are indexed from im.host_numel in the owned region.
@@ -169,6 +175,22 @@ void Engine::piece_from_fp32(const ShardPiece& p, size_t a, size_t b, const floa
   convert_across(stream_, allocator_, src, DType::kFloat32, src_host, p.at(a), p.dtype, p.host, b - a);
 }
 
+Engine::ShardPiece Engine::staged(int unit, int buffer, const ShardPiece& p, size_t a, size_t b,
+                                  std::vector<std::byte>& staging, bool read) {
+  if (p.data != nullptr || !p.host || p.begin == p.end) return p;
+  ZEST_INTERNAL_ASSERT(p.begin <= a && a <= b && b <= p.end, "[{}, {}) of a piece [{}, {})", a, b, p.begin, p.end);
+  staging.resize((b - a) * elem_size(p.dtype));
+  const size_t offset = impl_->layout->trainable_offset(unit);
+  if (read) impl_->offload->read(buffer, offset + a, offset + b, staging.data());
+  return {staging.data(), p.dtype, a, b, true};
+}
+
+void Engine::unstage(int unit, int buffer, const ShardPiece& stored, const ShardPiece& staged) {
+  if (stored.data != nullptr || !stored.host || staged.begin == staged.end) return;
+  const size_t offset = impl_->layout->trainable_offset(unit);
+  impl_->offload->write(buffer, offset + staged.begin, offset + staged.end, staged.data);
+}
+
 bool Engine::shard_on_host(int unit) const {
   return offloads_params() && !impl_->units[static_cast<size_t>(unit)].resident;
 }
@@ -225,7 +247,9 @@ std::vector<float> Engine::read_shard(int unit, int buffer) {
     frozen_shard(unit, out, {});
     return out;
   }
-  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
+  std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
+  std::vector<std::byte> staging;
+  pieces[0] = staged(unit, buffer, pieces[0], pieces[0].begin, pieces[0].end, staging, /*read=*/true);
   for (const ShardPiece& p : pieces) piece_to_fp32(p, p.begin, p.end, out.data() + p.begin, /*dst_host=*/true);
   stream_.synchronize();
   return out;
@@ -251,9 +275,13 @@ void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
     frozen_shard(unit, {}, values);
     return;
   }
-  const std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
+  std::array<ShardPiece, 2> pieces = shard_pieces(unit, buffer);
+  const ShardPiece host = pieces[0];
+  std::vector<std::byte> staging;
+  pieces[0] = staged(unit, buffer, host, host.begin, host.end, staging, /*read=*/false);
   for (const ShardPiece& p : pieces) piece_from_fp32(p, p.begin, p.end, values.data() + p.begin, /*src_host=*/true);
   stream_.synchronize();
+  unstage(unit, buffer, host, pieces[0]);
 }
 
 void Engine::restore_progress(const Progress& progress) {
@@ -274,22 +302,27 @@ void Engine::restore_progress(const Progress& progress) {
   }
 }
 
+void Engine::params_from_master(int u) {
+  const size_t bc = elem_size(compute_dtype_);
+  std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
+  std::vector<std::byte> staging;
+  masters[0] = staged(u, 0, masters[0], masters[0].begin, masters[0].end, staging, /*read=*/true);
+  std::byte* params = owned_params(u);
+  for (const ShardPiece& m : masters) {
+    // On the device the master is the parameters; from the host it is
+    // copied (narrowed on the host where it is a copy of its own).
+    if (master_is_params() && !m.host) continue;
+    convert_across(stream_, allocator_, m.data, m.dtype, m.host, params + m.begin * bc, compute_dtype_,
+                   shard_on_host(u), m.end - m.begin);
+  }
+}
+
 void Engine::restore(const Progress& progress) {
   restore_progress(progress);
   Impl& im = *impl_;
   const ModelLayout& L = *im.layout;
-  const size_t bc = elem_size(compute_dtype_);
   for (int u = 0; u < L.num_units(); ++u) {
-    if (L.unit(u).frozen) continue;  // write_shard wrote its values
-    const std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
-    std::byte* params = owned_params(u);
-    for (const ShardPiece& m : masters) {
-      // On the device the master is the parameters; from the host it is
-      // copied (narrowed on the host where it is a copy of its own).
-      if (master_is_params() && !m.host) continue;
-      convert_across(stream_, allocator_, m.data, m.dtype, m.host, params + m.begin * bc, compute_dtype_,
-                     shard_on_host(u), m.end - m.begin);
-    }
+    if (!L.unit(u).frozen) params_from_master(u);  // write_shard wrote a frozen unit's values
   }
   gather_updated_params(/*frozen_too=*/true);
   stream_.synchronize();

@@ -112,6 +112,22 @@ ShardBuffers Engine::device_shard(int u) {
   return b;
 }
 
+// Note [a failed NVMe step]: the offloaded parameters narrowed back from
+// the master weights the failed step left as they were. A second failure
+// (the drive is gone) is logged: the first one is what the caller sees.
+void Engine::undo_offloaded_params() {
+  try {
+    for (int u = 0; u < impl_->layout->num_units(); ++u) {
+      if (impl_->units[static_cast<size_t>(u)].host_numel > 0) params_from_master(u);
+    }
+    stream_.synchronize();
+  } catch (const std::exception&) {
+    ZEST_LOG_WARN("offload_optimizer: the parameters could not be narrowed back from the master weights after a "
+                  "failed step: {}; restore from a checkpoint",
+                  current_exception_text());
+  }
+}
+
 StepResult Engine::step() {
   check_finalized("step()");
   Impl& im = *impl_;
@@ -175,12 +191,12 @@ StepResult Engine::step() {
   scalars.decision = decision;
 
   std::optional<PhaseTimer> optimizer_timer(std::in_place, im.times.optimizer_ms);
-  // The device's part first: on a GPU it is queued, and runs while the host
-  // updates the offloaded part.
   Buffer lamb_workspace;  // kept until the step has synchronized
-  if (config_.optimizer.kind == OptimizerKind::kLamb) {
-    lamb_step(scalars, lamb_workspace);  // never offloaded: checked() refuses it
-  } else {
+  const auto device_part = [&] {
+    if (config_.optimizer.kind == OptimizerKind::kLamb) {
+      lamb_step(scalars, lamb_workspace);  // never offloaded: checked() refuses it
+      return;
+    }
     for (int u = 0; u < L.num_units(); ++u) {
       const UnitState& st = im.units[static_cast<size_t>(u)];
       if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
@@ -195,8 +211,20 @@ StepResult Engine::step() {
         optimizer_step(stream_, config_.optimizer, base.part(lo - first, run.end - lo), scalars);
       }
     }
-  }
-  if (im.offload && known->finite != 0) {
+  };
+  const bool host_part = im.offload && known->finite != 0;
+  // Note [a failed NVMe step]: the host part in a swap file can fail (a
+  // read, a write, a full drive) where host memory cannot. Its master
+  // weights and state then stay as before the step (Note [offload swap
+  // regions]); the parameters it had already sent are narrowed back from
+  // them, and the device's part runs only after the host's succeeded, so a
+  // step() that throws leaves this rank as it was before it. (Other ranks
+  // whose step succeeded have moved on: a multi-rank run resumes from a
+  // checkpoint.) Otherwise the device's part goes first: on a GPU it is
+  // queued, and runs while the host updates the offloaded part.
+  const bool host_first = host_part && im.offload->swap() != nullptr;
+  if (!host_first) device_part();
+  if (host_part) {
     std::vector<OffloadUnit> units;
     for (int u = 0; u < L.num_units(); ++u) {
       if (L.unit(u).frozen) continue;
@@ -209,13 +237,19 @@ StepResult Engine::step() {
     StepScalars host_scalars = scalars;
     host_scalars.decision = nullptr;  // device memory on a GPU
     host_scalars.grad_scale = known->grad_scale;
-    im.offload->step(stream_, config_.optimizer, units, decay, host_scalars);
+    try {
+      im.offload->step(stream_, config_.optimizer, units, decay, host_scalars);
+    } catch (...) {
+      if (host_first) undo_offloaded_params();
+      throw;
+    }
     const OffloadTimes t = im.offload->take_times();
     im.times.offload_d2h_ms += t.d2h_ms;
     im.times.offload_update_ms += t.update_ms;
     im.times.offload_h2d_ms += t.h2d_ms;
     im.times.offload_ms += t.total_ms;
   }
+  if (host_first) device_part();
   optimizer_timer.reset();
   gather_updated_params();
 

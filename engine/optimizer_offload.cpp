@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
@@ -42,7 +43,7 @@ size_t offloaded_numel(size_t owned, double ratio) {
 }
 
 OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers,
-                                   OffloadDtypes dtypes, bool delayed)
+                                   OffloadDtypes dtypes, bool delayed, const OffloadSwapConfig* swap)
     : host_numel_(host_numel),
       state_buffers_(state_buffers),
       dtypes_(dtypes),
@@ -55,14 +56,19 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
              "memory (make_host_allocator or make_cuda_pinned_allocator)",
              host.device().str());
   ZEST_INTERNAL_ASSERT(state_buffers >= 0 && state_buffers <= 2, "{} optimizer state buffers", state_buffers);
+  ZEST_INTERNAL_ASSERT(swap == nullptr || !delayed, "a delayed update of a host part in a swap file");
   if (host_numel == 0) return;
   const Stream hs = Stream::default_for(Device::host());
   const DType compute = dtypes.compute;
-  master_ = host.allocate_buffer(host_numel * elem_size(dtypes.master), hs, MemoryCategory::kMasterWeights);
-  for (int s = 0; s < state_buffers; ++s) {
-    const size_t bytes = host_numel * elem_size(dtypes.state);
-    state_[s] = host.allocate_buffer(bytes, hs, MemoryCategory::kOptimizerState);
-    fill_zero(hs, state_[s].data(), bytes);
+  if (swap != nullptr) {
+    swap_ = std::make_unique<OffloadSwap>(*swap, host_numel, chunk_, state_buffers, dtypes.master, dtypes.state);
+  } else {
+    master_ = host.allocate_buffer(host_numel * elem_size(dtypes.master), hs, MemoryCategory::kMasterWeights);
+    for (int s = 0; s < state_buffers; ++s) {
+      const size_t bytes = host_numel * elem_size(dtypes.state);
+      state_[s] = host.allocate_buffer(bytes, hs, MemoryCategory::kOptimizerState);
+      fill_zero(hs, state_[s].data(), bytes);
+    }
   }
   if (delayed) {
     grads_all_ = host.allocate_buffer(host_numel * elem_size(compute), hs, MemoryCategory::kCommBuffers);
@@ -72,8 +78,9 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
   const size_t slot_bytes = chunk_ * elem_size(compute);
   for (int i = 0; i < 2; ++i) {
     grad_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
-    // The master in the parameters' dtype is copied back from where it lies.
-    if (!master_is_params()) param_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
+    // The master in the parameters' dtype is copied back from where it lies
+    // in host memory; from a swap file's ring it goes through the slots.
+    if (!params_from_master()) param_slot_[i] = host.allocate_buffer(slot_bytes, hs, MemoryCategory::kCommBuffers);
   }
 }
 
@@ -87,7 +94,26 @@ OptimizerOffload::~OptimizerOffload() {
 
 std::byte* OptimizerOffload::buffer(int b) const {
   ZEST_INTERNAL_ASSERT(b >= 0 && b <= state_buffers_, "offload buffer {} of {}", b, state_buffers_ + 1);
+  if (swap_) return nullptr;
   return b == 0 ? master_.as<std::byte>() : state_[b - 1].as<std::byte>();
+}
+
+void OptimizerOffload::read(int buf, size_t a, size_t b, std::byte* out) const {
+  if (swap_) return swap_->read(buf, a, b, out);
+  const size_t e = elem_size(buf == 0 ? dtypes_.master : dtypes_.state);
+  std::memcpy(out, buffer(buf) + a * e, (b - a) * e);
+}
+
+void OptimizerOffload::write(int buf, size_t a, size_t b, const std::byte* in) {
+  if (swap_) return swap_->write(buf, a, b, in);
+  const size_t e = elem_size(buf == 0 ? dtypes_.master : dtypes_.state);
+  std::memcpy(buffer(buf) + a * e, in, (b - a) * e);
+}
+
+OptimizerOffload::HostSpan OptimizerOffload::in_memory() const {
+  HostSpan h;
+  for (int b = 0; b <= state_buffers_; ++b) h.at[static_cast<size_t>(b)] = buffer(b);
+  return h;
 }
 
 void OptimizerOffload::pieces_of(size_t a, size_t b, std::span<const OffloadUnit> units, size_t& cursor,
@@ -106,7 +132,7 @@ void OptimizerOffload::pieces_of(size_t a, size_t b, std::span<const OffloadUnit
 
 void OptimizerOffload::update(const std::vector<Piece>& pieces, const OptimizerConfig& config,
                               std::span<const float> group_decay, StepScalars scalars, const std::byte* grads,
-                              std::byte* params, size_t base) {
+                              std::byte* params, size_t base, const HostSpan& host) {
   const Stream hs = Stream::default_for(Device::host());
   const size_t bc = elem_size(dtypes_.compute);
   for (const Piece& p : pieces) {
@@ -116,9 +142,11 @@ void OptimizerOffload::update(const std::vector<Piece>& pieces, const OptimizerC
       const size_t hi = std::min(run.end + off, p.end);
       if (lo >= hi) continue;
       ShardBuffers b;
-      b.master = master_.as<std::byte>() + lo * elem_size(dtypes_.master);
+      b.master = host.at[0] + (lo - host.first) * elem_size(dtypes_.master);
       b.master_dtype = dtypes_.master;
-      for (int s = 0; s < state_buffers_; ++s) b.state[s] = state_[s].as<std::byte>() + lo * elem_size(dtypes_.state);
+      for (int s = 0; s < state_buffers_; ++s) {
+        b.state[s] = host.at[static_cast<size_t>(s) + 1] + (lo - host.first) * elem_size(dtypes_.state);
+      }
       b.state_dtype = dtypes_.state;
       b.grad = grads + (lo - base) * bc;
       b.grad_dtype = dtypes_.compute;
@@ -183,25 +211,33 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
   const auto store = [&](size_t i) {
     const size_t a = i * chunk_;
     for (const Piece& p : pieces[i]) {
-      const void* src = master_is_params() ? static_cast<const void*>(master_.as<std::byte>() + p.begin * bc)
+      const void* src = params_from_master() ? static_cast<const void*>(master_.as<std::byte>() + p.begin * bc)
                              : static_cast<const void*>(param_slot_[i % 2].as<std::byte>() + (p.begin - a) * bc);
       h2d_.copy(p.unit->params + (p.begin - p.unit->offset) * bc, src, (p.end - p.begin) * bc);
     }
     stored[i] = h2d_.mark();
   };
 
-  d2h_.wait_for(compute);  // the reduced gradients are complete
-  for (size_t i = 0; i < std::min<size_t>(2, chunks); ++i) fetch(i);
-  for (size_t i = 0; i < chunks; ++i) {
+  const auto run = [&](size_t i, const HostSpan& host) {
     d2h_.synchronize(fetched[i]);
     // The slot's parameters from two chunks ago have left.
-    if (i >= 2 && !master_is_params()) h2d_.synchronize(stored[i - 2]);
+    if (i >= 2 && !params_from_master()) h2d_.synchronize(stored[i - 2]);
     const auto t = std::chrono::steady_clock::now();
     update(pieces[i], config, group_decay, scalars, grad_slot_[i % 2].as<std::byte>(),
-           master_is_params() ? nullptr : param_slot_[i % 2].as<std::byte>(), i * chunk_);
+           params_from_master() ? nullptr : param_slot_[i % 2].as<std::byte>(), i * chunk_, host);
     times_.update_ms += ms_since(t);
     store(i);
     if (i + 2 < chunks) fetch(i + 2);  // into the slot update(i) has finished reading
+  };
+
+  d2h_.wait_for(compute);  // the reduced gradients are complete
+  for (size_t i = 0; i < std::min<size_t>(2, chunks); ++i) fetch(i);
+  if (swap_) {
+    // Each chunk's master and state as the ring holds them.
+    swap_->update([&](size_t i, const OffloadSwap::Chunk& at) { run(i, HostSpan{at, i * chunk_}); });
+  } else {
+    const HostSpan host = in_memory();
+    for (size_t i = 0; i < chunks; ++i) run(i, host);
   }
   h2d_.join(compute);
   // Every copy done: the host memory is quiet between steps (checkpoints
@@ -252,7 +288,8 @@ void OptimizerOffload::delayed_step(const Stream& compute, const OptimizerConfig
                                 scalars] {
     const auto t = std::chrono::steady_clock::now();
     try {
-      update(delayed_pieces_, c, decay, scalars, grads_all_.as<std::byte>(), params_all_.as<std::byte>(), 0);
+      update(delayed_pieces_, c, decay, scalars, grads_all_.as<std::byte>(), params_all_.as<std::byte>(), 0,
+             in_memory());
     } catch (...) {
       update_error_ = std::current_exception();
     }

@@ -21,6 +21,14 @@
 // is not (fp32 compute: the master is the parameters, and it is copied back
 // whole).
 //
+// With offload_optimizer device "nvme" (OffloadSwap, engine/offload_swap.h)
+// the master weights and state of the host part live in a swap file, and
+// the update runs on the ring buffer that holds each chunk as it streams
+// through: the same pipeline, the same arithmetic, the same bits. The
+// parameters then always go back through the slots (the ring's buffer is
+// reused as soon as the next chunk is computed). buffer() is null there:
+// read() and write() copy ranges in and out.
+//
 // delayed_update (off by default): ZeRO-Offload's one-step delayed parameter
 // update. step() copies this step's gradients to the host, copies back the
 // parameters of the update started at the previous step, and starts the
@@ -34,7 +42,9 @@
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <exception>
+#include <memory>
 #include <span>
 #include <thread>
 #include <vector>
@@ -42,6 +52,7 @@
 #include "zest/core/dtype.h"
 #include "zest/core/stream.h"
 #include "zest/engine/layout.h"
+#include "zest/engine/offload_swap.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/memory/copy_queue.h"
 #include "zest/optim/optimizer.h"
@@ -80,8 +91,10 @@ class OptimizerOffload {
  public:
   // `host` gives the host memory (pinned, for asynchronous CUDA copies);
   // `device` is the engine's.
+  // `swap` set: the master weights and state in a swap file (device nvme;
+  // not with `delayed`).
   OptimizerOffload(CachingAllocator& host, Device device, size_t host_numel, int state_buffers, OffloadDtypes dtypes,
-                   bool delayed);
+                   bool delayed, const OffloadSwapConfig* swap = nullptr);
   ~OptimizerOffload();
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
@@ -89,8 +102,14 @@ class OptimizerOffload {
   size_t host_numel() const { return host_numel_; }
   size_t chunk_numel() const { return chunk_; }
   // Buffer b of the host part: 0 the master weights, 1.. the state, of
-  // the dtypes given at construction.
+  // the dtypes given at construction. Null where it is in a swap file.
   std::byte* buffer(int b) const;
+  // The swap file's, where the host part lives in one (else null).
+  OffloadSwap* swap() const { return swap_.get(); }
+  // Elements [a, b) of buffer `buf` of the host part, out to or in from
+  // host memory of its dtype, wherever it lives.
+  void read(int buf, size_t a, size_t b, std::byte* out) const;
+  void write(int buf, size_t a, size_t b, const std::byte* in);
 
   // Steps the host part of every unit (`units` in owned order), with the
   // weight decay of each parameter group. Reads the gradients after the work
@@ -118,17 +137,26 @@ class OptimizerOffload {
                       std::span<const float> group_decay, StepScalars scalars);
   void delayed_step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
                     std::span<const float> group_decay, StepScalars scalars);
-  // Updates pieces [first, last) of `pieces` from gradients at `grads` (in
-  // the host part's indexing, minus `base`), new parameters into `params`
-  // the same way (null: master_is_params() in the pipeline, where the master
-  // is copied).
+  // Where the master and state of a run of the host part are: buffer b's
+  // element `first` at at[b].
+  struct HostSpan {
+    std::array<std::byte*, 3> at{};
+    size_t first = 0;
+  };
+  // Updates `pieces` from gradients at `grads` (in the host part's
+  // indexing, minus `base`), new parameters into `params` the same way
+  // (null: master_is_params() in the pipeline, where the master is copied),
+  // the master and state at `host`.
   void update(const std::vector<Piece>& pieces, const OptimizerConfig& config, std::span<const float> group_decay,
-              StepScalars scalars, const std::byte* grads, std::byte* params, size_t base);
+              StepScalars scalars, const std::byte* grads, std::byte* params, size_t base, const HostSpan& host);
+  HostSpan in_memory() const;
   // Waits for the delayed update's thread; rethrows its error.
   void join_update();
   // The master weights are the parameters' dtype (fp32 compute, bf16 master
   // weights): the pipeline copies them back as they are, with no slot.
   bool master_is_params() const { return dtypes_.master == dtypes_.compute; }
+  // The parameters go to the device from the master itself (no slot).
+  bool params_from_master() const { return master_is_params() && !swap_; }
 
   size_t host_numel_;
   int state_buffers_;
@@ -136,6 +164,7 @@ class OptimizerOffload {
   size_t chunk_;
   Buffer master_;
   Buffer state_[2];
+  std::unique_ptr<OffloadSwap> swap_;  // device nvme
   // Two slots, each a chunk of gradients and (unless the master is the
   // parameters) of parameters.
   Buffer grad_slot_[2];

@@ -417,8 +417,8 @@ void EstimateOptions::validate() const {
   // A third tier the estimate does not count yet: refused rather than
   // counted as no offload.
   ZEST_CHECK(offload_optimizer.device != OffloadDevice::kNvme && offload_param.device != OffloadDevice::kNvme,
-             "offload device \"nvme\": the estimate does not count the NVMe tier yet (as the engine does not run "
-             "on it yet); estimate with device \"cpu\"");
+             "offload device \"nvme\": the estimate does not count the NVMe tier yet; estimate with device "
+             "\"cpu\"");
   ZEST_CHECK(offload_optimizer.ratio >= 0.0 && offload_optimizer.ratio <= 1.0,
              "offload_optimizer.ratio is {}: it must be in [0, 1] (the fraction of the optimizer state offloaded)",
              offload_optimizer.ratio);

@@ -69,13 +69,33 @@ void SwapRing::drain() noexcept {
   }
 }
 
-void SwapRing::stream(uint64_t offset, uint64_t bytes, StreamMode mode, const ChunkFn& fn) {
+void SwapRing::check_region(uint64_t offset, uint64_t bytes) const {
   const size_t a = file_.alignment();
   const uint64_t padded = (bytes + a - 1) / a * a;
   ZEST_CHECK(offset % a == 0 && offset <= file_.size() && padded <= file_.size() - offset,
              "cannot stream {} bytes at offset {} of the NVMe swap file {} ({} bytes): the offset must be a "
              "multiple of {} and the region inside the file",
              bytes, offset, file_.path(), file_.size(), a);
+}
+
+void SwapRing::stream(uint64_t offset, uint64_t bytes, StreamMode mode, const ChunkFn& fn) {
+  check_region(offset, bytes);
+  run(offset, offset, bytes, mode, fn);
+}
+
+void SwapRing::stream_to(uint64_t read_offset, uint64_t write_offset, uint64_t bytes, const ChunkFn& fn) {
+  check_region(read_offset, bytes);
+  check_region(write_offset, bytes);
+  const size_t a = file_.alignment();
+  const uint64_t padded = (bytes + a - 1) / a * a;
+  ZEST_CHECK(read_offset + padded <= write_offset || write_offset + padded <= read_offset,
+             "cannot stream {} bytes of the NVMe swap file {} from offset {} to offset {}: the regions overlap",
+             bytes, file_.path(), read_offset, write_offset);
+  run(read_offset, write_offset, bytes, StreamMode::kReadWrite, fn);
+}
+
+void SwapRing::run(uint64_t offset, uint64_t write_offset, uint64_t bytes, StreamMode mode, const ChunkFn& fn) {
+  const size_t a = file_.alignment();
   times_ = {};
   if (bytes == 0) return;
   const int64_t n = static_cast<int64_t>((bytes + buffer_size_ - 1) / buffer_size_);
@@ -84,6 +104,7 @@ void SwapRing::stream(uint64_t offset, uint64_t bytes, StreamMode mode, const Ch
   const bool reads = mode != StreamMode::kWrite;
   const bool writes = mode != StreamMode::kRead;
   auto chunk_offset = [&](int64_t k) { return offset + static_cast<uint64_t>(k) * buffer_size_; };
+  auto write_at = [&](int64_t k) { return write_offset + static_cast<uint64_t>(k) * buffer_size_; };
   auto chunk_bytes = [&](int64_t k) {
     return static_cast<size_t>(std::min<uint64_t>(buffer_size_, bytes - static_cast<uint64_t>(k) * buffer_size_));
   };
@@ -105,7 +126,7 @@ void SwapRing::stream(uint64_t offset, uint64_t bytes, StreamMode mode, const Ch
       const Clock::time_point t0 = Clock::now();
       fn(k, chunk_offset(k), std::span<std::byte>(data, chunk_bytes(k)));
       times_.compute += seconds_since(t0);
-      if (writes) submit(k, AioOp::kWrite, chunk_offset(k), io_bytes(k));
+      if (writes) submit(k, AioOp::kWrite, write_at(k), io_bytes(k));
       const int64_t j = k + ahead;
       if (reads && j < n) {
         if (writes && j - count >= 0) wait(j - count);

@@ -31,7 +31,9 @@
 // or, for a failed write, for the chunks computed before its failure was
 // seen (at most buffer_count - 1 past it). The file's region may be partly
 // written: a caller that needs the previous state whole writes elsewhere
-// and switches over after success.
+// and switches over after success: stream_to reads one region and writes
+// the new values to another, so the region read keeps the previous state
+// whole whatever fails.
 #pragma once
 
 #include <cstddef>
@@ -81,6 +83,10 @@ class SwapRing {
   // (the last one shorter). `offset` must be a multiple of the file's
   // alignment and the region, rounded up to it, inside the file.
   void stream(uint64_t offset, uint64_t bytes, StreamMode mode, const ChunkFn& fn);
+  // kReadWrite from [read_offset, + bytes) into [write_offset, + bytes)
+  // (regions of the same rules that do not overlap); `fn` gets the read
+  // offset.
+  void stream_to(uint64_t read_offset, uint64_t write_offset, uint64_t bytes, const ChunkFn& fn);
 
   size_t buffer_size() const { return buffer_size_; }
   int buffer_count() const { return static_cast<int>(buffers_.size()); }
@@ -98,6 +104,8 @@ class SwapRing {
   void submit(int64_t chunk, AioOp op, uint64_t offset, size_t io_bytes);
   void wait(int64_t chunk);
   void drain() noexcept;
+  void check_region(uint64_t offset, uint64_t bytes) const;
+  void run(uint64_t read_offset, uint64_t write_offset, uint64_t bytes, StreamMode mode, const ChunkFn& fn);
   void note(RingEvent::Kind kind, int64_t chunk) {
     if (trace_) trace_->push_back({kind, chunk});
   }

@@ -185,7 +185,7 @@ inline std::unique_ptr<CachingAllocator> allocator_for(Device device, size_t cap
 inline std::unique_ptr<Engine> finalized_engine(const EngineConfig& config, Communicator& comm, CachingAllocator& alloc,
                                                 CachingAllocator& host, const Stream& stream,
                                                 const std::function<void(Engine&)>& model = {}) {
-  auto engine = config.offload_optimizer.device == OffloadDevice::kCpu
+  auto engine = config.offload_optimizer.device != OffloadDevice::kNone
                     ? std::make_unique<Engine>(config, comm, alloc, host, stream)
                     : std::make_unique<Engine>(config, comm, alloc, stream);
   if (model) {

@@ -2,7 +2,7 @@
 // path of a weights load (import_hf): the same master weights, parameters
 // and zeroed optimizer state, bit for bit, as write_shard and restore()
 // (start_from_weights), at every stage, in fp32 and bf16, with the master
-// partly offloaded, with a frozen unit, and with ranges loaded from several
+// partly offloaded or in an NVMe swap file, with a frozen unit, and with ranges loaded from several
 // threads at once.
 #include <doctest/doctest.h>
 
@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/temp_dir.h"
 #include "engine/engine_harness.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/engine/unit_handle.h"
@@ -71,13 +72,18 @@ Loaded load_run(const EngineConfig& config, int world, bool one_pass, int thread
         start_unit_from_weights(*engine, u, v);
         continue;
       }
-      CHECK(engine->begin_shard_load(u).threads);  // host memory here: several threads may write
-      // Two ranges, the second split among `threads` threads.
+      // Host memory here: several threads may write; a master in a swap
+      // file is written by one.
+      const bool in_file = config.offload_optimizer.device == OffloadDevice::kNvme;
+      const bool parallel = engine->begin_shard_load(u).threads;
+      CHECK((parallel || in_file));
+      const int writers = parallel ? threads : 1;
+      // Two ranges, the second split among `writers` threads.
       const size_t half = v.size() / 3;
       engine->load_shard(u, 0, std::span(v).first(half));
       std::vector<std::thread> ts;
-      const size_t rest = v.size() - half, per = (rest + threads - 1) / threads;
-      for (int t = 0; t < threads; ++t) {
+      const size_t rest = v.size() - half, per = (rest + writers - 1) / writers;
+      for (int t = 0; t < writers; ++t) {
         const size_t b = std::min(rest, per * t), e = std::min(rest, b + per);
         ts.emplace_back([&, b, e] { engine->load_shard(u, half + b, std::span(v).subspan(half + b, e - b)); });
       }
@@ -115,15 +121,17 @@ Loaded load_run(const EngineConfig& config, int world, bool one_pass, int thread
 TEST_CASE("load_shard leaves the bits write_shard and restore leave, optimizer state zeroed") {
   for (const int stage : {0, 1, 3}) {
     for (const int precision : {0, 1, 2}) {  // fp32; bf16; bf16 master weights and state
-      for (const double ratio : {0.0, 0.5}) {
+      for (const double ratio : {0.0, 0.5, 1.0}) {  // 1: offloaded to NVMe
         if ((ratio > 0 || precision == 2) && stage == 0) continue;  // offload, bf16 master: a ZeRO stage
         EngineConfig config = base_config(stage);
         const bool bf16 = precision > 0;
         config.bf16 = bf16;
         config.bf16_master_weights_and_grads = config.bf16_optimizer_states = precision == 2;
+        const TempDir swap;
         if (ratio > 0) {
-          config.offload_optimizer.device = OffloadDevice::kCpu;
+          config.offload_optimizer.device = ratio < 1 ? OffloadDevice::kCpu : OffloadDevice::kNvme;
           config.offload_optimizer.ratio = ratio;
+          config.offload_optimizer.nvme_path = swap.str();
         }
         const int world = stage == 0 ? 1 : 2;
         CAPTURE(stage);

@@ -354,8 +354,8 @@ TEST_CASE("offload: device and host bytes by category, by hand") {
   bad.offload_optimizer.ratio = 1.0;
   bad.offload_optimizer.device = OffloadDevice::kNvme;
   CHECK_THROWS_WITH(estimate_memory(m, bad),
-                    doctest::Contains("offload device \"nvme\": the estimate does not count the NVMe tier yet (as the "
-                                      "engine does not run on it yet); estimate with device \"cpu\""));
+                    doctest::Contains("offload device \"nvme\": the estimate does not count the NVMe tier yet; "
+                                      "estimate with device \"cpu\""));
 }
 
 // Published per-parameter figures for mixed-precision Adam (b = 2, K = 12):

@@ -143,6 +143,60 @@ TEST_CASE("SwapRing: an I/O error, a full disk or a short read stops the stream 
   }
 }
 
+TEST_CASE("SwapRing: stream_to writes the new values to another region and leaves the one it read whole") {
+  for (const bool fail : {false, true}) {
+    CAPTURE(fail);
+    TempDir dir;
+    SwapFile file = SwapFile::create(dir.str(), {.bytes = 16 * 4096});
+    std::unique_ptr<AioBackend> plain = make_aio_backend({}, {.kind = AioBackendKind::kThreadPool});
+    const std::vector<std::byte> before = test::pattern(8 * 4096 - 100, 3);
+    {
+      SwapRing ring(file, *plain, {.buffer_count = 3, .buffer_size = 4096});
+      ring.stream(0, before.size(), StreamMode::kWrite, [&](int64_t, uint64_t at, std::span<std::byte> chunk) {
+        std::memcpy(chunk.data(), before.data() + at, chunk.size());
+      });
+    }
+    // Transfers: reads 0 and 1, write 0, read 2, write 1 (the 5th) fails.
+    std::unique_ptr<AioBackend> io =
+        fail ? make_faulty_aio_backend(make_aio_backend({}, {.kind = AioBackendKind::kThreadPool}),
+                                       {.fail_at = 4, .error = EIO})
+             : make_aio_backend({}, {.kind = AioBackendKind::kThreadPool});
+    SwapRing ring(file, *io, {.buffer_count = 3, .buffer_size = 4096});
+    std::vector<uint64_t> offsets;
+    const auto invert = [&](int64_t, uint64_t at, std::span<std::byte> chunk) {
+      offsets.push_back(at);
+      for (std::byte& b : chunk) b = ~b;
+    };
+    if (fail) {
+      CHECK_THROWS_AS(ring.stream_to(0, 8 * 4096, before.size(), invert), Error);
+    } else {
+      ring.stream_to(0, 8 * 4096, before.size(), invert);
+      CHECK(offsets == std::vector<uint64_t>{0, 4096, 2 * 4096, 3 * 4096, 4 * 4096, 5 * 4096, 6 * 4096, 7 * 4096});
+    }
+    const auto read = [&](uint64_t offset) {
+      std::vector<std::byte> out(before.size());
+      ring.stream(offset, out.size(), StreamMode::kRead, [&](int64_t, uint64_t at, std::span<std::byte> chunk) {
+        std::memcpy(out.data() + (at - offset), chunk.data(), chunk.size());
+      });
+      return out;
+    };
+    CHECK(read(0) == before);
+    if (!fail) {
+      std::vector<std::byte> want = before;
+      for (std::byte& b : want) b = ~b;
+      CHECK(read(8 * 4096) == want);
+    }
+  }
+  TempDir dir;
+  SwapFile file = SwapFile::create(dir.str(), {.bytes = 16 * 4096});
+  std::unique_ptr<AioBackend> io = make_aio_backend({});
+  SwapRing ring(file, *io, {.buffer_count = 2, .buffer_size = 4096});
+  const std::string message = test::error_of([&] { ring.stream_to(0, 4096, 3 * 4096, [](int64_t, uint64_t, std::span<std::byte>) {}); });
+  CHECK(message == fmt::format("cannot stream 12288 bytes of the NVMe swap file {} from offset 0 to offset 4096: the "
+                               "regions overlap",
+                               file.path()));
+}
+
 TEST_CASE("SwapRing: an exception from the computation drains the ring and reaches the caller") {
   TempDir dir;
   SwapFile file = SwapFile::create(dir.str(), {.bytes = 8 * 4096});

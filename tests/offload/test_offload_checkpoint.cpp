@@ -1,6 +1,6 @@
-// Checkpoints of an offloading engine are those of one that does not
-// offload: saved by either, loaded by either, training resumes with the
-// bits of a run that never stopped.
+// Checkpoints of an offloading engine, to host memory or to NVMe, are those
+// of one that does not offload: saved by either, loaded by either, training
+// resumes with the bits of a run that never stopped.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -50,14 +50,24 @@ TEST_CASE("checkpoints with and without offload are the same files, and resume e
     // At stage 3 the parameter shards offloaded too.
     EngineConfig all = off;
     if (stage == 3) all.offload_param.device = OffloadDevice::kCpu;
+    // The state in a swap file: all of it, and half.
+    TempDir swap;
+    EngineConfig nvme = off;
+    nvme.offload_optimizer.device = OffloadDevice::kNvme;
+    nvme.offload_optimizer.nvme_path = swap.str();
+    nvme.offload_optimizer.buffer_count = 2;
+    EngineConfig nvme_half = nvme;
+    nvme_half.offload_optimizer.ratio = 0.5;
     const int world = 2;
     const Params straight = run(plain, world, 0, 4);
 
-    TempDir a, b, c, d;
+    TempDir a, b, c, d, e, f;
     run(plain, world, 0, 2, "", a.str());
     run(off, world, 0, 2, "", b.str());
     run(half, world, 0, 2, "", c.str());
     run(all, world, 0, 2, "", d.str());
+    run(nvme, world, 0, 2, "", e.str());
+    run(nvme_half, world, 0, 2, "", f.str());
     // The shard files hold the same bytes, wherever the state lived.
     for (const char* file : {"rank_00000.bin", "rank_00001.bin"}) {
       CAPTURE(file);
@@ -65,6 +75,8 @@ TEST_CASE("checkpoints with and without offload are the same files, and resume e
       CHECK(read_text_file((b.path / "step_000002" / file).string()) == want);
       CHECK(read_text_file((c.path / "step_000002" / file).string()) == want);
       CHECK(read_text_file((d.path / "step_000002" / file).string()) == want);
+      CHECK(read_text_file((e.path / "step_000002" / file).string()) == want);
+      CHECK(read_text_file((f.path / "step_000002" / file).string()) == want);
     }
     // Either loads into either, and training goes on as if it never stopped.
     check_same(run(off, world, 2, 4, a.str()), straight);
@@ -73,5 +85,9 @@ TEST_CASE("checkpoints with and without offload are the same files, and resume e
     check_same(run(off, world, 2, 4, c.str()), straight);
     check_same(run(all, world, 2, 4, a.str()), straight);
     check_same(run(plain, world, 2, 4, d.str()), straight);
+    check_same(run(nvme, world, 2, 4, b.str()), straight);
+    check_same(run(off, world, 2, 4, e.str()), straight);
+    check_same(run(nvme_half, world, 2, 4, e.str()), straight);
+    check_same(run(nvme, world, 2, 4, f.str()), straight);
   }
 }

@@ -1,0 +1,114 @@
+#include "zest/engine/offload_swap.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "zest/core/check.h"
+
+namespace zest {
+namespace {
+
+std::function<std::shared_ptr<AioBackend>()>& swap_io_for_tests() {
+  static std::function<std::shared_ptr<AioBackend>()> make;
+  return make;
+}
+
+std::shared_ptr<AioBackend> io_for(const OffloadSwapConfig& config) {
+  if (config.io) return config.io;
+  if (swap_io_for_tests()) return swap_io_for_tests()();
+  return make_aio_backend(config.aio);
+}
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// The record size before the file's alignment is known: the fields only.
+size_t fields_bytes(size_t chunk, int state_buffers, DType master, DType state) {
+  return chunk * elem_size(master) + static_cast<size_t>(state_buffers) * chunk * elem_size(state);
+}
+
+// SwapFile's alignment is a power of two of at least 4096, known once the
+// file exists, whose size depends on the records: they are sized for 4096,
+// and a file system that asks more is refused below.
+constexpr size_t kAssumedAlignment = 4096;
+
+}  // namespace
+
+OffloadSwap::OffloadSwap(const OffloadSwapConfig& config, size_t numel, size_t chunk_numel, int state_buffers,
+                         DType master, DType state)
+    : numel_(numel),
+      chunk_(chunk_numel),
+      buffers_(1 + state_buffers),
+      master_(master),
+      state_(state),
+      record_bytes_(round_up(fields_bytes(chunk_numel, state_buffers, master, state), kAssumedAlignment)),
+      records_(chunk_numel == 0 ? 0 : (numel + chunk_numel - 1) / chunk_numel),
+      region_bytes_(static_cast<uint64_t>(record_bytes_) * records_),
+      io_(io_for(config)),
+      file_(SwapFile::create(config.nvme_path, {.bytes = 2 * region_bytes_, .rank = config.rank})),
+      ring_(file_, *io_, {.buffer_count = config.buffer_count, .buffer_size = record_bytes_}),
+      staging_(record_bytes_, file_.alignment()) {
+  ZEST_INTERNAL_ASSERT(state_buffers >= 0 && state_buffers <= 2, "{} state buffers", state_buffers);
+  // A file system with an alignment above 4096 (rare: some drives of 64 KiB
+  // sectors) would make the ring's buffers larger than a record.
+  ZEST_CHECK(record_bytes_ % file_.alignment() == 0,
+             "NVMe swap file {}: the file system's direct I/O alignment is {} bytes, which the optimizer's records "
+             "of {} bytes do not meet; use a drive with 4096-byte alignment, or offload_optimizer.device \"cpu\"",
+             file_.path(), file_.alignment(), record_bytes_);
+  field_[0] = 0;
+  for (int s = 0; s < state_buffers; ++s) {
+    field_[static_cast<size_t>(s) + 1] = chunk_ * elem_size(master) + static_cast<size_t>(s) * chunk_ * elem_size(state);
+  }
+  // The file is preallocated: it reads as zeros, the state's first values
+  // and the master's until the engine writes it.
+}
+
+void set_offload_swap_io(std::function<std::shared_ptr<AioBackend>()> make) { swap_io_for_tests() = std::move(make); }
+
+void OffloadSwap::update(const std::function<void(size_t chunk, const Chunk& buffers)>& update) {
+  if (records_ == 0) return;
+  const int next = 1 - current_;
+  ring_.stream_to(region(current_), region(next), region_bytes_,
+                  [&](int64_t k, uint64_t, std::span<std::byte> data) {
+                    Chunk c{};
+                    for (int b = 0; b < buffers_; ++b) c[static_cast<size_t>(b)] = data.data() + field(b);
+                    update(static_cast<size_t>(k), c);
+                  });
+  current_ = next;
+}
+
+void OffloadSwap::transfer(AioOp op, size_t record) {
+  const uint64_t offset = region(current_) + static_cast<uint64_t>(record) * record_bytes_;
+  const AioHandle h = io_->submit({op, file_.fd(), staging_.data(), record_bytes_, offset});
+  check_io(io_->wait(h), file_, op, offset, record_bytes_);
+}
+
+template <typename Fn>
+void OffloadSwap::each_record(int buffer, size_t a, size_t b, Fn&& fn) {
+  ZEST_INTERNAL_ASSERT(buffer >= 0 && buffer < buffers_ && a <= b && b <= numel_,
+                       "swap buffer {} elements [{}, {}) of {}", buffer, a, b, numel_);
+  for (size_t i = a; i < b;) {
+    const size_t r = i / chunk_;
+    const size_t n = std::min(b, (r + 1) * chunk_) - i;
+    fn(r, i, n, staging_.data() + field(buffer) + (i - r * chunk_) * esize(buffer));
+    i += n;
+  }
+}
+
+void OffloadSwap::read(int buffer, size_t a, size_t b, std::byte* out) {
+  each_record(buffer, a, b, [&](size_t r, size_t i, size_t n, const std::byte* at) {
+    transfer(AioOp::kRead, r);
+    std::memcpy(out + (i - a) * esize(buffer), at, n * esize(buffer));
+  });
+}
+
+void OffloadSwap::write(int buffer, size_t a, size_t b, const std::byte* in) {
+  // Whole records go to the file: the rest of each record is read first.
+  each_record(buffer, a, b, [&](size_t r, size_t i, size_t n, std::byte* at) {
+    transfer(AioOp::kRead, r);
+    std::memcpy(at, in + (i - a) * esize(buffer), n * esize(buffer));
+    transfer(AioOp::kWrite, r);
+  });
+}
+
+}  // namespace zest

@@ -1,0 +1,102 @@
+// Internal (not installed): offload_optimizer device "nvme". The host part
+// of OptimizerOffload (its master weights and optimizer state) lives in one
+// swap file per rank under nvme_path instead of host memory, and the step
+// streams it through a ring of buffer_count aligned host buffers
+// (nvme/swap_ring.h): the next chunks are read while the host optimizer
+// updates this one and the previous one is written back.
+//
+// Note [offload swap layout]: the file holds the host part in records of
+// one pipeline chunk (OptimizerOffload::chunk_numel() elements): the
+// chunk's master weights, then each state buffer, the record padded to the
+// file's alignment. One record is one ring buffer, so the update of a chunk
+// finds its master and state side by side in one transfer each way. A
+// chunk is at most 4M elements (optimizer_offload.cpp): with fp32 master and
+// two fp32 states a record of 48 MiB, so the ring's host memory is at most
+// buffer_count x 48 MiB (192 MiB at DeepSpeed's default of 4).
+//
+// Note [offload swap regions]: the file has two regions of the records;
+// one holds the current values. A step reads it and writes the new values
+// to the other (SwapRing::stream_to), and switches to that one only once
+// every write has landed. A step that fails (an I/O error, a short read, a
+// full disk) throws with the current region whole: the master weights and
+// state are those before the step. The price is twice the host part's bytes
+// on the drive.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "zest/core/dtype.h"
+#include "zest/nvme/aio_backend.h"
+#include "zest/nvme/aio_config.h"
+#include "zest/nvme/swap_file.h"
+#include "zest/nvme/swap_ring.h"
+
+namespace zest {
+
+struct OffloadSwapConfig {
+  std::string nvme_path;  // the directory of the swap file (must exist)
+  int buffer_count = 4;   // the ring's buffers
+  int rank = 0;           // in the file's name
+  AioConfig aio;
+  // Test seam: the I/O engine (when null: set_offload_swap_io's, else
+  // make_aio_backend(aio)).
+  std::shared_ptr<AioBackend> io;
+};
+
+// Test seam: the I/O engine of the swap files OffloadSwap makes from now
+// on in this process (an Engine's, whose config has no place for one), for
+// tests that inject failures; an empty function restores make_aio_backend.
+void set_offload_swap_io(std::function<std::shared_ptr<AioBackend>()> make);
+
+class OffloadSwap {
+ public:
+  // The host part: numel elements in chunks of chunk_numel; buffer 0 the
+  // master weights (of `master`), 1..state_buffers the state (of `state`),
+  // all zero at first.
+  OffloadSwap(const OffloadSwapConfig& config, size_t numel, size_t chunk_numel, int state_buffers, DType master,
+              DType state);
+
+  // Where chunk `chunk` (its first element chunk * chunk_numel) keeps buffer
+  // b, inside the ring's buffer that holds it.
+  using Chunk = std::array<std::byte*, 3>;
+  // Streams every chunk, in order, through `update`, which changes its
+  // values in place; the new values become the current ones once all are
+  // written (Note [offload swap regions]).
+  void update(const std::function<void(size_t chunk, const Chunk& buffers)>& update);
+
+  // Elements [a, b) of buffer `buffer`, to or from host memory of its dtype.
+  void read(int buffer, size_t a, size_t b, std::byte* out);
+  void write(int buffer, size_t a, size_t b, const std::byte* in);
+
+  const std::string& path() const { return file_.path(); }
+
+ private:
+  uint64_t region(int r) const { return static_cast<uint64_t>(r) * region_bytes_; }
+  size_t field(int buffer) const { return field_[static_cast<size_t>(buffer)]; }
+  size_t esize(int buffer) const { return buffer == 0 ? elem_size(master_) : elem_size(state_); }
+  // Reads record r of the current region into record_, or writes it back.
+  void transfer(AioOp op, size_t record);
+  // Elements [a, b) of `buffer`, record by record: fn(record, first
+  // element, count, bytes of the record where element first lies).
+  template <typename Fn>
+  void each_record(int buffer, size_t a, size_t b, Fn&& fn);
+
+  size_t numel_, chunk_;
+  int buffers_;
+  DType master_, state_;
+  std::array<size_t, 3> field_{};  // byte offsets in a record
+  size_t record_bytes_ = 0;
+  size_t records_ = 0;
+  uint64_t region_bytes_ = 0;
+  int current_ = 0;  // the region holding the current values
+  std::shared_ptr<AioBackend> io_;
+  SwapFile file_;
+  SwapRing ring_;
+  AlignedHostBuffer staging_;  // one record, for read() and write()
+};
+
+}  // namespace zest
