@@ -125,6 +125,12 @@ int64_t MemoryReport::host_model_states() const {
          host(MemoryCategory::kMasterWeights).current + host(MemoryCategory::kOptimizerState).current;
 }
 
+int64_t MemoryReport::nvme_bytes() const {
+  int64_t sum = 0;
+  for (const Entry& e : nvme_by_category) sum += e.current;
+  return sum;
+}
+
 int64_t MemoryReport::model_states() const {
   return (*this)[MemoryCategory::kParameters].current +
          (*this)[MemoryCategory::kGradients].current +
@@ -574,6 +580,14 @@ MemoryReport Engine::memory_report() const {
     r.host_reserved = at(h.reserved_bytes, StatPool::kAggregate).current;
     r.host_allocated = at(h.allocated_bytes, StatPool::kAggregate).current;
     r.host_peak_reserved = at(h.reserved_bytes, StatPool::kAggregate).peak;
+  }
+  if (impl_->offload != nullptr && impl_->offload->swap() != nullptr) {
+    const OffloadSwap& swap = *impl_->offload->swap();
+    const auto master = static_cast<int64_t>(swap.master_file_bytes());
+    const auto rest = static_cast<int64_t>(swap.file_bytes()) - master;
+    r.nvme_by_category[category_index(MemoryCategory::kMasterWeights)] = {master, master};
+    r.nvme_by_category[category_index(MemoryCategory::kOptimizerState)] = {rest, rest};
+    r.host_swap_buffers = static_cast<int64_t>(swap.host_buffer_bytes());
   }
   const ProcessMemory process = process_memory();
   r.process_rss = process.rss;

@@ -171,6 +171,18 @@ struct MemoryReport {
   const Entry& host(MemoryCategory c) const { return host_by_category[category_index(c)]; }
   int64_t host_model_states() const;
 
+  // The NVMe tier (offload_optimizer device nvme): the bytes of this rank's
+  // swap file by category, kMasterWeights its master fields and
+  // kOptimizerState the rest (state buffers and the records' alignment),
+  // both regions (engine/offload_swap.h); the file's size is fixed, so
+  // current and peak are equal. All zero without it. host_swap_buffers:
+  // host memory of the swap ring and its staging record, outside the host
+  // allocator (so not in host_by_category or host_reserved).
+  std::array<Entry, kNumMemoryCategories> nvme_by_category{};
+  int64_t host_swap_buffers = 0;
+  const Entry& nvme(MemoryCategory c) const { return nvme_by_category[category_index(c)]; }
+  int64_t nvme_bytes() const;
+
   // Note [what a process's peak RSS holds]. The process's resident memory
   // when the report was taken (core/process_memory.h; -1 where unknown),
   // and of its peak the part that is this engine's: what its allocators

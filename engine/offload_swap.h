@@ -73,6 +73,15 @@ class OffloadSwap {
   void write(int buffer, size_t a, size_t b, const std::byte* in);
 
   const std::string& path() const { return file_.path(); }
+  // The file's bytes: both regions, and of them the master weights' fields
+  // (the rest is the state buffers and the records' alignment padding).
+  uint64_t file_bytes() const { return 2 * region_bytes_; }
+  uint64_t master_file_bytes() const { return 2 * records_ * chunk_ * elem_size(master_); }
+  // Host memory of the ring's buffers and the staging record (aligned
+  // buffers of their own, outside the host allocator's categories).
+  uint64_t host_buffer_bytes() const {
+    return (static_cast<uint64_t>(ring_.buffer_count()) + 1) * record_bytes_;
+  }
 
  private:
   uint64_t region(int r) const { return static_cast<uint64_t>(r) * region_bytes_; }

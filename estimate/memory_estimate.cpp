@@ -168,9 +168,32 @@ int64_t offload_slot_bytes(size_t host_numel, const EstimateOptions& o) {
   const size_t b = elem_size(o.compute_dtype);
   if (o.offload_optimizer.delayed_update) return to_bytes(2 * host_numel, b);
   // Gradient slots, and parameter slots unless the master is the
-  // parameters (copied back as it is).
-  const size_t slots = o.master_dtype == o.compute_dtype ? 2 : 4;
+  // parameters (copied back as it is, from host memory: from a swap file's
+  // ring it goes through the slots too).
+  const size_t slots = o.master_dtype == o.compute_dtype && !o.offloads_optimizer_to_nvme() ? 2 : 4;
   return to_bytes(slots * offload_chunk_numel(host_numel), b);
+}
+
+// engine/offload_swap.cpp: a record is one chunk's master and state
+// buffers, padded to the 4096 bytes the file's records are sized for; the
+// file holds two regions of ceil(host / chunk) records.
+constexpr size_t kSwapRecordAlignment = 4096;
+
+struct SwapBytes {
+  int64_t master = 0;  // both regions' master fields
+  int64_t file = 0;    // the file's size
+  int64_t record = 0;  // one record: a ring buffer's size
+};
+
+SwapBytes offload_swap_bytes(size_t host_numel, const EstimateOptions& o) {
+  if (host_numel == 0) return {};
+  const size_t chunk = offload_chunk_numel(host_numel);
+  const size_t fields = chunk * elem_size(o.master_dtype) +
+                        static_cast<size_t>(o.optimizer.state_buffers()) * chunk * elem_size(o.state_dtype);
+  const size_t record = (fields + kSwapRecordAlignment - 1) / kSwapRecordAlignment * kSwapRecordAlignment;
+  const size_t records = (host_numel + chunk - 1) / chunk;
+  return {to_bytes(2 * records * chunk, elem_size(o.master_dtype)), to_bytes(2 * records, record),
+          static_cast<int64_t>(record)};
 }
 
 // Parameter bytes of the units stage 3 shards (gathered on demand): what
@@ -218,8 +241,22 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   const bool master_is_params = o.master_dtype == o.compute_dtype;
   const int states = o.optimizer.state_buffers();
   e.host_numel = o.offloads_optimizer() ? offloaded_numel_of(trainable_owned, o.offload_optimizer.ratio) : 0;
-  const int64_t host_master = to_bytes(e.host_numel, elem_size(o.master_dtype));
-  const int64_t host_state = to_bytes(e.host_numel * static_cast<size_t>(states), elem_size(o.state_dtype));
+  const int64_t offloaded_master = to_bytes(e.host_numel, elem_size(o.master_dtype));
+  const int64_t offloaded_state = to_bytes(e.host_numel * static_cast<size_t>(states), elem_size(o.state_dtype));
+  // Device nvme: the master and state are in the swap file, the host keeps
+  // the ring (Note [offload swap layout]).
+  const bool nvme = o.offloads_optimizer_to_nvme();
+  const int64_t host_master = nvme ? 0 : offloaded_master;
+  const int64_t host_state = nvme ? 0 : offloaded_state;
+  if (nvme) {
+    const SwapBytes swap = offload_swap_bytes(e.host_numel, o);
+    e.nvme_by_category[category_index(MemoryCategory::kMasterWeights)] = {swap.master, swap.master};
+    e.nvme_by_category[category_index(MemoryCategory::kOptimizerState)] = {swap.file - swap.master,
+                                                                           swap.file - swap.master};
+    e.nvme_bytes = swap.file;
+    // The ring's buffer_count records and OffloadSwap's staging record.
+    e.host_swap_buffer_bytes = (o.offload_optimizer.buffer_count + 1) * swap.record;
+  }
   const int64_t host_params = o.offloads_params() ? sharded_param_bytes<int64_t>(units, o, true) : 0;
   const int64_t slots = offload_slot_bytes(e.host_numel, o);
   set_host(MemoryCategory::kParameters, host_params);
@@ -227,9 +264,9 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   set_host(MemoryCategory::kOptimizerState, host_state);
   set_host(MemoryCategory::kCommBuffers, slots);
   e.host_model_state_bytes = host_params + host_master + host_state;
-  e.host_peak_bytes = e.host_model_state_bytes + slots;
-  const int64_t device_master = master_is_params ? 0 : s.master - host_master;
-  const int64_t device_state = s.optimizer - host_state;
+  e.host_peak_bytes = e.host_model_state_bytes + slots + e.host_swap_buffer_bytes;
+  const int64_t device_master = master_is_params ? 0 : s.master - offloaded_master;
+  const int64_t device_state = s.optimizer - offloaded_state;
   const int64_t device_params = s.params - host_params;
   // The frozen units' part of it, as MemoryReport::frozen_parameters: their
   // shards (full buffers when resident), none that offload_param moved.
@@ -290,9 +327,10 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   // MiCS: the paper's N is the shard group's size.
   const PaperBytes paper = paper_offload_bytes(static_cast<double>(e.numel), o.zero.shard_group_size(o.world_size),
                                                o.zero.stage, o.offloads_optimizer(), o.offloads_params(), e.paper_k,
-                                               static_cast<double>(b));
+                                               static_cast<double>(b), nvme);
   e.paper_bytes = paper.device;
   e.paper_host_bytes = paper.host;
+  e.paper_nvme_bytes = paper.nvme;
   return e;
 }
 
@@ -311,7 +349,7 @@ double paper_model_bytes(double psi, int world, int stage, double k, double comp
 }
 
 PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_offload, bool param_offload,
-                               double k, double compute_bytes) {
+                               double k, double compute_bytes, bool optimizer_nvme) {
   ZEST_CHECK(world >= 1, "paper_offload_bytes: world is {}: it must be at least 1", world);
   ZEST_CHECK(stage >= 0 && stage <= 3, "paper_offload_bytes: stage is {}: allowed values are 0, 1, 2 and 3", stage);
   ZEST_CHECK(!param_offload || stage == 3, "paper_offload_bytes: parameters are offloaded only at stage 3, not {}",
@@ -324,8 +362,15 @@ PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_
   PaperBytes out;
   out.device = (param_offload ? 0.0 : params) + (optimizer_offload ? 0.0 : grads + optimizer);
   // The host update's fp32 gradients: 4 bytes per owned parameter.
-  out.host = (param_offload ? params : 0.0) + (optimizer_offload ? optimizer + 4.0 * psi / n : 0.0);
+  const double offloaded = optimizer_offload ? optimizer + 4.0 * psi / n : 0.0;
+  out.host = (param_offload ? params : 0.0) + (optimizer_nvme ? 0.0 : offloaded);
+  out.nvme = optimizer_nvme ? offloaded : 0.0;
   return out;
+}
+
+double paper_infinity_nvme_bytes(double psi, int world, double k, double compute_bytes) {
+  ZEST_CHECK(world >= 1, "paper_infinity_nvme_bytes: world is {}: it must be at least 1", world);
+  return (2 * compute_bytes + k + 4.0) * psi / world;
 }
 
 double paper_k(DType compute_dtype, const OptimizerConfig& optimizer, DType master_dtype, DType state_dtype) {
@@ -341,11 +386,14 @@ size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& option
   options.validate();
   ZEST_CHECK(fit.host_bytes.value_or(0) >= 0, "largest_fitting_model: host_bytes is {}: it must be >= 0",
              fit.host_bytes.value_or(0));
+  ZEST_CHECK(fit.nvme_bytes.value_or(0) >= 0, "largest_fitting_model: nvme_bytes is {}: it must be >= 0",
+             fit.nvme_bytes.value_or(0));
   const bool peak = fit.criterion == FitCriterion::kPeak;
   const auto fits = [&](size_t psi) {
     const MemoryEstimate e = estimate_memory(ModelDescription::from_total(psi, fit.unit_numel), options);
     return (peak ? e.peak_bytes + e.runtime_reserve_bytes : e.model_state_bytes) <= device_bytes &&
-           (!fit.host_bytes || (peak ? e.host_peak_bytes : e.host_model_state_bytes) <= *fit.host_bytes);
+           (!fit.host_bytes || (peak ? e.host_peak_bytes : e.host_model_state_bytes) <= *fit.host_bytes) &&
+           (!fit.nvme_bytes || e.nvme_bytes <= *fit.nvme_bytes);
   };
   if (!fits(1)) return 0;
   // Bounded so that byte counts stay far inside int64 (2^48 parameters of
@@ -414,11 +462,19 @@ void EstimateOptions::validate() const {
              "stage3_max_live_parameters ({}) >= 0 (elements)",
              zero.reduce_bucket_size.value_or(1), zero.stage3_prefetch_bucket_size,
              zero.stage3_max_live_parameters);
-  // A third tier the estimate does not count yet: refused rather than
-  // counted as no offload.
-  ZEST_CHECK(offload_optimizer.device != OffloadDevice::kNvme && offload_param.device != OffloadDevice::kNvme,
-             "offload device \"nvme\": the estimate does not count the NVMe tier yet; estimate with device "
-             "\"cpu\"");
+  // What the engine refuses (engine.cpp), refused here rather than counted
+  // as no offload.
+  ZEST_CHECK(offload_param.device != OffloadDevice::kNvme,
+             "offload_param.device is \"nvme\": the engine offloads the optimizer to NVMe but not the parameters, "
+             "so there is nothing to estimate; estimate offload_param.device \"cpu\" (or \"none\") with "
+             "offload_optimizer.device \"nvme\"");
+  ZEST_CHECK(!offloads_optimizer_to_nvme() || !offload_optimizer.delayed_update,
+             "offload_optimizer.delayed_update with device \"nvme\" is not supported (the engine refuses it); turn "
+             "delayed_update off, or estimate device \"cpu\"");
+  ZEST_CHECK(!offloads_optimizer_to_nvme() || offload_optimizer.buffer_count >= 1,
+             "offload_optimizer.buffer_count is {}: it must be at least 1 (the swap ring's buffers; DeepSpeed's "
+             "default is 4)",
+             offload_optimizer.buffer_count);
   ZEST_CHECK(offload_optimizer.ratio >= 0.0 && offload_optimizer.ratio <= 1.0,
              "offload_optimizer.ratio is {}: it must be in [0, 1] (the fraction of the optimizer state offloaded)",
              offload_optimizer.ratio);

@@ -35,6 +35,17 @@
 // while gathered. Gradients stay on the device: ZEST streams them to the
 // host update in chunks, where DeepSpeed keeps an fp32 copy on the host
 // (paper_offload_bytes gives that published accounting).
+//
+// NVMe is the third tier (MemoryReport::nvme_by_category measures it): with
+// offload_optimizer device nvme the offloaded master weights and optimizer
+// state are in one swap file per rank (engine/offload_swap.h), whose bytes
+// are counted exactly as the engine sizes the file: records of one pipeline
+// chunk (master, then each state buffer) padded to 4096 bytes, two regions
+// of them (Note [offload swap regions]). The host then keeps the copies'
+// slots (comm_buffers) and the swap ring's aligned buffers, buffer_count
+// records and one more for single transfers (host_swap_buffer_bytes, outside
+// the host allocator's categories). offload_param device nvme is refused, as
+// the engine refuses it.
 #pragma once
 
 #include <array>
@@ -111,8 +122,9 @@ struct EstimateOptions {
   DType master_dtype = DType::kFloat32;
   DType state_dtype = DType::kFloat32;
   int64_t gradient_accumulation_steps = 1;
-  // device, ratio and delayed_update are used (pin_memory does not change
-  // the bytes); offload_param: device only, at stage 3.
+  // device, ratio, delayed_update and (device nvme) buffer_count are used
+  // (pin_memory and nvme_path do not change the bytes); offload_param:
+  // device only (cpu), at stage 3.
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
   // Overrides of the transient model; 0 derives them from the engine's
@@ -131,7 +143,9 @@ struct EstimateOptions {
   // 1 at stage 0, the world size at stages 1-3.
   // With MiCS (zero.mics_shard_size at stage 3) the shard group's size.
   int partitions() const { return partitions_for(zero.stage, zero.shard_group_size(world_size)); }
-  bool offloads_optimizer() const { return offload_optimizer.device == OffloadDevice::kCpu; }
+  // Device cpu or nvme: the owned master weights and state leave the device.
+  bool offloads_optimizer() const { return offload_optimizer.device != OffloadDevice::kNone; }
+  bool offloads_optimizer_to_nvme() const { return offload_optimizer.device == OffloadDevice::kNvme; }
   bool offloads_params() const { return offload_param.device == OffloadDevice::kCpu; }
 };
 
@@ -178,7 +192,17 @@ struct MemoryEstimate {
   std::array<CategoryEstimate, kNumMemoryCategories> by_category{};
   // Host bytes per rank by category: all zero without offload.
   std::array<CategoryEstimate, kNumMemoryCategories> host_by_category{};
-  size_t host_numel = 0;  // owned elements whose master and state are on the host
+  size_t host_numel = 0;  // owned elements whose master and state are offloaded (host or NVMe)
+  // NVMe bytes per rank by category (offload_optimizer device nvme): the
+  // swap file's master weights (kMasterWeights) and the rest of it, the
+  // state buffers and the records' alignment padding (kOptimizerState),
+  // both regions; all zero otherwise.
+  std::array<CategoryEstimate, kNumMemoryCategories> nvme_by_category{};
+  int64_t nvme_bytes = 0;  // the swap file's size: the sum of nvme_by_category
+  // Host bytes of the swap ring (device nvme): buffer_count records and the
+  // staging record, aligned memory outside the host allocator (what
+  // MemoryReport::host_swap_buffers measures); counted in host_peak_bytes.
+  int64_t host_swap_buffer_bytes = 0;
   // Persistent parameters + gradients + master weights + optimizer state
   // (what MemoryReport::model_states() measures).
   int64_t model_state_bytes = 0;
@@ -195,7 +219,7 @@ struct MemoryEstimate {
   int64_t runtime_reserve_bytes = 0;
   // Host: persistent parameters, master weights and optimizer state (what
   // MemoryReport::host_model_states() measures), and with the staging slots
-  // at their peak.
+  // and the swap ring at their peak.
   int64_t host_model_state_bytes = 0;
   int64_t host_peak_bytes = 0;
   // step()'s gradient-norm workspace (comm_buffers while step() runs): one
@@ -210,12 +234,14 @@ struct MemoryEstimate {
   // paper_offload_bytes.
   double paper_bytes = 0.0;
   double paper_host_bytes = 0.0;
+  double paper_nvme_bytes = 0.0;
   double paper_k = 0.0;
 
   const CategoryEstimate& operator[](MemoryCategory c) const {
     return by_category[category_index(c)];
   }
   const CategoryEstimate& host(MemoryCategory c) const { return host_by_category[category_index(c)]; }
+  const CategoryEstimate& nvme(MemoryCategory c) const { return nvme_by_category[category_index(c)]; }
 };
 
 // Per-rank bytes of `model` under `options`. The model layout is the
@@ -249,12 +275,25 @@ double paper_model_bytes(double psi, int world, int stage, double k = 12.0,
 //   stages 1-2 + optimizer offload  device 2Ψ      host 16Ψ/N
 //   stage 3 + optimizer offload     device 2Ψ/N    host 16Ψ/N
 //   stage 3 + both offloaded        device 0       host 18Ψ/N
+// With optimizer_nvme the optimizer's part (K + 4 bytes per owned
+// parameter, as above) is on NVMe instead of the host: the device figure
+// stays, the host figure loses it.
 struct PaperBytes {
   double device = 0.0;
   double host = 0.0;
+  double nvme = 0.0;
 };
 PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_offload, bool param_offload,
-                               double k = 12.0, double compute_bytes = 2.0);
+                               double k = 12.0, double compute_bytes = 2.0, bool optimizer_nvme = false);
+// ZeRO-Infinity's accounting (Rajbhandari et al. 2021, arXiv 2104.07857,
+// its memory requirements: 240 x layers x hidden^2 bytes of model states
+// for 12 hidden^2 parameters a layer), 2b + K + 4 bytes a parameter: 20 at
+// b = 2, K = 12 (fp16 parameters and gradients, fp32 master, momentum,
+// variance and the host update's fp32 gradients). With offload_optimizer
+// and offload_param nvme at stage 3 all of it is on NVMe, divided over the
+// N ranks: (2b + K + 4)Ψ/N per rank. ZEST does not run offload_param nvme;
+// zest-estimate prints this beside its own count.
+double paper_infinity_nvme_bytes(double psi, int world, double k = 12.0, double compute_bytes = 2.0);
 // K for a run in `compute_dtype`: the master copy (none in fp32, where the
 // parameters are the master) plus the optimizer's state buffers, each of its
 // dtype, as DeepSpeed counts them: 12 for the paper's mixed-precision Adam,
@@ -277,6 +316,9 @@ struct FitOptions {
   // host): the model must fit both (host_peak_bytes, or with kModelStates
   // host_model_state_bytes).
   std::optional<int64_t> host_bytes;
+  // When set, the NVMe bytes one rank may use (a drive's capacity / the
+  // ranks sharing it): with offload_optimizer nvme, nvme_bytes must fit.
+  std::optional<int64_t> nvme_bytes;
 };
 
 // The largest Ψ whose estimate under `options` (its stage included) fits in
@@ -290,10 +332,13 @@ size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& option
 
 // "The largest model that fits N devices of device_bytes with host_bytes of
 // host memory per rank": a row per offload choice (none; optimizer; at stage
-// 3 optimizer and parameters), a column per stage of `stages`, each cell the
-// largest Ψ by the peak criterion.
+// 3 optimizer and parameters; with nvme_bytes, the NVMe bytes of a rank,
+// the optimizer on NVMe, and at stage 3 with the parameters on the host), a
+// column per stage of `stages`, each cell the largest Ψ by the peak
+// criterion, marked with the memory that bounds it.
 std::string format_fit_table(const EstimateOptions& options, int64_t device_bytes, int64_t host_bytes,
-                             size_t unit_numel, const std::vector<int>& stages = {0, 1, 2, 3});
+                             size_t unit_numel, const std::vector<int>& stages = {0, 1, 2, 3},
+                             std::optional<int64_t> nvme_bytes = std::nullopt);
 
 struct TableOptions {
   std::vector<int> stages = {0, 1, 2, 3};

@@ -160,7 +160,12 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
                        "over {} ranks (padded / {}) from its first gather until the step, in the peak\n",
                        h, h, h);
   }
-  if (o.offloads_optimizer()) {
+  if (o.offloads_optimizer_to_nvme()) {
+    out += fmt::format("offload_optimizer: nvme, ratio {:g}: that part of each rank's master weights and optimizer "
+                       "state is in a swap file on NVMe (two copies, records of 4096-byte alignment), streamed "
+                       "through {} host buffers, with the copies' staging in host memory\n",
+                       o.offload_optimizer.ratio, o.offload_optimizer.buffer_count);
+  } else if (o.offloads_optimizer()) {
     out += fmt::format("offload_optimizer: cpu, ratio {:g}{}: that part of each rank's master weights and optimizer "
                        "state is in host memory, with the copies' staging\n",
                        o.offload_optimizer.ratio, o.offload_optimizer.delayed_update ? ", delayed update" : "");
@@ -215,17 +220,40 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
               return static_cast<double>(e.host(C::kMasterWeights).persistent +
                                          e.host(C::kOptimizerState).persistent);
             },
-            fmt::format("{}h (a master copy even where the master is the parameters)", mb + sb * states));
+            o.offloads_optimizer_to_nvme()
+                ? std::string("0: on NVMe (below)")
+                : fmt::format("{}h (a master copy even where the master is the parameters)", mb + sb * states));
     t.bytes("host: staging", [](const MemoryEstimate& e) { return static_cast<double>(e.host(C::kCommBuffers).peak); },
             o.offload_optimizer.delayed_update ? fmt::format("{}h: the host part's gradients and parameters", 2 * b)
                                                : fmt::format("{} chunk slots of {} bytes per element",
-                                                             master_is_params ? 2 : 4, b));
+                                                             master_is_params && !o.offloads_optimizer_to_nvme() ? 2 : 4,
+                                                             b));
+    if (o.offloads_optimizer_to_nvme()) {
+      t.bytes("host: swap ring", [](const MemoryEstimate& e) { return static_cast<double>(e.host_swap_buffer_bytes); },
+              fmt::format("{} + 1 records of a chunk's master and state, 4096-aligned",
+                          o.offload_optimizer.buffer_count));
+    }
     t.bytes("host model states", [](const MemoryEstimate& e) { return static_cast<double>(e.host_model_state_bytes); },
             "host parameters + master + optimizer state");
     t.bytes("host peak", [](const MemoryEstimate& e) { return static_cast<double>(e.host_peak_bytes); },
-            "host model states + staging");
+            o.offloads_optimizer_to_nvme() ? "host model states + staging + swap ring" : "host model states + staging");
     t.bytes("published (host)", [](const MemoryEstimate& e) { return e.paper_host_bytes; },
             fmt::format("paper_offload_bytes: (K+4)Ψ/N (+ bΨ/N with parameters), K = {:g}", est.front().paper_k));
+  }
+  if (o.offloads_optimizer_to_nvme()) {
+    t.bytes("nvme: master", [](const MemoryEstimate& e) { return static_cast<double>(e.nvme(C::kMasterWeights).persistent); },
+            fmt::format("2 x {}h, chunks rounded up (two regions)", mb));
+    t.bytes("nvme: optim+pad", [](const MemoryEstimate& e) { return static_cast<double>(e.nvme(C::kOptimizerState).persistent); },
+            fmt::format("2 x {}h and the records' padding to 4096", sb * states));
+    t.bytes("nvme (swap file)", [](const MemoryEstimate& e) { return static_cast<double>(e.nvme_bytes); },
+            "the swap file per rank, as the engine creates it");
+    t.bytes("published (nvme)", [](const MemoryEstimate& e) { return e.paper_nvme_bytes; },
+            fmt::format("paper_offload_bytes: (K+4)Ψ/N on NVMe, K = {:g}", est.front().paper_k));
+    t.bytes("ZeRO-Infinity", [&](const MemoryEstimate& e) {
+              return paper_infinity_nvme_bytes(static_cast<double>(e.numel), o.zero.shard_group_size(o.world_size),
+                                               e.paper_k, static_cast<double>(b));
+            },
+            "(2b+K+4)Ψ/N all on NVMe with offload_param nvme too (stage 3; ZEST runs the optimizer's part)");
   }
   t.row("live / grad units", [](const MemoryEstimate& e) {
     return fmt::format("{} / {}", e.live_units, e.grad_units_in_flight);
@@ -248,7 +276,7 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
     const size_t unit = model.total_only && model.num_units() == 1 ? 0 : model.largest_unit_numel();
     const auto fit = [&](FitCriterion c) {
       return [=](const MemoryEstimate& e) {
-        return short_count(largest_fitting_model(device, e.options, {c, unit, std::nullopt}));
+        return short_count(largest_fitting_model(device, e.options, {c, unit, std::nullopt, std::nullopt}));
       };
     };
     const std::string size = fmt::format("{:.3g} GB = {}", static_cast<double>(device) / 1e9,
@@ -269,20 +297,26 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
 }
 
 std::string format_fit_table(const EstimateOptions& options, int64_t device_bytes, int64_t host_bytes,
-                             size_t unit_numel, const std::vector<int>& stages) {
+                             size_t unit_numel, const std::vector<int>& stages, std::optional<int64_t> nvme_bytes) {
   struct Choice {
     const char* name;
-    bool optimizer, params;
+    OffloadDevice optimizer;
+    bool params;
   };
-  const Choice choices[] = {{"no offload", false, false},
-                            {"offload_optimizer", true, false},
-                            {"optimizer + param", true, true}};
+  std::vector<Choice> choices = {{"no offload", OffloadDevice::kNone, false},
+                                 {"offload_optimizer", OffloadDevice::kCpu, false},
+                                 {"optimizer + param", OffloadDevice::kCpu, true}};
+  if (nvme_bytes) {
+    choices.push_back({"optimizer nvme", OffloadDevice::kNvme, false});
+    choices.push_back({"nvme + param cpu", OffloadDevice::kNvme, true});
+  }
   const int64_t reserve =
       options.runtime_reserve_bytes.value_or(default_runtime_reserve_bytes(options.world_size));
-  std::string out = fmt::format("largest Ψ that fits a device of {} and a host share of {} per rank, at the peak "
+  std::string out = fmt::format("largest Ψ that fits a device of {} and a host share of {}{} per rank, at the peak "
                                 "with {} kept for the CUDA context{} (N = {}; units of {})\n",
-                                format_bytes(device_bytes), format_bytes(host_bytes), format_bytes(reserve),
-                                options.world_size > 1 ? " and NCCL" : "", options.world_size,
+                                format_bytes(device_bytes), format_bytes(host_bytes),
+                                nvme_bytes ? " and an NVMe share of " + format_bytes(*nvme_bytes) : std::string(),
+                                format_bytes(reserve), options.world_size > 1 ? " and NCCL" : "", options.world_size,
                                 unit_numel == 0 ? "one unit" : with_commas(unit_numel) + " parameters");
   out += fmt::format("{:<{}}", "", kLabelWidth);
   for (int stage : stages) out += fmt::format("{:>{}}", fmt::format("stage {}", stage), kCellWidth);
@@ -292,22 +326,27 @@ std::string format_fit_table(const EstimateOptions& options, int64_t device_byte
     for (int stage : stages) {
       EstimateOptions o = options;
       o.zero.stage = stage;
-      o.offload_optimizer.device = c.optimizer ? OffloadDevice::kCpu : OffloadDevice::kNone;
+      o.offload_optimizer.device = c.optimizer;
       o.offload_param.device = c.params ? OffloadDevice::kCpu : OffloadDevice::kNone;
+      if (c.optimizer == OffloadDevice::kNvme) o.offload_optimizer.delayed_update = false;
       if (!offload_allowed(o)) {
         out += fmt::format("{:>{}}", "-", kCellWidth);
         continue;
       }
-      const size_t psi = largest_fitting_model(device_bytes, o, {FitCriterion::kPeak, unit_numel, host_bytes});
-      // Which memory stops the next parameter: the host when the device
-      // alone would still take it.
+      FitOptions fit{FitCriterion::kPeak, unit_numel, host_bytes, std::nullopt};
+      if (c.optimizer == OffloadDevice::kNvme) fit.nvme_bytes = nvme_bytes;
+      const size_t psi = largest_fitting_model(device_bytes, o, fit);
+      // Which memory stops the next parameter: NVMe when its file would
+      // not fit, else the host when the device alone would still take it.
       const MemoryEstimate next = estimate_memory(ModelDescription::from_total(psi + 1, unit_numel), o);
-      const bool host_bound = next.peak_bytes + next.runtime_reserve_bytes <= device_bytes;
-      out += fmt::format("{:>{}}", short_count(psi) + (host_bound ? " (h)" : ""), kCellWidth);
+      const bool nvme_bound = fit.nvme_bytes && next.nvme_bytes > *fit.nvme_bytes;
+      const bool host_bound = !nvme_bound && next.peak_bytes + next.runtime_reserve_bytes <= device_bytes;
+      out += fmt::format("{:>{}}", short_count(psi) + (nvme_bound ? " (n)" : host_bound ? " (h)" : ""), kCellWidth);
     }
     out += "\n";
   }
-  out += "(h): host memory is the limit; otherwise the device.\n";
+  out += nvme_bytes ? "(n): NVMe is the limit; (h): host memory; otherwise the device.\n"
+                    : "(h): host memory is the limit; otherwise the device.\n";
   return out;
 }
 

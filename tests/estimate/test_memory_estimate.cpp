@@ -350,12 +350,73 @@ TEST_CASE("offload: device and host bytes by category, by hand") {
   bad.offload_param.device = OffloadDevice::kNone;
   bad.offload_optimizer.ratio = 1.5;
   CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("ratio is 1.5: it must be in [0, 1]"));
-  // The NVMe tier is not counted yet: refused, never counted as no offload.
+  // offload_param nvme: refused, as the engine refuses it, never counted as no offload.
   bad.offload_optimizer.ratio = 1.0;
-  bad.offload_optimizer.device = OffloadDevice::kNvme;
+  bad.offload_param.device = OffloadDevice::kNvme;
   CHECK_THROWS_WITH(estimate_memory(m, bad),
-                    doctest::Contains("offload device \"nvme\": the estimate does not count the NVMe tier yet; "
-                                      "estimate with device \"cpu\""));
+                    doctest::Contains("offload_param.device is \"nvme\": the engine offloads the optimizer to NVMe "
+                                      "but not the parameters"));
+  bad.offload_param.device = OffloadDevice::kNone;
+  bad.offload_optimizer.device = OffloadDevice::kNvme;
+  bad.offload_optimizer.delayed_update = true;
+  CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("delayed_update with device \"nvme\" is not supported"));
+  bad.offload_optimizer.delayed_update = false;
+  bad.offload_optimizer.buffer_count = 0;
+  CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("buffer_count is 0: it must be at least 1"));
+}
+
+// Stage 2, W = 3, fp16 AdamW, ratio 1: the 768 owned elements in chunks of
+// 64 (as with cpu). A record: 64 x 4 master + 2 x 64 x 4 state = 768 bytes,
+// padded to 4096; 12 records, two regions: 2 x 12 x 4096 bytes.
+TEST_CASE("offload_optimizer nvme: the swap file on NVMe, the ring on the host, by hand") {
+  using C = MemoryCategory;
+  EstimateOptions o = options(3, 2, DType::kFloat16, OptimizerKind::kAdamW);
+  o.offload_optimizer.device = OffloadDevice::kNvme;
+  const ModelDescription m = small_model();
+  const MemoryEstimate e = estimate_memory(m, o);
+  CHECK(e.host_numel == 768);
+  check_states(e, {4608, 1536, 0, 0});  // the device as with cpu
+  CHECK(e.nvme_bytes == 2 * 12 * 4096);
+  CHECK(e.nvme(C::kMasterWeights).persistent == 2 * 12 * 64 * 4);
+  CHECK(e.nvme(C::kOptimizerState).persistent == 2 * 12 * 4096 - 2 * 12 * 64 * 4);
+  CHECK(e.nvme(C::kParameters).persistent == 0);
+  // The host: no master or state; four chunk slots (gradients and
+  // parameters, 4 x 64 x 2) and the ring, buffer_count (4) + 1 records.
+  CHECK(e.host(C::kMasterWeights).persistent == 0);
+  CHECK(e.host(C::kOptimizerState).persistent == 0);
+  CHECK(e.host(C::kCommBuffers).persistent == 512);
+  CHECK(e.host_swap_buffer_bytes == 5 * 4096);
+  CHECK(e.host_model_state_bytes == 0);
+  CHECK(e.host_peak_bytes == 512 + 5 * 4096);
+  // The published count: the optimizer's (12 + 4)Ψ/N on NVMe instead of the host.
+  CHECK(e.paper_bytes == doctest::Approx(2040.0));
+  CHECK(e.paper_host_bytes == 0.0);
+  CHECK(e.paper_nvme_bytes == doctest::Approx(16.0 * 1020 / 3));
+
+  // fp32 SGD with momentum (the master is the parameters: with cpu two
+  // slots; from the ring four), buffer_count 2, ratio 0.5: 384 elements in
+  // chunks of 64, records of 64 x 4 + 64 x 4 = 512 bytes padded to 4096.
+  EstimateOptions f = options(3, 1, DType::kFloat32, OptimizerKind::kSgd);
+  f.optimizer.momentum = 0.9f;
+  f.offload_optimizer.device = OffloadDevice::kNvme;
+  f.offload_optimizer.buffer_count = 2;
+  f.offload_optimizer.ratio = 0.5;
+  const MemoryEstimate g = estimate_memory(m, f);
+  CHECK(g.host_numel == 384);
+  CHECK(g.nvme_bytes == 2 * 6 * 4096);
+  CHECK(g.nvme(C::kMasterWeights).persistent == 2 * 6 * 64 * 4);
+  CHECK(g.host(C::kCommBuffers).persistent == 4 * 64 * 4);
+  CHECK(g.host_swap_buffer_bytes == 3 * 4096);
+  // The device keeps the other 384 elements' state (the master is the parameters).
+  check_states(g, {4 * 2304, 4 * 2304, 0, 4 * 384});
+
+  // A chunk of 2^22 elements fills its record: no padding. 2^26 owned
+  // elements (one rank, stage 1, fp16 AdamW): 16 records of 48 MiB.
+  EstimateOptions big = options(1, 1, DType::kFloat16, OptimizerKind::kAdamW);
+  big.offload_optimizer.device = OffloadDevice::kNvme;
+  const MemoryEstimate b = estimate_memory(ModelDescription::from_total(size_t{1} << 26), big);
+  CHECK(b.nvme_bytes == 2 * 16 * (int64_t{48} << 20));
+  CHECK(b.host_swap_buffer_bytes == 5 * (int64_t{48} << 20));
 }
 
 // Published per-parameter figures for mixed-precision Adam (b = 2, K = 12):
@@ -423,11 +484,11 @@ TEST_CASE("the largest model that fits a device and a host") {
   const int64_t device = int64_t{16} << 30;
   EstimateOptions o = options(1, 2, DType::kFloat16, OptimizerKind::kAdamW);
   o.offload_optimizer.device = OffloadDevice::kCpu;
-  const FitOptions states{FitCriterion::kModelStates, 0, int64_t{64} << 30};
+  const FitOptions states{FitCriterion::kModelStates, 0, int64_t{64} << 30, std::nullopt};
   const size_t psi = largest_fitting_model(device, o, states);
   CHECK(static_cast<double>(psi) == doctest::Approx(device / 4.0).epsilon(1e-6));
   // With 32 GiB of host, the host binds: 32 GiB / 12 bytes.
-  const FitOptions small_host{FitCriterion::kModelStates, 0, int64_t{32} << 30};
+  const FitOptions small_host{FitCriterion::kModelStates, 0, int64_t{32} << 30, std::nullopt};
   const size_t h = largest_fitting_model(device, o, small_host);
   CHECK(static_cast<double>(h) == doctest::Approx((int64_t{32} << 30) / 12.0).epsilon(1e-6));
   const MemoryEstimate at = estimate_memory(ModelDescription::from_total(h), o);
@@ -437,7 +498,7 @@ TEST_CASE("the largest model that fits a device and a host") {
   CHECK(next.model_state_bytes <= device);
   // Without offload the same device fits a quarter as much (16 bytes each).
   EstimateOptions none = options(1, 2, DType::kFloat16, OptimizerKind::kAdamW);
-  CHECK(static_cast<double>(largest_fitting_model(device, none, {FitCriterion::kModelStates, 0, std::nullopt})) ==
+  CHECK(static_cast<double>(largest_fitting_model(device, none, {FitCriterion::kModelStates, 0, std::nullopt, std::nullopt})) ==
         doctest::Approx(device / 16.0).epsilon(1e-6));
   // The table: a row per offload choice, "-" where the stage does not allow it.
   const std::string t = format_fit_table(o, device, int64_t{32} << 30, 100'000'000);
@@ -446,11 +507,54 @@ TEST_CASE("the largest model that fits a device and a host") {
   CHECK(t.find("(h)") != std::string::npos);
 }
 
+TEST_CASE("the largest model that fits a device, a host and an NVMe drive") {
+  // One rank, 16 GiB device, stage 2, the optimizer on NVMe: the device
+  // holds 4 bytes a parameter, the host none of the state, the drive two
+  // copies of 12 (records of 2^22 elements fill their 4096-byte pages).
+  const int64_t device = int64_t{16} << 30;
+  const int64_t nvme = int64_t{64} << 30;
+  EstimateOptions o = options(1, 2, DType::kFloat16, OptimizerKind::kAdamW);
+  o.offload_optimizer.device = OffloadDevice::kNvme;
+  FitOptions fit{FitCriterion::kModelStates, 0, int64_t{64} << 30, std::nullopt};
+  // Without a capacity the device binds, as with cpu offload.
+  CHECK(static_cast<double>(largest_fitting_model(device, o, fit)) == doctest::Approx(device / 4.0).epsilon(1e-6));
+  fit.nvme_bytes = nvme;
+  const size_t psi = largest_fitting_model(device, o, fit);
+  CHECK(static_cast<double>(psi) == doctest::Approx(nvme / 24.0).epsilon(1e-3));
+  const MemoryEstimate at = estimate_memory(ModelDescription::from_total(psi), o);
+  const MemoryEstimate next = estimate_memory(ModelDescription::from_total(psi + 1), o);
+  CHECK(at.nvme_bytes <= nvme);
+  CHECK(next.nvme_bytes > nvme);
+  CHECK(next.model_state_bytes <= device);
+  CHECK(next.host_model_state_bytes == 0);
+  // The table marks the drive as the limit on the nvme rows.
+  const std::string t = format_fit_table(o, device, int64_t{64} << 30, 100'000'000, {1, 2, 3}, nvme);
+  CHECK(t.find("optimizer nvme") != std::string::npos);
+  CHECK(t.find("nvme + param cpu") != std::string::npos);
+  CHECK(t.find("(n)") != std::string::npos);
+  CHECK(format_fit_table(o, device, int64_t{64} << 30, 100'000'000, {1, 2, 3}).find("nvme") == std::string::npos);
+  FitOptions bad = fit;
+  bad.nvme_bytes = -1;
+  CHECK_THROWS_WITH(largest_fitting_model(device, o, bad), doctest::Contains("nvme_bytes is -1: it must be >= 0"));
+}
+
+TEST_CASE("ZeRO-Infinity's published count: 20 bytes a parameter on NVMe") {
+  // 240 x layers x hidden^2 bytes for 12 x layers x hidden^2 parameters.
+  CHECK(paper_infinity_nvme_bytes(1e12, 1) == 20e12);
+  CHECK(paper_infinity_nvme_bytes(1e12, 16) == 20e12 / 16);
+  // The optimizer's part on NVMe (paper_offload_bytes): (12 + 4)Ψ/N there,
+  // the device's as with cpu offload, nothing on the host.
+  const PaperBytes p = paper_offload_bytes(1e9, 8, 3, true, false, 12.0, 2.0, true);
+  CHECK(p.nvme == 16e9 / 8);
+  CHECK(p.host == 0.0);
+  CHECK(p.device == 2e9 / 8);
+}
+
 TEST_CASE("the largest model that fits: consistent, and monotone in the stage") {
   const int64_t device = int64_t{80} << 30;
-  for (const FitOptions fit : {FitOptions{FitCriterion::kModelStates, 0, std::nullopt},
-                               FitOptions{FitCriterion::kPeak, 0, std::nullopt},
-                               FitOptions{FitCriterion::kPeak, 100'000'000, std::nullopt}}) {
+  for (const FitOptions fit : {FitOptions{FitCriterion::kModelStates, 0, std::nullopt, std::nullopt},
+                               FitOptions{FitCriterion::kPeak, 0, std::nullopt, std::nullopt},
+                               FitOptions{FitCriterion::kPeak, 100'000'000, std::nullopt, std::nullopt}}) {
     size_t previous = 0;
     for (int stage = 0; stage <= 3; ++stage) {
       CAPTURE(stage);
@@ -482,7 +586,7 @@ TEST_CASE("the largest model that fits: consistent, and monotone in the stage") 
   }
   // By the paper's count, stage 0 fits 80 GiB / 16 bytes.
   EstimateOptions o = options(64, 0, DType::kFloat16, OptimizerKind::kAdamW);
-  const size_t psi = largest_fitting_model(device, o, {FitCriterion::kModelStates, 0, std::nullopt});
+  const size_t psi = largest_fitting_model(device, o, {FitCriterion::kModelStates, 0, std::nullopt, std::nullopt});
   CHECK(static_cast<double>(psi) == doctest::Approx(device / 16.0).epsilon(1e-6));
   CHECK(largest_fitting_model(100, o) == 0);
 }
@@ -738,7 +842,7 @@ TEST_CASE("the peak criterion keeps a reserve for the CUDA context and NCCL's bu
   // The fit leaves exactly the reserve free: a reserve of 0 fits more, and
   // the bytes of the largest fit plus the reserve stay within the device.
   const int64_t device = int64_t{80} << 30;
-  const FitOptions peak{FitCriterion::kPeak, 100'000'000, std::nullopt};
+  const FitOptions peak{FitCriterion::kPeak, 100'000'000, std::nullopt, std::nullopt};
   const size_t with_reserve = largest_fitting_model(device, o, peak);
   const MemoryEstimate at = estimate_memory(ModelDescription::from_total(with_reserve, 100'000'000), o);
   CHECK(at.peak_bytes + (int64_t{3} << 30) <= device);
@@ -747,7 +851,7 @@ TEST_CASE("the peak criterion keeps a reserve for the CUDA context and NCCL's bu
   o.runtime_reserve_bytes = 0;
   CHECK(largest_fitting_model(device, o, peak) > with_reserve);
   // The paper's model-states criterion is the paper's: no reserve.
-  const FitOptions states{FitCriterion::kModelStates, 0, std::nullopt};
+  const FitOptions states{FitCriterion::kModelStates, 0, std::nullopt, std::nullopt};
   const size_t zero_reserve = largest_fitting_model(device, o, states);
   o.runtime_reserve_bytes = int64_t{3} << 30;
   CHECK(largest_fitting_model(device, o, states) == zero_reserve);

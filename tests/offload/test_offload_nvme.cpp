@@ -69,6 +69,13 @@ void large_model(Engine& engine) {
   engine.add_unit("c", {{"c.w", {11, 3}}});
 }
 
+// large_model, as the estimator describes it.
+ModelDescription large_model_description() {
+  ModelDescription m;
+  m.units = {{"a", {91, 7}, 1}, {"big", {6720, 96}, 1}, {"c", {33}, 1}};
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("offload_optimizer nvme equals cpu offload and the device run bit for bit: stages 1-3, 1, 2 and 4 ranks") {
@@ -123,9 +130,40 @@ TEST_CASE("offload_optimizer nvme: one swap file per rank while the engine lives
       const MemoryReport m = engine->memory_report();
       CHECK(m.host(MemoryCategory::kMasterWeights).current == 0);
       CHECK(m.host(MemoryCategory::kOptimizerState).current == 0);
+      // The NVMe tier it reports is the file's size.
+      REQUIRE(m.nvme_bytes() > 0);
+      for (const auto& e : fs::directory_iterator(dir.path)) CHECK(fs::file_size(e.path()) == uint64_t(m.nvme_bytes()));
     }
     CHECK(files_in(dir.str()) == 0);
   });
+}
+
+TEST_CASE("offload_optimizer nvme: device, host and NVMe bytes equal the estimate, stages 1-3, ratio 1 and 0.5") {
+  TempDir dir;
+  for (const bool bf16_compute : {false, true}) {
+    for (int world : {1, 2}) {
+      for (int stage : {1, 2, 3}) {
+        for (double ratio : {1.0, 0.5}) {
+          CAPTURE(bf16_compute);
+          CAPTURE(world);
+          CAPTURE(stage);
+          CAPTURE(ratio);
+          EngineConfig config = base_config(stage);
+          config.bf16 = bf16_compute;
+          config = on(config, OffloadDevice::kNvme, dir.str(), ratio);
+          RunOptions opt;
+          opt.world = world;
+          opt.steps = 2;
+          opt.model = large_model;
+          const std::vector<RankResult> got = run_engine(config, opt);
+          const MemoryEstimate e =
+              estimate_memory(large_model_description(), EstimateOptions::from_config(config, world));
+          REQUIRE(e.nvme_bytes > 0);
+          for (const RankResult& g : got) check_memory_as_estimated(g.memory, e);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("a real DeepSpeed ZeRO-3 offload file with offload_optimizer device nvme trains as with device cpu") {
