@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,12 +52,18 @@ options:
   --device-memory SIZE     e.g. 80GiB, 80GB, 8.5e10: also print the largest model that fits
   --runtime-reserve SIZE   device memory kept for the CUDA context and NCCL's buffers, outside the
                            engine's (default 512MiB, plus 1GiB for NCCL when --world > 1; 0 for none)
-  --offload-optimizer none|cpu  cpu: fp32 master weights and optimizer state in host memory (stages 1-3)
-  --offload-ratio R        with --offload-optimizer cpu: the fraction offloaded, 0 to 1 (default 1)
-  --offload-param none|cpu cpu (stage 3, with --offload-optimizer cpu at ratio 1): the sharded parameters in
-                           host memory
+  --offload-optimizer none|cpu|nvme  cpu: fp32 master weights and optimizer state in host memory
+                           (stages 1-3); nvme: in a swap file per rank (two copies of them, 4096-aligned
+                           records), streamed through 4 host buffers; prints the NVMe bytes and
+                           ZeRO-Infinity's published count beside them
+  --offload-ratio R        with --offload-optimizer cpu or nvme: the fraction offloaded, 0 to 1 (default 1)
+  --offload-param none|cpu cpu (stage 3, with --offload-optimizer cpu or nvme at ratio 1): the sharded
+                           parameters in host memory (nvme: not run by the engine, so not estimated)
   --host-memory SIZE       with --device-memory: host memory of one machine; prints the largest model
                            that fits, per stage and offload choice
+  --nvme-capacity SIZE     with --host-memory: NVMe capacity of one machine (e.g. 2TB), shared like
+                           --host-memory; adds the rows with the optimizer on NVMe, its swap files
+                           bounded by it
   --ranks-per-host N       ranks of one machine: they share --host-memory and, with --hosts, its
                            network link (default: --world, one machine)
   --mics-shard-size S      stage 3: MiCS / HSDP, model states sharded over groups of S ranks (a divisor
@@ -139,7 +146,7 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
                                  "--dtype", "--optimizer", "--master-dtype", "--state-dtype", "--accum", "--persistence-threshold",
                                  "--live-units", "--grad-units", "--device-memory", "--runtime-reserve",
                                  "--offload-optimizer", "--offload-ratio", "--offload-param",
-                                 "--host-memory", "--ranks-per-host", "--config", "--micro-batch",
+                                 "--host-memory", "--nvme-capacity", "--ranks-per-host", "--config", "--micro-batch",
                                  "--hidden-size", "--total-steps", "--mics-shard-size",
                                  "--hpz-partition-size", "--hosts", "--algorithm"};
   CLI::App app("zest-estimate");
@@ -365,12 +372,18 @@ int run(int argc, char** argv) {
     opt.runtime_reserve_bytes = r == "0" ? 0 : size_arg("--runtime-reserve", r);
   }
   if (has("--offload-optimizer")) {
-    const std::string d = cli::choice("--offload-optimizer", flags["--offload-optimizer"], {"none", "cpu"});
-    opt.offload_optimizer.device = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
+    const std::string d = cli::choice("--offload-optimizer", flags["--offload-optimizer"], {"none", "cpu", "nvme"});
+    opt.offload_optimizer.device = d == "cpu"    ? zest::OffloadDevice::kCpu
+                                   : d == "nvme" ? zest::OffloadDevice::kNvme
+                                                 : zest::OffloadDevice::kNone;
   }
   if (has("--offload-ratio")) opt.offload_optimizer.ratio = ratio_arg("--offload-ratio", flags["--offload-ratio"]);
   if (has("--offload-param")) {
-    const std::string d = cli::choice("--offload-param", flags["--offload-param"], {"none", "cpu"});
+    const std::string d = cli::choice("--offload-param", flags["--offload-param"], {"none", "cpu", "nvme"});
+    if (d == "nvme") {
+      usage_error("--offload-param nvme: the engine offloads the optimizer to NVMe but not the parameters, so "
+                  "there is nothing to estimate; use --offload-param cpu with --offload-optimizer nvme");
+    }
     opt.offload_param.device = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
   }
   if (has("--mics-shard-size")) {
@@ -386,6 +399,9 @@ int run(int argc, char** argv) {
   }
   if (has("--host-memory") && !has("--device-memory")) {
     usage_error("--host-memory goes with --device-memory (the largest model that fits both)");
+  }
+  if (has("--nvme-capacity") && !has("--host-memory")) {
+    usage_error("--nvme-capacity goes with --device-memory and --host-memory (the largest model that fits all three)");
   }
   const int per_host = has("--ranks-per-host")
                            ? static_cast<int>(count_arg("--ranks-per-host", flags["--ranks-per-host"], 1, world))
@@ -404,7 +420,10 @@ int run(int argc, char** argv) {
   if (has("--host-memory")) {
     const int64_t host = size_arg("--host-memory", flags["--host-memory"]) / per_host;
     const size_t unit = model.total_only && model.num_units() == 1 ? 0 : model.largest_unit_numel();
-    std::fputs(("\n" + zest::format_fit_table(opt, *table.device_bytes, host, unit, table.stages)).c_str(), stdout);
+    std::optional<int64_t> nvme;
+    if (has("--nvme-capacity")) nvme = size_arg("--nvme-capacity", flags["--nvme-capacity"]) / per_host;
+    std::fputs(("\n" + zest::format_fit_table(opt, *table.device_bytes, host, unit, table.stages, nvme)).c_str(),
+               stdout);
   }
   return 0;
 }
