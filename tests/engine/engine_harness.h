@@ -15,7 +15,6 @@
 #include "zest/comm/inprocess_comm.h"
 #include "zest/core/float16.h"
 #include "zest/engine/engine.h"
-#include "zest/estimate/memory_estimate.h"
 #include "zest/memory/copy.h"
 #include "zest/memory/raw_allocator.h"
 
@@ -244,21 +243,6 @@ inline EngineConfig base_config(int stage) {
 }
 
 // The checks below use doctest's macros: include this after doctest.h.
-
-// A rank's measured bytes equal the estimate's, category by category, on
-// the device, the host and NVMe, and the swap ring's host buffers.
-inline void check_memory_as_estimated(const MemoryReport& m, const MemoryEstimate& e) {
-  for (MemoryCategory c : kAllMemoryCategories) {
-    const std::string category(category_name(c));
-    CAPTURE(category);
-    CHECK(m[c].current == e[c].persistent);
-    CHECK(m.host(c).current == e.host(c).persistent);
-    CHECK(m.nvme(c).current == e.nvme(c).persistent);
-  }
-  CHECK(m.nvme_bytes() == e.nvme_bytes);
-  CHECK(m.host_swap_buffers == e.host_swap_buffer_bytes);
-}
-
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

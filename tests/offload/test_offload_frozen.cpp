@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "engine/engine_harness.h"
+#include "offload/memory_as_estimated.h"
 #include "zest/estimate/memory_estimate.h"
 
 using namespace zest;

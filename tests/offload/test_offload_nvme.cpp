@@ -18,6 +18,7 @@
 #include "checkpoint/temp_dir.h"
 #include "config/config_test_helpers.h"
 #include "engine/engine_harness.h"
+#include "offload/memory_as_estimated.h"
 #include "error_of.h"
 #include "zest/config/config.h"
 #include "zest/engine/optimizer_offload.h"
