@@ -479,7 +479,9 @@ void EstimateOptions::validate() const {
              "offload_optimizer.ratio is {}: it must be in [0, 1] (the fraction of the optimizer state offloaded)",
              offload_optimizer.ratio);
   ZEST_CHECK(!offloads_optimizer() || zero.stage >= 1,
-             "offload_optimizer (device cpu) needs ZeRO stage 1, 2 or 3, as in the engine; this is stage 0");
+             "offload_optimizer (device {}) needs ZeRO stage 1, 2 or 3, as in the engine; this is stage 0: set the "
+             "stage, or offload_optimizer.device \"none\"",
+             offloads_optimizer_to_nvme() ? "nvme" : "cpu");
   ZEST_CHECK(!offloads_params() || zero.stage == 3,
              "offload_param (device cpu) is for stage 3 only, as in DeepSpeed; this is stage {}", zero.stage);
   ZEST_CHECK(!offloads_params() || carries_offloaded_params(offload_optimizer),

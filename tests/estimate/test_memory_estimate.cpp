@@ -361,6 +361,9 @@ TEST_CASE("offload: device and host bytes by category, by hand") {
   bad.offload_optimizer.delayed_update = true;
   CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("delayed_update with device \"nvme\" is not supported"));
   bad.offload_optimizer.delayed_update = false;
+  bad.zero.stage = 0;
+  CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("offload_optimizer (device nvme) needs ZeRO stage 1"));
+  bad.zero.stage = 3;
   bad.offload_optimizer.buffer_count = 0;
   CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("buffer_count is 0: it must be at least 1"));
 }
