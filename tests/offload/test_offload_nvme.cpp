@@ -249,7 +249,7 @@ struct HostPart {
 
 }  // namespace
 
-TEST_CASE("an I/O failure in the nvme step throws naming the file and the operation; the state before it stays") {
+TEST_CASE("an I/O failure in the nvme step throws naming the file and the operation, and the state before it stays") {
   // The master's first write: 8 records, each read and written back (16
   // transfers). Then the step's, two buffers: read 0, write 0, read 1,
   // write 1, read 2, ...
@@ -331,7 +331,7 @@ std::vector<std::vector<std::byte>> gathered_params(Engine& engine) {
 
 }  // namespace
 
-TEST_CASE("a failed nvme step() throws and leaves the rank as before it; the step again has the bits of CPU offload") {
+TEST_CASE("a failed nvme step() throws and leaves the rank as before it, and the step again has the bits of CPU offload") {
   std::atomic<int> countdown{0};
   set_offload_swap_io([&] { return std::make_shared<FailingRead>(countdown); });
   for (const bool bf16 : {false, true}) {
