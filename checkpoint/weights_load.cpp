@@ -144,7 +144,6 @@ class UnitBuffer {
     if (r.in_place != nullptr) return r.in_place + skip;
     return r.view ? r.view->bytes().data() + skip : data_.get() + r.offset + skip;
   }
-  bool in_place() const { return !in_place_.empty(); }
 
  private:
   std::vector<RawPiece> raws_;

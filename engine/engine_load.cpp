@@ -79,18 +79,15 @@ Engine::ShardLoad Engine::begin_shard_load(int unit, std::optional<DType> every_
 void Engine::abandon_shard_load(int unit) {
   UnitState& st = state(unit);
   const UnitLayout& U = impl_->layout->unit(unit);
-  const size_t bc = elem_size(compute_dtype_);
   if (st.master_deferred) {
     // The master holds the values from before the load: the parameters
-    // become them again, as restore() narrows them.
+    // become them again, as restore() narrows them (cleared first, so that
+    // the master is not widened from the parameters being replaced).
     st.master_deferred = false;
-    for (const ShardPiece& m : stored_shard_pieces(unit, 0)) {
-      if (master_is_params() && !m.host) continue;
-      convert(Stream::default_for(Device::host()), m.data, m.dtype, owned_params(unit) + m.begin * bc,
-              compute_dtype_, m.end - m.begin);
-    }
+    params_from_master(unit);
+    stream_.synchronize();
   } else if (st.loading_in_place && U.frozen) {
-    fill_zero(Stream::default_for(Device::host()), owned_params(unit), U.shard * bc);
+    fill_zero(Stream::default_for(Device::host()), owned_params(unit), U.shard * elem_size(compute_dtype_));
   }
   st.loading_in_place = false;
 }
