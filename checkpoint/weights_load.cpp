@@ -24,19 +24,18 @@
 // value then gets its parameters back from its master, which the load did
 // not touch (Engine::abandon_shard_load; a frozen unit has no master and is
 // zeroed instead).
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 
 #include "zest/checkpoint/owned_pieces.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/core/check.h"
+#include "zest/memory/raw_allocator.h"
 #include "zest/optim/grad_ops.h"
 
 namespace zest {
@@ -121,13 +120,12 @@ class UnitBuffer {
     }
     if (at > size_) {
       data_.reset();  // the old buffer goes first
-      // Huge pages where the kernel gives them on request: first-touch
-      // faults (a buffer is new at each import) cost 512 times fewer.
+      // From the host allocator, in huge pages where the kernel gives them
+      // (Note [host memory in huge pages]): first-touch faults (a buffer is
+      // new at each import) cost 512 times fewer.
       size_ = (at + kHugePage - 1) / kHugePage * kHugePage;
-      data_.reset(static_cast<std::byte*>(std::aligned_alloc(kHugePage, size_)));
+      data_ = {static_cast<std::byte*>(host_->allocate(size_)), Free{host_.get(), size_}};
       ZEST_CHECK(data_ != nullptr, "loading weights: cannot allocate a read buffer of {} bytes", size_);
-      // Advice only: where it is refused the buffer is as good, in 4 KiB pages.
-      (void)::madvise(data_.get(), size_, MADV_HUGEPAGE);
     }
   }
   const std::vector<RawPiece>& raws() const { return raws_; }
@@ -149,9 +147,12 @@ class UnitBuffer {
   std::vector<RawPiece> raws_;
   std::span<std::byte> in_place_;
   struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
+    RawAllocator* raw;
+    size_t bytes;
+    void operator()(std::byte* p) const { raw->deallocate(p, bytes); }
   };
-  std::unique_ptr<std::byte, Free> data_;
+  std::unique_ptr<RawAllocator> host_ = make_host_allocator();  // outlives data_
+  std::unique_ptr<std::byte, Free> data_{nullptr, Free{nullptr, 0}};
   size_t size_ = 0;
 };
 
