@@ -3,7 +3,6 @@
 //
 //   // zest-example: run
 //   #include <zest/comm/inprocess_comm.h>
-//
 //   zest::run_inprocess(8, [](zest::Communicator& world) {
 //     zest::DeviceMesh mesh(world, {.dp = 2, .tp = 2, .pp = 2});
 //     // mesh.tp(): this layer's tensor-parallel ranks; mesh.pp(): the stages;
