@@ -292,3 +292,33 @@ TEST_CASE("the engine refuses what it cannot make correct with model parallelism
     }
   });
 }
+
+TEST_CASE("a NaN gradient on one tp rank or stage skips the step on every rank of the mesh") {
+  for (const MeshShape shape : {MeshShape{2, 2, 1}, MeshShape{1, 2, 2}}) {
+    CAPTURE(shape.str());
+    std::vector<int> applied(static_cast<size_t>(shape.world()), -1);
+    run_inprocess(shape.world(), [&](Communicator& world) {
+      DeviceMesh mesh(world, shape);
+      CachingAllocator alloc(make_host_allocator());
+      Engine engine(config_for(1, OptimizerKind::kAdamW), mesh.dp(), alloc, Stream::default_for(Device::host()));
+      engine.set_model_parallel(mesh.engine_model_parallel());
+      const int u = engine.add_unit("u", {{"u.w", {512}}});
+      engine.finalize([](const ParamLayout&, std::span<float> v) { std::fill(v.begin(), v.end(), 1.0f); });
+      {
+        UnitHandle h = engine.gather(u);
+        GradHandle g = engine.grads(u);
+        std::span<float> dw = g.grad<float>("u.w");
+        std::fill(dw.begin(), dw.end(), 0.5f);
+        // Only the last rank of the model-parallel group, a slice (or a
+        // stage) the others never see.
+        if (mesh.tp_rank() == 1 && mesh.pp_rank() == shape.pp - 1 && mesh.dp_rank() == 0) dw[3] = NAN;
+        g.done();
+      }
+      const StepResult r = engine.step();
+      applied[static_cast<size_t>(world.rank())] = r.applied ? 1 : 0;
+    });
+    // dp rank 0's NaN reaches its dp replicas through the gradient
+    // reduction, and the other slices and stages through the norm.
+    for (int a : applied) CHECK(a == 0);
+  }
+}
