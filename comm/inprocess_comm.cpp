@@ -110,7 +110,7 @@ class Group {
     departed_[static_cast<size_t>(rank)] = 1;
     // Ranks waiting in a collective now wait for a rank that will not come.
     if (arrived_ > 0) abort_locked(CommError::Reason::kAborted, departure_message(rank), rank);
-    p2p_cv_.notify_all();
+    p2p_progress_locked();
   }
 
   // Point-to-point: this rank's sides of `calls` (p2p.h). Sends are posted
@@ -132,7 +132,7 @@ class Group {
         recvs.push_back(&c);
       }
     }
-    p2p_cv_.notify_all();
+    p2p_progress_locked();
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     std::vector<char> received(recvs.size(), 0);
     size_t pending_recvs = recvs.size();
@@ -164,7 +164,7 @@ class Group {
                        fmt::format("in-process {} failed on rank {}: {}", want.str(), rank,
                                    current_exception_text()),
                        rank);
-          p2p_cv_.notify_all();
+          p2p_progress_locked();
           drain_sends(lock, sends);
           throw;
         }
@@ -173,7 +173,7 @@ class Group {
         received[i] = 1;
         --pending_recvs;
         progressed = true;
-        p2p_cv_.notify_all();
+        p2p_progress_locked();
       }
       if (!abort_reason_.empty()) break;
       if (progressed) continue;
@@ -192,11 +192,17 @@ class Group {
         abort_locked(CommError::Reason::kAborted, departure_message(gone), gone);
         break;
       }
-      if (p2p_cv_.wait_until(lock, deadline) == std::cv_status::timeout && abort_reason_.empty()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
         abort_locked(CommError::Reason::kTimeout,
                      p2p_timeout_message(rank, calls, received, recvs, sends), rank);
         break;
       }
+      // A condition variable, not a spin: on a loaded machine a spinning
+      // rank takes the core its peer needs (p2p_bench, 4 KiB exchanges on
+      // 2 cores at load 8-9: 112-319 us spinning 50 us first, 18-37 us
+      // waiting at once; docs/BENCHMARKS.md).
+      const uint64_t seen = p2p_progress_.load(std::memory_order_relaxed);
+      p2p_cv_.wait_until(lock, deadline, [&] { return p2p_progress_.load(std::memory_order_relaxed) != seen; });
     }
     drain_sends(lock, sends);
     throw_if_aborted(rank, calls.front().desc);
@@ -238,6 +244,11 @@ class Group {
     bool claimed = false;
     bool done = false;
   };
+  void p2p_progress_locked() {
+    p2p_progress_.fetch_add(1, std::memory_order_release);
+    p2p_cv_.notify_all();
+  }
+
   size_t pair_index(int from, int to) const {
     return static_cast<size_t>(from) * static_cast<size_t>(size_) + static_cast<size_t>(to);
   }
@@ -370,7 +381,7 @@ class Group {
     aborted_.store(true, std::memory_order_release);
     abort_origin_ = origin;
     cv_.notify_all();
-    p2p_cv_.notify_all();
+    p2p_progress_locked();
   }
 
   // Timeouts, mismatches and failures inside a collective already name the
@@ -445,6 +456,9 @@ class Group {
   std::vector<CollectiveDesc> last_p2p_;
   std::vector<std::deque<std::shared_ptr<SendPost>>> sends_;
   std::condition_variable p2p_cv_;
+  // Bumped, under mutex_, whenever a transfer may have progressed (a post,
+  // a copy done, an abort, a departure): what the waits wait for.
+  std::atomic<uint64_t> p2p_progress_{0};
   std::vector<std::weak_ptr<Group>> descendants_;  // every group split from this one
 };
 

@@ -213,10 +213,17 @@ void MpiCommunicator::wait_p2p(std::span<const P2PCall> calls, std::span<MPI_Req
   bool done = false;
   try {
     // As the collectives' waits (poll_plan): spin for the bytes' time at
-    // 1 GB/s, then, moving data, keep testing a while before sleeping.
+    // 1 GB/s, then, moving data, keep testing a while before sleeping. A
+    // description that carries a message moves data too: at 4 KiB it
+    // leaves MPI's eager protocol, whose rendezvous progresses only inside
+    // MPI_Test, and sleeping between tests made a 4 KiB exchange take
+    // 0.6-1.3 ms instead of microseconds (p2p_bench, docs/BENCHMARKS.md).
     const auto transfer = std::chrono::microseconds(static_cast<int64_t>(std::min<uint64_t>(bytes / 1000, INT32_MAX)));
-    mpi::PollPlan plan{options().spin + transfer, moving_data ? kDataBusy + transfer : std::chrono::microseconds(0),
-                       between};
+    const bool carrying = !moving_data && bytes > 0 && std::all_of(calls.begin(), calls.end(), [](const P2PCall& c) {
+      return c.desc.count * elem_size(c.desc.dtype) <= kLimit;
+    });
+    mpi::PollPlan plan{options().spin + transfer,
+                       moving_data || carrying ? kDataBusy + transfer : std::chrono::microseconds(0), between};
     done = mpi::poll_until(requests, MPI_STATUSES_IGNORE, Deadline(options().timeout), plan);
   } catch (const Error& e) {
     MpiEnvironment::keep_until_exit(std::move(buffers));
