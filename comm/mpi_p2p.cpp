@@ -35,7 +35,12 @@ constexpr int kHeaderTag = 0x2e5a;  // sender -> receiver: its desc, and a small
 constexpr int kAckTag = 0x2e5b;     // receiver -> sender: its desc
 constexpr int kDataTag = 0x2e5c;    // a large message's data
 constexpr size_t kLimit = mpi::Exchange::kPayloadLimit;
-constexpr size_t kHeaderBytes = sizeof(mpi::DescWords);
+// How long a wait for a carried message keeps testing before it sleeps:
+// long enough for the rendezvous of a description of 4 KiB and more, short
+// enough that two ranks sharing a core (an oversubscribed host) do not keep
+// each other off it for a time slice (p2p_bench: 100 ms of testing made
+// some runs' 4 KiB exchanges take 24 ms; docs/BENCHMARKS.md).
+constexpr std::chrono::microseconds kCarriedBusy{1000};
 
 mpi::DescWords encode(const CollectiveDesc& d) {
   return {static_cast<uint64_t>(d.kind),  static_cast<uint64_t>(d.dtype),
@@ -217,13 +222,15 @@ void MpiCommunicator::wait_p2p(std::span<const P2PCall> calls, std::span<MPI_Req
     // description that carries a message moves data too: at 4 KiB it
     // leaves MPI's eager protocol, whose rendezvous progresses only inside
     // MPI_Test, and sleeping between tests made a 4 KiB exchange take
-    // 0.6-1.3 ms instead of microseconds (p2p_bench, docs/BENCHMARKS.md).
+    // 0.6-1.3 ms instead of microseconds (p2p_bench, docs/BENCHMARKS.md);
+    // briefly (kCarriedBusy), since both sides of it are usually there.
     const auto transfer = std::chrono::microseconds(static_cast<int64_t>(std::min<uint64_t>(bytes / 1000, INT32_MAX)));
     const bool carrying = !moving_data && bytes > 0 && std::all_of(calls.begin(), calls.end(), [](const P2PCall& c) {
       return c.desc.count * elem_size(c.desc.dtype) <= kLimit;
     });
-    mpi::PollPlan plan{options().spin + transfer,
-                       moving_data || carrying ? kDataBusy + transfer : std::chrono::microseconds(0), between};
+    const std::chrono::microseconds busy =
+        moving_data ? kDataBusy + transfer : carrying ? kCarriedBusy + transfer : std::chrono::microseconds(0);
+    mpi::PollPlan plan{options().spin + transfer, busy, between};
     done = mpi::poll_until(requests, MPI_STATUSES_IGNORE, Deadline(options().timeout), plan);
   } catch (const Error& e) {
     MpiEnvironment::keep_until_exit(std::move(buffers));
