@@ -254,7 +254,10 @@ class Engine {
   // DeepSpeed's PipelineEngine refuses them), LAMB with tp > 1 (its
   // per-parameter trust ratios would see slices), and a group whose size is
   // not tp x pp. Checkpoints and weight export refuse a model-parallel
-  // engine until they know the mesh (checkpoint.h).
+  // engine until they know the mesh (checkpoint.h). The norm's all-reduce
+  // makes step() collective over the model-parallel group: every tp rank
+  // and every pipeline stage calls it for the same micro-steps (a
+  // schedule's stages step together at the end of the batch).
   void set_model_parallel(const ModelParallel& mp);
   const ModelParallel& model_parallel() const;
   // Lays the model out, checks across ranks that every rank registered the

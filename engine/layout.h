@@ -42,7 +42,9 @@ struct ParamSpec {
   // layer's bias) rather than a tp rank's slice. The global gradient norm
   // counts it once, on tp rank 0, as Megatron counts a parameter that is
   // not tensor_model_parallel. Without tensor parallelism it changes
-  // nothing.
+  // nothing. The engine does not make the copies agree: the program gives
+  // them the same initial values and the same gradients (the tp layers
+  // all-reduce them over tp), and identical steps keep them identical.
   bool tp_replicated = false;
 };
 

@@ -1,5 +1,6 @@
 // Collectives over device buffers: the in-process backend with its ranks on
-// one GPU (bit for bit against the host reduction), and a 1-rank NCCL
+// one GPU (bit for bit against the host reduction; its point-to-point
+// transfers too), and a 1-rank NCCL
 // communicator running every collective, group, split and its watchdog.
 #include <doctest/doctest.h>
 
@@ -115,6 +116,32 @@ TEST_CASE("in-process collectives on one GPU are exact for every dtype, count an
         [](Communicator& comm) {
           OwnedStream stream(kCuda0);
           check_collectives_on_device(comm, stream);
+        },
+        kCuda0, CommOptions{std::chrono::seconds(60)});
+  }
+}
+
+TEST_CASE("in-process send_recv between device buffers on one GPU is exact, in a ring on 2 and 3 ranks") {
+  for (const int w : {2, 3}) {
+    CAPTURE(w);
+    run_inprocess(
+        w,
+        [](Communicator& comm) {
+          OwnedStream stream(kCuda0);
+          const int next = (comm.rank() + 1) % comm.size();
+          const int prev = (comm.rank() + comm.size() - 1) % comm.size();
+          for (const DType t : kAllDTypes) {
+            for (const size_t count : {size_t{0}, size_t{7}, size_t{4099}}) {
+              CAPTURE(dtype_name(t));
+              CAPTURE(count);
+              const size_t bytes = count * elem_size(t);
+              DeviceBuffer out(make_input(t, comm.rank(), 0, count, 1));
+              DeviceBuffer in(make_poisoned(bytes));
+              const P2POp ops[] = {P2POp::send(out.get(), count, t, next), P2POp::recv(in.get(), count, t, prev)};
+              comm.send_recv(ops, stream);
+              CHECK(same_bytes(make_input(t, prev, 0, count, 1), in.download(stream, bytes).data(), bytes));
+            }
+          }
         },
         kCuda0, CommOptions{std::chrono::seconds(60)});
   }
