@@ -115,6 +115,7 @@ void write_manifest(const std::string& dir, const CheckpointManifest& manifest) 
 }
 
 std::string save_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
+  refuse_model_parallel(engine.model_parallel(), "save_checkpoint");
   const Engine::Progress progress = engine.progress();
   const std::string tag = options.tag.empty() ? fmt::format("step_{:06d}", progress.applied_steps) : options.tag;
   check_tag(tag);
@@ -264,6 +265,7 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
 }
 
 std::string load_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
+  refuse_model_parallel(engine.model_parallel(), "load_checkpoint");
   if (!options.tag.empty()) check_tag(options.tag);
   std::string dir = options.tag.empty() ? std::string() : (fs::path(root) / options.tag).string();
   const ModelLayout& layout = engine.layout();

@@ -55,6 +55,7 @@ std::vector<std::byte> encode_weights(std::span<const float> values, DType dtype
 }
 
 void export_weights(Engine& engine, const std::string& path, const WeightsExportOptions& options) {
+  refuse_model_parallel(engine.model_parallel(), "export_weights");
   const ModelLayout& layout = engine.layout();
   const bool writer_rank = engine.comm().rank() == 0;
   std::unique_ptr<SafetensorsWriter> writer;
@@ -81,6 +82,7 @@ void export_weights(Engine& engine, const std::string& path, const WeightsExport
 }
 
 void import_weights(Engine& engine, const std::string& path, const WeightsImportOptions& options) {
+  refuse_model_parallel(engine.model_parallel(), "import_weights");
   const ModelLayout& layout = engine.layout();
   std::optional<SafetensorsFile> file;
   on_every_rank(engine, "checking the weights file", [&] {

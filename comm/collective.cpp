@@ -35,6 +35,8 @@ std::string_view collective_name(CollectiveKind kind) {
     case CollectiveKind::kBroadcast: return "broadcast";
     case CollectiveKind::kBarrier: return "barrier";
     case CollectiveKind::kSplit: return "split";
+    case CollectiveKind::kSend: return "send";
+    case CollectiveKind::kRecv: return "recv";
   }
   return "unknown";
 }
@@ -51,6 +53,12 @@ std::string CollectiveDesc::str() const {
       break;
     case CollectiveKind::kBroadcast:
       details = fmt::format("{} x {}, root {}", count, dtype_text(dtype), root);
+      break;
+    case CollectiveKind::kSend:
+      details = fmt::format("{} x {}, to rank {}", count, dtype_text(dtype), root);
+      break;
+    case CollectiveKind::kRecv:
+      details = fmt::format("{} x {}, from rank {}", count, dtype_text(dtype), root);
       break;
     case CollectiveKind::kBarrier:
     case CollectiveKind::kSplit:

@@ -49,6 +49,15 @@ void CommCounters::record(const CollectiveDesc& desc, int rank, int world_size) 
       }
       break;
     }
+    case CollectiveKind::kSend:
+      // Exactly what travels: the message, once, to one peer.
+      c.elements += desc.count;
+      c.bytes_sent += static_cast<double>(desc.count) * es;
+      break;
+    case CollectiveKind::kRecv:
+      c.elements += desc.count;
+      c.bytes_received += static_cast<double>(desc.count) * es;
+      break;
     case CollectiveKind::kBarrier:
     case CollectiveKind::kSplit:
       break;

@@ -9,7 +9,10 @@
 //   all_gather      sends and receives   (W-1)/W B   (B = W x the sent part)
 //   broadcast       the root sends B, every other rank receives B
 // and nothing when W = 1. They are what the algorithm must move, not a
-// measurement of what a library did on the wire.
+// measurement of what a library did on the wire. Point-to-point transfers
+// (p2p.h) count exactly: a send of B bytes adds B to counters[kSend]'s
+// bytes_sent and one call; the matching recv adds B to counters[kRecv]'s
+// bytes_received. The totals include them.
 #pragma once
 
 #include <array>

@@ -71,6 +71,8 @@ Communicator::Communicator(int rank, int size, Device device, CommOptions option
   ZEST_CHECK(size >= 1 && rank >= 0 && rank < size,
              "a communicator needs 0 <= rank < size, got rank {} of {}", rank, size);
   check_comm_options(options);
+  sent_seq_.assign(static_cast<size_t>(size), 0);
+  received_seq_.assign(static_cast<size_t>(size), 0);
 }
 
 void Communicator::mark_aborted(const std::string& reason) {
@@ -211,6 +213,77 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DType d
 void Communicator::barrier(const Stream& stream) {
   const CollectiveDesc desc = begin(CollectiveKind::kBarrier, DType::kUInt8, ReduceOp::kSum, -1, 0, stream);
   run(desc, [&] { do_barrier(desc, stream); });
+}
+
+void Communicator::send(const void* buffer, size_t count, DType dtype, int peer, const Stream& stream,
+                        uint64_t tag) {
+  const P2POp op = P2POp::send(buffer, count, dtype, peer, tag);
+  send_recv(std::span<const P2POp>(&op, 1), stream);
+}
+
+void Communicator::recv(void* buffer, size_t count, DType dtype, int peer, const Stream& stream,
+                        uint64_t tag) {
+  const P2POp op = P2POp::recv(buffer, count, dtype, peer, tag);
+  send_recv(std::span<const P2POp>(&op, 1), stream);
+}
+
+void Communicator::send_recv(std::span<const P2POp> ops, const Stream& stream) {
+  refuse_if_aborted(ops.size() == 1 ? (ops[0].is_send ? "send" : "recv") : "send_recv");
+  ZEST_CHECK(group_depth_ == 0,
+             "send/recv inside a group_start/group_end block: pass the transfers that must start "
+             "together to one send_recv call instead");
+  ZEST_CHECK(stream.device() == device_,
+             "send/recv: the stream is on {} but the communicator is on {}; pass a stream of {}",
+             stream.device().str(), device_.str(), device_.str());
+  if (ops.empty()) return;
+  // Checked before any is numbered, so a refused call shifts no numbering.
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    const char* what = op.is_send ? "send" : "recv";
+    ZEST_CHECK(op.peer >= 0 && op.peer < size_ && op.peer != rank_,
+               "{} {} of {}: peer {} is not another rank of this communicator of {} ranks (0..{}, "
+               "not this rank, {})",
+               what, i + 1, ops.size(), op.peer, size_, size_ - 1, rank_);
+    ZEST_CHECK(op.count < (uint64_t{1} << 48), "{} to/from rank {}: count {} is not a plausible "
+               "element count", what, op.peer, op.count);
+    ZEST_CHECK(op.count == 0 || op.buffer != nullptr, "{} of {} x {} with rank {}: the buffer is null",
+               what, op.count, dtype_name(op.dtype), op.peer);
+    if (op.is_send || op.count == 0) continue;
+    const Range mine = range(op.buffer, op.count * elem_size(op.dtype));
+    for (size_t j = 0; j < ops.size(); ++j) {
+      const P2POp& other = ops[j];
+      if (j == i || other.count == 0) continue;
+      ZEST_CHECK(!mine.overlaps(range(other.buffer, other.count * elem_size(other.dtype))),
+                 "send_recv: the buffer of recv {} (from rank {}) overlaps that of {} {} (rank {}); "
+                 "a received message must have its own buffer",
+                 i + 1, op.peer, other.is_send ? "send" : "recv", j + 1, other.peer);
+    }
+  }
+  p2p_calls_.clear();
+  for (const P2POp& op : ops) {
+    P2PCall call;
+    call.desc.kind = op.is_send ? CollectiveKind::kSend : CollectiveKind::kRecv;
+    call.desc.dtype = op.dtype;
+    call.desc.root = op.peer;
+    call.desc.count = op.count;
+    call.desc.tag = op.tag;
+    uint64_t& last = (op.is_send ? sent_seq_ : received_seq_)[static_cast<size_t>(op.peer)];
+    call.desc.seq = ++last;
+    call.buffer = op.buffer;
+    p2p_calls_.push_back(call);
+  }
+  try {
+    do_send_recv(p2p_calls_, stream);
+  } catch (const CommError& e) {
+    mark_aborted(e.message());
+    throw;
+  }
+  for (const P2PCall& call : p2p_calls_) counters_.record(call.desc, rank_, size_);
+}
+
+void Communicator::do_send_recv(std::span<const P2PCall> calls, const Stream& /*stream*/) {
+  ZEST_FAIL("{}: the {} communicator has no point-to-point transfers; use the in-process, MPI or NCCL "
+            "backend", calls.front().desc.str(), backend_name());
 }
 
 void Communicator::group_start() {

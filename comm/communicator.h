@@ -32,9 +32,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zest/comm/collective.h"
 #include "zest/comm/comm_counters.h"
+#include "zest/comm/p2p.h"
 #include "zest/core/check.h"
 #include "zest/core/device.h"
 #include "zest/core/lifetime.h"
@@ -141,6 +143,37 @@ class Communicator {
     all_gather(send.data(), recv.data(), send.size(), dtype_of_v<T>, stream);
   }
 
+  // Point-to-point transfers (p2p.h): `count` elements of `dtype` from this
+  // rank to `peer`, or from `peer` into `buffer`. The peer's side must agree
+  // on dtype, count and tag, message by message in order; a disagreement, a
+  // peer that does not come within CommOptions::timeout, or one that left,
+  // is a CommError naming both ranks, and aborts the communicator as a
+  // failed collective does. Device backends (NCCL) queue the transfer on
+  // `stream`; the host backends return once it is complete, so a lone send
+  // waits for the peer's recv: two ranks that must exchange at once (a
+  // pipeline's neighbours) pass both sides to send_recv instead. These are
+  // not collectives: they take no number of the communicator's sequence()
+  // and only the two ranks take part. Not inside group_start/group_end.
+  void send(const void* buffer, size_t count, DType dtype, int peer, const Stream& stream,
+            uint64_t tag = 0);
+  void recv(void* buffer, size_t count, DType dtype, int peer, const Stream& stream,
+            uint64_t tag = 0);
+  // Several sends and receives, to and from any peers, started together and
+  // complete together when this returns (host backends) or when the work
+  // queued on `stream` is (NCCL: one ncclGroupStart/End around them), so a
+  // ring of ranks each sending to the next and receiving from the previous
+  // cannot deadlock. Messages to one peer in one direction keep the order
+  // of `ops`. A receive buffer must not overlap another op's buffer.
+  void send_recv(std::span<const P2POp> ops, const Stream& stream);
+  template <typename T>
+  void send(std::span<const T> buffer, int peer, const Stream& stream, uint64_t tag = 0) {
+    send(buffer.data(), buffer.size(), dtype_of_v<T>, peer, stream, tag);
+  }
+  template <typename T>
+  void recv(std::span<T> buffer, int peer, const Stream& stream, uint64_t tag = 0) {
+    recv(buffer.data(), buffer.size(), dtype_of_v<T>, peer, stream, tag);
+  }
+
   // Operations between group_start() and group_end() may be launched together
   // (one NCCL group). Host backends run each when it is issued; for
   // collectives issued in the same order on every rank the result is the same.
@@ -215,6 +248,12 @@ class Communicator {
   virtual void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                             const Stream& stream) = 0;
   virtual void do_barrier(const CollectiveDesc& desc, const Stream& stream) = 0;
+  // Every side of `calls` started together, complete (host) or queued
+  // (device) on return. The base has checked the arguments and numbered
+  // each call per peer and direction (P2PCall). Every backend of ZEST's
+  // implements it; a communicator of the program's own (a test double)
+  // that does not refuses transfers, naming itself.
+  virtual void do_send_recv(std::span<const P2PCall> calls, const Stream& stream);
   // Spreads abort(): `message` is "rank R failed: <reason>". Called once the
   // communicator is marked aborted.
   virtual void do_abort(const std::string& /*message*/) {}
@@ -246,6 +285,10 @@ class Communicator {
   const Device device_;
   const CommOptions options_;
   uint64_t seq_ = 0;
+  // The last message's number per peer: sent to it, received from it.
+  std::vector<uint64_t> sent_seq_;
+  std::vector<uint64_t> received_seq_;
+  std::vector<P2PCall> p2p_calls_;  // send_recv's, kept to allocate nothing per call
   int group_depth_ = 0;
   CommCounters counters_;
   std::string abort_reason_;

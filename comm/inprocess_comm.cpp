@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -31,7 +32,9 @@ class Group {
  public:
   Group(int world_size, Device device, CommOptions options)
       : size_(world_size), device_(device), options_(options), spin_(spin_budget(world_size, options)),
-        posts_(world_size), arrived_gen_(world_size, ~uint64_t{0}), in_data_(world_size, 0) {}
+        posts_(world_size), arrived_gen_(world_size, ~uint64_t{0}), in_data_(world_size, 0),
+        departed_(static_cast<size_t>(world_size), 0), last_p2p_(static_cast<size_t>(world_size)),
+        sends_(static_cast<size_t>(world_size) * static_cast<size_t>(world_size)) {}
 
   int size() const { return size_; }
   Device device() const { return device_; }
@@ -42,6 +45,12 @@ class Group {
   const std::vector<Post>& arrive(int rank, const Post& post) {
     std::unique_lock<std::mutex> lock(mutex_);
     throw_if_aborted(rank, post.desc);
+    for (int r = 0; r < size_; ++r) {
+      if (departed_[static_cast<size_t>(r)]) {
+        abort_locked(CommError::Reason::kAborted, departure_message(r), r);
+        throw_if_aborted(rank, post.desc);
+      }
+    }
     posts_[rank] = post;
     // Compare with the ranks already here: a divergence is reported now,
     // not at the timeout.
@@ -89,18 +98,109 @@ class Group {
   }
 
   // `rank`'s function returned (run_inprocess): it calls no more
-  // collectives here, so a rank still waiting for it, or calling another,
-  // fails at once naming it instead of waiting out the timeout. Collectives
-  // it took part in are done (it left their last barrier, so every rank
-  // arrived there). Groups split from this one are left alone: their ranks
-  // need not include it.
+  // collectives or transfers here, so a rank still waiting for it, or
+  // calling another collective, or a transfer with it, fails at once naming
+  // it instead of waiting out the timeout. Collectives it took part in are
+  // done (it left their last barrier, so every rank arrived there), and so
+  // are its transfers (it returned from them). Ranks that go on exchanging
+  // among themselves (a pipeline's later stages) are left alone. Groups
+  // split from this one are left alone too: their ranks need not include it.
   void depart(int rank) {
     std::lock_guard<std::mutex> lock(mutex_);
-    abort_locked(CommError::Reason::kAborted,
-                 fmt::format("rank {} left: its function returned, so it calls no more "
-                             "collectives on this communicator",
-                             rank),
-                 rank);
+    departed_[static_cast<size_t>(rank)] = 1;
+    // Ranks waiting in a collective now wait for a rank that will not come.
+    if (arrived_ > 0) abort_locked(CommError::Reason::kAborted, departure_message(rank), rank);
+    p2p_cv_.notify_all();
+  }
+
+  // Point-to-point: this rank's sides of `calls` (p2p.h). Sends are posted
+  // for their receivers, which copy straight from the sender's buffer; this
+  // rank copies its receives from the senders' buffers; it returns once
+  // every side is done.
+  void transfer(int rank, std::span<const P2PCall> calls, const Stream& stream) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    throw_if_aborted(rank, calls.front().desc);
+    std::vector<std::shared_ptr<SendPost>> sends;
+    std::vector<const P2PCall*> recvs;
+    for (const P2PCall& c : calls) {
+      last_p2p_[static_cast<size_t>(rank)] = c.desc;
+      if (c.desc.kind == CollectiveKind::kSend) {
+        auto post = std::make_shared<SendPost>(SendPost{c.desc, rank, c.buffer});
+        sends_[pair_index(rank, c.desc.root)].push_back(post);
+        sends.push_back(std::move(post));
+      } else {
+        recvs.push_back(&c);
+      }
+    }
+    p2p_cv_.notify_all();
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    std::vector<char> received(recvs.size(), 0);
+    size_t pending_recvs = recvs.size();
+    for (;;) {
+      // Receive whatever has been posted for us, in order per sender.
+      bool progressed = false;
+      for (size_t i = 0; i < recvs.size() && abort_reason_.empty(); ++i) {
+        if (received[i]) continue;
+        const CollectiveDesc& want = recvs[i]->desc;
+        std::deque<std::shared_ptr<SendPost>>& queue = sends_[pair_index(want.root, rank)];
+        if (queue.empty()) continue;
+        std::shared_ptr<SendPost> post = queue.front();
+        if (!p2p_match(post->desc, post->from, want, rank)) {
+          abort_locked(CommError::Reason::kMismatch,
+                       p2p_mismatch_message("in-process", post->desc, post->from, want, rank), rank);
+          break;
+        }
+        queue.pop_front();
+        post->claimed = true;
+        lock.unlock();
+        try {
+          const size_t bytes = want.count * elem_size(want.dtype);
+          if (bytes > 0) copy_bytes(stream, recvs[i]->buffer, post->buffer, bytes);
+          inprocess::synchronize(stream);
+        } catch (...) {
+          lock.lock();
+          post->done = true;
+          abort_locked(CommError::Reason::kBackend,
+                       fmt::format("in-process {} failed on rank {}: {}", want.str(), rank,
+                                   current_exception_text()),
+                       rank);
+          p2p_cv_.notify_all();
+          drain_sends(lock, sends);
+          throw;
+        }
+        lock.lock();
+        post->done = true;
+        received[i] = 1;
+        --pending_recvs;
+        progressed = true;
+        p2p_cv_.notify_all();
+      }
+      if (!abort_reason_.empty()) break;
+      if (progressed) continue;
+      bool sends_done = true;
+      for (const auto& post : sends) sends_done = sends_done && post->done;
+      if (sends_done && pending_recvs == 0) return;
+      // A peer that left will not come for what is still pending with it.
+      int gone = -1;
+      for (size_t i = 0; i < recvs.size() && gone < 0; ++i) {
+        if (!received[i] && departed_[static_cast<size_t>(recvs[i]->desc.root)]) gone = recvs[i]->desc.root;
+      }
+      for (const auto& post : sends) {
+        if (gone < 0 && !post->claimed && departed_[static_cast<size_t>(post->desc.root)]) gone = post->desc.root;
+      }
+      if (gone >= 0) {
+        abort_locked(CommError::Reason::kAborted, departure_message(gone), gone);
+        break;
+      }
+      if (p2p_cv_.wait_until(lock, deadline) == std::cv_status::timeout && abort_reason_.empty()) {
+        abort_locked(CommError::Reason::kTimeout,
+                     p2p_timeout_message(rank, calls, received, recvs, sends), rank);
+        break;
+      }
+    }
+    drain_sends(lock, sends);
+    throw_if_aborted(rank, calls.front().desc);
+    ZEST_INTERNAL_ASSERT(false, "an in-process transfer ended without completing or failing");
   }
 
   // The rank whose failure aborted the group (-1: none did, or not known).
@@ -128,6 +228,75 @@ class Group {
   }
 
  private:
+  // A send posted for its receiver, who copies from `buffer`: the sender
+  // returns only once it is done (or, aborted, once no receiver that
+  // claimed it is still copying).
+  struct SendPost {
+    CollectiveDesc desc;
+    int from = 0;
+    const void* buffer = nullptr;
+    bool claimed = false;
+    bool done = false;
+  };
+  size_t pair_index(int from, int to) const {
+    return static_cast<size_t>(from) * static_cast<size_t>(size_) + static_cast<size_t>(to);
+  }
+
+  std::string departure_message(int rank) const {
+    return fmt::format("rank {} left: its function returned, so it calls no more collectives on "
+                       "this communicator (nor transfers)",
+                       rank);
+  }
+
+  // Aborted: this rank's sends leave the queues, and it waits (bounded by the
+  // timeout: a copy waits on no one) until no receiver still copies from them.
+  void drain_sends(std::unique_lock<std::mutex>& lock,
+                   const std::vector<std::shared_ptr<SendPost>>& sends) {
+    for (const auto& post : sends) {
+      if (post->claimed) continue;
+      auto& queue = sends_[pair_index(post->from, post->desc.root)];
+      std::erase(queue, post);
+    }
+    p2p_cv_.wait_for(lock, options_.timeout, [&] {
+      for (const auto& post : sends) {
+        if (post->claimed && !post->done) return false;
+      }
+      return true;
+    });
+  }
+
+  // Names each side still pending and what its peer is doing.
+  std::string p2p_timeout_message(int rank, std::span<const P2PCall> calls,
+                                  const std::vector<char>& received,
+                                  const std::vector<const P2PCall*>& recvs,
+                                  const std::vector<std::shared_ptr<SendPost>>& sends) const {
+    std::string pending;
+    std::vector<int> peers;
+    const auto add = [&](const CollectiveDesc& d, const char* verb) {
+      pending += fmt::format("{}{} ({})", pending.empty() ? "" : "; ", d.str(),
+                             fmt::format(fmt::runtime(verb), d.root));
+      if (std::find(peers.begin(), peers.end(), d.root) == peers.end()) peers.push_back(d.root);
+    };
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      if (!received[i]) add(recvs[i]->desc, "rank {} did not send it");
+    }
+    for (const auto& post : sends) {
+      if (!post->claimed) add(post->desc, "rank {} did not receive it");
+    }
+    std::string doing;
+    for (int peer : peers) {
+      const CollectiveDesc& p2p = last_p2p_[static_cast<size_t>(peer)];
+      const CollectiveDesc& coll = posts_[static_cast<size_t>(peer)].desc;
+      doing += fmt::format("; rank {}'s last transfer was {}, its last collective {}", peer,
+                           p2p.seq == 0 ? std::string("none") : p2p.str(),
+                           coll.seq == 0 ? std::string("none") : coll.str());
+    }
+    return fmt::format("in-process {} timed out after {} ms on rank {}: {}{}",
+                       calls.size() == 1 ? calls.front().desc.str()
+                                         : fmt::format("send_recv of {} transfers", calls.size()),
+                       options_.timeout.count(), rank, pending, doing);
+  }
+
   // A cyclic barrier whose wait ends in an error when the group is aborted or
   // the timeout passes. Ranks count as arrived for generation_ when
   // arrived_gen_[r] equals it.
@@ -201,6 +370,7 @@ class Group {
     aborted_.store(true, std::memory_order_release);
     abort_origin_ = origin;
     cv_.notify_all();
+    p2p_cv_.notify_all();
   }
 
   // Timeouts, mismatches and failures inside a collective already name the
@@ -268,6 +438,13 @@ class Group {
   std::string abort_reason_;
   int abort_origin_ = -1;
   std::map<int, std::shared_ptr<Group>> children_;
+  // Point-to-point: who left, each rank's last transfer (for timeouts), the
+  // sends posted from rank a to rank b at sends_[a * size + b], and the
+  // condition their waits use (apart from the collectives' barrier).
+  std::vector<char> departed_;
+  std::vector<CollectiveDesc> last_p2p_;
+  std::vector<std::deque<std::shared_ptr<SendPost>>> sends_;
+  std::condition_variable p2p_cv_;
   std::vector<std::weak_ptr<Group>> descendants_;  // every group split from this one
 };
 
@@ -332,6 +509,12 @@ class InProcessCommunicator final : public Communicator {
   }
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override {
     exchange(desc, nullptr, nullptr, stream, [](const std::vector<Post>&) {});
+  }
+  void do_send_recv(std::span<const P2PCall> calls, const Stream& stream) override {
+    // The peers read our sends and write our receives from their threads:
+    // work queued on our stream comes first.
+    inprocess::synchronize(stream);
+    group_->transfer(rank(), calls, stream);
   }
   std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key,
                                          bool /*share_resources: threads share everything*/) override {

@@ -174,6 +174,8 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                     const Stream& stream) override;
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override;
+  // mpi_p2p.cpp: Note [point-to-point over MPI].
+  void do_send_recv(std::span<const P2PCall> calls, const Stream& stream) override;
   std::unique_ptr<Communicator> do_split(const CollectiveDesc& desc, int color, int key,
                                          bool share_resources) override;
   // MPI cannot end a collective on the other processes short of ending
@@ -215,6 +217,10 @@ class MpiCommunicator final : public Communicator {
   // every peer, recv_from(peer)'s from each.
   using BlockFor = std::function<mpi::Block(int peer)>;
   void transfer(const CollectiveDesc& desc, MPI_Datatype type, const BlockFor& send_to, const BlockFor& recv_from);
+  // Polls a transfer's requests until done, the deadline, or a peer's
+  // departure; fails naming the peers otherwise (mpi_p2p.cpp).
+  void wait_p2p(std::span<const P2PCall> calls, std::span<MPI_Request> requests, bool moving_data,
+                std::shared_ptr<void> buffers);
   // For a timeout's message: which members are missing, and where they are.
   std::string whereabouts(const CollectiveDesc& desc, bool moving_data);
   template <typename Fn>

@@ -498,6 +498,34 @@ void NcclCommunicator::do_barrier(const CollectiveDesc& desc, const Stream& stre
   run_barrier(desc, stream, state_->timeout);
 }
 
+void NcclCommunicator::do_send_recv(std::span<const P2PCall> calls, const Stream& stream) {
+  check();
+  // One NCCL group, whatever the number of sides: NCCL launches them
+  // together at its end, so neighbours that send to each other do not wait
+  // on each other's receive (NCCL's point-to-point documentation).
+  do_group_start();
+  try {
+    for (const P2PCall& c : calls) {
+      if (c.desc.count == 0) continue;  // the peer, agreeing on the count, skips it too
+      issue(c.desc, stream, [&](ncclComm_t comm) {
+        return c.desc.kind == CollectiveKind::kSend
+                   ? ncclSend(c.buffer, c.desc.count, nccl_type(c.desc.dtype), c.desc.root, comm,
+                              cuda_stream(stream))
+                   : ncclRecv(c.buffer, c.desc.count, nccl_type(c.desc.dtype), c.desc.root, comm,
+                              cuda_stream(stream));
+      }, state_->timeout);
+    }
+  } catch (...) {
+    try {
+      do_group_end();  // NCCL's group is per thread: never left open
+    } catch (...) {
+      // The first failure is the one reported.
+    }
+    throw;
+  }
+  do_group_end();
+}
+
 // A barrier bounded by `limit`: the host waits for its completion.
 void NcclCommunicator::run_barrier(const CollectiveDesc& desc, const Stream& stream,
                                    milliseconds limit) {

@@ -98,6 +98,11 @@ class NcclCommunicator final : public Communicator {
   void do_broadcast(const CollectiveDesc& desc, const void* send, void* recv,
                     const Stream& stream) override;
   void do_barrier(const CollectiveDesc& desc, const Stream& stream) override;
+  // ncclSend/ncclRecv inside one ncclGroupStart/End, each watched like a
+  // collective. NCCL does not compare the two sides' descriptions (as it
+  // compares no collective's): a send whose receive never comes, or whose
+  // count differs, ends at the watchdog's timeout naming the transfer.
+  void do_send_recv(std::span<const P2PCall> calls, const Stream& stream) override;
   void do_abort(const std::string& message) override;
   void do_group_start() override;
   void do_group_end() override;

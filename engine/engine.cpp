@@ -243,6 +243,38 @@ int Engine::add_unit(const std::string& name, std::vector<ParamSpec> params) {
   return static_cast<int>(impl_->specs.size()) - 1;
 }
 
+void Engine::set_model_parallel(const ModelParallel& mp) {
+  check_borrowed("set_model_parallel()");
+  ZEST_CHECK(impl_->layout == nullptr, "set_model_parallel() after finalize(): call it before finalize()");
+  ZEST_CHECK(mp.tp_size >= 1 && mp.pp_size >= 1 && mp.tp_rank >= 0 && mp.tp_rank < mp.tp_size &&
+                 mp.pp_rank >= 0 && mp.pp_rank < mp.pp_size,
+             "set_model_parallel: tp rank {} of {} and pp rank {} of {} are not coordinates of a mesh", mp.tp_rank,
+             mp.tp_size, mp.pp_rank, mp.pp_size);
+  ZEST_CHECK(mp.size() == 1 || (mp.group != nullptr && mp.group->size() == mp.size()),
+             "set_model_parallel: tp {} x pp {} needs the model-parallel group of {} ranks (DeviceMesh::"
+             "model_parallel()), but {}",
+             mp.tp_size, mp.pp_size, mp.size(),
+             mp.group == nullptr ? std::string("none was given") : fmt::format("it has {} ranks", mp.group->size()));
+  ZEST_CHECK(mp.group == nullptr || mp.group->device() == comm_.device(),
+             "set_model_parallel: the model-parallel group is on {} but the engine's communicator on {}",
+             mp.group ? mp.group->device().str() : "", comm_.device().str());
+  ZEST_CHECK(mp.pp_size == 1 || config_.zero.stage < 2,
+             "ZeRO stage {} with pipeline parallelism (pp {}) is refused, as DeepSpeed's PipelineEngine refuses "
+             "it (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"): a stage's gradients "
+             "arrive micro-batch by micro-batch across the schedule, which stages 2-3 would reduce-scatter "
+             "(and stage 3 re-gather) once per micro-batch in flight. Use zero_optimization.stage 0 or 1 with "
+             "pp > 1, or pp 1",
+             config_.zero.stage, mp.pp_size);
+  ZEST_CHECK(mp.tp_size == 1 || config_.optimizer.kind != OptimizerKind::kLamb,
+             "LAMB with tensor parallelism (tp {}) is refused: its per-parameter trust ratios need the norm of "
+             "each whole parameter, and a tp rank holds a slice; use AdamW, Adam or SGD, or tp 1",
+             mp.tp_size);
+  impl_->mp = mp;
+  if (mp.size() == 1) impl_->mp.group = nullptr;
+}
+
+const ModelParallel& Engine::model_parallel() const { return impl_->mp; }
+
 namespace {
 
 // Every rank's `mine`, rank by rank. Free of the engine, since finalize()
@@ -378,6 +410,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
                    stream_);
   im.layout = std::move(layout);
   const ModelLayout& L = *im.layout;
+  if (im.mp.tp_rank != 0) find_tp_duplicates();
 
   const size_t bc = elem_size(compute_dtype_);
   const bool accumulating = config_.accumulation_steps() > 1;

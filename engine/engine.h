@@ -124,6 +124,7 @@
 #include "zest/engine/step_result.h"
 #include "zest/engine/unit_handle.h"
 #include "zest/memory/caching_allocator.h"
+#include "zest/mesh/model_parallel.h"
 #include "zest/optim/loss_scaler.h"
 
 namespace zest {
@@ -239,6 +240,23 @@ class Engine {
   void add_param_group(const std::string& name, float weight_decay);
   // Returns the unit's index (0, 1, ... in registration order).
   int add_unit(const std::string& name, std::vector<ParamSpec> params);
+  // Tensor and pipeline parallelism around the data-parallel `comm` (a
+  // DeviceMesh's dp(), mesh/device_mesh.h): `mp` names this rank's tp and pp
+  // coordinates and the model-parallel group (tp x pp ranks holding one copy
+  // of the model between them). Before finalize. The engine then shards
+  // only over comm, as before, and makes global what must be: the square of
+  // the gradient norm, which also finds an fp16 overflow or a NaN, is summed
+  // over the model-parallel group too (exactly, in integers: the clipped
+  // update and the norm have the bits of one rank holding the whole model
+  // wherever the chunks of 256 elements the norm is summed in coincide,
+  // optim/grad_norm.h), counting a ParamSpec::tp_replicated parameter on tp
+  // rank 0 only. Refused, by name: ZeRO stages 2 and 3 with pp > 1 (as
+  // DeepSpeed's PipelineEngine refuses them), LAMB with tp > 1 (its
+  // per-parameter trust ratios would see slices), and a group whose size is
+  // not tp x pp. Checkpoints and weight export refuse a model-parallel
+  // engine until they know the mesh (checkpoint.h).
+  void set_model_parallel(const ModelParallel& mp);
+  const ModelParallel& model_parallel() const;
   // Lays the model out, checks across ranks that every rank registered the
   // same model, allocates, and sets the initial values. Collective.
   void finalize(const Initializer& init, InitFrom from = InitFrom::kRank0);
@@ -531,6 +549,8 @@ class Engine {
   const void* reduced_grad(int unit) const;
   DType reduced_grad_dtype(int unit) const;
   int64_t* global_sum_of_squares(float scale, Buffer& sums);
+  // finalize() on a tp rank other than 0: Impl::tp_duplicates.
+  void find_tp_duplicates();
   ShardBuffers device_shard(int unit);
   // engine_lamb.cpp: the LAMB optimizer on the owned shards; `workspace`
   // (new) must outlive the kernels and reductions it queues.

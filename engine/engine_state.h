@@ -102,6 +102,13 @@ struct Engine::Impl {
   // serve instead (Engine::shard_group, shard_control). With hpZ, its group.
   ShardGroups mics;
   std::unique_ptr<Communicator> mics_control;
+  // set_model_parallel(): the model-parallel group and coordinates; and,
+  // on tp ranks other than 0, the ranges of each unit's shard (relative to
+  // its start) holding tp_replicated parameters, which the norm skips
+  // there; `replicated_only`: the whole shard is such (or padding).
+  ModelParallel mp;
+  std::vector<std::vector<std::pair<size_t, size_t>>> tp_duplicates;
+  std::vector<char> replicated_only;
   std::optional<OwnedStream> comm_stream;
   std::optional<Event> handoff;  // compute -> comm ordering
   std::vector<UnitState> units;

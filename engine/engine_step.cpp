@@ -80,15 +80,66 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
   const size_t chunks = L.trainable_owned() / kShardQuantum;
   sums = allocator_.allocate_buffer(chunks * 8 + kExactWords * 8, stream_, MemoryCategory::kCommBuffers);
   auto* exact = reinterpret_cast<int64_t*>(sums.as<double>() + chunks);
+  Buffer masked;  // a shard with its tp-replicated parameters zeroed (tp rank > 0)
   for (int u = 0; u < L.num_units(); ++u) {
     if (L.unit(u).frozen) continue;
-    chunk_sums_of_squares(stream_, reduced_grad(u), reduced_grad_dtype(u), L.unit(u).shard, kShardQuantum,
-                          scale, sums.as<double>() + L.trainable_offset(u) / kShardQuantum);
+    double* out = sums.as<double>() + L.trainable_offset(u) / kShardQuantum;
+    const size_t shard = L.unit(u).shard;
+    const bool skip_some = !im.tp_duplicates.empty() && !im.tp_duplicates[static_cast<size_t>(u)].empty();
+    if (skip_some && im.replicated_only[static_cast<size_t>(u)]) {
+      fill_zero(stream_, out, shard / kShardQuantum * sizeof(double));  // counted on tp rank 0
+      continue;
+    }
+    const void* grad = reduced_grad(u);
+    if (skip_some) {
+      // Zeros add nothing to a chunk's sum, and leave every other element's
+      // place in it where it was.
+      const size_t es = elem_size(reduced_grad_dtype(u));
+      masked = allocator_.allocate_buffer(shard * es, stream_, MemoryCategory::kCommBuffers);
+      copy_bytes(stream_, masked.data(), grad, shard * es);
+      for (const auto& [a, b] : im.tp_duplicates[static_cast<size_t>(u)]) {
+        fill_zero(stream_, masked.as<std::byte>() + a * es, (b - a) * es);
+      }
+      grad = masked.data();
+    }
+    chunk_sums_of_squares(stream_, grad, reduced_grad_dtype(u), shard, kShardQuantum, scale, out);
   }
   fill_zero(stream_, exact, kExactWords * 8);
   accumulate_exact(stream_, sums.as<double>(), chunks, exact);
   if (L.partitions() > 1) shard_control().all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
+  // Model parallelism: the other slices and stages of the model. Integer
+  // sums: the same total whatever the grouping of the additions.
+  if (im.mp.group != nullptr) im.mp.group->all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
   return exact;
+}
+
+void Engine::find_tp_duplicates() {
+  Impl& im = *impl_;
+  const ModelLayout& L = *im.layout;
+  im.tp_duplicates.assign(static_cast<size_t>(L.num_units()), {});
+  im.replicated_only.assign(static_cast<size_t>(L.num_units()), 0);
+  for (int u = 0; u < L.num_units(); ++u) {
+    const UnitLayout& unit = L.unit(u);
+    const size_t begin = unit.shard * static_cast<size_t>(im.part);
+    const size_t end = begin + unit.shard;
+    const UnitSpec& spec = im.specs[static_cast<size_t>(u)];
+    auto& ranges = im.tp_duplicates[static_cast<size_t>(u)];
+    bool any_split = false;
+    for (const ParamLayout& p : unit.params) {
+      const auto it = std::find_if(spec.params.begin(), spec.params.end(),
+                                   [&](const ParamSpec& s) { return s.name == p.name; });
+      const bool replicated = it != spec.params.end() && it->tp_replicated;
+      const size_t a = std::max(begin, p.offset);
+      const size_t b = std::min(end, p.offset + p.numel);
+      if (a >= b) continue;
+      if (!replicated) {
+        any_split = true;
+        continue;
+      }
+      ranges.emplace_back(a - begin, b - begin);
+    }
+    im.replicated_only[static_cast<size_t>(u)] = !ranges.empty() && !any_split;
+  }
 }
 
 // Unit u's shard buffers from its first element on the device (after the

@@ -37,6 +37,13 @@ struct ParamSpec {
   // false: frozen (no gradient, no optimizer state; its value never changes).
   // A unit's parameters are all trainable or all frozen.
   bool trainable = true;
+  // With tensor parallelism (Engine::set_model_parallel): this parameter is
+  // whole and identical on every tp rank (a layer norm, a row-parallel
+  // layer's bias) rather than a tp rank's slice. The global gradient norm
+  // counts it once, on tp rank 0, as Megatron counts a parameter that is
+  // not tensor_model_parallel. Without tensor parallelism it changes
+  // nothing.
+  bool tp_replicated = false;
 };
 
 struct UnitSpec {

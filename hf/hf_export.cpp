@@ -306,6 +306,7 @@ class ExportWriter {
 }  // namespace
 
 HfExportReport export_hf(Engine& engine, const std::string& dir, const HfExportOptions& options) {
+  refuse_model_parallel(engine.model_parallel(), "export_hf");
   const ModelLayout& layout = engine.layout();
   const bool writer_rank = engine.comm().rank() == 0;
   detail::HfProgress progress(fmt::format("export to '{}'", dir), options.progress, writer_rank);

@@ -77,6 +77,7 @@ std::map<std::string, std::string> match(const ModelLayout& layout, const HfChec
 }  // namespace
 
 HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportOptions& options) {
+  refuse_model_parallel(engine.model_parallel(), "import_hf");
   const ModelLayout& layout = engine.layout();
   detail::HfProgress progress(fmt::format("import of '{}'", dir), options.progress, engine.comm().rank() == 0);
   std::optional<HfCheckpoint> ckpt;

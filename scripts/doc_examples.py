@@ -40,7 +40,7 @@ import os
 import re
 import sys
 
-HEADER_DIRS = ["core", "memory", "nvme", "comm", "launch", "optim", "config", "engine", "checkpoint", "hf",
+HEADER_DIRS = ["core", "memory", "nvme", "comm", "launch", "mesh", "optim", "config", "engine", "checkpoint", "hf",
                "estimate", "data", "torch"]
 KNOWN_NEEDS = {"torch", "cuda", "mpi"}
 MARKER = re.compile(r"^(\s*)//(\s+)// zest-example(?::\s*(.*?))?\s*$")

@@ -14,6 +14,9 @@
 //   mpi_departure elsewhere  waits in a barrier of another communicator
 //                          while the others wait in the world's (3 s
 //                          timeouts): each side names where the other is
+//   mpi_departure p2p      returns from main while rank 0 waits in a recv
+//                          from it and rank 2 in a send to it (the default
+//                          timeout): both name it as their peer that left
 //   mpi_departure kill     kills itself with SIGKILL: no ZEST code runs, and
 //                          Open MPI's mpiexec ends the job, saying so; the
 //                          others wait with the default timeout meanwhile
@@ -72,6 +75,22 @@ int leave_return() {
   comm->barrier(host());                                    // #1: every rank is here
   if (comm->rank() == 1) return 0;                          // finalizes MPI on the way out
   report(comm->rank(), 10, std::string(kLeft), [&] { comm->barrier(host()); });
+  return 1;
+}
+
+int leave_p2p() {
+  MpiEnvironment mpi;
+  std::unique_ptr<Communicator> comm = make_mpi_world();  // the default timeout: 10 minutes
+  comm->barrier(host());
+  if (comm->rank() == 1) return 0;
+  float x[16] = {};
+  report(comm->rank(), 10, std::string("its peer ") + kLeft, [&] {
+    if (comm->rank() == 0) {
+      comm->recv(x, 16, DType::kFloat32, 1, host());
+    } else {
+      comm->send(x, 16, DType::kFloat32, 1, host());
+    }
+  });
   return 1;
 }
 
@@ -147,11 +166,12 @@ int main(int argc, char** argv) {
   if (mode == "kill") return kill_self();
   if (mode == "elsewhere") return elsewhere();
   if (mode == "return") return leave_return();
+  if (mode == "p2p") return leave_p2p();
   if (mode == "static") return leave_static(false);
   if (mode == "exit") return leave_static(true);
   if (mode == "stop") return stop();
   std::fprintf(stderr,
-               "DEPART-UNEXPECTED: unknown mode '%s'; use return, static, exit, stop, elsewhere "
+               "DEPART-UNEXPECTED: unknown mode '%s'; use return, p2p, static, exit, stop, elsewhere "
                "or kill\n",
                mode.c_str());
   return 2;

@@ -10,6 +10,11 @@
 //                         element, rank 2 a large all_reduce: no data may
 //                         move before the exchange shows it (their messages
 //                         would not fit the others' receives)
+//   mpi_fault p2p_count   rank 0 sends 8 floats to rank 1, which receives 7
+//   mpi_fault p2p_large   the same with 20000 and 20001 floats, past what
+//                         the description message carries: no data moves
+//                         before both sides compared
+//   mpi_fault p2p_timeout rank 0 sends to rank 1, which never receives
 //   mpi_fault create      rank 1 does not create a communicator the others create
 //   mpi_fault rendezvous  rank 0 skips share_from_rank0 (init_distributed's
 //                         rendezvous over MPI), in a program that started MPI
@@ -128,8 +133,31 @@ bool run(Communicator& comm, const std::string& mode) {
       comm.all_reduce(big.data(), big.data(), odd_one ? big.size() : 8, DType::kFloat32, ReduceOp::kSum, stream);
     }, is_mismatch);
   }
+  if (mode == "p2p_count" || mode == "p2p_large") {
+    if (rank == 2) return true;  // not a party to the transfer
+    const size_t n = mode == "p2p_count" ? 8 : 20000;
+    std::vector<float> buf(n + 1);
+    return report(rank, [&] {
+      if (rank == 0) {
+        comm.send(buf.data(), n, DType::kFloat32, 1, stream);
+      } else {
+        comm.recv(buf.data(), n - (mode == "p2p_count" ? 1 : -1), DType::kFloat32, 0, stream);
+      }
+    }, is_mismatch);
+  }
+  if (mode == "p2p_timeout") {
+    if (rank != 0) {
+      line_up();  // never receives; waits here, outside ZEST, until rank 0 gave up
+      return true;
+    }
+    const bool ok = report(rank, [&] { comm.send(x, 8, DType::kFloat32, 1, stream); }, [](const CommError& e) {
+      return e.reason() == CommError::Reason::kTimeout;
+    });
+    line_up();
+    return ok;
+  }
   std::fprintf(stderr,
-               "FAULT-UNEXPECTED: unknown mode '%s'; use timeout, mismatch, count, large, large_count, create or "
+               "FAULT-UNEXPECTED: unknown mode '%s'; use p2p_count, p2p_large, p2p_timeout, timeout, mismatch, count, large, large_count, create or "
                "rendezvous\n",
                mode.c_str());
   return false;
