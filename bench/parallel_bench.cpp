@@ -4,7 +4,8 @@
 //   bubble   a model of equal stages (Linear + tanh layers) cut into pp
 //            stages, 1F1B and GPipe, m micro-batches: each stage's idle
 //            share of a batch (1 - its forward and backward seconds / the
-//            batch's) against the (p - 1) / (m + p - 1) of equal passes.
+//            batch's, the engine's micro-steps left out of both) against
+//            the (p - 1) / (m + p - 1) of equal stages.
 //   tp / dp  the same MLP blocks (column- then row-parallel) on 2 ranks as
 //            tp = 2 (each rank half of every layer, the whole batch) and as
 //            dp = 2 (each rank the whole model, half the batch), ZeRO stage
@@ -46,6 +47,7 @@ struct Options {
   int steps = 5;
   std::vector<int> pp{2, 4};
   std::vector<int> micro{1, 2, 4, 8};
+  bool verbose = false;  // each stage's seconds per step
 };
 
 double median(std::vector<double> v) {
@@ -89,7 +91,13 @@ double measured_bubble(const Options& o, int pp, int m, zest::PipelineKind kind)
           [&](int, const torch::Tensor& out) { return out.pow(2).mean(); });
       if (s == 0) continue;
       const std::lock_guard<std::mutex> lock(mutex);
-      idle[static_cast<size_t>(s - 1)].push_back(1.0 - r.compute_seconds / r.batch_seconds);
+      if (o.verbose)
+        fmt::print("  {} pp {} m {} step {} stage {}: batch {:.2f} ms, compute {:.2f}, micro-steps {:.2f}\n",
+                   zest::pipeline_kind_name(kind), pp, m, s, comm.rank(), 1e3 * r.batch_seconds,
+                   1e3 * r.compute_seconds, 1e3 * r.step_seconds);
+      // The schedule's time, without the engine's micro-steps (the optimizer
+      // step is not part of the bubble's arithmetic).
+      idle[static_cast<size_t>(s - 1)].push_back(1.0 - r.compute_seconds / (r.batch_seconds - r.step_seconds));
     }
   });
   std::vector<double> per_step;
@@ -151,6 +159,7 @@ Options parse(int argc, char** argv, std::string& usage) {
   app.add_option("--steps", o.steps, "timed steps")->check(CLI::Range(1, 1000));
   app.add_option("--pp", o.pp, "pipeline sizes")->delimiter(',')->check(CLI::Range(2, 64));
   app.add_option("--micro", o.micro, "micro-batch counts")->delimiter(',')->check(CLI::Range(1, 1024));
+  app.add_flag("--verbose", o.verbose, "each stage's batch, compute and micro-step seconds per step");
   usage = app.help();
   cli::parse(app, argc, argv);
   for (int p : o.pp)

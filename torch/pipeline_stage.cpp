@@ -134,15 +134,14 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
     } else {
       InFlight f = std::move(live.at(mb));
       live.erase(mb);
+      if (!last() && !out_grads.count(mb)) transfer(std::nullopt, 0, 0, &out_grads, mb, stage() + 1, kGradientTag);
       const auto t0 = std::chrono::steady_clock::now();
       if (last()) {
         zt_->scale(f.output).backward();
       } else {
-        if (!out_grads.count(mb)) transfer(std::nullopt, 0, 0, &out_grads, mb, stage() + 1, kGradientTag);
         f.output.backward(out_grads.at(mb));
         out_grads.erase(mb);
       }
-      result.step = zt_->step();
       result.compute_seconds += seconds_since(t0);
       const bool gets_input = next != nullptr && !first();  // the paired forward's input
       std::optional<torch::Tensor> send;
@@ -155,6 +154,13 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
       }
       transfer(send, stage() - 1, kGradientTag, gets_input ? &inputs : nullptr, gets_input ? next->micro_batch : 0,
                stage() - 1, kActivationTag);
+      // The micro-step after the gradient has left: the batch's last one is
+      // the optimizer step, collective over the model-parallel group (the
+      // global norm), which the earlier stages reach only once they have
+      // this gradient.
+      const auto t1 = std::chrono::steady_clock::now();
+      result.step = zt_->step();
+      result.step_seconds += seconds_since(t1);
     }
   }
   // Every stage reports the batch's loss, which only the last one computed.

@@ -78,9 +78,12 @@ class PipelineStage {
   struct Result {
     StepResult step;  // the last micro-step's: the optimizer step
     double loss;      // the micro-batches' mean loss, from the last stage, on every stage
-    // Seconds this stage spent in forward and backward (its own work), and
-    // the whole batch: the rest is waiting and transfers, the bubble.
+    // Seconds this stage spent in forward and backward (its own work), in
+    // the engine's micro-steps (the optimizer step included), and in the
+    // whole batch: batch - step - compute is waiting and transfers, the
+    // bubble.
     double compute_seconds = 0;
+    double step_seconds = 0;
     double batch_seconds = 0;
   };
   // One batch: every micro-batch forward and backward, and the optimizer

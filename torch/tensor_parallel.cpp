@@ -328,10 +328,12 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
 }
 
 std::vector<std::string> partitioned_parameters(const torch::nn::Module& root) {
+  std::vector<std::pair<std::string, const torch::nn::Module*>> modules{{"", &root}};
+  // Not include_self: the root may not be held by a shared_ptr.
+  for (const auto& item : root.named_modules("", /*include_self=*/false))
+    modules.emplace_back(item.key() + ".", item.value().get());
   std::vector<std::string> names;
-  for (const auto& item : root.named_modules()) {
-    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
-    const torch::nn::Module* m = item.value().get();
+  for (const auto& [prefix, m] : modules) {
     if (const auto* c = dynamic_cast<const ColumnParallelLinearImpl*>(m)) {
       names.push_back(prefix + "weight");
       if (c->options.bias()) names.push_back(prefix + "bias");

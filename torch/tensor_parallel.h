@@ -85,7 +85,7 @@ torch::Tensor gather_from_sequence_region(const torch::Tensor& x, Communicator& 
 torch::Tensor reduce_scatter_to_sequence_region(const torch::Tensor& x, Communicator& tp, int64_t dim = 0);
 
 struct ParallelLinearOptions {
-  ParallelLinearOptions(int64_t in, int64_t out) : in_features(in), out_features(out) {}
+  ParallelLinearOptions(int64_t in, int64_t out) : in_features_(in), out_features_(out) {}
   TORCH_ARG(int64_t, in_features);
   TORCH_ARG(int64_t, out_features);  // the whole layer's sizes
   TORCH_ARG(bool, bias) = true;
@@ -136,7 +136,7 @@ class RowParallelLinearImpl : public torch::nn::Module {
 TORCH_MODULE(RowParallelLinear);
 
 struct VocabParallelEmbeddingOptions {
-  VocabParallelEmbeddingOptions(int64_t vocab, int64_t dim) : num_embeddings(vocab), embedding_dim(dim) {}
+  VocabParallelEmbeddingOptions(int64_t vocab, int64_t dim) : num_embeddings_(vocab), embedding_dim_(dim) {}
   TORCH_ARG(int64_t, num_embeddings);  // the whole vocabulary, a multiple of tp
   TORCH_ARG(int64_t, embedding_dim);
   // Reduce-scatter the output along sequence_dim instead of all-reducing it.

@@ -13,6 +13,7 @@
 #include "zest/engine/engine.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/memory/raw_allocator.h"
+#include "zest/mesh/device_mesh.h"
 #include "zest/torch/pipeline_stage.h"
 #include "zest/torch/torch_module.h"
 #include "../error_of.h"
@@ -70,7 +71,7 @@ EngineConfig config(int stage) {
 
 using Masters = std::map<std::string, std::vector<float>>;
 
-Masters masters_of(const Engine& engine) {
+Masters masters_of(Engine& engine) {
   Masters out;
   for (const UnitLayout& u : engine.layout().units())
     for (const ParamLayout& p : u.params) out[p.name] = engine.param_master(p.name);
@@ -98,12 +99,14 @@ Masters train_whole(Communicator& dp, int stage) {
   return masters_of(engine);
 }
 
-// This rank's stage of `pp` stages, over `dp`.
-Masters train_stage(Communicator& dp, Communicator& pp, int stage, PipelineKind kind,
-                    std::vector<double>* losses = nullptr) {
+// This rank's stage of the mesh's pipeline, ZeRO over its dp group.
+Masters train_stage(const DeviceMesh& mesh, int stage, PipelineKind kind, std::vector<double>* losses = nullptr) {
   torch::set_num_threads(1);
+  Communicator& dp = mesh.dp();
+  Communicator& pp = mesh.pp();
   CachingAllocator alloc(make_host_allocator());
   Engine engine(config(stage), dp, alloc, Stream::default_for(Device::host()));
+  engine.set_model_parallel(mesh.engine_model_parallel());
   const int per_stage = static_cast<int>(kLayers) / pp.size();
   auto piece = make_piece(pp.rank() * per_stage, per_stage);
   TorchModule zt(engine, piece);
@@ -155,9 +158,9 @@ TEST_CASE("a pipeline of 2 and 4 stages trains the whole model, bit for bit, 1F1
       CAPTURE(pipeline_kind_name(kind));
       Collected got;
       std::vector<std::vector<double>> losses(static_cast<size_t>(stages));
-      run_inprocess(stages, [&](Communicator& pp) {
-        std::unique_ptr<Communicator> dp = pp.split(pp.rank(), 0);  // a group of one
-        got.add(train_stage(*dp, pp, 0, kind, &losses[static_cast<size_t>(pp.rank())]));
+      run_inprocess(stages, [&](Communicator& world) {
+        const DeviceMesh mesh(world, {.dp = 1, .tp = 1, .pp = stages});
+        got.add(train_stage(mesh, 0, kind, &losses[static_cast<size_t>(mesh.pp_rank())]));
       });
       CHECK(got.all == whole);
       for (const auto& l : losses) CHECK(l == losses.back());  // every stage reports the last one's loss
@@ -172,11 +175,9 @@ TEST_CASE("dp x pp = 2 x 2 at ZeRO stages 0-3 equals dp = 2 without a pipeline, 
     CHECK(whole[0] == whole[1]);
     Collected got;
     run_inprocess(4, [&](Communicator& world) {
-      // dp fastest here (no tp): pp groups {0, 2} and {1, 3}, dp {0, 1} and {2, 3}.
-      std::unique_ptr<Communicator> pp = world.split(world.rank() % 2, world.rank());
-      std::unique_ptr<Communicator> dp = world.split(world.rank() / 2, world.rank());
-      const Masters m = train_stage(*dp, *pp, stage, PipelineKind::k1F1B);
-      if (dp->rank() == 0) got.add(m);
+      const DeviceMesh mesh(world, {.dp = 2, .tp = 1, .pp = 2});
+      const Masters m = train_stage(mesh, stage, PipelineKind::k1F1B);
+      if (mesh.dp_rank() == 0) got.add(m);
     });
     CHECK(got.all == whole[0]);
   }
@@ -196,6 +197,7 @@ TEST_CASE("a pipeline stage refuses a mismatched accumulation and a wrong activa
       PipelineStage pipe(c, zt, po);
     });
   });
+  CAPTURE(acc);
   CHECK(acc.find("runs 3 micro-batches per batch but the engine's gradient_accumulation_steps is 2") !=
         std::string::npos);
   const std::string shape = test::error_of([] {
@@ -214,6 +216,7 @@ TEST_CASE("a pipeline stage refuses a mismatched accumulation and a wrong activa
                      [&](int, const torch::Tensor& out) { return out.sum(); });
     });
   });
-  CHECK(shape.find("pipeline stage 0: the forward's output is [8, 16] float, not PipelineOptions' activation "
-                   "[8, 17] float") != std::string::npos);
+  CAPTURE(shape);
+  CHECK(shape.find("pipeline stage 0: the forward's output is [8, 16] Float, not PipelineOptions' activation "
+                   "[8, 17] Float") != std::string::npos);
 }

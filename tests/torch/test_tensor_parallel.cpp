@@ -9,11 +9,13 @@
 // row-parallel layer adds two partial products of K/2 terms where the whole
 // layer adds K terms in one (BLAS) order; cross-entropy's sum of
 // exponentials likewise. Values here are O(1) with K <= 32, so each result
-// moves by a few fp32 ulps of O(1) (eps = 1.2e-7): 2e-6 absolute. Lookups,
+// moves by a few fp32 ulps of O(1) (eps = 1.2e-7): 2e-6 relative to the
+// larger of 1 and the values' magnitude (sums over the sequence reach ~20). Lookups,
 // splits, gathers and maxima are exact and compared bit for bit. Training
 // for 3 AdamW steps carries those differences into the weights scaled by
 // lr (1e-2) over sqrt(v) ~ |g|: updates move by their relative error, well
 // under 1e-5 of weights O(1): 1e-5 absolute.
+#include <algorithm>
 #include <mutex>
 
 #include "torch_doctest.h"
@@ -21,6 +23,7 @@
 #include "zest/engine/engine.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/memory/raw_allocator.h"
+#include "zest/mesh/device_mesh.h"
 #include "zest/torch/tensor_parallel.h"
 #include "zest/torch/torch_module.h"
 #include "../error_of.h"
@@ -37,16 +40,28 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
 }
 
+// Within kSplitSum of `b`, relative to the larger of 1 and b's magnitude.
+bool split_close(const torch::Tensor& a, const torch::Tensor& b) {
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  return max_abs_diff(a, b) <= kSplitSum * scale;
+}
+
 bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
   return a.sizes() == b.sizes() && torch::equal(a.contiguous(), b.contiguous());
 }
 
-// Builds under a seeded global generator, one thread at a time (in-process
-// ranks are threads of one process).
+// One lock for every build from torch's global generator (in-process ranks
+// are threads of one process): a function's own, not a template's, which
+// would have one per instantiation.
+std::mutex& generator_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// Builds under a seeded global generator, one thread at a time.
 template <typename F>
 auto seeded(uint64_t seed, F&& build) {
-  static std::mutex mutex;
-  const std::lock_guard<std::mutex> lock(mutex);
+  const std::lock_guard<std::mutex> lock(generator_mutex());
   torch::manual_seed(seed);
   return build();
 }
@@ -125,8 +140,8 @@ TEST_CASE("tp mappings refuse a dimension the ranks do not divide, naming it") {
 }
 
 TEST_CASE("tp layers start from the whole layer's weights drawn after the same seed") {
-  const auto whole_linear = seeded(5, [] { return torch::nn::Linear(8, 12); });
-  const auto whole_embedding = seeded(6, [] { return torch::nn::Embedding(10, 4); });
+  auto whole_linear = seeded(5, [] { return torch::nn::Linear(8, 12); });
+  auto whole_embedding = seeded(6, [] { return torch::nn::Embedding(10, 4); });
   run_inprocess(2, [&](Communicator& tp) {
     torch::set_num_threads(1);
     const int r = tp.rank();
@@ -144,8 +159,8 @@ TEST_CASE("tp layers start from the whole layer's weights drawn after the same s
 }
 
 TEST_CASE("column then row parallel: the whole MLP's output and gradients, on every tp rank") {
-  const auto up = seeded(21, [] { return torch::nn::Linear(8, 32); });
-  const auto down = seeded(22, [] { return torch::nn::Linear(32, 8); });
+  auto up = seeded(21, [] { return torch::nn::Linear(8, 32); });
+  auto down = seeded(22, [] { return torch::nn::Linear(32, 8); });
   const torch::Tensor x0 = randn({6, 8}, 23);
   const torch::Tensor x = x0.clone().requires_grad_();
   const torch::Tensor target = randn({6, 8}, 24);
@@ -163,13 +178,13 @@ TEST_CASE("column then row parallel: the whole MLP's output and gradients, on ev
       });
       const torch::Tensor xr = x0.clone().requires_grad_();
       const torch::Tensor yr = row(torch::gelu(col(xr)));
-      CHECK(max_abs_diff(yr, y) < kSplitSum);
+      CHECK(split_close(yr, y));
       torch::mse_loss(yr, target).backward();
-      CHECK(max_abs_diff(xr.grad(), x.grad()) < kSplitSum);
-      CHECK(max_abs_diff(col->weight.grad(), part(up->weight.grad(), 0, r, 2)) < kSplitSum);
-      CHECK(max_abs_diff(col->bias.grad(), part(up->bias.grad(), 0, r, 2)) < kSplitSum);
-      CHECK(max_abs_diff(row->weight.grad(), part(down->weight.grad(), 1, r, 2)) < kSplitSum);
-      CHECK(max_abs_diff(row->bias.grad(), down->bias.grad()) < kSplitSum);
+      CHECK(split_close(xr.grad(), x.grad()));
+      CHECK(split_close(col->weight.grad(), part(up->weight.grad(), 0, r, 2)));
+      CHECK(split_close(col->bias.grad(), part(up->bias.grad(), 0, r, 2)));
+      CHECK(split_close(row->weight.grad(), part(down->weight.grad(), 1, r, 2)));
+      CHECK(split_close(row->bias.grad(), down->bias.grad()));
       // The replicated bias's gradient is the same bits on both ranks (an
       // all-reduce of its bits by max equals them exactly when they agree).
       torch::Tensor g = row->bias.grad().clone();
@@ -182,7 +197,7 @@ TEST_CASE("column then row parallel: the whole MLP's output and gradients, on ev
 }
 
 TEST_CASE("tp layers on one rank are torch's layers, bit for bit") {
-  const auto whole = seeded(31, [] { return torch::nn::Linear(8, 12); });
+  auto whole = seeded(31, [] { return torch::nn::Linear(8, 12); });
   const torch::Tensor x = randn({5, 8}, 32);
   run_inprocess(1, [&](Communicator& tp) {
     auto col = seeded(31, [&] { return tp::ColumnParallelLinear(tp, tp::ParallelLinearOptions(8, 12)); });
@@ -193,7 +208,7 @@ TEST_CASE("tp layers on one rank are torch's layers, bit for bit") {
 }
 
 TEST_CASE("vocab-parallel embedding: the whole lookup and its gradient, bit for bit") {
-  const auto whole = seeded(41, [] { return torch::nn::Embedding(10, 4); });
+  auto whole = seeded(41, [] { return torch::nn::Embedding(10, 4); });
   const torch::Tensor tokens = torch::tensor({{0, 9, 4, 5}, {5, 5, 1, 8}}, torch::kLong);
   const torch::Tensor w = randn({2, 4, 4}, 42);
   (whole(tokens) * w).sum().backward();
@@ -222,9 +237,9 @@ TEST_CASE("vocab-parallel cross-entropy: torch's cross-entropy of the gathered l
       torch::set_num_threads(1);
       const torch::Tensor mine = part(logits0, -1, tp.rank(), ranks).clone().requires_grad_();
       const torch::Tensor l = tp::vocab_parallel_cross_entropy(mine, target, tp);
-      CHECK(max_abs_diff(l, loss) < kSplitSum * 4);  // values up to ~10: 4x the O(1) bound
+      CHECK(split_close(l, loss));
       (l * weights).sum().backward();
-      CHECK(max_abs_diff(mine.grad(), part(logits.grad(), -1, tp.rank(), ranks)) < kSplitSum);
+      CHECK(split_close(mine.grad(), part(logits.grad(), -1, tp.rank(), ranks)));
     });
   }
   const std::string e = test::error_of([&] {
@@ -247,7 +262,7 @@ TEST_CASE("sequence parallelism: the plain tp block's output and gradients, each
   whole.down = seeded(64, [] { return torch::nn::Linear(16, 8); });
   const torch::Tensor x = x0.clone().requires_grad_();
   const torch::Tensor y = x + whole.down(torch::gelu(whole.up(whole.ln(x))));
-  torch::mse_loss(y, target, torch::kSum).backward();
+  torch::mse_loss(y, target, at::Reduction::Sum).backward();
 
   run_inprocess(2, [&](Communicator& tp) {
     torch::set_num_threads(1);
@@ -257,15 +272,15 @@ TEST_CASE("sequence parallelism: the plain tp block's output and gradients, each
     auto down = seeded(64, [&] { return tp::RowParallelLinear(tp, tp::ParallelLinearOptions(16, 8).sequence_parallel(true)); });
     const torch::Tensor xr = part(x0, 0, r, 2).clone().requires_grad_();
     const torch::Tensor yr = xr + down(torch::gelu(up(ln(xr))));
-    CHECK(max_abs_diff(yr, part(y, 0, r, 2)) < kSplitSum);
-    torch::mse_loss(yr, part(target, 0, r, 2), torch::kSum).backward();
-    CHECK(max_abs_diff(xr.grad(), part(x.grad(), 0, r, 2)) < kSplitSum);
+    CHECK(split_close(yr, part(y, 0, r, 2)));
+    torch::mse_loss(yr, part(target, 0, r, 2), at::Reduction::Sum).backward();
+    CHECK(split_close(xr.grad(), part(x.grad(), 0, r, 2)));
     // The replicated parameters' gradients come out whole on each rank.
-    CHECK(max_abs_diff(ln->weight.grad(), whole.ln->weight.grad()) < kSplitSum);
-    CHECK(max_abs_diff(ln->bias.grad(), whole.ln->bias.grad()) < kSplitSum);
-    CHECK(max_abs_diff(down->bias.grad(), whole.down->bias.grad()) < kSplitSum);
-    CHECK(max_abs_diff(up->weight.grad(), part(whole.up->weight.grad(), 0, r, 2)) < kSplitSum);
-    CHECK(max_abs_diff(down->weight.grad(), part(whole.down->weight.grad(), 1, r, 2)) < kSplitSum);
+    CHECK(split_close(ln->weight.grad(), whole.ln->weight.grad()));
+    CHECK(split_close(ln->bias.grad(), whole.ln->bias.grad()));
+    CHECK(split_close(down->bias.grad(), whole.down->bias.grad()));
+    CHECK(split_close(up->weight.grad(), part(whole.up->weight.grad(), 0, r, 2)));
+    CHECK(split_close(down->weight.grad(), part(whole.down->weight.grad(), 1, r, 2)));
   });
 }
 
@@ -308,9 +323,14 @@ std::pair<torch::Tensor, torch::Tensor> tokens_of_step(int step) {
   return {seq.narrow(1, 0, kTime), seq.narrow(1, 1, kTime)};
 }
 
-// Trains 3 AdamW steps on this dp rank's rows; returns the masters by name,
-// in the parameters' shapes.
-std::map<std::string, torch::Tensor> train_tp(Communicator& dp, Communicator& tp, int stage) {
+struct Trained {
+  std::map<std::string, torch::Tensor> masters;  // by name, in the parameters' shapes
+  std::vector<double> norms;                     // each step's gradient norm, before clipping
+};
+
+// Trains 3 AdamW steps, gradients clipped to norm 0.01 (below the norms
+// seen, so every step clips), on this dp rank's rows.
+Trained train_tp(Communicator& dp, Communicator& tp, int stage, const ModelParallel& mp = {}) {
   torch::set_num_threads(1);
   CachingAllocator alloc(make_host_allocator());
   EngineConfig c;
@@ -320,12 +340,15 @@ std::map<std::string, torch::Tensor> train_tp(Communicator& dp, Communicator& tp
   c.optimizer.kind = OptimizerKind::kAdamW;
   c.optimizer.lr = 0.01f;
   c.optimizer.weight_decay = 0.01f;
+  c.gradient_clipping = 0.01f;
   Engine engine(c, dp, alloc, Stream::default_for(Device::host()));
+  if (mp.group != nullptr) engine.set_model_parallel(mp);
   auto net = seeded(77, [&] { return std::make_shared<TpNet>(tp); });
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& item : net->named_parameters()) shapes[item.key()] = item.value().sizes().vec();
   TorchModule zt(engine, net);
   const int64_t rows = kRows / dp.size();
+  Trained out;
   for (int s = 0; s < 3; ++s) {
     auto [x, y] = tokens_of_step(s);
     x = x.narrow(0, rows * dp.rank(), rows);
@@ -336,10 +359,13 @@ std::map<std::string, torch::Tensor> train_tp(Communicator& dp, Communicator& tp
     const torch::Tensor logits = zt.call(*net->head, [&] { return net->head(h); });
     const torch::Tensor loss = tp::vocab_parallel_cross_entropy(logits, y, tp).mean();
     zt.scale(loss).backward();
-    REQUIRE(zt.step().applied);
+    const StepResult r = zt.step();
+    REQUIRE(r.applied);
+    CHECK(r.clipped);
+    out.norms.push_back(r.grad_norm);
   }
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& [name, shape] : shapes) out[name] = torch::tensor(engine.param_master(name)).reshape(shape);
+  for (const auto& [name, shape] : shapes)
+    out.masters[name] = torch::tensor(engine.param_master(name)).reshape(shape);
   return out;
 }
 
@@ -352,8 +378,8 @@ int64_t split_dim(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("dp x tp = 2 x 2 trains the one-rank model, bit for bit across ZeRO stages") {
-  std::map<std::string, torch::Tensor> whole;
+TEST_CASE("dp x tp = 2 x 2 trains the one-rank model, clipped by the global norm, bit for bit across ZeRO stages") {
+  Trained whole;
   run_inprocess(1, [&](Communicator& world) { whole = train_tp(world, world, 0); });
   std::vector<std::map<std::string, torch::Tensor>> stage0(4);  // by world rank
   for (const int stage : {0, 1, 2, 3}) {
@@ -361,14 +387,16 @@ TEST_CASE("dp x tp = 2 x 2 trains the one-rank model, bit for bit across ZeRO st
     run_inprocess(4, [&](Communicator& world) {
       // Megatron's order, tp fastest: tp groups {0, 1} and {2, 3}, dp groups
       // {0, 2} and {1, 3}.
-      const std::unique_ptr<Communicator> tp = world.split(world.rank() / 2, world.rank());
-      const std::unique_ptr<Communicator> dp = world.split(world.rank() % 2, world.rank());
-      const std::map<std::string, torch::Tensor> mine = train_tp(*dp, *tp, stage);
-      REQUIRE(mine.size() == whole.size());
-      for (const auto& [name, value] : mine) {
+      DeviceMesh mesh(world, {.dp = 2, .tp = 2, .pp = 1});
+      const Trained mine = train_tp(mesh.dp(), mesh.tp(), stage, mesh.engine_model_parallel());
+      // The norm over tp ranks counts the replicated down.bias once: the
+      // whole model's norm, but for the split sums' rounding.
+      for (size_t s = 0; s < whole.norms.size(); ++s) CHECK(mine.norms[s] == doctest::Approx(whole.norms[s]).epsilon(1e-6));
+      REQUIRE(mine.masters.size() == whole.masters.size());
+      for (const auto& [name, value] : mine.masters) {
         CAPTURE(name);
         const int64_t dim = split_dim(name);
-        const torch::Tensor expect = dim < 0 ? whole.at(name) : part(whole.at(name), dim, tp->rank(), 2);
+        const torch::Tensor expect = dim < 0 ? whole.masters.at(name) : part(whole.masters.at(name), dim, mesh.tp_rank(), 2);
         CHECK(max_abs_diff(value, expect) < kTrained);
         if (stage == 0) {
           stage0[static_cast<size_t>(world.rank())][name] = value;
@@ -377,8 +405,8 @@ TEST_CASE("dp x tp = 2 x 2 trains the one-rank model, bit for bit across ZeRO st
         }
         if (dim < 0) {  // replicated: the same bits on both tp ranks
           torch::Tensor g = value.clone();
-          tp->all_reduce(g.data_ptr(), g.data_ptr(), static_cast<size_t>(g.numel()), DType::kFloat32,
-                         ReduceOp::kMax, Stream::default_for(tp->device()));
+          mesh.tp().all_reduce(g.data_ptr(), g.data_ptr(), static_cast<size_t>(g.numel()), DType::kFloat32,
+                               ReduceOp::kMax, Stream::default_for(mesh.tp().device()));
           CHECK(same_bits(g, value));
         }
       }
