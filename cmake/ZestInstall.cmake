@@ -10,7 +10,7 @@ install(TARGETS ${_zest_install_targets} EXPORT zestTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Internal headers (used only inside the library; some include <mpi.h>) stay out.
-set(_zest_layers core data memory nvme comm launch mesh optim config engine checkpoint hf estimate)
+set(_zest_layers core data memory nvme comm launch mesh optim config engine checkpoint hf estimate pipeline)
 if(ZEST_TORCH)
   list(APPEND _zest_layers torch)
 endif()

@@ -258,13 +258,12 @@ void Engine::set_model_parallel(const ModelParallel& mp) {
   ZEST_CHECK(mp.group == nullptr || mp.group->device() == comm_.device(),
              "set_model_parallel: the model-parallel group is on {} but the engine's communicator on {}",
              mp.group ? mp.group->device().str() : "", comm_.device().str());
-  ZEST_CHECK(mp.pp_size == 1 || config_.zero.stage < 2,
-             "ZeRO stage {} with pipeline parallelism (pp {}) is refused, as DeepSpeed's PipelineEngine refuses "
-             "it (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"): a stage's gradients "
-             "arrive micro-batch by micro-batch across the schedule, which stages 2-3 would reduce-scatter "
-             "(and stage 3 re-gather) once per micro-batch in flight. Use zero_optimization.stage 0 or 1 with "
-             "pp > 1, or pp 1",
-             config_.zero.stage, mp.pp_size);
+  // Stages 2 and 3 with pp > 1 are allowed, where DeepSpeed's PipelineEngine
+  // refuses them: a stage's micro-steps come one backward at a time as with
+  // gradient accumulation, which the engine reduces the same way at every
+  // stage (tests/torch/test_pipeline_stage.cpp: dp x pp at stages 0-3 has the
+  // bits of dp alone). They cost a reduction per micro-batch where stages
+  // 0-1 can reduce once per batch (reduce_at_boundary).
   ZEST_CHECK(mp.tp_size == 1 || config_.optimizer.kind != OptimizerKind::kLamb,
              "LAMB with tensor parallelism (tp {}) is refused: its per-parameter trust ratios need the norm of "
              "each whole parameter, and a tp rank holds a slice; use AdamW, Adam or SGD, or tp 1",

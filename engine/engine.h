@@ -250,8 +250,10 @@ class Engine {
   // update and the norm have the bits of one rank holding the whole model
   // wherever the chunks of 256 elements the norm is summed in coincide,
   // optim/grad_norm.h), counting a ParamSpec::tp_replicated parameter on tp
-  // rank 0 only. Refused, by name: ZeRO stages 2 and 3 with pp > 1 (as
-  // DeepSpeed's PipelineEngine refuses them), LAMB with tp > 1 (its
+  // rank 0 only. ZeRO stages 2 and 3 work with pp > 1 (DeepSpeed's
+  // PipelineEngine refuses them): each micro-batch's backward is a
+  // micro-step, reduced as under gradient accumulation. Refused, by name:
+  // LAMB with tp > 1 (its
   // per-parameter trust ratios would see slices), and a group whose size is
   // not tp x pp. Checkpoints and weight export refuse a model-parallel
   // engine until they know the mesh (checkpoint.h). The norm's all-reduce

@@ -56,6 +56,7 @@
 #include "zest/checkpoint/weights_io.h"
 #include "zest/core/check.h"
 #include "zest/core/trim_heap.h"
+#include "zest/torch/tensor_parallel.h"
 
 namespace zest {
 namespace {
@@ -370,12 +371,20 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
   std::vector<bool> frozen;
   std::vector<FoundUnit> found = split_frozen(find_units(*module_, options), frozen);
   std::map<std::string, torch::Tensor> by_name;
+  // With tensor parallelism, what the tp layers do not split is whole on
+  // every tp rank: the global gradient norm counts it once.
+  const bool tensor_parallel = engine_.model_parallel().tp_size > 1;
+  std::set<std::string> partitioned;
+  if (tensor_parallel) {
+    for (std::string& name : tp::partitioned_parameters(*module_)) partitioned.insert(std::move(name));
+  }
   for (size_t i = 0; i < found.size(); ++i) {
     const FoundUnit& f = found[i];
     std::vector<ParamSpec> specs;
     for (const auto& [name, t] : f.params) {
       check_param(name, t);
       specs.push_back({name, t.sizes().vec(), options.group ? options.group(name, t) : "default", !frozen[i]});
+      specs.back().tp_replicated = tensor_parallel && !partitioned.count(name);
       by_name.emplace(name, t);
     }
     engine_.add_unit(f.name, std::move(specs));

@@ -262,12 +262,9 @@ TEST_CASE("the engine refuses what it cannot make correct with model parallelism
     DeviceMesh mesh(world, {1, 2, 2});
     CachingAllocator alloc(make_host_allocator());
     const Stream stream = Stream::default_for(Device::host());
-    for (int stage : {2, 3}) {
+    for (int stage : {2, 3}) {  // allowed, unlike DeepSpeed: tests/torch/test_pipeline_stage.cpp
       Engine engine(config_for(stage, OptimizerKind::kAdamW), mesh.dp(), alloc, stream);
-      const std::string expected = fmt::format(
-          "ZeRO stage {} with pipeline parallelism (pp 2) is refused, as DeepSpeed's PipelineEngine refuses it", stage);
-      CHECK_THROWS_WITH_AS(engine.set_model_parallel(mesh.engine_model_parallel()),
-                           doctest::Contains(expected.c_str()), Error);
+      engine.set_model_parallel(mesh.engine_model_parallel());
     }
     {
       Engine engine(config_for(1, OptimizerKind::kLamb), mesh.dp(), alloc, stream);

@@ -1,0 +1,347 @@
+#include "zest/torch/tensor_parallel.h"
+
+#include <cmath>
+
+#include "zest/core/check.h"
+
+namespace zest::tp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+DType zest_dtype(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat: return DType::kFloat32;
+    case torch::kHalf: return DType::kFloat16;
+    case torch::kBFloat16: return DType::kBFloat16;
+    default:
+      ZEST_FAIL("tensor parallelism moves float32, float16 or bfloat16 tensors, not {}",
+                c10::toString(t.scalar_type()));
+  }
+}
+
+Stream stream_of(const Communicator& c) { return Stream::default_for(c.device()); }
+
+// The communicator travels through autograd's saved data as an integer:
+// AutogradContext keeps IValues, which hold no raw pointers.
+void save_comm(AutogradContext* ctx, Communicator& c, int64_t dim = 0) {
+  ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&c));
+  ctx->saved_data["dim"] = dim;
+}
+Communicator& saved_comm(AutogradContext* ctx) {
+  return *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+}
+int64_t saved_dim(AutogradContext* ctx) { return ctx->saved_data["dim"].toInt(); }
+
+int64_t wrap_dim(const torch::Tensor& x, int64_t dim) {
+  const int64_t n = x.dim();
+  ZEST_CHECK(dim >= -n && dim < n, "dimension {} is out of range for a tensor of {} dimensions", dim, n);
+  return dim < 0 ? dim + n : dim;
+}
+
+torch::Tensor all_reduce(const torch::Tensor& x, Communicator& c, ReduceOp op = ReduceOp::kSum) {
+  torch::Tensor out = x.contiguous().clone();
+  if (c.size() > 1)
+    c.all_reduce(out.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()), zest_dtype(out), op,
+                 stream_of(c));
+  return out;
+}
+
+// Rank-major blocks along `dim`: the whole tensor from every rank's part.
+torch::Tensor all_gather(const torch::Tensor& x, Communicator& c, int64_t dim) {
+  if (c.size() == 1) return x;
+  dim = wrap_dim(x, dim);
+  // The collective gathers contiguous blocks, so the split dimension goes
+  // first and comes back after.
+  torch::Tensor part = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> shape = part.sizes().vec();
+  shape[0] *= c.size();
+  torch::Tensor whole = torch::empty(shape, part.options());
+  c.all_gather(part.data_ptr(), whole.data_ptr(), static_cast<size_t>(part.numel()), zest_dtype(part),
+               stream_of(c));
+  return whole.movedim(0, dim);
+}
+
+torch::Tensor reduce_scatter(const torch::Tensor& x, Communicator& c, int64_t dim) {
+  if (c.size() == 1) return x;
+  dim = wrap_dim(x, dim);
+  ZEST_CHECK(x.size(dim) % c.size() == 0,
+             "reduce-scatter along dimension {} of size {}: not a multiple of the {} tensor-parallel ranks", dim,
+             x.size(dim), c.size());
+  torch::Tensor whole = x.movedim(dim, 0).contiguous();
+  std::vector<int64_t> shape = whole.sizes().vec();
+  shape[0] /= c.size();
+  torch::Tensor part = torch::empty(shape, whole.options());
+  c.reduce_scatter(whole.data_ptr(), part.data_ptr(), static_cast<size_t>(part.numel()), zest_dtype(whole),
+                   ReduceOp::kSum, stream_of(c));
+  return part.movedim(0, dim);
+}
+
+torch::Tensor split_part(const torch::Tensor& x, const Communicator& c, int64_t dim) {
+  if (c.size() == 1) return x;
+  dim = wrap_dim(x, dim);
+  ZEST_CHECK(x.size(dim) % c.size() == 0,
+             "splitting dimension {} of size {} over {} tensor-parallel ranks: not a multiple", dim, x.size(dim),
+             c.size());
+  return x.chunk(c.size(), dim)[static_cast<size_t>(c.rank())].contiguous();
+}
+
+struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* c) {
+    save_comm(ctx, *c);
+    return x;  // autograd makes the returned input a view of itself
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {all_reduce(g[0], saved_comm(ctx)), torch::Tensor()};
+  }
+};
+
+struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, Communicator* c) {
+    return all_reduce(x, *c);
+  }
+  static variable_list backward(AutogradContext*, variable_list g) { return {g[0], torch::Tensor()}; }
+};
+
+struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* c, int64_t dim) {
+    save_comm(ctx, *c, dim);
+    return all_gather(x, *c, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {split_part(g[0], saved_comm(ctx), saved_dim(ctx)), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* c, int64_t dim) {
+    save_comm(ctx, *c, dim);
+    return split_part(x, *c, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {all_gather(g[0], saved_comm(ctx), saved_dim(ctx)), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct GatherFromSequence : torch::autograd::Function<GatherFromSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* c, int64_t dim) {
+    save_comm(ctx, *c, dim);
+    return all_gather(x, *c, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {reduce_scatter(g[0], saved_comm(ctx), saved_dim(ctx)), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterToSequence : torch::autograd::Function<ReduceScatterToSequence> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* c, int64_t dim) {
+    save_comm(ctx, *c, dim);
+    return reduce_scatter(x, *c, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {all_gather(g[0], saved_comm(ctx), saved_dim(ctx)), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Megatron's _VocabParallelCrossEntropy: the loss of each row from three
+// all-reduced numbers (the max logit, the sum of exponentials, the target's
+// logit), never the whole logits.
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& target,
+                               Communicator* c) {
+    torch::Tensor logits = logits_in.to(torch::kFloat);
+    const int64_t part = logits.size(-1);
+    const int64_t start = part * c->rank();
+    torch::Tensor max = all_reduce(std::get<0>(logits.max(-1)), *c, ReduceOp::kMax);
+    logits = logits - max.unsqueeze(-1);
+    const torch::Tensor outside = (target < start).logical_or(target >= start + part);
+    const torch::Tensor local = (target - start).masked_fill(outside, 0);
+    torch::Tensor predicted = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0);
+    predicted = all_reduce(predicted, *c);
+    torch::Tensor exp = logits.exp();
+    const torch::Tensor sum_exp = all_reduce(exp.sum(-1), *c);
+    const torch::Tensor loss = sum_exp.log() - predicted;
+    exp.div_(sum_exp.unsqueeze(-1));  // softmax, kept for backward
+    ctx->save_for_backward({exp, local, outside});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits_in.scalar_type());
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const variable_list saved = ctx->get_saved_variables();
+    torch::Tensor grad = saved[0].clone();
+    const torch::Tensor hit = saved[2].logical_not().to(torch::kFloat).unsqueeze(-1);
+    grad.scatter_add_(-1, saved[1].unsqueeze(-1), -hit);
+    grad.mul_(g[0].to(torch::kFloat).unsqueeze(-1));
+    const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {grad.to(dtype), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+int64_t part_of(int64_t whole, const Communicator& c, const char* what) {
+  ZEST_CHECK(whole > 0 && whole % c.size() == 0,
+             "{} is {}: it must be a positive multiple of the {} tensor-parallel ranks (pad it, as Megatron pads "
+             "the vocabulary to make_vocab_size_divisible_by x tp)",
+             what, whole, c.size());
+  return whole / c.size();
+}
+
+// torch::nn::Linear's initialization of the whole [out, in] weight and [out]
+// bias, from the global generator, as Megatron's CPU initialization draws
+// the master weight before keeping a part.
+std::pair<torch::Tensor, torch::Tensor> whole_linear(int64_t in, int64_t out, bool bias) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor w = torch::empty({out, in});
+  torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
+  torch::Tensor b;
+  if (bias) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    b = torch::empty({out});
+    torch::nn::init::uniform_(b, -bound, bound);
+  }
+  return {w, b};
+}
+
+void assign(torch::Tensor& param, const torch::Tensor& value) {
+  torch::NoGradGuard no_grad;
+  param.copy_(value);
+}
+
+}  // namespace
+
+torch::Tensor copy_to_region(const torch::Tensor& x, Communicator& tp) { return CopyToRegion::apply(x, &tp); }
+torch::Tensor reduce_from_region(const torch::Tensor& x, Communicator& tp) {
+  return ReduceFromRegion::apply(x, &tp);
+}
+torch::Tensor gather_from_region(const torch::Tensor& x, Communicator& tp, int64_t dim) {
+  return GatherFromRegion::apply(x, &tp, dim);
+}
+torch::Tensor scatter_to_region(const torch::Tensor& x, Communicator& tp, int64_t dim) {
+  return ScatterToRegion::apply(x, &tp, dim);
+}
+torch::Tensor gather_from_sequence_region(const torch::Tensor& x, Communicator& tp, int64_t dim) {
+  return GatherFromSequence::apply(x, &tp, dim);
+}
+torch::Tensor reduce_scatter_to_sequence_region(const torch::Tensor& x, Communicator& tp, int64_t dim) {
+  return ReduceScatterToSequence::apply(x, &tp, dim);
+}
+
+ColumnParallelLinearImpl::ColumnParallelLinearImpl(Communicator& tp, const ParallelLinearOptions& o)
+    : options(o), tp_(&tp) {
+  const int64_t rows = part_of(o.out_features(), tp, "ColumnParallelLinear's out_features");
+  ZEST_CHECK(o.in_features() > 0, "ColumnParallelLinear's in_features is {}: it must be positive", o.in_features());
+  weight = register_parameter("weight", torch::empty({rows, o.in_features()}));
+  if (o.bias()) bias = register_parameter("bias", torch::empty({rows}));
+  reset_parameters();
+}
+
+void ColumnParallelLinearImpl::reset_parameters() {
+  auto [w, b] = whole_linear(options.in_features(), options.out_features(), options.bias());
+  assign(weight, split_part(w, *tp_, 0));
+  if (options.bias()) assign(bias, split_part(b, *tp_, 0));
+}
+
+torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& input) {
+  const torch::Tensor x = options.sequence_parallel()
+                              ? gather_from_sequence_region(input, *tp_, options.sequence_dim())
+                              : copy_to_region(input, *tp_);
+  const torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  return options.gather_output() ? gather_from_region(y, *tp_, -1) : y;
+}
+
+RowParallelLinearImpl::RowParallelLinearImpl(Communicator& tp, const ParallelLinearOptions& o)
+    : options(o), tp_(&tp) {
+  const int64_t cols = part_of(o.in_features(), tp, "RowParallelLinear's in_features");
+  ZEST_CHECK(o.out_features() > 0, "RowParallelLinear's out_features is {}: it must be positive",
+             o.out_features());
+  weight = register_parameter("weight", torch::empty({o.out_features(), cols}));
+  if (o.bias()) bias = register_parameter("bias", torch::empty({o.out_features()}));
+  reset_parameters();
+}
+
+void RowParallelLinearImpl::reset_parameters() {
+  auto [w, b] = whole_linear(options.in_features(), options.out_features(), options.bias());
+  assign(weight, split_part(w, *tp_, 1));
+  if (options.bias()) assign(bias, b);
+}
+
+torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& input) {
+  const torch::Tensor x = options.input_is_parallel() ? input : scatter_to_region(input, *tp_, -1);
+  const torch::Tensor partial = torch::nn::functional::linear(x, weight);
+  if (!options.sequence_parallel()) {
+    const torch::Tensor y = reduce_from_region(partial, *tp_);
+    return options.bias() ? y + bias : y;
+  }
+  // Each rank adds the bias to its part of the sequence, so the bias's
+  // gradient is a partial sum: copy_to_region all-reduces it.
+  const torch::Tensor y = reduce_scatter_to_sequence_region(partial, *tp_, options.sequence_dim());
+  return options.bias() ? y + copy_to_region(bias, *tp_) : y;
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(Communicator& tp, const VocabParallelEmbeddingOptions& o)
+    : options(o), tp_(&tp) {
+  const int64_t rows = part_of(o.num_embeddings(), tp, "VocabParallelEmbedding's num_embeddings");
+  ZEST_CHECK(o.embedding_dim() > 0, "VocabParallelEmbedding's embedding_dim is {}: it must be positive",
+             o.embedding_dim());
+  vocab_start_ = rows * tp.rank();
+  weight = register_parameter("weight", torch::empty({rows, o.embedding_dim()}));
+  reset_parameters();
+}
+
+void VocabParallelEmbeddingImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor w = torch::empty({options.num_embeddings(), options.embedding_dim()});
+  torch::nn::init::normal_(w);
+  assign(weight, split_part(w, *tp_, 0));
+}
+
+torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
+  ZEST_CHECK(tokens.scalar_type() == torch::kLong, "VocabParallelEmbedding takes int64 token ids, not {}",
+             c10::toString(tokens.scalar_type()));
+  const int64_t rows = weight.size(0);
+  const torch::Tensor outside = (tokens < vocab_start_).logical_or(tokens >= vocab_start_ + rows);
+  const torch::Tensor local = (tokens - vocab_start_).masked_fill(outside, 0);
+  const torch::Tensor rows_of = torch::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
+  return options.sequence_parallel() ? reduce_scatter_to_sequence_region(rows_of, *tp_, options.sequence_dim())
+                                     : reduce_from_region(rows_of, *tp_);
+}
+
+SequenceParallelLayerNormImpl::SequenceParallelLayerNormImpl(Communicator& tp, int64_t dim, double eps)
+    : tp_(&tp), dim_(dim), eps_(eps) {
+  ZEST_CHECK(dim > 0, "SequenceParallelLayerNorm's dimension is {}: it must be positive", dim);
+  weight = register_parameter("weight", torch::ones({dim}));
+  bias = register_parameter("bias", torch::zeros({dim}));
+}
+
+torch::Tensor SequenceParallelLayerNormImpl::forward(const torch::Tensor& input) {
+  return torch::layer_norm(input, {dim_}, copy_to_region(weight, *tp_), copy_to_region(bias, *tp_), eps_);
+}
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& target,
+                                           Communicator& tp) {
+  ZEST_CHECK(logits.dim() >= 1 && target.sizes() == logits.sizes().slice(0, logits.dim() - 1),
+             "vocab_parallel_cross_entropy: target's shape {} must be the logits' {} without the last dimension",
+             c10::str(target.sizes()), c10::str(logits.sizes()));
+  ZEST_CHECK(target.scalar_type() == torch::kLong, "vocab_parallel_cross_entropy takes int64 targets, not {}",
+             c10::toString(target.scalar_type()));
+  return VocabParallelCrossEntropy::apply(logits, target, &tp);
+}
+
+std::vector<std::string> partitioned_parameters(const torch::nn::Module& root) {
+  std::vector<std::pair<std::string, const torch::nn::Module*>> modules{{"", &root}};
+  // Not include_self: the root may not be held by a shared_ptr.
+  for (const auto& item : root.named_modules("", /*include_self=*/false))
+    modules.emplace_back(item.key() + ".", item.value().get());
+  std::vector<std::string> names;
+  for (const auto& [prefix, m] : modules) {
+    if (const auto* c = dynamic_cast<const ColumnParallelLinearImpl*>(m)) {
+      names.push_back(prefix + "weight");
+      if (c->options.bias()) names.push_back(prefix + "bias");
+    } else if (dynamic_cast<const RowParallelLinearImpl*>(m) || dynamic_cast<const VocabParallelEmbeddingImpl*>(m)) {
+      names.push_back(prefix + "weight");
+    }
+  }
+  return names;
+}
+
+}  // namespace zest::tp
