@@ -20,7 +20,10 @@
 // every rank's call before any data is used; a call of at most 4 KiB per
 // message carries its data on that exchange, so it costs one round of
 // messages, as MPI's own would (Note [one exchange per collective] in
-// mpi_exchange.h), and a larger one then moves its data point to point on
+// mpi_exchange.h; the root of such a broadcast returns once its messages
+// are out, as MPI_Bcast's does, and checks the others' calls at its next
+// call: Note [the broadcast root does not wait]), and a larger one then
+// moves its data point to point on
 // the caller's buffers (Note [the data phase in point-to-point messages] in
 // mpi_transfer.h). Reductions give the in-process
 // backend's bits at every world size, floats included: MPI moves the
