@@ -185,6 +185,20 @@ MpiCommunicator::MpiCommunicator(Owned owned, CommOptions options)
       scratch_(std::make_shared<ReduceScratch>(size())) {}
 
 MpiCommunicator::~MpiCommunicator() {
+  // A broadcast's root may have left its last exchanges pending (Note [the
+  // broadcast root does not wait] in mpi_exchange.h): their check is still
+  // owed, and MPI must be done with their buffers before they go. A failure
+  // cannot be thrown from here: it is printed, and recorded so that the
+  // MpiEnvironment ends the job with MPI_Abort.
+  if (!aborted() && exchange_->pending() > 0) {
+    try {
+      settle_pending(0);
+    } catch (...) {
+      std::fprintf(stderr, "[rank %d of %d] closing the MPI communicator: %s\n", rank(), size(),
+                   current_exception_text().c_str());
+      std::fflush(stderr);
+    }
+  }
   // An aborted communicator may have an operation MPI cannot cancel still
   // pending on it; freeing the communicator under it would be erroneous. The
   // process is meant to end with MPI_Abort (see MpiEnvironment).
@@ -356,26 +370,75 @@ std::string MpiCommunicator::whereabouts(const CollectiveDesc& desc, bool moving
                      here.size() == 1 ? "is" : "are");
 }
 
-// Note [one exchange per collective].
+// Note [one exchange per collective]. With `leave_pending` (the root of a
+// carried broadcast), the exchange is only started, unless it completes at
+// once (Note [the broadcast root does not wait] in mpi_exchange.h).
 void MpiCommunicator::agree(const CollectiveDesc& desc, const PartFor& part_for,
-                            const std::function<void()>& meanwhile) {
+                            const std::function<void()>& meanwhile, bool leave_pending, const ExpectFrom& expect) {
   mpi::Exchange& ex = *exchange_;
+  settle_pending(leave_pending ? ex.max_pending() - 1 : 0);
   const DescWords mine = encode(desc);
+  const PartFor none = [](int) { return mpi::Part{}; };
+  const PartFor& parts = part_for ? part_for : none;
+  // What a peer making the same call sends this rank: what this rank sends
+  // it, unless the call says otherwise (a broadcast).
+  const ExpectFrom symmetric = [&](int peer) { return parts(peer).bytes; };
+  bool complete = true;
+  mpi::Round* round = nullptr;
   guard(desc, [&] {
-    const PartFor none = [](int) { return mpi::Part{}; };
-    const std::span<MPI_Request> requests = ex.start(owned_.comm, mine, part_for ? part_for : none);
+    round = &ex.start(owned_.comm, mine, parts, expect ? expect : symmetric);
     if (meanwhile) meanwhile();
-    wait(desc, requests, ex.statuses(), /*moving_data=*/false, /*carrying=*/static_cast<bool>(part_for),
-         exchange_);
-    ex.finish();
+    if (leave_pending) {
+      int done = 0;
+      ZEST_MPI_CHECK(MPI_Testall(static_cast<int>(round->requests().size()), round->requests().data(), &done,
+                                 round->statuses()));
+      complete = done != 0;
+    } else {
+      wait(desc, round->requests(), round->statuses(), /*moving_data=*/false,
+           /*carrying=*/static_cast<bool>(part_for), exchange_);
+    }
+    if (complete) ex.finish(*round);
   });
-  const std::vector<uint64_t>& all = ex.all();
+  if (!complete) {
+    ex.leave_pending();
+    return;
+  }
+  check_agreed(desc, *round);
+}
+
+// Fails with every rank's call unless all are `desc`; then waits for the
+// round's tails (Note [exchange messages stay eager] in mpi_exchange.h).
+void MpiCommunicator::check_agreed(const CollectiveDesc& desc, mpi::Round& round) {
+  const std::vector<uint64_t>& all = round.all();
   for (int r = 0; r < size(); ++r) {
-    if (!std::equal(mine.begin(), mine.end(), all.begin() + r * kDescWords)) {
+    if (!std::equal(round.mine(), round.mine() + kDescWords, all.begin() + r * kDescWords)) {
+      // Tails this rank expected may never come, or come later.
+      if (!round.tail_requests().empty()) MpiEnvironment::keep_until_exit(exchange_);
       fail(CommError::Reason::kMismatch, mismatch_message(all, size()));
     }
   }
   last_agreed_ = desc;
+  if (round.tail_requests().empty()) return;
+  guard(desc, [&] {
+    wait(desc, round.tail_requests(), round.tail_statuses(), /*moving_data=*/true, /*carrying=*/true, exchange_);
+    exchange_->finish_tails(round);
+  });
+}
+
+// Waits for and checks the oldest pending rounds until at most `keep` are
+// left, failing, as their call would have, with that call's description.
+void MpiCommunicator::settle_pending(size_t keep) {
+  mpi::Exchange& ex = *exchange_;
+  while (ex.pending() > keep) {
+    mpi::Round& round = *ex.oldest_pending();
+    const CollectiveDesc desc = decode(round.mine());
+    guard(desc, [&] {
+      wait(desc, round.requests(), round.statuses(), /*moving_data=*/false, /*carrying=*/true, exchange_);
+      ex.finish(round);
+    });
+    ex.settled_oldest();
+    check_agreed(desc, round);
+  }
 }
 
 // Whether a call's data rides on its exchange: `bytes`, the most one rank
@@ -413,8 +476,8 @@ const void* MpiCommunicator::own_input(const void* mine, const void* out, size_t
 void MpiCommunicator::combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out) {
   const size_t bytes = count * elem_size(desc.dtype);
   std::vector<const void*>& inputs = scratch_->inputs;
+  const mpi::Round& ex = exchange_->current();
   for (int r = 0; r < size(); ++r) {
-    const mpi::Exchange& ex = *exchange_;
     ZEST_INTERNAL_ASSERT(r == rank() || ex.payload_bytes(r) == bytes, "rank {} carried {} bytes, not {}", r,
                          ex.payload_bytes(r), bytes);
     inputs[static_cast<size_t>(r)] = r == rank() ? own_input(mine, out, bytes, scratch_->copies_of(bytes)) : ex.payload(r);
@@ -517,7 +580,7 @@ void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send
   const bool in_place = out + static_cast<size_t>(rank()) * part == send;
   if (carried(part)) {
     agree(desc, [&](int) { return mpi::Part{send, part}; });
-    const mpi::Exchange& ex = *exchange_;
+    const mpi::Round& ex = exchange_->current();
     for (int r = 0; r < size(); ++r) {
       char* to = out + static_cast<size_t>(r) * part;
       if (r != rank()) {
@@ -530,12 +593,14 @@ void MpiCommunicator::do_all_gather(const CollectiveDesc& desc, const void* send
     }
     return;
   }
-  const auto local = [&] {
-    if (!in_place) std::memcpy(out + static_cast<size_t>(rank()) * part, send, part);
-  };
-  move_data(desc, local, [&](int n) {
+  move_data(desc, [] {}, [&](int n) {
     transfer(desc, mpi_copy_type(desc.dtype), [&](int) { return mpi::Block{send, n}; },
              [&](int peer) { return mpi::Block{out + static_cast<size_t>(peer) * part, n}; });
+    // This rank's own part after the transfer, as MPI_Allgather places it,
+    // not while the exchange is on its way: with Open MPI's single-copy
+    // transport, copying it first took a 1-4 MiB all_gather from raw MPI's
+    // time to 1.3-1.5x (docs/BENCHMARKS.md, 2026-11-28).
+    if (!in_place) std::memcpy(out + static_cast<size_t>(rank()) * part, send, part);
   });
 }
 
@@ -545,8 +610,12 @@ void MpiCommunicator::do_broadcast(const CollectiveDesc& desc, const void* send,
   const bool root = rank() == desc.root;
   if (root && send != recv && bytes > 0) std::memcpy(recv, send, bytes);
   if (carried(bytes)) {
-    agree(desc, [&](int) { return root ? mpi::Part{send, bytes} : mpi::Part{}; });
-    const mpi::Exchange& ex = *exchange_;
+    // The root returns once its messages are on their way (Note [the
+    // broadcast root does not wait] in mpi_exchange.h); its part is copied
+    // into the round's slots already.
+    agree(desc, [&](int) { return root ? mpi::Part{send, bytes} : mpi::Part{}; }, nullptr, /*leave_pending=*/root,
+          [&](int peer) { return peer == desc.root ? bytes : size_t{0}; });
+    const mpi::Round& ex = exchange_->current();
     if (!root && bytes > 0) {
       ZEST_INTERNAL_ASSERT(ex.payload_bytes(desc.root) == bytes, "the root carried {} bytes, not {}",
                            ex.payload_bytes(desc.root), bytes);

@@ -20,7 +20,10 @@
 // every rank's call before any data is used; a call of at most 4 KiB per
 // message carries its data on that exchange, so it costs one round of
 // messages, as MPI's own would (Note [one exchange per collective] in
-// mpi_exchange.h), and a larger one then moves its data point to point on
+// mpi_exchange.h; the root of such a broadcast returns once its messages
+// are out, as MPI_Bcast's does, and checks the others' calls at its next
+// call: Note [the broadcast root does not wait]), and a larger one then
+// moves its data point to point on
 // the caller's buffers (Note [the data phase in point-to-point messages] in
 // mpi_transfer.h). Reductions give the in-process
 // backend's bits at every world size, floats included: MPI moves the
@@ -56,6 +59,7 @@
 
 namespace zest::mpi {
 class Exchange;
+class Round;
 struct Block;
 struct Part;
 struct PollPlan;
@@ -204,7 +208,17 @@ class MpiCommunicator final : public Communicator {
   // payload, when given) and fails with a CommError naming every rank's call
   // unless all are the same.
   // `meanwhile`, when given, runs while the messages are on their way.
-  void agree(const CollectiveDesc& desc, const PartFor& part_for, const std::function<void()>& meanwhile = nullptr);
+  // `leave_pending`: return once the messages are on their way, the check
+  // owed until the next agreement (Note [the broadcast root does not wait]
+  // in mpi_exchange.h).
+  // `expect(peer)`: the payload bytes a peer making the same call sends this
+  // rank; by default what part_for gives it.
+  using ExpectFrom = std::function<size_t(int peer)>;
+  void agree(const CollectiveDesc& desc, const PartFor& part_for, const std::function<void()>& meanwhile = nullptr,
+             bool leave_pending = false, const ExpectFrom& expect = nullptr);
+  void check_agreed(const CollectiveDesc& desc, mpi::Round& round);
+  // Completes and checks pending rounds, oldest first, until `keep` are left.
+  void settle_pending(size_t keep);
   bool carried(size_t bytes) const;
   const void* own_input(const void* mine, const void* out, size_t bytes, char* spare);
   void combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out);

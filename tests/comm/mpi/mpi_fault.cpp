@@ -10,6 +10,15 @@
 //                         element, rank 2 a large all_reduce: no data may
 //                         move before the exchange shows it (their messages
 //                         would not fit the others' receives)
+//   mpi_fault broadcast   rank 1 calls a small broadcast with a different
+//                         count: the root, which returns without waiting for
+//                         the others (Note [the broadcast root does not wait]
+//                         in comm/mpi_exchange.h), fails at its next call
+//   mpi_fault broadcast_roots rank 1 names itself the broadcast's root, the
+//                         others rank 0: two roots, neither waiting
+//   mpi_fault broadcast_last rank 1's count differs, and the broadcast is the
+//                         root's last call: the root reports it when its
+//                         communicator is destroyed
 //   mpi_fault p2p_count   rank 0 sends 8 floats to rank 1, which receives 7
 //   mpi_fault p2p_large   the same with 20000 and 20001 floats, past what
 //                         the description message carries: no data moves
@@ -127,6 +136,20 @@ bool run(Communicator& comm, const std::string& mode) {
       }
     }, is_mismatch);
   }
+  if (mode == "broadcast" || mode == "broadcast_roots" || mode == "broadcast_last") {
+    const int root = mode == "broadcast_roots" && odd_one ? 1 : 0;
+    const size_t count = mode != "broadcast_roots" && odd_one ? 7 : 8;
+    if (mode == "broadcast_last" && rank == 0) {
+      // Returns: the root's check is owed until the communicator goes.
+      comm.broadcast(x, x, count, DType::kFloat32, root, stream);
+      return true;
+    }
+    return report(rank, [&] {
+      comm.broadcast(x, x, count, DType::kFloat32, root, stream);
+      // A root learns of the mismatch here, before this call's exchange.
+      if (rank == root) comm.barrier(stream);
+    }, is_mismatch);
+  }
   if (mode == "large") {
     std::vector<float> big(20000);
     return report(rank, [&] {
@@ -157,8 +180,8 @@ bool run(Communicator& comm, const std::string& mode) {
     return ok;
   }
   std::fprintf(stderr,
-               "FAULT-UNEXPECTED: unknown mode '%s'; use p2p_count, p2p_large, p2p_timeout, timeout, mismatch, count, large, large_count, create or "
-               "rendezvous\n",
+               "FAULT-UNEXPECTED: unknown mode '%s'; use timeout, mismatch, count, large, large_count, broadcast, "
+               "broadcast_roots, broadcast_last, p2p_count, p2p_large, p2p_timeout, create or rendezvous\n",
                mode.c_str());
   return false;
 }

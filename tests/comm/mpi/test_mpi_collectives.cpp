@@ -41,10 +41,12 @@ TEST_CASE("MPI collectives are exact for every dtype, count and in-place form") 
 // fits one exchange message (4 KiB) rides on the agreement; a larger one
 // agrees first, then moves its data with MPI's collectives. 4096 elements are
 // carried for 1-byte types and not for the others, 1024 for 4-byte types and
-// not 1025; 70001 are never carried (and give ranks unequal chunks).
+// not 1025; 70001 are never carried (and give ranks unequal chunks). Over
+// 3 KiB the payload is split in two messages (Note [exchange messages stay
+// eager]): 768 4-byte elements fit the first, 769 do not.
 TEST_CASE("MPI collectives at and past the size one exchange message carries are exact") {
   std::unique_ptr<Communicator> world = make_mpi_world(test::mpi_test_options());
-  constexpr size_t kLarge[] = {1024, 1025, 4096, 70001};
+  constexpr size_t kLarge[] = {768, 769, 1024, 1025, 4096, 70001};
   const std::vector<uint64_t> mpi_digests =
       gather_digests(*world, test::check_all_collectives(*world, host_stream(), kLarge));
   std::vector<uint64_t> inprocess_digests(static_cast<size_t>(world->size()));
