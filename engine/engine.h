@@ -518,6 +518,8 @@ class Engine {
   // engine_gather.cpp
   void materialize(int unit);
   void drop(int unit);
+  bool reused_soon(int unit) const;
+  size_t micro_step_end() const;
   void prefetch_after(size_t trace_pos);
   void follow_trace(int unit);
   // engine_grads.cpp
