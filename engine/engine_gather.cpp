@@ -8,9 +8,10 @@
 //
 // Note [stage-3 reuse distance]. DeepSpeed's stage3_max_reuse_distance, as
 // its PartitionedParameterCoordinator (__params_to_release) has it: when the
-// last handle of a unit is released at gather number k of the iteration
-// (its "step id": the gathers so far in this micro-step), the recorded
-// order is scanned from position k, adding up the parameters (elements,
+// last handle of a unit is released after the k-th gather of the optimizer
+// step (DeepSpeed's step id, which counts from the micro-step's start: the
+// micro-steps' parts of the recorded order lie one after another), the
+// recorded order is scanned from position k, adding up the parameters (elements,
 // without padding; persistent units too) of the units it passes, and the
 // unit stays gathered if it appears before that sum reaches the distance,
 // checked before each unit (so 0 keeps nothing, and 1 keeps a unit that is
