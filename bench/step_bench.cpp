@@ -16,9 +16,13 @@
 //   norm       s·b read (the shard's gradient)
 //   optimizer  AdamW with an fp32 master: 12 read + 12 written per element,
 //              plus the gradient read and the parameter written (2b)
-//   gather     stages 1-2: W·s·b read and written; stage 3: twice (forward and
-//              backward gather every unit); one rank: none (Note [one
-//              partition keeps stage 3 resident])
+//   gather     stages 1-2: W·s·b read and written; stage 3: once per
+//              gather, forward gathering every unit and backward those that
+//              stage3_max_reuse_distance did not keep gathered since their
+//              forward (Note [stage-3 reuse distance]: at DeepSpeed's
+//              default, 1e9, none below 5e8 parameters; at 0 every unit:
+//              twice); one rank: none (Note [one partition keeps stage 3
+//              resident])
 //   other      the rest of the step: backward's gradient buffers zeroed by
 //              grads() and written by the caller, P·b written twice
 // A memcpy of n bytes reads n and writes n, so a phase moving B bytes is
@@ -31,7 +35,7 @@
 // device buffer, and each step's time includes waiting for its stream.
 //
 //   step_bench [--params N] [--ranks W] [--units U] [--steps N] [--stages 0,1,2,3] [--dtype bf16|fp32]
-//              [--device host|cuda:N]
+//              [--device host|cuda:N] [--reuse-distance N] [--prefetch N]
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -42,6 +46,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -66,10 +71,26 @@ struct Options {
   std::vector<int> stages = {0, 1, 2, 3};
   zest::DType dtype = zest::DType::kBFloat16;
   zest::Device device = zest::Device::host();
+  int64_t reuse_distance = 1'000'000'000;  // stage3_max_reuse_distance: DeepSpeed's default
+  int64_t prefetch = 50'000'000;           // stage3_prefetch_bucket_size: DeepSpeed's default
+
+  // Stage 3: the units gathered again in backward. The loop releases each
+  // unit before the next gather, so unit k (of equal ones) is kept when the
+  // units after it, counted forward and backward, hold fewer parameters
+  // than the distance.
+  int regathered_units() const {
+    const auto per_unit = static_cast<int64_t>(params / static_cast<size_t>(units));
+    int n = 0;
+    for (int k = 0; k < units; ++k) n += 2 * int64_t{units - 1 - k} * per_unit >= reuse_distance ? 1 : 0;
+    return n;
+  }
 };
 
 struct Phases {
   double step = 0, reduce = 0, norm = 0, optimizer = 0, gather = 0;  // ms
+  // Rank 0's MemoryReport after the steps: the allocator's peak, and the
+  // parameters' (stage 3: shards plus what was gathered at once).
+  int64_t peak_allocated = 0, params_peak = 0;
 };
 
 double median(std::vector<double> v) {
@@ -188,9 +209,12 @@ Phases run_stage(const Options& opt, int stage) {
   zest::EngineConfig config;
   config.zero.stage = stage;
   config.zero.stage3_param_persistence_threshold = 0;
+  config.zero.stage3_max_reuse_distance = opt.reuse_distance;
+  config.zero.stage3_prefetch_bucket_size = opt.prefetch;
   config.bf16 = opt.dtype == zest::DType::kBFloat16;
   const size_t per_unit = opt.params / static_cast<size_t>(opt.units);
   std::vector<std::vector<double>> ms(5);
+  int64_t peak_allocated = 0, params_peak = 0;
   zest::run_inprocess(opt.ranks, [&](zest::Communicator& comm) {
     zest::CachingAllocator alloc(opt.device.is_cuda() ? zest::make_cuda_allocator(opt.device.index())
                                                       : zest::make_host_allocator());
@@ -223,8 +247,13 @@ Phases run_stage(const Options& opt, int stage) {
                             r.times.gather_ms};
       for (size_t k = 0; k < 5; ++k) ms[k].push_back(per[k]);
     }
+    if (comm.rank() == 0) {
+      const zest::MemoryReport m = engine.memory_report();
+      peak_allocated = m.peak_allocated;
+      params_peak = m[zest::MemoryCategory::kParameters].peak;
+    }
   }, opt.device);
-  return {median(ms[0]), median(ms[1]), median(ms[2]), median(ms[3]), median(ms[4])};
+  return {median(ms[0]), median(ms[1]), median(ms[2]), median(ms[3]), median(ms[4]), peak_allocated, params_peak};
 }
 
 // Throws cli::UsageError for --help and for a bad flag; `usage` is the help
@@ -243,6 +272,13 @@ Options parse(int argc, char** argv, std::string& usage) {
   app.add_option("--dtype", dtype, "compute dtype")->check(CLI::IsMember({"bf16", "fp32"}));
   std::string device = "host";
   app.add_option("--device", device, "host or cuda:N");
+  app.add_option("--reuse-distance", o.reuse_distance,
+                 "stage3_max_reuse_distance (elements; DeepSpeed's default 1e9; 0 gathers every unit again in "
+                 "backward)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+  app.add_option("--prefetch", o.prefetch,
+                 "stage3_prefetch_bucket_size (elements; DeepSpeed's default 5e7, the whole of a model this size)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   usage = app.help();
   cli::parse(app, argc, argv);
   if (o.params < static_cast<size_t>(o.units)) {
@@ -270,9 +306,10 @@ int main(int argc, char** argv) {
     const double b = static_cast<double>(zest::elem_size(opt.dtype));
     const double master = opt.dtype == zest::DType::kFloat32 ? 0.0 : 8.0;  // fp32 copy read + written
     fmt::print("step_bench: P = {} parameters in {} units, W = {} in-process ranks on {}, {}, AdamW, {} steps "
-               "(median; {} build); load {}\n",
+               "(median; {} build); stage3_max_reuse_distance {} ({} of {} units gathered again in backward), "
+               "stage3_prefetch_bucket_size {}; load {}\n",
                opt.params, opt.units, opt.ranks, opt.device.str(), zest::dtype_name(opt.dtype), opt.steps,
-               ZEST_BENCH_BUILD_TYPE, loadavg());
+               ZEST_BENCH_BUILD_TYPE, opt.reuse_distance, opt.regathered_units(), opt.units, opt.prefetch, loadavg());
     fmt::print("each cell: ms (bound ms) time/bound\n");
     fmt::print("{:>5} | {:>22} | {:>22} {:>22} {:>22} {:>22} {:>22}\n", "stage", "step", "reduce", "norm",
                "optimizer", "gather", "other");
@@ -282,7 +319,8 @@ int main(int argc, char** argv) {
       const double reduce = W == 1 ? 0.0 : (stage == 0 ? 2.0 : 1.0) * (W + 1) * (P / W) * b;
       const double norm = s * b;
       const double optim = s * (16.0 + master + 2 * b);
-      const double gather = stage == 0 || W == 1 ? 0.0 : (stage == 3 ? 2.0 : 1.0) * 2 * P * b;
+      const double gathers = stage == 3 ? 1.0 + double(opt.regathered_units()) / opt.units : 1.0;
+      const double gather = stage == 0 || W == 1 ? 0.0 : gathers * 2 * P * b;
       const double other = 2 * P * b;
       return std::array<double, 5>{reduce, norm, optim, gather, other};
     };
@@ -292,6 +330,7 @@ int main(int argc, char** argv) {
     }
     CopyBound copy(opt.device, opt.ranks, static_cast<size_t>(most));
     std::optional<double> stage2, stage3;
+    std::vector<std::pair<int64_t, int64_t>> peaks;
     for (int stage : opt.stages) {
       const std::array<double, 5> bytes = phase_bytes(stage);
       // Bound samples before and after the stage's steps, so that a change
@@ -304,6 +343,7 @@ int main(int argc, char** argv) {
       };
       sample_bounds();
       const Phases p = run_stage(opt, stage);
+      peaks.emplace_back(p.peak_allocated, p.params_peak);
       sample_bounds();
       std::array<double, 5> bound{};
       for (size_t k = 0; k < bound.size(); ++k) bound[k] = median(samples[k]);
@@ -319,6 +359,10 @@ int main(int argc, char** argv) {
       fmt::print("{:>5} | {:>22} | {:>22} {:>22} {:>22} {:>22} {:>22}\n", stage, cell(p.step, step_bound),
                  cell(p.reduce, bound[0]), cell(p.norm, bound[1]), cell(p.optimizer, bound[2]), cell(p.gather, bound[3]),
                  cell(other, bound[4]));
+    }
+    for (size_t i = 0; i < opt.stages.size(); ++i) {
+      fmt::print("stage {} memory (rank 0's engine): peak {:.1f} MiB, parameters' peak {:.1f} MiB\n", opt.stages[i],
+                 double(peaks[i].first) / (1 << 20), double(peaks[i].second) / (1 << 20));
     }
     if (stage2 && stage3) fmt::print("stage 3 / stage 2 step: {:.2f} (target <= 1.2)\n", *stage3 / *stage2);
     fmt::print("load after: {}\n", loadavg());

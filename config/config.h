@@ -70,6 +70,13 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
+  // Note [stage-3 reuse distance] (engine_gather.cpp): when a unit's handle
+  // is released, the unit stays gathered if the recorded gather order uses
+  // it again before this many parameters (elements of the units gathered in
+  // between, persistent ones included) have gone by; 0 releases every unit
+  // with its handle. DeepSpeed's default, 1e9, keeps a small model's units
+  // gathered from forward to backward.
+  int64_t stage3_max_reuse_distance = 1'000'000'000;
 
   // DeepSpeed's overlap_comm: gradient reductions on the engine's
   // communication stream, so they run while backward goes on (true), or on

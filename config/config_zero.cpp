@@ -302,7 +302,7 @@ void read_zero_object(Section& z, FileState& file) {
     z.read_int(k, c.stage3_max_live_parameters, 0, kMaxCount);
 
   if (const char* k = z.either("stage3_max_reuse_distance", "max_reuse_distance"))
-    z.ignore(k, "a stage-3 release heuristic of DeepSpeed's hooks; ZEST frees a gathered unit when its handle ends");
+    z.read_int(k, c.stage3_max_reuse_distance, 0, kMaxCount);
   if (const char* k = z.either("stage3_model_persistence_threshold", "model_persistence_threshold"))
     z.ignore(k, "a cap on stage-3 persistent elements; ZEST keeps a unit whole by "
                 "stage3_param_persistence_threshold alone");

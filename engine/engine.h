@@ -22,7 +22,10 @@
 //      micro-steps
 //   3  as 2, and parameters too are sharded: gather() all-gathers a unit
 //      (prefetching the next one in the order recorded on the first
-//      iteration) and the handle's end releases it
+//      iteration) and the handle's end releases it, unless the recorded
+//      order uses it again within zero.stage3_max_reuse_distance parameters
+//      in this micro-step (Note [stage-3 reuse distance],
+//      engine_gather.cpp)
 // At stage 3, zero.mics_shard_size (MiCS, FSDP2's HSDP) shards the model
 // states within groups of ranks and replicates them across the groups, and
 // zero.zero_hpz_partition_size (ZeRO++'s hpZ) keeps a secondary copy of the
@@ -356,7 +359,8 @@ class Engine {
   // address (stages 0-2; at stage 3 units of up to
   // stage3_param_persistence_threshold elements, and every unit on one rank
   // without offload_param, layout_constants.h); otherwise gather() brings
-  // them into a new buffer each time.
+  // them into a new buffer each time (or finds them still gathered: the
+  // reuse distance, a prefetch).
   bool persistent(int unit) const;
 
   // --- checkpoints (checkpoint.h builds on these) ---
@@ -541,6 +545,8 @@ class Engine {
   // engine_gather.cpp
   void materialize(int unit);
   void drop(int unit);
+  bool reused_soon(int unit) const;
+  size_t micro_step_end() const;
   void prefetch_after(size_t trace_pos);
   void follow_trace(int unit);
   // engine_grads.cpp

@@ -1,8 +1,33 @@
 // gather() and release: parameters for forward and backward. At stages 0-2
 // (and for persistent units at stage 3) the full parameters are always
 // there and a handle only counts its use; at stage 3 a unit is all-gathered
-// from the shards on the communication stream, and the units that followed
-// it on the first iteration are prefetched while the caller computes.
+// from the shards on the communication stream, the units that followed it
+// on the first iteration are prefetched while the caller computes, and a
+// released unit the recorded order uses again soon stays gathered (Note
+// [stage-3 reuse distance]).
+//
+// Note [stage-3 reuse distance]. DeepSpeed's stage3_max_reuse_distance, as
+// its PartitionedParameterCoordinator (__params_to_release) has it: when the
+// last handle of a unit is released after the k-th gather of the optimizer
+// step (DeepSpeed's step id, which counts from the micro-step's start: the
+// micro-steps' parts of the recorded order lie one after another), the
+// recorded order is scanned from position k, adding up the parameters (elements,
+// without padding; persistent units too) of the units it passes, and the
+// unit stays gathered if it appears before that sum reaches the distance,
+// checked before each unit (so 0 keeps nothing, and 1 keeps a unit that is
+// next in the order). The scan ends with the micro-step, as DeepSpeed's
+// trace is one forward and backward: so every unit is released at its last
+// use in a micro-step, and end_micro_step() drops whatever is left (unused
+// prefetches) before the optimizer step changes the parameters, as
+// DeepSpeed's step() partitions every parameter before it updates. While
+// the order is being recorded, and after the loop strayed from it, units
+// are released with their handles (DeepSpeed: trace not complete). A kept
+// unit counts in live_numel, so prefetching (bounded by
+// stage3_max_live_parameters) sees it, as DeepSpeed's available-parameter
+// count does. Persistent units are never released, as ever. DeepSpeed's
+// other rule, keeping a parameter whose later use a prefetch skipped, never
+// applies here: prefetch_after() stops at a gathered unit instead of
+// skipping it.
 #include <algorithm>
 #include <utility>
 
@@ -111,18 +136,21 @@ void Engine::drop(int unit) {
 }
 
 // Gathers the units that come next in the recorded order, up to
-// stage3_prefetch_bucket_size elements ahead, while the gathered units stay
-// under stage3_max_live_parameters, and not past a unit that is already
-// gathered.
+// stage3_prefetch_bucket_size elements ahead, while the gathered units (the
+// kept ones too) stay under stage3_max_live_parameters, not past a unit
+// that is already gathered, and not past the micro-step's end (whose
+// end_micro_step() would drop them unused).
 void Engine::prefetch_after(size_t trace_pos) {
   Impl& im = *impl_;
   size_t ahead = 0;
-  for (size_t i = trace_pos; i < im.trace.size(); ++i) {
+  const size_t end = micro_step_end();
+  for (size_t i = trace_pos; i < end; ++i) {
     const int v = im.trace[i];
     UnitState& st = im.units[static_cast<size_t>(v)];
     if (st.resident) continue;
-    // A unit already there is where an earlier prefetch stopped, or the one
-    // in use: what lies beyond it is not needed before it is released.
+    // A unit already there is where an earlier prefetch stopped, the one in
+    // use, or one kept for its reuse: what lies beyond it is prefetched
+    // when the order reaches it.
     if (st.params_full) break;
     const size_t n = im.layout->unit(v).padded;
     ahead += n;
@@ -165,15 +193,41 @@ UnitHandle Engine::gather(int unit) {
     if (fresh) materialize(unit);
     follow_trace(unit);
     stream_.wait(*st.ready);
+  } else if (config_.zero.stage == 3) {
+    // Persistent units are in the order too: DeepSpeed's trace holds every
+    // module, and their parameters count in the reuse distance.
+    follow_trace(unit);
   }
   ++st.gathered;
   return UnitHandle(this, lifetime_.watch(), unit);
 }
 
+// Where this micro-step's part of the recorded order ends.
+size_t Engine::micro_step_end() const {
+  const Impl& im = *impl_;
+  const auto end = std::lower_bound(im.trace_ends.begin(), im.trace_ends.end(), im.trace_pos);
+  return end == im.trace_ends.end() ? im.trace.size() : *end;
+}
+
+// Note [stage-3 reuse distance].
+bool Engine::reused_soon(int unit) const {
+  const Impl& im = *impl_;
+  const int64_t distance = config_.zero.stage3_max_reuse_distance;
+  if (distance <= 0 || im.recording || !im.trace_valid) return false;
+  const size_t end = micro_step_end();
+  int64_t traversed = 0;
+  for (size_t i = im.trace_pos; i < end; ++i) {
+    if (traversed >= distance) break;
+    if (im.trace[i] == unit) return true;
+    traversed += static_cast<int64_t>(im.layout->unit(im.trace[i]).numel);
+  }
+  return false;
+}
+
 void Engine::release(int unit) {
   UnitState& st = impl_->units[static_cast<size_t>(unit)];
   ZEST_INTERNAL_ASSERT(st.gathered > 0, "release of unit {} that is not gathered", unit);
-  if (--st.gathered == 0) drop(unit);
+  if (--st.gathered == 0 && !st.resident && !reused_soon(unit)) drop(unit);
 }
 
 const ParamLayout& Engine::view_param(int unit, const std::string& name, DType dtype,

@@ -135,8 +135,11 @@ struct Engine::Impl {
   std::vector<int> pending;
   size_t pending_numel = 0;
 
-  // Stage 3 prefetch: the gather order of the first iteration, replayed.
+  // Stage 3 prefetch and reuse: the gather order of the first iteration
+  // (persistent units too), replayed, and where each of its micro-steps
+  // ends (positions in `trace`, ascending).
   std::vector<int> trace;
+  std::vector<size_t> trace_ends;
   bool recording = true;
   bool trace_valid = true;
   bool warned_trace = false;

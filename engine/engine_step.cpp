@@ -52,7 +52,11 @@ void Engine::end_micro_step() {
   im.handoff->record(im.comm());
   stream_.wait(*im.handoff);
   for (UnitState& st : im.units) st.grads = UnitState::Grads::kIdle;
-  for (int u = 0; u < L.num_units(); ++u) drop(u);  // unused prefetches
+  // Unused prefetches (a kept unit was released at its last use: Note
+  // [stage-3 reuse distance]). Nothing gathered outlives the micro-step, so
+  // no copy from before an optimizer step is used after it.
+  for (int u = 0; u < L.num_units(); ++u) drop(u);
+  if (im.recording) im.trace_ends.push_back(im.trace.size());
   ++im.micro;
 }
 
@@ -201,6 +205,7 @@ StepResult Engine::step() {
     im.recording = false;
   } else if (!im.trace_valid) {
     im.trace.clear();
+    im.trace_ends.clear();
     im.recording = true;
     im.trace_valid = true;
   }
@@ -393,6 +398,13 @@ void Engine::gather_updated_params(bool frozen_too) {
   // as DeepSpeed's invalidate_secondary_tensor after every step; the next
   // gather of each unit spans the world again and makes a new one.
   for (UnitState& st : im.units) st.params_secondary = Buffer();
+  // Stage 3: a gathered copy not in use (a prefetch, or a unit kept for its
+  // reuse) holds the parameters from before: gone, so the next gather
+  // brings the new ones. (After a step there is none: end_micro_step()
+  // dropped them; after a load there may be.)
+  for (int u = 0; u < L.num_units(); ++u) {
+    if (im.units[static_cast<size_t>(u)].gathered == 0) drop(u);
+  }
   if (L.partitions() == 1) return;
   const PhaseTimer timer(im.times.gather_ms);
   Communicator& shards = shard_group();

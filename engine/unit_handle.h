@@ -6,7 +6,7 @@
 //     zest::UnitHandle fc = engine.gather(unit);          // stage 3: all-gathered here
 //     const float* w = fc.param<float>("fc1.weight").data();
 //     (void)w;  // forward
-//   }                                                    // stage 3: released here
+//   }                                                    // stage 3: released here (or kept for its reuse)
 //   {
 //     zest::UnitHandle fc = engine.gather(unit);
 //     zest::GradHandle g = engine.grads(unit);           // zeroed at a micro-step's first use

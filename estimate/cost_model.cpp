@@ -212,9 +212,15 @@ CostEstimate estimate_cost(const ModelDescription& model, const CostOptions& opt
   const auto backward_gathers = static_cast<uint64_t>(options.gathers_per_micro_step - 1) * A;
 
   const std::vector<UnitSize> units = unit_sizes(model, o);
+  // Note [stage-3 reuse distance]: in a forward-then-backward loop the
+  // repeats kept gathered from forward to backward are not gathered again.
+  const std::vector<size_t> kept =
+      options.gathers_per_micro_step == 2 ? reuse_kept(units, o) : std::vector<size_t>(units.size(), 0);
   StepBuilder step(topo, out);
-  for (const UnitSize& u : units) {
+  for (size_t e = 0; e < units.size(); ++e) {
+    const UnitSize& u = units[e];
     const uint64_t n = u.count;
+    const uint64_t regathered = (n - kept[e]) * backward_gathers;
     if (!u.frozen) {
       if (stage == 0) {
         step.add(TrafficKind::kGradAllReduce, CollectiveKind::kAllReduce, world, n * reductions, u.padded, b);
@@ -231,10 +237,10 @@ CostEstimate estimate_cost(const ModelDescription& model, const CostOptions& opt
         const size_t part = u.padded / static_cast<size_t>(H);
         step.add(TrafficKind::kForwardGather, CollectiveKind::kAllGather, world, n, u.shard, b);
         step.add(TrafficKind::kForwardGather, CollectiveKind::kAllGather, hpz, n * (A - 1), part, b);
-        step.add(TrafficKind::kBackwardGather, CollectiveKind::kAllGather, hpz, n * backward_gathers, part, b);
+        step.add(TrafficKind::kBackwardGather, CollectiveKind::kAllGather, hpz, regathered, part, b);
       } else {
         step.add(TrafficKind::kForwardGather, CollectiveKind::kAllGather, shard, n * A, u.shard, b);
-        step.add(TrafficKind::kBackwardGather, CollectiveKind::kAllGather, shard, n * backward_gathers, u.shard, b);
+        step.add(TrafficKind::kBackwardGather, CollectiveKind::kAllGather, shard, regathered, u.shard, b);
       }
     }
   }

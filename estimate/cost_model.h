@@ -103,7 +103,11 @@ struct CostOptions {
   Topology topology;
   // Stage 3: gathers of each unit a micro-step, its forward's and its
   // backward's, as a training loop that releases units between them
-  // issues (a loop keeping units gathered issues fewer). The engine's
+  // issues (a loop keeping units gathered issues fewer). At 2, the units
+  // stage3_max_reuse_distance keeps gathered from forward to backward
+  // (reuse_kept in unit_sizes.h: the loop gathers forward in the
+  // description's order, backward in reverse) are gathered once; at 3 or
+  // more the order is unknown and every unit is counted as released. The engine's
   // prefetch (stage3_prefetch_bucket_size) gathers ahead in the order it
   // recorded; where the loop strays from that order a prefetched unit
   // dropped unused costs one more gather, which the model does not count

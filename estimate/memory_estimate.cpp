@@ -9,7 +9,8 @@
 //               gradients at stages 0-1, an owned-shard accumulator at
 //               stages 2-3 or when accumulating (full size under
 //               reduce_at_accumulation_boundary)
-//   transient   engine_gather.cpp (stage 3 prefetch window),
+//   transient   engine_gather.cpp (stage 3 prefetch window, units kept
+//               for their reuse: Note [stage-3 reuse distance]),
 //               engine_grads.cpp (reduce buckets), engine_step.cpp (norm
 //               chunk sums), finalize() (fp32 staging of one unit, at most kInitStagingNumel elements)
 // A change to any of these is a change here; tests/engine compares a run's
@@ -139,6 +140,45 @@ Taken grad_units(const std::vector<std::pair<size_t, size_t>>& all, const Estima
     if (t.numel >= bucket) break;
   }
   return t;
+}
+
+// Stage 3, Note [stage-3 reuse distance]: the units reuse_kept() keeps from
+// forward to backward are all gathered when forward ends (`params`); backward
+// then gathers nothing while it goes back through them, releasing each at its
+// use while their gradients fill a reduce bucket (grad_units' policy), so the
+// most at once (`backward`, parameters and gradients) is the kept units not
+// yet released plus the bucket's gradients, at some point of that stretch.
+// Exact for the loop reuse_kept() describes; the prefetch window never adds
+// to it there (prefetch_after stops at a kept unit).
+struct KeptPeak {
+  size_t units = 0;
+  size_t params = 0;
+  size_t backward = 0;
+};
+
+KeptPeak kept_peak(const std::vector<UnitSize>& units, const EstimateOptions& o) {
+  const std::vector<size_t> kept = reuse_kept(units, o);
+  KeptPeak k;
+  size_t trainable = 0;
+  for (size_t e = 0; e < units.size(); ++e) {
+    k.units += kept[e];
+    k.params += kept[e] * units[e].padded;
+    if (!units[e].frozen) trainable += units[e].count * units[e].padded;
+  }
+  if (k.units == 0) return k;
+  const auto bucket = static_cast<size_t>(o.zero.reduce_bucket(trainable));
+  size_t held = k.params;
+  size_t pending = 0;
+  for (size_t e = units.size(); e-- > 0 && held > 0;) {
+    const UnitSize& u = units[e];
+    for (size_t c = 0; c < u.count && held > 0; ++c) {
+      if (!u.frozen) pending += u.padded;
+      k.backward = std::max(k.backward, held + pending);
+      if (pending >= bucket) pending = 0;
+      if (c < kept[e]) held -= u.padded;  // its last use: released
+    }
+  }
+  return k;
 }
 
 int64_t to_bytes(size_t numel, size_t elem_bytes) { return static_cast<int64_t>(numel * elem_bytes); }
@@ -282,8 +322,13 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   }
   Taken grads;
   if (o.zero.stage >= 2) grads = grad_units(largest_first(units, [](const UnitSize& u) { return !u.frozen; }), o);
-  e.live_units = live.units;
+  // The kept units, unless the transients were given (live_units,
+  // grad_units_in_flight: the caller's model instead).
+  KeptPeak kept;
+  if (o.zero.stage == 3 && o.live_units == 0 && o.grad_units_in_flight == 0) kept = kept_peak(units, o);
+  e.live_units = std::max(live.units, kept.units);
   e.grad_units_in_flight = grads.units;
+  const size_t live_params = std::max(live.numel, kept.params);
 
   size_t largest = 0;
   for (const UnitSize& u : units) largest = std::max(largest, u.padded);
@@ -303,9 +348,9 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
       if (!u.resident) secondary += to_bytes(u.count * (u.padded / static_cast<size_t>(hpz)), b);
     }
   }
-  const int64_t backward = to_bytes(live.numel, b) + secondary + to_bytes(grads.numel, b);
+  const int64_t backward = to_bytes(std::max(live.numel + grads.numel, kept.backward), b) + secondary;
 
-  set(MemoryCategory::kParameters, device_params, to_bytes(live.numel, b) + secondary);
+  set(MemoryCategory::kParameters, device_params, to_bytes(live_params, b) + secondary);
   set(MemoryCategory::kGradients, s.grads, to_bytes(grads.numel, b));
   set(MemoryCategory::kMasterWeights, device_master, 0);
   set(MemoryCategory::kOptimizerState, device_state, 0);
@@ -457,11 +502,11 @@ void EstimateOptions::validate() const {
              "stage3_param_persistence_threshold is {}: it must be >= 0 (elements)",
              zero.stage3_param_persistence_threshold);
   ZEST_CHECK(zero.reduce_bucket_size.value_or(1) >= 1 && zero.stage3_prefetch_bucket_size >= 0 &&
-                 zero.stage3_max_live_parameters >= 0,
-             "reduce_bucket_size ({}) must be >= 1, stage3_prefetch_bucket_size ({}) and "
-             "stage3_max_live_parameters ({}) >= 0 (elements)",
+                 zero.stage3_max_live_parameters >= 0 && zero.stage3_max_reuse_distance >= 0,
+             "reduce_bucket_size ({}) must be >= 1, stage3_prefetch_bucket_size ({}), "
+             "stage3_max_live_parameters ({}) and stage3_max_reuse_distance ({}) >= 0 (elements)",
              zero.reduce_bucket_size.value_or(1), zero.stage3_prefetch_bucket_size,
-             zero.stage3_max_live_parameters);
+             zero.stage3_max_live_parameters, zero.stage3_max_reuse_distance);
   // What the engine refuses (engine.cpp), refused here rather than counted
   // as no offload.
   ZEST_CHECK(offload_param.device != OffloadDevice::kNvme,

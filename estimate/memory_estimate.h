@@ -252,7 +252,10 @@ struct MemoryEstimate {
 //   live units   the unit in use plus the ones prefetched after it, up to
 //                stage3_prefetch_bucket_size elements ahead and
 //                stage3_max_live_parameters in all (units at or below the
-//                persistence threshold are resident, not gathered)
+//                persistence threshold are resident, not gathered); or,
+//                when more, the units stage3_max_reuse_distance keeps
+//                gathered from forward to backward (reuse_kept in
+//                unit_sizes.h), all held as forward ends
 //   grad units   units whose full gradients are kept until their bucket
 //                reaches reduce_bucket_size elements, then reduce-scattered
 MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOptions& options);

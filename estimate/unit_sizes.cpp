@@ -1,5 +1,8 @@
 #include "zest/estimate/unit_sizes.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "zest/engine/layout_constants.h"
 
 namespace zest {
@@ -21,6 +24,22 @@ std::vector<UnitSize> unit_sizes(const ModelDescription& model, const EstimateOp
     out.push_back(s);
   }
   return out;
+}
+
+std::vector<size_t> reuse_kept(const std::vector<UnitSize>& units, const EstimateOptions& o) {
+  std::vector<size_t> kept(units.size(), 0);
+  if (o.zero.stage != 3) return kept;
+  const auto distance = static_cast<uint64_t>(std::max<int64_t>(o.zero.stage3_max_reuse_distance, 0));
+  uint64_t after = 0;  // parameters of the instances after the current one
+  for (size_t e = units.size(); e-- > 0;) {
+    const UnitSize& u = units[e];
+    for (size_t c = 0; c < u.count; ++c) {
+      if (2 * after >= distance) return kept;  // and so for every earlier one
+      if (!u.resident) ++kept[e];
+      after += u.numel;
+    }
+  }
+  return kept;
 }
 
 }  // namespace zest

@@ -47,7 +47,9 @@ options:
   --state-dtype fp32|bf16  optimizer state (bf16: bf16_optimizer_states, with --master-dtype bf16)
   --accum N                gradient accumulation steps (default 1)
   --persistence-threshold N  stage 3: units of at most N parameters stay whole (default 100000)
-  --live-units N           stage 3: gathered units at once (default: the engine's prefetch window)
+  --live-units N           stage 3: gathered units at once (default: the engine's prefetch window, or
+                           the units stage3_max_reuse_distance keeps gathered from forward to
+                           backward when more: DeepSpeed's 1e9 unless --config sets it)
   --grad-units N           stages 2-3: full gradient buffers at once (default: from the reduce bucket)
   --device-memory SIZE     e.g. 80GiB, 80GB, 8.5e10: also print the largest model that fits
   --runtime-reserve SIZE   device memory kept for the CUDA context and NCCL's buffers, outside the

@@ -20,7 +20,10 @@ std::string usage() {
          "           [--timeout SECONDS] [--lora R] [--lora-alpha A] [--hf DIR] [--export-hf DIR]\n"
          "           [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16] [--export-adapters]\n"
          "           [--digest] [--device host|cuda[:N]]\n"
-         "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n";
+         "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n"
+         "Without --config, stage 3 prefetches up to 0.9 x d_model^2 elements ahead and keeps a released unit\n"
+         "gathered for a reuse within 0.9 x d_model^2 elements (stage3_prefetch_bucket_size,\n"
+         "stage3_max_reuse_distance); a --config file has DeepSpeed's defaults, 5e7 and 1e9, unless it sets them.\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -99,6 +102,13 @@ zest::EngineConfig engine_config(const Options& opt, int stage, int world) {
     // stage 2. On the host a gather does not overlap compute anyway.
     const auto d = static_cast<double>(opt.model.d_model);
     c.zero.stage3_prefetch_bucket_size = static_cast<int64_t>(0.9 * d * d);
+    // And the reuse distance likewise (Note [stage-3 reuse distance]):
+    // DeepSpeed's 1e9 keeps every unit of a model this size gathered from
+    // its forward to its backward, the whole model beside the shards at the
+    // turn, and stage 3 would peak above stage 2 again. Within one prefetch
+    // window, only units used again that soon stay (those at the turn from
+    // forward to backward): about a window's elements more at most.
+    c.zero.stage3_max_reuse_distance = static_cast<int64_t>(0.9 * d * d);
   }
   c.zero.stage = stage;
   if (opt.offload) {

@@ -70,6 +70,7 @@ TEST_CASE("defaults are DeepSpeed's") {
   CHECK_FALSE(c.zero.overlap());
   CHECK(c.zero.stage3_prefetch_bucket_size == 50000000);
   CHECK(c.zero.stage3_param_persistence_threshold == 100000);
+  CHECK(c.zero.stage3_max_reuse_distance == 1000000000);
   CHECK(c.fp16.initial_scale_power == 16);
   CHECK(c.fp16.loss_scale_window == 1000);
   CHECK(c.fp16.hysteresis == 2);
@@ -209,12 +210,12 @@ TEST_CASE("keys about what ZEST does not do are accepted and listed with the rea
   const EngineConfig c = test::parse(R"({
     "steps_per_print": 10, "wall_clock_breakdown": false, "zero_allow_untested_optimizer": true,
     "tensorboard": {"enabled": true, "output_path": "/tmp/tb"}, "flops_profiler": {"enabled": true},
-    "zero_optimization": {"stage": 3, "sub_group_size": 1e9, "stage3_max_reuse_distance": 1e9,
+    "zero_optimization": {"stage": 3, "sub_group_size": 1e9,
                           "stage3_gather_16bit_weights_on_model_save": true, "round_robin_gradients": true},
     "cuda_visible_devices": 0, "_comment": "x"})");
   const std::vector<std::string> keys = {
-      "zero_optimization.stage3_max_reuse_distance", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-      "zero_optimization.sub_group_size",           "zero_optimization.round_robin_gradients",
+      "zero_optimization.stage3_gather_16bit_weights_on_model_save", "zero_optimization.sub_group_size",
+      "zero_optimization.round_robin_gradients",
       "flops_profiler",                             "zero_allow_untested_optimizer",
       "tensorboard",                                "cuda_visible_devices",
       "_comment"};
@@ -234,8 +235,14 @@ TEST_CASE("keys about what ZEST does not do are accepted and listed with the rea
 TEST_CASE("aliases and DeepSpeed's older names") {
   const EngineConfig c = test::parse(R"({"bfloat16": {"enabled": true},
     "zero_optimization": {"stage": 3, "max_live_parameters": 7, "prefetch_bucket_size": 11,
-                          "param_persistence_threshold": 13, "stage3_gather_fp16_weights_on_model_save": true}})");
+                          "param_persistence_threshold": 13, "max_reuse_distance": 17,
+                          "stage3_gather_fp16_weights_on_model_save": true}})");
   CHECK(c.bf16);
+  CHECK(c.zero.stage3_max_reuse_distance == 17);
+  CHECK(test::parse(R"({"zero_optimization": {"stage3_max_reuse_distance": 1e9}})").zero.stage3_max_reuse_distance ==
+        1000000000);
+  CHECK(error_of(R"({"zero_optimization": {"stage3_max_reuse_distance": -1}})") ==
+        "config: zero_optimization.stage3_max_reuse_distance is -1; allowed: 0 to 1125899906842624");
   CHECK(c.zero.stage3_max_live_parameters == 7);
   CHECK(c.zero.stage3_prefetch_bucket_size == 11);
   CHECK(c.zero.stage3_param_persistence_threshold == 13);

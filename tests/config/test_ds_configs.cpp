@@ -98,13 +98,14 @@ TEST_CASE("real files load with the values they say") {
   CHECK_FALSE(llava.train_batch_size.has_value());  // no world size given: the Engine derives it
   std::vector<std::string> ignored;
   for (const ConfigNote& n : llava.ignored) ignored.push_back(n.key);
-  CHECK(ignored == std::vector<std::string>{"zero_optimization.stage3_max_reuse_distance",
-                                            "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+  CHECK(ignored == std::vector<std::string>{"zero_optimization.stage3_gather_16bit_weights_on_model_save",
                                             "zero_optimization.sub_group_size"});
+  CHECK(llava.zero.stage3_max_reuse_distance == 1'000'000'000);
 
   // axolotl's ZeRO-3 file uses the short stage-3 names.
   const EngineConfig axo = load("axolotl__deepspeed_configs_zero3.json");
   CHECK(axo.zero.stage3_max_live_parameters == 0);
+  CHECK(axo.zero.stage3_max_reuse_distance == 0);
   CHECK(axo.fp16.initial_scale_power == 32);
 
   // DeepSpeed's BingBertSquad test: 24 / 3 / -, so 8 micro-steps per

@@ -3,6 +3,8 @@
 // paper's formulas (with ZEST's documented padding).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "engine_harness.h"
 #include "zest/engine/layout_constants.h"
 
@@ -68,13 +70,18 @@ TEST_CASE("fp32 training keeps no separate master copy, accumulation adds an acc
   }
 }
 
+// The paper's 3Ψ at stage 3 gathers every unit again for backward:
+// stage3_max_reuse_distance 0. At DeepSpeed's default (1e9) this small model
+// keeps every unit gathered from its forward to its backward: 2Ψ, one
+// gather a unit (test_engine_reuse.cpp has the distances in between).
 TEST_CASE("communication per step: 2Ψ(W-1)/W for stages 0-2, 3Ψ(W-1)/W for stage 3") {
   for (int world : {2, 3, 4}) {
-    for (int stage : {0, 1, 2, 3}) {
+    for (int stage : {0, 1, 2, 3, 4}) {  // 4: stage 3 at the default reuse distance
       CAPTURE(world);
       CAPTURE(stage);
-      EngineConfig config = base_config(stage);
+      EngineConfig config = base_config(std::min(stage, 3));
       config.fp16.enabled = true;
+      if (stage == 3) config.zero.stage3_max_reuse_distance = 0;
       const std::vector<RankResult> res = run_engine(config, runs(world, 2));
       int64_t psi = 0;
       for (size_t n : padded_units(stage == 0 ? 1 : world)) psi += static_cast<int64_t>(n);
@@ -92,7 +99,8 @@ TEST_CASE("communication per step: 2Ψ(W-1)/W for stages 0-2, 3Ψ(W-1)/W for sta
         } else {
           CHECK(c[CollectiveKind::kAllReduce].calls == 0);
           CHECK(c[CollectiveKind::kReduceScatter].calls == 3);
-          // stage 3: each unit gathered for forward and again for backward
+          // stage 3 at distance 0: each unit gathered for forward and again
+          // for backward; at the default once, kept in between
           CHECK(c[CollectiveKind::kAllGather].calls == (stage == 3 ? 6u : 3u));
         }
       }
@@ -180,7 +188,9 @@ TEST_CASE("stage 3 peaks below stage 2 by the parameters it does not keep, when 
   // unit; stage 3 keeps its shards and gathers one unit at a time when
   // nothing is prefetched (a window smaller than a unit), or every unit at
   // once when the window holds the model (DeepSpeed's default, 5e7
-  // elements, for a model this small).
+  // elements, for a model this small). One at a time needs
+  // stage3_max_reuse_distance 0 too: at its default (1e9) every unit stays
+  // gathered from its forward to its backward, all at once at the turn.
   constexpr int kUnits = 8;
   constexpr int64_t kNumel = 16384;
   RunOptions opt = runs(2, 2);
@@ -191,9 +201,13 @@ TEST_CASE("stage 3 peaks below stage 2 by the parameters it does not keep, when 
   const RankResult two = run_engine(base_config(2), opt)[0];
   EngineConfig config = base_config(3);
   config.zero.stage3_prefetch_bucket_size = 1;
+  config.zero.stage3_max_reuse_distance = 0;
   const RankResult three = run_engine(config, opt)[0];
   config.zero.stage3_prefetch_bucket_size = 50'000'000;
   const RankResult whole = run_engine(config, opt)[0];
+  config.zero.stage3_prefetch_bucket_size = 1;
+  config.zero.stage3_max_reuse_distance = 1'000'000'000;
+  CHECK(run_engine(config, opt)[0].memory[MemoryCategory::kParameters].peak == shard + full);
 
   CHECK(two.memory[MemoryCategory::kParameters].peak == full);
   CHECK(three.memory[MemoryCategory::kParameters].peak == shard + unit);

@@ -22,6 +22,11 @@ constexpr int kUnits = 3;  // register_model's, each padded to kShardQuantum x 4
 EngineConfig hpz_config(int group, int accumulation = 1) {
   EngineConfig c = base_config(3);
   c.zero.zero_hpz_partition_size = group;
+  // Every unit gathered again for backward, from the secondary copy: at the
+  // default reuse distance (1e9) this small model keeps its units gathered
+  // from forward to backward, and the group would gather only across
+  // micro-steps.
+  c.zero.stage3_max_reuse_distance = 0;
   c.gradient_accumulation_steps = accumulation;
   c.gradient_clipping = 0.5;
   return c;
@@ -124,7 +129,8 @@ TEST_CASE("zero_hpz_partition_size from a DeepSpeed file: honoured at stage 3, n
   program.scheduler = LrScheduleConfig{};
   program.optimizer = base_config(3).optimizer;
   const EngineConfig c = parse_config_json(R"({"train_micro_batch_size_per_gpu": 1,
-      "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2, "stage3_param_persistence_threshold": 0}})",
+      "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2, "stage3_param_persistence_threshold": 0,
+                            "stage3_max_reuse_distance": 0}})",
                                            program);
   CHECK(c.zero.zero_hpz_partition_size == 2);
   CHECK(c.zero.hpz_group_size(kWorld) == 2);

@@ -161,6 +161,9 @@ TEST_CASE("links: flat groups span the hosts, MiCS's shard groups and hpZ's grou
   CostOptions o;
   o.topology = two_by_two();
   o.estimate.zero.stage = 3;
+  // The unit gathered again for backward, as ZeRO++ counts: at the default
+  // reuse distance (1e9) one unit is kept from its forward to its backward.
+  o.estimate.zero.stage3_max_reuse_distance = 0;
   const CostEstimate flat = estimate_cost(m, o);
   CHECK(flat.intra_bytes_per_rank == 0.0);
   o.estimate.zero.mics_shard_size = 2;
@@ -193,6 +196,7 @@ TEST_CASE("times: the alpha-beta arithmetic of a step, worked out by hand") {
   CostOptions o;
   o.topology = two_by_two();
   o.estimate.zero.stage = 3;
+  o.estimate.zero.stage3_max_reuse_distance = 0;  // a backward gather too (1e9 keeps the unit)
 
   // Flat, ring: each collective moves 3 x 2^18 x 2 = 1,572,864 bytes a
   // rank; the ring crosses each host's link once (R / per_host = 1 ring),
