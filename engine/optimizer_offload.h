@@ -117,6 +117,9 @@ class OptimizerOffload {
   // parameters. Returns with every copy done.
   void step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
             std::span<const float> group_decay, StepScalars scalars);
+  // The host part in a swap file back to the values before the last
+  // step() (OffloadSwap::roll_back); the caller narrows the parameters back.
+  void roll_back();
   // Delayed: waits for the update in flight and copies its parameters to
   // the device (`compute`'s later work sees them). A no-op otherwise, or
   // with no update in flight.

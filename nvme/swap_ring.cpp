@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 
@@ -24,8 +25,26 @@ SwapRing::SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, RawAll
   ZEST_CHECK(config.buffer_size > 0, "the NVMe tier's buffer_size is 0: it must be a positive number of bytes");
   const size_t a = file.alignment();
   buffer_size_ = (config.buffer_size + a - 1) / a * a;
-  buffers_.reserve(static_cast<size_t>(config.buffer_count));
-  for (int i = 0; i < config.buffer_count; ++i) buffers_.emplace_back(buffer_size_, a, allocator);
+  owned_.reserve(static_cast<size_t>(config.buffer_count));
+  for (int i = 0; i < config.buffer_count; ++i) {
+    owned_.emplace_back(buffer_size_, a, allocator);
+    buffers_.push_back(owned_.back().data());
+  }
+  slots_.resize(buffers_.size());
+}
+
+SwapRing::SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, std::span<std::byte> memory)
+    : file_(file), io_(io) {
+  ZEST_CHECK(config.buffer_count >= 1, "the NVMe tier's buffer_count is {}: it must be at least 1 (DeepSpeed's "
+             "default is 4; 2 or more overlap I/O with compute)", config.buffer_count);
+  ZEST_CHECK(config.buffer_size > 0, "the NVMe tier's buffer_size is 0: it must be a positive number of bytes");
+  const size_t a = file.alignment();
+  buffer_size_ = (config.buffer_size + a - 1) / a * a;
+  const size_t count = static_cast<size_t>(config.buffer_count);
+  ZEST_CHECK(reinterpret_cast<uintptr_t>(memory.data()) % a == 0 && memory.size() / buffer_size_ >= count,
+             "the swap ring of {} was given {} bytes at {}: it needs {} buffers of {} bytes at a multiple of {}",
+             file.path(), memory.size(), static_cast<const void*>(memory.data()), count, buffer_size_, a);
+  for (size_t i = 0; i < count; ++i) buffers_.push_back(memory.data() + i * buffer_size_);
   slots_.resize(buffers_.size());
 }
 
@@ -33,8 +52,7 @@ void SwapRing::submit(int64_t chunk, AioOp op, uint64_t offset, size_t io_bytes)
   Slot& s = slots_[static_cast<size_t>(chunk) % slots_.size()];
   ZEST_INTERNAL_ASSERT(!s.handle, "swap ring buffer of chunk {} still busy", chunk);
   note(op == AioOp::kRead ? RingEvent::kSubmitRead : RingEvent::kSubmitWrite, chunk);
-  s.handle = io_.submit({op, file_.fd(), buffers_[static_cast<size_t>(chunk) % buffers_.size()].data(), io_bytes,
-                         offset});
+  s.handle = io_.submit({op, file_.fd(), buffers_[static_cast<size_t>(chunk) % buffers_.size()], io_bytes, offset});
   s.op = op;
   s.chunk = chunk;
   s.offset = offset;
@@ -114,7 +132,7 @@ void SwapRing::run(uint64_t offset, uint64_t write_offset, uint64_t bytes, Strea
       for (int64_t j = 0; j < std::min(ahead, n); ++j) submit(j, AioOp::kRead, chunk_offset(j), io_bytes(j));
     }
     for (int64_t k = 0; k < n; ++k) {
-      std::byte* data = buffers_[static_cast<size_t>(k % count)].data();
+      std::byte* data = buffers_[static_cast<size_t>(k % count)];
       if (reads) {
         wait(k);
       } else {

@@ -77,6 +77,12 @@ class SwapRing {
   // memory; see AlignedHostBuffer). Throws zest::Error for buffer_count
   // below 1 or buffer_size 0.
   SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, RawAllocator* allocator = nullptr);
+  // The buffers carved from `memory`, the caller's (e.g. a block of the
+  // host caching allocator, so that a host budget counts them); it must
+  // hold buffer_count buffers of buffer_size rounded up to the file's
+  // alignment, start at a multiple of it, and outlive the ring. Throws
+  // zest::Error otherwise.
+  SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, std::span<std::byte> memory);
 
   using ChunkFn = std::function<void(int64_t chunk, uint64_t file_offset, std::span<std::byte> data)>;
   // Streams [offset, offset + bytes) of the file in chunks of buffer_size()
@@ -90,6 +96,11 @@ class SwapRing {
 
   size_t buffer_size() const { return buffer_size_; }
   int buffer_count() const { return static_cast<int>(buffers_.size()); }
+  // Buffer i's memory, for a caller's own transfers between streams (none
+  // is in flight then).
+  std::span<std::byte> buffer(int i) const {
+    return {buffers_[static_cast<size_t>(i)], buffer_size_};
+  }
   const SwapRingTimes& times() const { return times_; }  // of the last stream
   void set_trace(std::vector<RingEvent>* trace) { trace_ = trace; }
 
@@ -113,7 +124,8 @@ class SwapRing {
   SwapFile& file_;
   AioBackend& io_;
   size_t buffer_size_;
-  std::vector<AlignedHostBuffer> buffers_;
+  std::vector<AlignedHostBuffer> owned_;  // empty where the memory is the caller's
+  std::vector<std::byte*> buffers_;
   std::vector<Slot> slots_;
   std::vector<RingEvent>* trace_ = nullptr;
   SwapRingTimes times_;
