@@ -268,6 +268,10 @@ StepResult Engine::step() {
     im.times.offload_update_ms += t.update_ms;
     im.times.offload_h2d_ms += t.h2d_ms;
     im.times.offload_ms += t.total_ms;
+    im.times.offload_read_wait_ms += t.read_wait_ms;
+    im.times.offload_write_wait_ms += t.write_wait_ms;
+    im.times.offload_chunk_ms += t.chunk_ms;
+    im.times.offload_chunk_overlapped_ms += t.chunk_overlapped_ms;
   };
   if (agree) {
     std::exception_ptr error;

@@ -235,6 +235,11 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
   if (swap_) {
     // Each chunk's master and state as the ring holds them.
     swap_->update([&](size_t i, const OffloadSwap::Chunk& at) { run(i, HostSpan{at, i * chunk_}); });
+    const SwapRingTimes& io = swap_->times();
+    times_.read_wait_ms += 1e3 * io.wait_read;
+    times_.write_wait_ms += 1e3 * io.wait_write;
+    times_.chunk_ms += 1e3 * io.compute;
+    times_.chunk_overlapped_ms += 1e3 * io.compute_overlapped;
   } else {
     const HostSpan host = in_memory();
     for (size_t i = 0; i < chunks; ++i) run(i, host);

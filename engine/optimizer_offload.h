@@ -76,6 +76,13 @@ struct OffloadTimes {
   double update_ms = 0.0;  // the host optimizer
   double h2d_ms = 0.0;     // the h2d queue copying
   double total_ms = 0.0;   // the whole pipeline, start to end
+  // Device nvme (SwapRingTimes): the update thread blocked on the ring's
+  // reads and writes, its time per chunk (the update with its copies'
+  // hand-offs), and of that the part the drive was busy throughout.
+  double read_wait_ms = 0.0;
+  double write_wait_ms = 0.0;
+  double chunk_ms = 0.0;
+  double chunk_overlapped_ms = 0.0;
 };
 
 // What the offloaded part keeps: the parameters' (and gradients') compute

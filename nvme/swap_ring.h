@@ -67,8 +67,16 @@ struct RingEvent {
 
 // Where a stream's time went (seconds): blocked on reads, in the callback,
 // blocked on writes. With full overlap the waits are near zero.
+//
+// compute_overlapped: of `compute`, the callbacks during which the drive
+// was busy throughout: a transfer submitted before the callback began was
+// still in flight after it ended (the first wait for it after the callback
+// blocked, longer than kBlockedWait). A lower bound of the computation the
+// I/O hid under it, measured in the stream itself, so a drive whose speed
+// drifts between runs does not blur it.
 struct SwapRingTimes {
   double wait_read = 0, compute = 0, wait_write = 0;
+  double compute_overlapped = 0;
 };
 
 class SwapRing {
@@ -107,6 +115,7 @@ class SwapRing {
  private:
   struct Slot {
     std::optional<AioHandle> handle;
+    int64_t computes_before = 0;  // callbacks begun before its submission
     AioOp op = AioOp::kRead;
     int64_t chunk = 0;
     uint64_t offset = 0;
@@ -129,6 +138,10 @@ class SwapRing {
   std::vector<Slot> slots_;
   std::vector<RingEvent>* trace_ = nullptr;
   SwapRingTimes times_;
+  // The last callback (its index among the stream's callbacks and its
+  // seconds) while no wait has shown the drive busy throughout it.
+  int64_t computes_ = 0;
+  double unproven_compute_ = 0;
 };
 
 }  // namespace zest
