@@ -19,7 +19,12 @@
 //   wait read(k); compute(k); submit write(k);
 //   wait write(k + B - 1 - B) = write(k - 1); submit read(k + B - 1)
 // so B - 1 reads are ahead of the computation and one write behind it (B = 1
-// runs read, compute, write one after another). A buffer has at most one
+// runs read, compute, write one after another). Read k + B - 1 goes into
+// the buffer of write k - 1, so it is submitted after compute(k): with B = 2
+// no read is in flight during a computation (only the write behind it), and
+// the reads overlap the computation from B = 3 on (bench/offload_bench
+// --nvme measured 3% of the update hidden at B = 2, all of it at 3 and 4:
+// docs/BENCHMARKS.md). A buffer has at most one
 // transfer in flight, so buffer_count x buffer_size bounds the host memory.
 // kRead skips the writes, kWrite the reads (the caller fills each chunk).
 //
