@@ -17,11 +17,25 @@
 // --nvme DIR offloads to a swap file in DIR instead (offload_optimizer
 // device "nvme", engine/offload_swap.h): the update then also waits for the
 // ring's reads and writes, and the step is compared with CPU offload's.
+// The step's I/O is then timed alone in the same run, on a swap file of
+// the engine's geometry in DIR (its records, buffer_count ring buffers,
+// both regions): reading a region alone, writing one alone, and the step's
+// pattern with no update (read one region, write the other: io). The split
+// is read, write, io, update (the host optimizer in the step), and
+// overlap = (io + update - pipeline) / min(io, update): 100% when the step
+// takes only as long as the longer of its I/O and its update, 0% when it
+// takes their sum. That comparison is of two runs of the drive; the step
+// also reports what its own stream saw (StepTimes: the update thread
+// blocked on reads and on writes, the chunks' time, and of it the part the
+// drive was busy throughout, nvme/swap_ring.h), whose ratio is the overlap
+// in the stream, unblurred by a drive whose speed drifts.
 //
 //   offload_bench [--params N] [--units U] [--steps N] [--stage 1|2|3] [--dtype bf16|fp32]
-//                 [--host-threads T] [--device host|cuda:N] [--pin] [--nvme DIR]
+//                 [--host-threads T] [--device host|cuda:N] [--pin] [--nvme DIR] [--buffer-count B]
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -35,6 +49,9 @@
 #include "zest/engine/engine.h"
 #include "zest/memory/copy.h"
 #include "zest/memory/raw_allocator.h"
+#include "zest/nvme/aio_backend.h"
+#include "zest/nvme/swap_file.h"
+#include "zest/nvme/swap_ring.h"
 
 namespace {
 
@@ -50,10 +67,61 @@ struct Options {
   std::string device = "host";
   bool pin = false;
   std::string nvme;  // the swap files' directory; empty: host memory
+  int buffer_count = 4;  // offload_optimizer.buffer_count (--nvme)
+};
+
+// The step's I/O alone, on a swap file of the engine's geometry (from
+// memory_report: the file holds two regions; the ring is buffer_count
+// records and 4096 bytes, Note [swap ring in the host allocator]): a region
+// read, a region written, and one read into the other written (the step's
+// pattern with no update). Timed between the engine's steps, so that the
+// drive's state (a shared virtio disk here) drifts alike for both.
+class IoProbe {
+ public:
+  IoProbe(const std::string& dir, const zest::MemoryReport& m, int buffer_count)
+      : region_(static_cast<uint64_t>(m.nvme_bytes()) / 2),
+        record_(static_cast<size_t>(m.host_swap_buffers - 4096) / static_cast<size_t>(buffer_count)),
+        file_(zest::SwapFile::create(dir, {.bytes = 2 * region_})),
+        io_(zest::make_aio_backend(zest::AioConfig{})),
+        ring_(file_, *io_, {.buffer_count = buffer_count, .buffer_size = record_}) {
+    ZEST_CHECK(region_ > 0 && m.host_swap_buffers > 4096, "offload_bench: the nvme run reported no swap file");
+    // Both regions written once: a preallocated extent reads without
+    // touching the drive.
+    ring_.stream(0, 2 * region_, zest::StreamMode::kWrite, nothing);
+  }
+  // Read, write, read-and-write ms of one round.
+  std::array<double, 3> round() {
+    return {timed([&] { ring_.stream(0, region_, zest::StreamMode::kRead, nothing); }),
+            timed([&] { ring_.stream(region_, region_, zest::StreamMode::kWrite, nothing); }),
+            timed([&] { ring_.stream_to(0, region_, region_, nothing); })};
+  }
+  uint64_t region_bytes() const { return region_; }
+  size_t record_bytes() const { return record_; }
+
+ private:
+  static void nothing(int64_t, uint64_t, std::span<std::byte>) {}
+  template <typename Fn>
+  static double timed(Fn&& fn) {
+    const auto t0 = Clock::now();
+    fn();
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  uint64_t region_;
+  size_t record_;
+  zest::SwapFile file_;
+  std::unique_ptr<zest::AioBackend> io_;
+  zest::SwapRing ring_;
 };
 
 struct Times {
   double step = 0, optimizer = 0, d2h = 0, update = 0, h2d = 0, pipeline = 0;  // ms, medians
+  // --nvme: the I/O alone, medians (ms), and its geometry.
+  double read = 0, write = 0, io = 0;
+  // --nvme, in the step (StepTimes): blocked on reads, on writes, the
+  // chunks' update, and of that the part the drive was busy throughout.
+  double read_wait = 0, write_wait = 0, chunk = 0, chunk_overlapped = 0;
+  uint64_t region_bytes = 0;
+  size_t record_bytes = 0;
 };
 
 double median(std::vector<double> v) {
@@ -74,9 +142,11 @@ Times run(const Options& opt, Mode mode) {
     config.offload_optimizer.device = mode == Mode::kCpu ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNvme;
     config.offload_optimizer.nvme_path = mode == Mode::kNvme ? opt.nvme : "";
     config.offload_optimizer.pin_memory = opt.pin;
+    config.offload_optimizer.buffer_count = opt.buffer_count;
   }
   const auto per_unit = static_cast<int64_t>(opt.params / opt.units);
-  std::vector<std::vector<double>> ms(6);
+  std::vector<std::vector<double>> ms(13);
+  Times t;
   zest::run_inprocess(
       1,
       [&](zest::Communicator& comm) {
@@ -87,6 +157,12 @@ Times run(const Options& opt, Mode mode) {
         for (int u = 0; u < opt.units; ++u) engine.add_unit(fmt::format("u{}", u), {{fmt::format("u{}.w", u), {per_unit}}});
         engine.finalize([](const zest::ParamLayout&, std::span<float> v) { std::fill(v.begin(), v.end(), 0.01f); },
                         zest::InitFrom::kEveryRank);
+        std::unique_ptr<IoProbe> probe;
+        if (mode == Mode::kNvme) {
+          probe = std::make_unique<IoProbe>(opt.nvme, engine.memory_report(), opt.buffer_count);
+          t.region_bytes = probe->region_bytes();
+          t.record_bytes = probe->record_bytes();
+        }
         // One unit's gradient, copied in (the device may be a GPU).
         const size_t bytes = static_cast<size_t>(per_unit) * zest::elem_size(engine.compute_dtype());
         std::vector<std::byte> grad(bytes);
@@ -114,12 +190,25 @@ Times run(const Options& opt, Mode mode) {
                                 r.times.offload_d2h_ms,
                                 r.times.offload_update_ms,
                                 r.times.offload_h2d_ms,
-                                r.times.offload_ms};
+                                r.times.offload_ms,
+                                r.times.offload_read_wait_ms,
+                                r.times.offload_write_wait_ms,
+                                r.times.offload_chunk_ms,
+                                r.times.offload_chunk_overlapped_ms};
           for (size_t k = 0; k < 6; ++k) ms[k].push_back(per[k]);
+          for (size_t k = 6; k < 10; ++k) ms[k + 3].push_back(per[k]);
+          if (probe) {
+            const std::array<double, 3> io = probe->round();
+            for (size_t k = 0; k < 3; ++k) ms[6 + k].push_back(io[k]);
+          }
         }
       },
       device);
-  return {median(ms[0]), median(ms[1]), median(ms[2]), median(ms[3]), median(ms[4]), median(ms[5])};
+  double* out[] = {&t.step,  &t.optimizer, &t.d2h,       &t.update,     &t.h2d,
+                   &t.pipeline, &t.read,    &t.write,     &t.io,         &t.read_wait,
+                   &t.write_wait, &t.chunk, &t.chunk_overlapped};
+  for (size_t k = 0; k < 13; ++k) *out[k] = median(ms[k]);
+  return t;
 }
 
 // Throws cli::UsageError for --help and for a bad flag; `usage` is the help
@@ -136,6 +225,7 @@ Options parse(int argc, char** argv, std::string& usage) {
   app.add_option("--device", o.device, "host, or cuda:N");
   app.add_flag("--pin", o.pin, "pinned host memory (CUDA)");
   app.add_option("--nvme", o.nvme, "offload to a swap file in this directory too");
+  app.add_option("--buffer-count", o.buffer_count, "the swap ring's buffers (--nvme)")->check(CLI::Range(1, 64));
   usage = app.help();
   cli::parse(app, argc, argv);
   if (o.params < o.units) cli::usage_error("--params {} is fewer than --units {}", o.params, o.units);
@@ -175,6 +265,24 @@ int main(int argc, char** argv) {
       fmt::print("nvme ({}): d2h {:.2f}, update {:.2f}, h2d {:.2f}, pipeline {:.2f} ms; step ms "
                  "{:.2f}: {:.2f}x CPU offload's\n",
                  opt.nvme, nvme.d2h, nvme.update, nvme.h2d, nvme.pipeline, nvme.step, nvme.step / off.step);
+      const double bytes = static_cast<double>(nvme.region_bytes);
+      const double hidden = nvme.io + nvme.update - nvme.pipeline;
+      const double shorter = std::min(nvme.io, nvme.update);
+      const double bound = std::max(nvme.io, nvme.update);
+      fmt::print("nvme I/O alone, between the steps ({:.1f} MB a region, records of {:.2f} MiB, {} buffers): read "
+                 "{:.2f} ms ({:.2f} GB/s), write {:.2f} ms ({:.2f} GB/s), read + write as the step does (io) {:.2f} "
+                 "ms\n",
+                 bytes / 1e6, static_cast<double>(nvme.record_bytes) / 1048576.0, opt.buffer_count, nvme.read,
+                 bytes / nvme.read / 1e6, nvme.write, bytes / nvme.write / 1e6, nvme.io);
+      fmt::print("nvme step: io {:.2f} + update {:.2f} = {:.2f} ms serial, bound (longer) {:.2f} ms, pipeline {:.2f} "
+                 "ms: overlap {:.0f}% (target >= 70%), pipeline / bound {:.2f}\n",
+                 nvme.io, nvme.update, nvme.io + nvme.update, bound, nvme.pipeline,
+                 shorter > 0 ? 100.0 * hidden / shorter : 0.0, nvme.pipeline / bound);
+      fmt::print("nvme step, in the stream: blocked on reads {:.2f} ms, on writes {:.2f} ms, chunks (update and "
+                 "hand-offs) {:.2f} ms, of which the drive was busy throughout {:.2f} ms: overlap in the stream "
+                 "{:.0f}% (target >= 70%)\n",
+                 nvme.read_wait, nvme.write_wait, nvme.chunk, nvme.chunk_overlapped,
+                 nvme.chunk > 0 ? 100.0 * nvme.chunk_overlapped / nvme.chunk : 0.0);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -180,8 +180,8 @@ struct MemoryReport {
   // kOptimizerState the rest (state buffers and the records' alignment),
   // both regions (engine/offload_swap.h); the file's size is fixed, so
   // current and peak are equal. All zero without it. host_swap_buffers:
-  // host memory of the swap ring and its staging record, outside the host
-  // allocator (so not in host_by_category or host_reserved).
+  // of the host allocator's comm_buffers, the swap ring's block (Note [swap
+  // ring in the host allocator] in engine/offload_swap.h).
   std::array<Entry, kNumMemoryCategories> nvme_by_category{};
   int64_t host_swap_buffers = 0;
   const Entry& nvme(MemoryCategory c) const { return nvme_by_category[category_index(c)]; }

@@ -167,6 +167,26 @@ ShardBuffers Engine::device_shard(int u) {
   return b;
 }
 
+namespace {
+
+// Note [an NVMe step agreed across ranks]: with offload_optimizer nvme on
+// several ranks, the ranks tell each other whether their host part failed
+// before any of them commits its step: the highest failed rank + 1 (a max
+// over the world), 0 when none did. Collective: every rank calls it at
+// every optimizer step of such a run, whether its own part ran or not.
+int agreed_failed_rank(Communicator& comm, CachingAllocator& alloc, const Stream& stream, bool failed) {
+  Buffer flag = alloc.allocate_buffer(sizeof(int64_t), stream, MemoryCategory::kCommBuffers);
+  const int64_t mine = failed ? comm.rank() + 1 : 0;
+  copy_bytes(stream, flag.data(), &mine, sizeof mine);
+  comm.all_reduce(flag.data(), flag.data(), 1, DType::kInt64, ReduceOp::kMax, stream);
+  int64_t any = 0;
+  copy_bytes(stream, &any, flag.data(), sizeof any);
+  stream.synchronize();
+  return static_cast<int>(any);
+}
+
+}  // namespace
+
 // Note [a failed NVMe step]: the offloaded parameters narrowed back from
 // the master weights the failed step left as they were. A second failure
 // (the drive is gone) is logged: the first one is what the caller sees.
@@ -274,13 +294,18 @@ StepResult Engine::step() {
   // weights and state then stay as before the step (Note [offload swap
   // regions]); the parameters it had already sent are narrowed back from
   // them, and the device's part runs only after the host's succeeded, so a
-  // step() that throws leaves this rank as it was before it. (Other ranks
-  // whose step succeeded have moved on: a multi-rank run resumes from a
-  // checkpoint.) Otherwise the device's part goes first: on a GPU it is
-  // queued, and runs while the host updates the offloaded part.
-  const bool host_first = host_part && im.offload->swap() != nullptr;
+  // step() that throws leaves this rank as it was before it. On several
+  // ranks the failure is agreed before any rank goes on (Note [an NVMe step
+  // agreed across ranks]): where one rank's host part failed, every rank
+  // rolls its host part back (OffloadSwap::roll_back: the region the step
+  // read is the state before it) and throws, so the ranks stay in step and
+  // may call step() again. Otherwise the device's part goes first: on a
+  // GPU it is queued, and runs while the host updates the offloaded part.
+  const bool agree = config_.offload_optimizer.device == OffloadDevice::kNvme && comm_.size() > 1;
+  const bool host_first = (host_part && im.offload->swap() != nullptr) || agree;
   if (!host_first) device_part();
-  if (host_part) {
+  // The host part's update; throws where it fails.
+  const auto host_step = [&] {
     std::vector<OffloadUnit> units;
     for (int u = 0; u < L.num_units(); ++u) {
       if (L.unit(u).frozen) continue;
@@ -293,17 +318,43 @@ StepResult Engine::step() {
     StepScalars host_scalars = scalars;
     host_scalars.decision = nullptr;  // device memory on a GPU
     host_scalars.grad_scale = known->grad_scale;
-    try {
-      im.offload->step(stream_, config_.optimizer, units, decay, host_scalars);
-    } catch (...) {
-      if (host_first) undo_offloaded_params();
-      throw;
-    }
+    im.offload->step(stream_, config_.optimizer, units, decay, host_scalars);
     const OffloadTimes t = im.offload->take_times();
     im.times.offload_d2h_ms += t.d2h_ms;
     im.times.offload_update_ms += t.update_ms;
     im.times.offload_h2d_ms += t.h2d_ms;
     im.times.offload_ms += t.total_ms;
+    im.times.offload_read_wait_ms += t.read_wait_ms;
+    im.times.offload_write_wait_ms += t.write_wait_ms;
+    im.times.offload_chunk_ms += t.chunk_ms;
+    im.times.offload_chunk_overlapped_ms += t.chunk_overlapped_ms;
+  };
+  if (agree) {
+    std::exception_ptr error;
+    if (host_part) {
+      try {
+        host_step();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    const int failed = agreed_failed_rank(comm_, allocator_, stream_, error != nullptr);
+    if (failed > 0) {
+      if (host_part && error == nullptr) im.offload->roll_back();
+      if (host_part) undo_offloaded_params();
+      if (error != nullptr) std::rethrow_exception(error);
+      ZEST_FAIL("offload_optimizer nvme: the step failed on rank {} (its error says why); this rank rolled its "
+                "step back to the state before it, as every rank did, so the ranks stay in step: call step() "
+                "again once the drive is fixed, or resume from a checkpoint",
+                failed - 1);
+    }
+  } else if (host_part) {
+    try {
+      host_step();
+    } catch (...) {
+      if (host_first) undo_offloaded_params();
+      throw;
+    }
   }
   if (host_first) device_part();
   optimizer_timer.reset();

@@ -14,6 +14,14 @@
 // two fp32 states a record of 48 MiB, so the ring's host memory is at most
 // buffer_count x 48 MiB (192 MiB at DeepSpeed's default of 4).
 //
+// Note [swap ring in the host allocator]: the ring's buffers are one block
+// of the host caching allocator (comm_buffers), buffer_count records and
+// the file's alignment more to align them in it, so that the host's budget
+// (a capacity-limited host allocator, as a smaller host would be) and its
+// statistics count them as they count the copies' slots. read() and
+// write(), which run between steps, stage their records in the ring's
+// first buffer: no memory of their own.
+//
 // Note [offload swap regions]: the file has two regions of the records;
 // one holds the current values. A step reads it and writes the new values
 // to the other (SwapRing::stream_to), and switches to that one only once
@@ -30,6 +38,7 @@
 #include <string>
 
 #include "zest/core/dtype.h"
+#include "zest/memory/caching_allocator.h"
 #include "zest/nvme/aio_backend.h"
 #include "zest/nvme/aio_config.h"
 #include "zest/nvme/swap_file.h"
@@ -56,9 +65,10 @@ class OffloadSwap {
  public:
   // The host part: numel elements in chunks of chunk_numel; buffer 0 the
   // master weights (of `master`), 1..state_buffers the state (of `state`),
-  // all zero at first.
-  OffloadSwap(const OffloadSwapConfig& config, size_t numel, size_t chunk_numel, int state_buffers, DType master,
-              DType state);
+  // all zero at first. The ring's memory comes from `host` (Note [swap
+  // ring in the host allocator]).
+  OffloadSwap(const OffloadSwapConfig& config, CachingAllocator& host, size_t numel, size_t chunk_numel,
+              int state_buffers, DType master, DType state);
 
   // Where chunk `chunk` (its first element chunk * chunk_numel) keeps buffer
   // b, inside the ring's buffer that holds it.
@@ -67,6 +77,13 @@ class OffloadSwap {
   // values in place; the new values become the current ones once all are
   // written (Note [offload swap regions]).
   void update(const std::function<void(size_t chunk, const Chunk& buffers)>& update);
+
+  // The values before the last update() current again: the region it read
+  // is untouched until the next update() or write() (Note [offload swap
+  // regions]), so a step that succeeded here and failed on another rank is
+  // undone (Note [an NVMe step agreed across ranks], engine_step.cpp). Only
+  // right after an update().
+  void roll_back();
 
   // Elements [a, b) of buffer `buffer`, to or from host memory of its dtype.
   void read(int buffer, size_t a, size_t b, std::byte* out);
@@ -77,11 +94,12 @@ class OffloadSwap {
   // (the rest is the state buffers and the records' alignment padding).
   uint64_t file_bytes() const { return 2 * region_bytes_; }
   uint64_t master_file_bytes() const { return 2 * records_ * chunk_ * elem_size(master_); }
-  // Host memory of the ring's buffers and the staging record (aligned
-  // buffers of their own, outside the host allocator's categories).
-  uint64_t host_buffer_bytes() const {
-    return (static_cast<uint64_t>(ring_.buffer_count()) + 1) * record_bytes_;
-  }
+  // Host memory of the ring's buffers: of the host allocator's
+  // comm_buffers, the block that holds them (Note [swap ring in the host
+  // allocator]).
+  uint64_t host_buffer_bytes() const { return memory_.size_bytes(); }
+  // Where the last update()'s time went (nvme/swap_ring.h).
+  const SwapRingTimes& times() const { return ring_.times(); }
 
  private:
   uint64_t region(int r) const { return static_cast<uint64_t>(r) * region_bytes_; }
@@ -102,10 +120,12 @@ class OffloadSwap {
   size_t records_ = 0;
   uint64_t region_bytes_ = 0;
   int current_ = 0;  // the region holding the current values
+  bool can_roll_back_ = false;  // the other region holds the values before the last update()
   std::shared_ptr<AioBackend> io_;
   SwapFile file_;
+  Buffer memory_;  // the ring's buffers (Note [swap ring in the host allocator])
   SwapRing ring_;
-  AlignedHostBuffer staging_;  // one record, for read() and write()
+  std::byte* staging_ = nullptr;  // one record, for read() and write(): the ring's first buffer
 };
 
 }  // namespace zest

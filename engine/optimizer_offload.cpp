@@ -61,7 +61,7 @@ OptimizerOffload::OptimizerOffload(CachingAllocator& host, Device device, size_t
   const Stream hs = Stream::default_for(Device::host());
   const DType compute = dtypes.compute;
   if (swap != nullptr) {
-    swap_ = std::make_unique<OffloadSwap>(*swap, host_numel, chunk_, state_buffers, dtypes.master, dtypes.state);
+    swap_ = std::make_unique<OffloadSwap>(*swap, host, host_numel, chunk_, state_buffers, dtypes.master, dtypes.state);
   } else {
     master_ = host.allocate_buffer(host_numel * elem_size(dtypes.master), hs, MemoryCategory::kMasterWeights);
     for (int s = 0; s < state_buffers; ++s) {
@@ -235,6 +235,11 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
   if (swap_) {
     // Each chunk's master and state as the ring holds them.
     swap_->update([&](size_t i, const OffloadSwap::Chunk& at) { run(i, HostSpan{at, i * chunk_}); });
+    const SwapRingTimes& io = swap_->times();
+    times_.read_wait_ms += 1e3 * io.wait_read;
+    times_.write_wait_ms += 1e3 * io.wait_write;
+    times_.chunk_ms += 1e3 * io.compute;
+    times_.chunk_overlapped_ms += 1e3 * io.compute_overlapped;
   } else {
     const HostSpan host = in_memory();
     for (size_t i = 0; i < chunks; ++i) run(i, host);
@@ -309,6 +314,11 @@ void OptimizerOffload::settle(const Stream& compute) {
   h2d_.join(compute);
   h2d_.synchronize();
   in_flight_ = false;
+}
+
+void OptimizerOffload::roll_back() {
+  ZEST_INTERNAL_ASSERT(swap_ != nullptr, "offload_optimizer: a roll back of a host part in host memory");
+  swap_->roll_back();
 }
 
 OffloadTimes OptimizerOffload::take_times() { return std::exchange(times_, OffloadTimes{}); }

@@ -76,6 +76,13 @@ struct OffloadTimes {
   double update_ms = 0.0;  // the host optimizer
   double h2d_ms = 0.0;     // the h2d queue copying
   double total_ms = 0.0;   // the whole pipeline, start to end
+  // Device nvme (SwapRingTimes): the update thread blocked on the ring's
+  // reads and writes, its time per chunk (the update with its copies'
+  // hand-offs), and of that the part the drive was busy throughout.
+  double read_wait_ms = 0.0;
+  double write_wait_ms = 0.0;
+  double chunk_ms = 0.0;
+  double chunk_overlapped_ms = 0.0;
 };
 
 // What the offloaded part keeps: the parameters' (and gradients') compute
@@ -117,6 +124,9 @@ class OptimizerOffload {
   // parameters. Returns with every copy done.
   void step(const Stream& compute, const OptimizerConfig& config, std::span<const OffloadUnit> units,
             std::span<const float> group_decay, StepScalars scalars);
+  // The host part in a swap file back to the values before the last
+  // step() (OffloadSwap::roll_back); the caller narrows the parameters back.
+  void roll_back();
   // Delayed: waits for the update in flight and copies its parameters to
   // the device (`compute`'s later work sees them). A no-op otherwise, or
   // with no update in flight.

@@ -28,6 +28,16 @@ struct StepTimes {
   double offload_update_ms = 0.0;
   double offload_h2d_ms = 0.0;
   double offload_ms = 0.0;
+  // offload_optimizer device nvme: within offload_ms, the time the host
+  // optimizer's thread was blocked on the swap ring's reads and writes, its
+  // time per chunk between them (the update and its copies' hand-offs), and
+  // of that the part during which the drive was busy throughout, a transfer
+  // submitted before the chunk in flight after it (nvme/swap_ring.h:
+  // SwapRingTimes::compute_overlapped): the update the I/O hid, at least.
+  double offload_read_wait_ms = 0.0;
+  double offload_write_wait_ms = 0.0;
+  double offload_chunk_ms = 0.0;
+  double offload_chunk_overlapped_ms = 0.0;
 };
 
 struct StepResult {

@@ -294,15 +294,17 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
     e.nvme_by_category[category_index(MemoryCategory::kOptimizerState)] = {swap.file - swap.master,
                                                                            swap.file - swap.master};
     e.nvme_bytes = swap.file;
-    // The ring's buffer_count records and OffloadSwap's staging record.
-    e.host_swap_buffer_bytes = (o.offload_optimizer.buffer_count + 1) * swap.record;
+    // The ring's buffer_count records and room to align them, one block of
+    // the host allocator's comm_buffers (Note [swap ring in the host
+    // allocator]); the engine stages single transfers in the ring.
+    e.host_swap_buffer_bytes = o.offload_optimizer.buffer_count * swap.record + kSwapRecordAlignment;
   }
   const int64_t host_params = o.offloads_params() ? sharded_param_bytes<int64_t>(units, o, true) : 0;
   const int64_t slots = offload_slot_bytes(e.host_numel, o);
   set_host(MemoryCategory::kParameters, host_params);
   set_host(MemoryCategory::kMasterWeights, host_master);
   set_host(MemoryCategory::kOptimizerState, host_state);
-  set_host(MemoryCategory::kCommBuffers, slots);
+  set_host(MemoryCategory::kCommBuffers, slots + e.host_swap_buffer_bytes);
   e.host_model_state_bytes = host_params + host_master + host_state;
   e.host_peak_bytes = e.host_model_state_bytes + slots + e.host_swap_buffer_bytes;
   const int64_t device_master = master_is_params ? 0 : s.master - offloaded_master;

@@ -42,10 +42,10 @@
 // are counted exactly as the engine sizes the file: records of one pipeline
 // chunk (master, then each state buffer) padded to 4096 bytes, two regions
 // of them (Note [offload swap regions]). The host then keeps the copies'
-// slots (comm_buffers) and the swap ring's aligned buffers, buffer_count
-// records and one more for single transfers (host_swap_buffer_bytes, outside
-// the host allocator's categories). offload_param device nvme is refused, as
-// the engine refuses it.
+// slots and the swap ring's aligned buffers, buffer_count records and 4096
+// bytes to align them (host_swap_buffer_bytes), both in the host
+// allocator's comm_buffers. offload_param device nvme is refused, as the
+// engine refuses it.
 #pragma once
 
 #include <array>
@@ -199,9 +199,9 @@ struct MemoryEstimate {
   // both regions; all zero otherwise.
   std::array<CategoryEstimate, kNumMemoryCategories> nvme_by_category{};
   int64_t nvme_bytes = 0;  // the swap file's size: the sum of nvme_by_category
-  // Host bytes of the swap ring (device nvme): buffer_count records and the
-  // staging record, aligned memory outside the host allocator (what
-  // MemoryReport::host_swap_buffers measures); counted in host_peak_bytes.
+  // Host bytes of the swap ring (device nvme): buffer_count records and
+  // 4096 bytes to align them, of the host's comm_buffers (what
+  // MemoryReport::host_swap_buffers measures).
   int64_t host_swap_buffer_bytes = 0;
   // Persistent parameters + gradients + master weights + optimizer state
   // (what MemoryReport::model_states() measures).

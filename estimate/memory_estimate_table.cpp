@@ -223,14 +223,17 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
             o.offloads_optimizer_to_nvme()
                 ? std::string("0: on NVMe (below)")
                 : fmt::format("{}h (a master copy even where the master is the parameters)", mb + sb * states));
-    t.bytes("host: staging", [](const MemoryEstimate& e) { return static_cast<double>(e.host(C::kCommBuffers).peak); },
+    t.bytes("host: staging",
+            [](const MemoryEstimate& e) {
+              return static_cast<double>(e.host(C::kCommBuffers).peak - e.host_swap_buffer_bytes);
+            },
             o.offload_optimizer.delayed_update ? fmt::format("{}h: the host part's gradients and parameters", 2 * b)
                                                : fmt::format("{} chunk slots of {} bytes per element",
                                                              master_is_params && !o.offloads_optimizer_to_nvme() ? 2 : 4,
                                                              b));
     if (o.offloads_optimizer_to_nvme()) {
       t.bytes("host: swap ring", [](const MemoryEstimate& e) { return static_cast<double>(e.host_swap_buffer_bytes); },
-              fmt::format("{} + 1 records of a chunk's master and state, 4096-aligned",
+              fmt::format("{} records of a chunk's master and state, + 4096 to align them",
                           o.offload_optimizer.buffer_count));
     }
     t.bytes("host model states", [](const MemoryEstimate& e) { return static_cast<double>(e.host_model_state_bytes); },

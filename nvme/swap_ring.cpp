@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <exception>
+#include <utility>
 
 #include "zest/core/check.h"
 #include "zest/nvme/swap_file.h"
@@ -15,6 +17,10 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// A wait longer than this blocked: the transfer was in flight when it began
+// (a finished one returns in microseconds).
+constexpr double kBlockedWait = 50e-6;
+
 }  // namespace
 
 SwapRing::SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, RawAllocator* allocator)
@@ -24,8 +30,26 @@ SwapRing::SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, RawAll
   ZEST_CHECK(config.buffer_size > 0, "the NVMe tier's buffer_size is 0: it must be a positive number of bytes");
   const size_t a = file.alignment();
   buffer_size_ = (config.buffer_size + a - 1) / a * a;
-  buffers_.reserve(static_cast<size_t>(config.buffer_count));
-  for (int i = 0; i < config.buffer_count; ++i) buffers_.emplace_back(buffer_size_, a, allocator);
+  owned_.reserve(static_cast<size_t>(config.buffer_count));
+  for (int i = 0; i < config.buffer_count; ++i) {
+    owned_.emplace_back(buffer_size_, a, allocator);
+    buffers_.push_back(owned_.back().data());
+  }
+  slots_.resize(buffers_.size());
+}
+
+SwapRing::SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, std::span<std::byte> memory)
+    : file_(file), io_(io) {
+  ZEST_CHECK(config.buffer_count >= 1, "the NVMe tier's buffer_count is {}: it must be at least 1 (DeepSpeed's "
+             "default is 4; 2 or more overlap I/O with compute)", config.buffer_count);
+  ZEST_CHECK(config.buffer_size > 0, "the NVMe tier's buffer_size is 0: it must be a positive number of bytes");
+  const size_t a = file.alignment();
+  buffer_size_ = (config.buffer_size + a - 1) / a * a;
+  const size_t count = static_cast<size_t>(config.buffer_count);
+  ZEST_CHECK(reinterpret_cast<uintptr_t>(memory.data()) % a == 0 && memory.size() / buffer_size_ >= count,
+             "the swap ring of {} was given {} bytes at {}: it needs {} buffers of {} bytes at a multiple of {}",
+             file.path(), memory.size(), static_cast<const void*>(memory.data()), count, buffer_size_, a);
+  for (size_t i = 0; i < count; ++i) buffers_.push_back(memory.data() + i * buffer_size_);
   slots_.resize(buffers_.size());
 }
 
@@ -33,9 +57,9 @@ void SwapRing::submit(int64_t chunk, AioOp op, uint64_t offset, size_t io_bytes)
   Slot& s = slots_[static_cast<size_t>(chunk) % slots_.size()];
   ZEST_INTERNAL_ASSERT(!s.handle, "swap ring buffer of chunk {} still busy", chunk);
   note(op == AioOp::kRead ? RingEvent::kSubmitRead : RingEvent::kSubmitWrite, chunk);
-  s.handle = io_.submit({op, file_.fd(), buffers_[static_cast<size_t>(chunk) % buffers_.size()].data(), io_bytes,
-                         offset});
+  s.handle = io_.submit({op, file_.fd(), buffers_[static_cast<size_t>(chunk) % buffers_.size()], io_bytes, offset});
   s.op = op;
+  s.computes_before = computes_;
   s.chunk = chunk;
   s.offset = offset;
   s.bytes = io_bytes;
@@ -50,7 +74,13 @@ void SwapRing::wait(int64_t chunk) {
   const Clock::time_point t0 = Clock::now();
   const AioResult r = io_.wait(*s.handle);
   s.handle.reset();
-  (s.op == AioOp::kRead ? times_.wait_read : times_.wait_write) += seconds_since(t0);
+  const double waited = seconds_since(t0);
+  (s.op == AioOp::kRead ? times_.wait_read : times_.wait_write) += waited;
+  // Submitted before the last callback began and in flight after it ended:
+  // the drive was busy throughout it.
+  if (unproven_compute_ > 0 && s.computes_before < computes_ && waited > kBlockedWait) {
+    times_.compute_overlapped += std::exchange(unproven_compute_, 0.0);
+  }
   check_io(r, file_, s.op, s.offset, s.bytes);
 }
 
@@ -97,6 +127,8 @@ void SwapRing::stream_to(uint64_t read_offset, uint64_t write_offset, uint64_t b
 void SwapRing::run(uint64_t offset, uint64_t write_offset, uint64_t bytes, StreamMode mode, const ChunkFn& fn) {
   const size_t a = file_.alignment();
   times_ = {};
+  computes_ = 0;
+  unproven_compute_ = 0;
   if (bytes == 0) return;
   const int64_t n = static_cast<int64_t>((bytes + buffer_size_ - 1) / buffer_size_);
   const int64_t count = static_cast<int64_t>(buffers_.size());
@@ -114,7 +146,7 @@ void SwapRing::run(uint64_t offset, uint64_t write_offset, uint64_t bytes, Strea
       for (int64_t j = 0; j < std::min(ahead, n); ++j) submit(j, AioOp::kRead, chunk_offset(j), io_bytes(j));
     }
     for (int64_t k = 0; k < n; ++k) {
-      std::byte* data = buffers_[static_cast<size_t>(k % count)].data();
+      std::byte* data = buffers_[static_cast<size_t>(k % count)];
       if (reads) {
         wait(k);
       } else {
@@ -124,8 +156,10 @@ void SwapRing::run(uint64_t offset, uint64_t write_offset, uint64_t bytes, Strea
       }
       note(RingEvent::kCompute, k);
       const Clock::time_point t0 = Clock::now();
+      ++computes_;
       fn(k, chunk_offset(k), std::span<std::byte>(data, chunk_bytes(k)));
-      times_.compute += seconds_since(t0);
+      unproven_compute_ = seconds_since(t0);
+      times_.compute += unproven_compute_;
       if (writes) submit(k, AioOp::kWrite, write_at(k), io_bytes(k));
       const int64_t j = k + ahead;
       if (reads && j < n) {

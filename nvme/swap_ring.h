@@ -19,7 +19,12 @@
 //   wait read(k); compute(k); submit write(k);
 //   wait write(k + B - 1 - B) = write(k - 1); submit read(k + B - 1)
 // so B - 1 reads are ahead of the computation and one write behind it (B = 1
-// runs read, compute, write one after another). A buffer has at most one
+// runs read, compute, write one after another). Read k + B - 1 goes into
+// the buffer of write k - 1, so it is submitted after compute(k): with B = 2
+// no read is in flight during a computation (only the write behind it), and
+// the reads overlap the computation from B = 3 on (bench/offload_bench
+// --nvme measured 3% of the update hidden at B = 2, all of it at 3 and 4:
+// docs/BENCHMARKS.md). A buffer has at most one
 // transfer in flight, so buffer_count x buffer_size bounds the host memory.
 // kRead skips the writes, kWrite the reads (the caller fills each chunk).
 //
@@ -67,8 +72,16 @@ struct RingEvent {
 
 // Where a stream's time went (seconds): blocked on reads, in the callback,
 // blocked on writes. With full overlap the waits are near zero.
+//
+// compute_overlapped: of `compute`, the callbacks during which the drive
+// was busy throughout: a transfer submitted before the callback began was
+// still in flight after it ended (the first wait for it after the callback
+// blocked, longer than kBlockedWait). A lower bound of the computation the
+// I/O hid under it, measured in the stream itself, so a drive whose speed
+// drifts between runs does not blur it.
 struct SwapRingTimes {
   double wait_read = 0, compute = 0, wait_write = 0;
+  double compute_overlapped = 0;
 };
 
 class SwapRing {
@@ -77,6 +90,12 @@ class SwapRing {
   // memory; see AlignedHostBuffer). Throws zest::Error for buffer_count
   // below 1 or buffer_size 0.
   SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, RawAllocator* allocator = nullptr);
+  // The buffers carved from `memory`, the caller's (e.g. a block of the
+  // host caching allocator, so that a host budget counts them); it must
+  // hold buffer_count buffers of buffer_size rounded up to the file's
+  // alignment, start at a multiple of it, and outlive the ring. Throws
+  // zest::Error otherwise.
+  SwapRing(SwapFile& file, AioBackend& io, SwapRingConfig config, std::span<std::byte> memory);
 
   using ChunkFn = std::function<void(int64_t chunk, uint64_t file_offset, std::span<std::byte> data)>;
   // Streams [offset, offset + bytes) of the file in chunks of buffer_size()
@@ -90,12 +109,18 @@ class SwapRing {
 
   size_t buffer_size() const { return buffer_size_; }
   int buffer_count() const { return static_cast<int>(buffers_.size()); }
+  // Buffer i's memory, for a caller's own transfers between streams (none
+  // is in flight then).
+  std::span<std::byte> buffer(int i) const {
+    return {buffers_[static_cast<size_t>(i)], buffer_size_};
+  }
   const SwapRingTimes& times() const { return times_; }  // of the last stream
   void set_trace(std::vector<RingEvent>* trace) { trace_ = trace; }
 
  private:
   struct Slot {
     std::optional<AioHandle> handle;
+    int64_t computes_before = 0;  // callbacks begun before its submission
     AioOp op = AioOp::kRead;
     int64_t chunk = 0;
     uint64_t offset = 0;
@@ -113,10 +138,15 @@ class SwapRing {
   SwapFile& file_;
   AioBackend& io_;
   size_t buffer_size_;
-  std::vector<AlignedHostBuffer> buffers_;
+  std::vector<AlignedHostBuffer> owned_;  // empty where the memory is the caller's
+  std::vector<std::byte*> buffers_;
   std::vector<Slot> slots_;
   std::vector<RingEvent>* trace_ = nullptr;
   SwapRingTimes times_;
+  // The last callback (its index among the stream's callbacks and its
+  // seconds) while no wait has shown the drive busy throughout it.
+  int64_t computes_ = 0;
+  double unproven_compute_ = 0;
 };
 
 }  // namespace zest

@@ -11,6 +11,14 @@
 //   mlp --config ds_config.json             a DeepSpeed configuration
 //   mlp --comm-report                       the bytes and seconds of communication
 //                                           after the first step (common/comm_report.h)
+//   mlp --stage 2 --offload nvme --nvme-path /tmp --host-memory 64
+//                                           the master weights and optimizer
+//                                           state in a swap file per rank, a
+//                                           host of 64 MiB per rank (its
+//                                           allocator's capacity, as a smaller
+//                                           host would be); --offload cpu there
+//                                           stops at the allocator's
+//                                           out-of-memory error
 //   mlp --device cuda --ranks 4 --dtype bf16
 //                                           4 in-process ranks sharing cuda:0,
 //                                           forward and backward with cuBLAS
@@ -40,6 +48,7 @@
 #include "zest/comm/inprocess_comm.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/check.h"
+#include "zest/core/units.h"
 #include "zest/checkpoint/checkpoint.h"
 #include "zest/memory/raw_allocator.h"
 
@@ -55,7 +64,18 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
   zest::CachingAllocator allocator(device.is_cuda() ? zest::make_cuda_allocator(device.index())
                                                     : zest::make_host_allocator());
   const zest::OwnedStream stream(device);  // this rank's compute stream
-  zest::Engine engine(config, comm, allocator, stream);
+  // The offloaded state's host memory: the engine's own, or with
+  // --host-memory an allocator of that capacity (pinned on a GPU).
+  std::unique_ptr<zest::CachingAllocator> host;
+  if (opt.host_memory_mib > 0) {
+    std::unique_ptr<zest::RawAllocator> raw =
+        device.is_cuda() ? zest::make_cuda_pinned_allocator() : zest::make_host_allocator();
+    host = std::make_unique<zest::CachingAllocator>(
+        zest::make_limited_allocator(std::move(raw), static_cast<size_t>(opt.host_memory_mib) << 20));
+  }
+  const std::unique_ptr<zest::Engine> owned = host ? std::make_unique<zest::Engine>(config, comm, allocator, *host, stream)
+                                                  : std::make_unique<zest::Engine>(config, comm, allocator, stream);
+  zest::Engine& engine = *owned;
   // cuBLAS and scratch memory for the device path; nothing on the host.
   mlp::DeviceContext device_context(allocator, stream);
   mlp::register_layers(engine, opt.shape);
@@ -108,6 +128,14 @@ mlp::RunSummary train(const mlp::Options& opt, const zest::EngineConfig& config,
   }
   summary.final_loss = mlp::evaluate(engine, opt.shape, held_out, &device_context);
   summary.memory = engine.memory_report();
+  if (comm.rank() == 0 && config.offload_optimizer.device != zest::OffloadDevice::kNone) {
+    const zest::MemoryReport& m = summary.memory;
+    fmt::print("rank 0 host: peak {} of {} (the allocator's), model states {}, swap ring {}; NVMe {}\n",
+               zest::format_bytes(m.host_peak_reserved),
+               opt.host_memory_mib > 0 ? zest::format_bytes(opt.host_memory_mib << 20) : std::string("no limit"),
+               zest::format_bytes(m.host_model_states()), zest::format_bytes(m.host_swap_buffers),
+               zest::format_bytes(m.nvme_bytes()));
+  }
   return summary;
 }
 

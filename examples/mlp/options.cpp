@@ -14,7 +14,8 @@ std::string usage() {
          "           [--steps N] [--batch ROWS] [--accum N] [--lr X] [--layers N] [--hidden N]\n"
          "           [--seed N] [--config ds_config.json] [--launch] [--device host|cuda[:N]]\n"
          "           [--print-every N] [--table] [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
-         "           [--timeout SECONDS] [--digest] [--comm-report]\n";
+         "           [--timeout SECONDS] [--digest] [--comm-report]\n"
+         "           [--offload cpu|nvme] [--nvme-path DIR] [--host-memory MIB]\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -44,7 +45,16 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--print-every", o.print_every)->check(CLI::Range(1L, 1L << 40));
   app.add_option("--save", o.save_dir);
   app.add_option("--load", o.load_dir);
+  app.add_option("--offload", o.offload)->check(CLI::IsMember({"cpu", "nvme"}));
+  app.add_option("--nvme-path", o.nvme_path);
+  app.add_option("--host-memory", o.host_memory_mib)->check(CLI::Range(1L, 1L << 30));
   cli::parse(app, argc, argv);
+  if (o.offload == "nvme" && o.nvme_path.empty()) {
+    throw UsageError("--offload nvme needs --nvme-path DIR: the directory of the swap files (it must exist)");
+  }
+  if (!o.nvme_path.empty() && o.offload != "nvme") {
+    throw UsageError("--nvme-path is the swap files' directory of --offload nvme; give --offload nvme too");
+  }
   if (app.count("--dtype") > 0) o.dtype = examples::dtype_flag("--dtype", o.dtype);
   if (stage >= 0) o.stages = {stage};
   if (!stages.empty()) o.stages = stages;
@@ -70,6 +80,11 @@ zest::EngineConfig engine_config(const Options& opt, int stage) {
     // only there): the other stages of --stages run flat.
     c.zero.mics_shard_size = -1;
     c.zero.zero_hpz_partition_size = 1;
+  }
+  if (!opt.offload.empty()) {
+    if (stage == 0) throw UsageError("--offload needs --stage 1, 2 or 3: stage 0 shards no optimizer state to offload");
+    c.offload_optimizer.device = opt.offload == "nvme" ? zest::OffloadDevice::kNvme : zest::OffloadDevice::kCpu;
+    c.offload_optimizer.nvme_path = opt.nvme_path;
   }
   if (opt.accum > 0) c.gradient_accumulation_steps = opt.accum;
   if (!opt.dtype.empty()) examples::set_compute_dtype(c, opt.dtype);

@@ -34,6 +34,9 @@ struct Options {
   bool digest = false;        // print a digest of the trained weights per stage
   bool comm_report = false;   // rank 0's bytes per communicator and comm seconds (common/comm_report.h)
   zest::CommOptions comm;     // --timeout SECONDS (else ZEST_COMM_TIMEOUT, else 10 min)
+  std::string offload;        // --offload cpu|nvme: offload_optimizer's device (empty: the config's)
+  std::string nvme_path;      // --nvme-path DIR: the swap files' directory (--offload nvme)
+  long host_memory_mib = 0;   // --host-memory MIB: the host allocator's capacity per rank (0: none)
 };
 
 std::string usage();

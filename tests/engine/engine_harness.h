@@ -116,6 +116,9 @@ struct RunOptions {
   // Bytes the device allocator may hold (0: no limit), as a smaller device
   // would (make_limited_allocator).
   size_t device_capacity = 0;
+  // Bytes the host allocator (offloaded state and its staging) may hold (0:
+  // no limit), as a smaller host would.
+  size_t host_capacity = 0;
   // Registers the model (register_model's unless set).
   std::function<void(Engine&)> model;
 };
@@ -202,7 +205,9 @@ inline std::unique_ptr<Engine> finalized_engine(const EngineConfig& config, Comm
 inline RankResult run_rank(const EngineConfig& config, const RunOptions& opt, Communicator& comm) {
   const auto alloc = allocator_for(opt.device, opt.device_capacity);
   // Offloaded state: pinned on a GPU, so the copies are asynchronous.
-  CachingAllocator host(opt.device.is_cuda() ? make_cuda_pinned_allocator() : make_host_allocator());
+  std::unique_ptr<RawAllocator> host_raw = opt.device.is_cuda() ? make_cuda_pinned_allocator() : make_host_allocator();
+  if (opt.host_capacity > 0) host_raw = make_limited_allocator(std::move(host_raw), opt.host_capacity);
+  CachingAllocator host(std::move(host_raw));
   const OwnedStream stream(opt.device);
   const std::unique_ptr<Engine> engine = finalized_engine(config, comm, *alloc, host, stream, opt.model);
   RankResult out;

@@ -384,10 +384,11 @@ TEST_CASE("offload_optimizer nvme: the swap file on NVMe, the ring on the host, 
   CHECK(e.nvme(C::kOptimizerState).persistent == 2 * 12 * 4096 - 2 * 12 * 64 * 4);
   CHECK(e.nvme(C::kParameters).persistent == 0);
   // The host: no master or state; four chunk slots (gradients and
-  // parameters, 4 x 64 x 2) and the ring, buffer_count (4) + 1 records.
+  // parameters, 4 x 64 x 2) and the ring, buffer_count (4) records and
+  // 4096 bytes to align them, all comm_buffers.
   CHECK(e.host(C::kMasterWeights).persistent == 0);
   CHECK(e.host(C::kOptimizerState).persistent == 0);
-  CHECK(e.host(C::kCommBuffers).persistent == 512);
+  CHECK(e.host(C::kCommBuffers).persistent == 512 + 5 * 4096);
   CHECK(e.host_swap_buffer_bytes == 5 * 4096);
   CHECK(e.host_model_state_bytes == 0);
   CHECK(e.host_peak_bytes == 512 + 5 * 4096);
@@ -408,7 +409,7 @@ TEST_CASE("offload_optimizer nvme: the swap file on NVMe, the ring on the host, 
   CHECK(g.host_numel == 384);
   CHECK(g.nvme_bytes == 2 * 6 * 4096);
   CHECK(g.nvme(C::kMasterWeights).persistent == 2 * 6 * 64 * 4);
-  CHECK(g.host(C::kCommBuffers).persistent == 4 * 64 * 4);
+  CHECK(g.host(C::kCommBuffers).persistent == 4 * 64 * 4 + 3 * 4096);
   CHECK(g.host_swap_buffer_bytes == 3 * 4096);
   // The device keeps the other 384 elements' state (the master is the parameters).
   check_states(g, {4 * 2304, 4 * 2304, 0, 4 * 384});
@@ -419,7 +420,7 @@ TEST_CASE("offload_optimizer nvme: the swap file on NVMe, the ring on the host, 
   big.offload_optimizer.device = OffloadDevice::kNvme;
   const MemoryEstimate b = estimate_memory(ModelDescription::from_total(size_t{1} << 26), big);
   CHECK(b.nvme_bytes == 2 * 16 * (int64_t{48} << 20));
-  CHECK(b.host_swap_buffer_bytes == 5 * (int64_t{48} << 20));
+  CHECK(b.host_swap_buffer_bytes == 4 * (int64_t{48} << 20) + 4096);
 }
 
 // Published per-parameter figures for mixed-precision Adam (b = 2, K = 12):

@@ -4,9 +4,11 @@
 // stages 1-3 on 1, 2 and 4 in-process ranks, fp32 and bf16, all or half of
 // the state offloaded (checkpoints: test_offload_checkpoint.cpp); the swap
 // files go with the engine; a failed transfer is an error naming the file
-// and the operation, and a failed step() leaves the rank as it was before.
+// and the operation, and a failed step() leaves the rank as it was before;
+// on 2 ranks a failure on one is agreed, and both keep the state before it.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -369,6 +371,60 @@ TEST_CASE("a failed nvme step() throws and leaves the rank as before it, and the
         check_same(master_params(*engine), want[0].params);
       });
     }
+  }
+  set_offload_swap_io({});
+}
+
+namespace {
+
+// The in-process rank of this thread, for a swap I/O that fails on one rank.
+thread_local int this_rank = 0;
+
+}  // namespace
+
+TEST_CASE("a failed nvme step on one rank of 2 throws on both, each keeps the state before it, and the step again has the bits of CPU offload") {
+  std::array<std::atomic<int>, 2> countdown{};
+  set_offload_swap_io([&] { return std::make_shared<FailingRead>(countdown[static_cast<size_t>(this_rank)]); });
+  for (const int stage : {2, 3}) {
+    CAPTURE(stage);
+    // Rank 1 fails at stage 2, rank 0 at stage 3.
+    const int failing = stage == 2 ? 1 : 0;
+    EngineConfig config = base_config(stage);
+    config.bf16 = true;
+    RunOptions opt = runs(2, 2);
+    opt.model = large_model;
+    const std::vector<RankResult> want = run_engine(on(config, OffloadDevice::kCpu, ""), opt);
+    TempDir dir;
+    run_inprocess(2, [&](Communicator& comm) {
+      this_rank = comm.rank();
+      CachingAllocator alloc(make_host_allocator());
+      CachingAllocator host(make_host_allocator());
+      const std::unique_ptr<Engine> engine = finalized_engine(on(config, OffloadDevice::kNvme, dir.str()), comm,
+                                                              alloc, host, Stream::default_for(Device::host()),
+                                                              large_model);
+      RankResult r;
+      run_steps(*engine, comm, opt, 0, 1, r);
+      const Params master = master_params(*engine);
+      const std::vector<std::vector<std::byte>> params = gathered_params(*engine);
+      // The failing rank's third read of the step; the other's step succeeds.
+      if (comm.rank() == failing) countdown[static_cast<size_t>(failing)] = 3;
+      const std::string message = error_of([&] { run_steps(*engine, comm, opt, 1, 2, r); });
+      CAPTURE(message);
+      if (comm.rank() == failing) {
+        CHECK(message.starts_with("NVMe swap file " + dir.str() + "/" + kSwapFilePrefix));
+        CHECK(message.find("Input/output error") != std::string::npos);
+      } else {
+        CHECK(message.starts_with(fmt::format("offload_optimizer nvme: the step failed on rank {} ", failing)));
+      }
+      // Every rank as before the step: master weights, parameters, count.
+      check_same(master_params(*engine), master);
+      CHECK(gathered_params(*engine) == params);
+      CHECK(engine->progress().applied_steps == 1);
+      // In step: the step again, on both, has CPU offload's bits.
+      run_steps(*engine, comm, opt, 1, 2, r);
+      check_same(master_params(*engine), want[static_cast<size_t>(comm.rank())].params);
+      CHECK(engine->progress().applied_steps == 2);
+    });
   }
   set_offload_swap_io({});
 }
