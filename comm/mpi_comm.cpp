@@ -30,32 +30,12 @@ namespace {
 using mpi::DescWords;
 using mpi::kDescWords;
 
-// A CollectiveDesc as fixed-size words, so that one exchange shows every
-// rank's call to every rank.
-DescWords encode(const CollectiveDesc& d) {
-  return {static_cast<uint64_t>(d.kind),  static_cast<uint64_t>(d.dtype),
-          static_cast<uint64_t>(d.op),    static_cast<uint64_t>(static_cast<int64_t>(d.root)),
-          d.count,                        d.seq,
-          d.tag};
-}
-
-CollectiveDesc decode(const uint64_t* w) {
-  CollectiveDesc d;
-  d.kind = static_cast<CollectiveKind>(w[0]);
-  d.dtype = static_cast<DType>(w[1]);
-  d.op = static_cast<ReduceOp>(w[2]);
-  d.root = static_cast<int32_t>(static_cast<int64_t>(w[3]));
-  d.count = w[4];
-  d.seq = w[5];
-  d.tag = w[6];
-  return d;
-}
 
 // Every rank's call, from the words all-gathered in rank order.
 std::string mismatch_message(const std::vector<uint64_t>& all, int size) {
   std::vector<std::pair<int, CollectiveDesc>> calls;
   for (int r = 0; r < size; ++r) {
-    calls.emplace_back(r, decode(all.data() + static_cast<size_t>(r) * kDescWords));
+    calls.emplace_back(r, mpi::decode_desc(all.data() + static_cast<size_t>(r) * kDescWords));
   }
   return divergence_message("MPI", calls);
 }
@@ -377,7 +357,7 @@ void MpiCommunicator::agree(const CollectiveDesc& desc, const PartFor& part_for,
                             const std::function<void()>& meanwhile, bool leave_pending, const ExpectFrom& expect) {
   mpi::Exchange& ex = *exchange_;
   settle_pending(leave_pending ? ex.max_pending() - 1 : 0);
-  const DescWords mine = encode(desc);
+  const DescWords mine = mpi::encode_desc(desc);
   const PartFor none = [](int) { return mpi::Part{}; };
   const PartFor& parts = part_for ? part_for : none;
   // What a peer making the same call sends this rank: what this rank sends
@@ -431,7 +411,7 @@ void MpiCommunicator::settle_pending(size_t keep) {
   mpi::Exchange& ex = *exchange_;
   while (ex.pending() > keep) {
     mpi::Round& round = *ex.oldest_pending();
-    const CollectiveDesc desc = decode(round.mine());
+    const CollectiveDesc desc = mpi::decode_desc(round.mine());
     guard(desc, [&] {
       wait(desc, round.requests(), round.statuses(), /*moving_data=*/false, /*carrying=*/true, exchange_);
       ex.finish(round);

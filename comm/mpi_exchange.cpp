@@ -123,4 +123,23 @@ void Exchange::settled_oldest() {
   --pending_count_;
 }
 
+DescWords encode_desc(const CollectiveDesc& d) {
+  return {static_cast<uint64_t>(d.kind),  static_cast<uint64_t>(d.dtype),
+          static_cast<uint64_t>(d.op),    static_cast<uint64_t>(static_cast<int64_t>(d.root)),
+          d.count,                        d.seq,
+          d.tag};
+}
+
+CollectiveDesc decode_desc(const uint64_t* w) {
+  CollectiveDesc d;
+  d.kind = static_cast<CollectiveKind>(w[0]);
+  d.dtype = static_cast<DType>(w[1]);
+  d.op = static_cast<ReduceOp>(w[2]);
+  d.root = static_cast<int32_t>(static_cast<int64_t>(w[3]));
+  d.count = w[4];
+  d.seq = w[5];
+  d.tag = w[6];
+  return d;
+}
+
 }  // namespace zest::mpi

@@ -59,11 +59,18 @@
 #include <span>
 #include <vector>
 
+#include "zest/comm/collective.h"
+
 namespace zest::mpi {
 
 // A CollectiveDesc as fixed-size words.
 constexpr int kDescWords = 7;
 using DescWords = std::array<uint64_t, kDescWords>;
+
+// A CollectiveDesc as fixed-size words, so that one exchange shows every
+// rank's call to every rank (collectives and point-to-point transfers alike).
+DescWords encode_desc(const CollectiveDesc& d);
+CollectiveDesc decode_desc(const uint64_t* words);
 
 // A part of the caller's data bound for one peer; empty for none.
 struct Part {

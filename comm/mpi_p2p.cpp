@@ -42,24 +42,6 @@ constexpr size_t kLimit = mpi::Exchange::kPayloadLimit;
 // some runs' 4 KiB exchanges take 24 ms; docs/BENCHMARKS.md).
 constexpr std::chrono::microseconds kCarriedBusy{1000};
 
-mpi::DescWords encode(const CollectiveDesc& d) {
-  return {static_cast<uint64_t>(d.kind),  static_cast<uint64_t>(d.dtype),
-          static_cast<uint64_t>(d.op),    static_cast<uint64_t>(static_cast<int64_t>(d.root)),
-          d.count,                        d.seq,
-          d.tag};
-}
-
-CollectiveDesc decode(const uint64_t* w) {
-  CollectiveDesc d;
-  d.kind = static_cast<CollectiveKind>(w[0]);
-  d.dtype = static_cast<DType>(w[1]);
-  d.op = static_cast<ReduceOp>(w[2]);
-  d.root = static_cast<int32_t>(static_cast<int64_t>(w[3]));
-  d.count = w[4];
-  d.seq = w[5];
-  d.tag = w[6];
-  return d;
-}
 
 MPI_Datatype copy_type(DType t) {
   switch (elem_size(t)) {
@@ -127,7 +109,7 @@ void MpiCommunicator::do_send_recv(std::span<const P2PCall> calls, const Stream&
     for (size_t i = 0; i < calls.size(); ++i) {
       const CollectiveDesc& d = calls[i].desc;
       Side& side = b.sides[i];
-      const mpi::DescWords mine = encode(d);
+      const mpi::DescWords mine = mpi::encode_desc(d);
       b.requests.push_back(MPI_REQUEST_NULL);
       if (d.kind == CollectiveKind::kSend) {
         const size_t bytes = d.count * elem_size(d.dtype);
@@ -150,7 +132,7 @@ void MpiCommunicator::do_send_recv(std::span<const P2PCall> calls, const Stream&
     const CollectiveDesc& d = calls[i].desc;
     const Side& side = b.sides[i];
     const bool sending = d.kind == CollectiveKind::kSend;
-    const CollectiveDesc other = decode(sending ? side.peer.data() : side.header.data());
+    const CollectiveDesc other = mpi::decode_desc(sending ? side.peer.data() : side.header.data());
     const CollectiveDesc& send = sending ? d : other;
     const CollectiveDesc& recv = sending ? other : d;
     const int sender = sending ? rank() : d.root;
