@@ -7,7 +7,8 @@
 // data-parallel group and steps once per batch.
 //
 //   // zest-example: prelude=torch_training
-//   // The engine's gradient_accumulation_steps is the number of micro-batches (4 here).
+//   config.gradient_accumulation_steps = 4;                           // the micro-batches
+//   zest::Engine engine(config, *comm, alloc, zest::Stream::default_for(comm->device()));
 //   auto stage = std::make_shared<torch::nn::Linear>(512, 512);      // this rank's piece
 //   zest::TorchModule zt(engine, *stage);
 //   zest::PipelineOptions po;

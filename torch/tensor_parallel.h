@@ -9,8 +9,8 @@
 //   // with data parallelism as well, the tp group is a split of the world).
 //   zest::tp::ColumnParallelLinear up(*comm, zest::tp::ParallelLinearOptions(512, 2048));
 //   zest::tp::RowParallelLinear down(*comm, zest::tp::ParallelLinearOptions(2048, 512));
-//   torch::Tensor x = torch::randn({4, 512});             // the same on every tp rank
-//   torch::Tensor y = down(torch::gelu(up(x)));           // [4, 512], the same on every tp rank
+//   torch::Tensor in = torch::randn({4, 512});            // the same on every tp rank
+//   torch::Tensor out = down(torch::gelu(up(in)));        // [4, 512], the same on every tp rank
 //
 // The pieces (Megatron's names in brackets):
 // - ColumnParallelLinear: weight [out/tp, in], this rank's rows of the whole
