@@ -1,5 +1,6 @@
 #include "zest/torch/pipeline_stage.h"
 
+#include <array>
 #include <bit>
 #include <chrono>
 #include <map>
@@ -7,17 +8,27 @@
 
 #include "zest/core/check.h"
 
+// Note [tied weights]
+// Megatron ties the word embedding of the first stage to the output layer
+// of the last by keeping a trained copy on each and all-reducing their
+// gradients before the step. Under ZeRO the two copies would be shards at
+// different offsets of the two stages' partitions and need two optimizer
+// states; here the first stage alone trains the weight and the last holds a
+// plain copy, which moves the same bytes per batch: the copy's gradient one
+// way, the new values the other. The gradient has to reach the engine while
+// the weight's unit accumulates (Note [gradients in place] in
+// torch_module.cpp), that is, inside the first stage's backward: tied()
+// puts a node on the embedding's output whose backward, in the batch's last
+// backward on that stage, receives the copy's gradient and passes it to the
+// weight's accumulator beside the embedding's own. The last stage sends it
+// after its last backward has sent its input's gradient on, so every stage
+// between can finish first: no stage waits on one that waits on it. The sum
+// is that of the whole model's gradient in another order: equal within
+// rounding, not bit for bit.
 namespace zest {
 namespace {
 
-DType zest_dtype(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat: return DType::kFloat32;
-    case torch::kHalf: return DType::kFloat16;
-    case torch::kBFloat16: return DType::kBFloat16;
-    default: ZEST_FAIL("pipeline activations are float32, float16 or bfloat16, not {}", c10::toString(t));
-  }
-}
+DType zest_dtype(torch::ScalarType t) { return from_torch_dtype(t, "pipeline activations"); }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -27,6 +38,44 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // on the schedule: the mismatch is then named, not a wrong tensor used.
 constexpr uint64_t kActivationTag = 1;
 constexpr uint64_t kGradientTag = 2;
+constexpr uint64_t kTiedGradientTag = 3;
+constexpr uint64_t kTiedValuesTag = 4;
+constexpr uint64_t kTiedShapeTag = 5;
+constexpr uint64_t kEvaluationTag = 6;
+
+// Two integers each way with `peer`, through the communicator's device.
+std::array<int64_t, 2> exchange(Communicator& group, int peer, const std::array<int64_t, 2>& mine) {
+  const torch::Device device = torch_device(group.device());
+  torch::Tensor out = torch::tensor({mine[0], mine[1]}, torch::kLong).to(device);
+  torch::Tensor in = torch::empty({2}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  std::vector<P2POp> ops = {P2POp::send(out.data_ptr(), 2, DType::kInt64, peer, kTiedShapeTag),
+                            P2POp::recv(in.data_ptr(), 2, DType::kInt64, peer, kTiedShapeTag)};
+  group.send_recv(ops, Stream::default_for(group.device()));
+  in = in.cpu();
+  return {in[0].item<int64_t>(), in[1].item<int64_t>()};
+}
+
+// The tied weight's node (Note [tied weights]): x passes through; its
+// backward receives the last stage's gradient for `weight`.
+struct ReceiveTiedGradient : torch::autograd::Function<ReceiveTiedGradient> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, Communicator* group) {
+    ctx->saved_data["group"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(group));
+    ctx->saved_data["shape"] = weight.sizes().vec();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return x;  // autograd makes the returned input a view of itself
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    auto& group = *reinterpret_cast<Communicator*>(static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
+    const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    torch::Tensor from_last = torch::empty(ctx->saved_data["shape"].toIntVector(),
+                                           torch::TensorOptions().dtype(dtype).device(g[0].device()));
+    group.recv(from_last.data_ptr(), static_cast<size_t>(from_last.numel()), zest_dtype(dtype), 1,
+               Stream::default_for(group.device()), kTiedGradientTag);
+    return {g[0], from_last, torch::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -76,7 +125,12 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
   std::map<int, torch::Tensor> inputs;      // received ahead, by micro-batch
   std::map<int, torch::Tensor> out_grads;   // gradients received ahead, by micro-batch
   Result result{};
-  double loss_sum = 0;
+  // Summed where the losses are, read once: on a GPU each read waits for
+  // the stream.
+  torch::Tensor loss_sum;
+  for (const PipelineAction& a : actions)
+    if (a.pass == PipelinePass::kBackward) last_backward_mb_ = a.micro_batch;
+  int backwards = 0;
 
   // One action's outgoing transfer, started together with the next action's
   // incoming one when the schedule pairs them.
@@ -113,13 +167,16 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
         inputs.erase(mb);
       }
       const auto t0 = std::chrono::steady_clock::now();
+      forward_mb_ = mb;
       const torch::Tensor out = forward(mb, f.input);
+      forward_mb_ = -1;
       if (last()) {
         f.output = loss(mb, out);
         ZEST_CHECK(f.output.defined() && f.output.numel() == 1,
                    "pipeline stage {}: the loss of micro-batch {} must be one value, not {}", stage(), mb,
                    f.output.defined() ? c10::str(f.output.sizes()) : std::string("undefined"));
-        loss_sum += f.output.detach().to(torch::kDouble).item<double>();
+        const torch::Tensor l = f.output.detach().to(torch::kDouble).reshape({});
+        loss_sum = loss_sum.defined() ? loss_sum + l : l;
       } else {
         check_activation(out, "forward's output");
         f.output = out;
@@ -154,6 +211,8 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
       }
       transfer(send, stage() - 1, kGradientTag, gets_input ? &inputs : nullptr, gets_input ? next->micro_batch : 0,
                stage() - 1, kActivationTag);
+      const bool batch_done = ++backwards == options_.micro_batches;
+      if (batch_done && tied_copy_.defined()) send_tied_gradient();
       // The micro-step after the gradient has left: the batch's last one is
       // the optimizer step, collective over the model-parallel group (the
       // global norm), which the earlier stages reach only once they have
@@ -161,12 +220,13 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
       const auto t1 = std::chrono::steady_clock::now();
       result.step = zt_->step();
       result.step_seconds += seconds_since(t1);
+      if (batch_done && (tied_copy_.defined() || tied_weight_.defined())) sync_tied_values();
     }
   }
   // Every stage reports the batch's loss, which only the last one computed.
   // Sent as the double's bits (no fp64 dtype is needed for one value), from
   // device memory where the communicator's is.
-  double mean = last() ? loss_sum / options_.micro_batches : 0.0;
+  double mean = last() ? loss_sum.item<double>() / options_.micro_batches : 0.0;
   if (stages() > 1) {
     torch::Tensor bits = torch::tensor({std::bit_cast<int64_t>(mean)}, torch::kLong).to(torch_device(pp_->device()));
     pp_->broadcast(bits.data_ptr(), bits.data_ptr(), 1, DType::kInt64, stages() - 1, stream);
@@ -175,6 +235,111 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
   result.loss = mean;
   result.batch_seconds = seconds_since(batch_start);
   return result;
+}
+
+Communicator& PipelineStage::tied_group(const char* caller) const {
+  ZEST_CHECK(options_.tied_group != nullptr && options_.tied_group->size() == 2,
+             "PipelineStage::{}: PipelineOptions::tied_group must be the group of the first and the last stage "
+             "(DeviceMesh::embedding())",
+             caller);
+  return *options_.tied_group;
+}
+
+void PipelineStage::tie_first(const torch::nn::Module& unit, const torch::Tensor& weight) {
+  ZEST_CHECK(first() && !last(), "PipelineStage::tie_first on stage {} of {}: the first stage of two or more calls it",
+             stage(), stages());
+  Communicator& group = tied_group("tie_first");
+  tied_unit_ = zt_->unit_of(unit);
+  tied_weight_ = weight;
+  // Both stages learn the other's element count and dtype before any values
+  // move, so a mismatch is named on both instead of a receive that waits.
+  // Its size while gathered: at stage 3 a released parameter is empty.
+  std::array<int64_t, 2> mine{};
+  zt_->call(tied_unit_, [&] {
+    mine = {weight.numel(), static_cast<int64_t>(weight.scalar_type())};
+    return torch::Tensor();
+  });
+  const std::array<int64_t, 2> theirs = exchange(group, 1, mine);
+  ZEST_CHECK(mine == theirs,
+             "tied weight: the first stage's has {} elements of {}, the last stage's copy {} of {}: give tie_last the "
+             "weight's shape and dtype",
+             mine[0], c10::toString(weight.scalar_type()), theirs[0],
+             c10::toString(static_cast<torch::ScalarType>(theirs[1])));
+  sync_tied_values();
+}
+
+torch::Tensor PipelineStage::tie_last(const std::vector<int64_t>& shape, torch::ScalarType dtype) {
+  ZEST_CHECK(last() && !first(), "PipelineStage::tie_last on stage {} of {}: the last stage of two or more calls it",
+             stage(), stages());
+  Communicator& group = tied_group("tie_last");
+  tied_copy_ = torch::zeros(shape, torch::TensorOptions().dtype(dtype).device(torch_device(pp_->device())));
+  const std::array<int64_t, 2> mine = {tied_copy_.numel(), static_cast<int64_t>(dtype)};
+  const std::array<int64_t, 2> theirs = exchange(group, 0, mine);
+  ZEST_CHECK(mine == theirs,
+             "tied weight: the last stage's copy is {} {} ({} elements), the first stage's weight has {} elements "
+             "of {}: give tie_last the weight's shape and dtype",
+             c10::str(c10::IntArrayRef(shape)), c10::toString(dtype), mine[0], theirs[0],
+             c10::toString(static_cast<torch::ScalarType>(theirs[1])));
+  sync_tied_values();
+  tied_copy_.requires_grad_();
+  return tied_copy_;
+}
+
+torch::Tensor PipelineStage::tied(const torch::Tensor& x) {
+  ZEST_CHECK(tied_weight_.defined(), "PipelineStage::tied before tie_first (stage {})", stage());
+  if (forward_mb_ < 0 || forward_mb_ != last_backward_mb_) return x;
+  return ReceiveTiedGradient::apply(x, tied_weight_, options_.tied_group);
+}
+
+void PipelineStage::send_tied_gradient() {
+  Communicator& group = *options_.tied_group;
+  torch::Tensor g = tied_copy_.grad();
+  if (!g.defined()) g = torch::zeros_like(tied_copy_);  // the forward did not use it
+  g = g.contiguous();
+  group.send(g.data_ptr(), static_cast<size_t>(g.numel()), zest_dtype(g.scalar_type()), 0,
+             Stream::default_for(group.device()), kTiedGradientTag);
+  tied_copy_.mutable_grad() = torch::Tensor();
+}
+
+void PipelineStage::sync_tied_values() {
+  Communicator& group = *options_.tied_group;
+  const Stream stream = Stream::default_for(group.device());
+  if (tied_weight_.defined()) {
+    // The weight is whole only while its unit is gathered (stage 3).
+    zt_->call(tied_unit_, [&] {
+      const torch::Tensor w = tied_weight_.detach().contiguous();
+      group.send(w.data_ptr(), static_cast<size_t>(w.numel()), zest_dtype(w.scalar_type()), 1, stream,
+                 kTiedValuesTag);
+      return torch::Tensor();
+    });
+  } else {
+    torch::NoGradGuard no_grad;
+    group.recv(tied_copy_.data_ptr(), static_cast<size_t>(tied_copy_.numel()), zest_dtype(tied_copy_.scalar_type()),
+               0, stream, kTiedValuesTag);
+  }
+}
+
+torch::Tensor pipeline_forward(Communicator& pp, const std::vector<int64_t>& activation_shape,
+                               torch::ScalarType dtype,
+                               const std::function<torch::Tensor(const torch::Tensor& input)>& forward) {
+  torch::NoGradGuard no_grad;
+  const Stream stream = Stream::default_for(pp.device());
+  const int stage = pp.rank(), stages = pp.size();
+  torch::Tensor input;
+  if (stage > 0) {
+    input = torch::empty(activation_shape, torch::TensorOptions().dtype(dtype).device(torch_device(pp.device())));
+    pp.recv(input.data_ptr(), static_cast<size_t>(input.numel()), zest_dtype(dtype), stage - 1, stream,
+            kEvaluationTag);
+  }
+  torch::Tensor out = forward(input);
+  if (stage == stages - 1) return out;
+  ZEST_CHECK(out.defined() && out.sizes() == c10::IntArrayRef(activation_shape) && out.scalar_type() == dtype,
+             "pipeline_forward: stage {}'s output is {}, not the activation {} {} the next stage receives", stage,
+             out.defined() ? c10::str(out.sizes()) + " " + c10::toString(out.scalar_type()) : std::string("undefined"),
+             c10::str(c10::IntArrayRef(activation_shape)), c10::toString(dtype));
+  out = out.contiguous();
+  pp.send(out.data_ptr(), static_cast<size_t>(out.numel()), zest_dtype(dtype), stage + 1, stream, kEvaluationTag);
+  return torch::Tensor();
 }
 
 }  // namespace zest

@@ -42,10 +42,13 @@
 // backward's gradient arrives) start the two transfers together
 // (Communicator::send_recv), as Megatron's batched isend/irecv.
 //
-// Not provided: interleaved (virtual) stages, and tied embeddings between
-// the first and the last stage (Megatron's embedding group): untie them, or
-// keep both on one stage. With fp16 dynamic loss scaling, each stage's
-// engine decides overflow for its own gradients: use bf16 or fp32.
+// Tied weights between the first and the last stage (a word embedding that
+// is also the output layer, as GPT-2's): tie_first, tie_last and tied below.
+// Evaluation and generation run forward only: pipeline_forward.
+//
+// Not provided: interleaved (virtual) stages. With fp16 dynamic loss
+// scaling, each stage's engine decides overflow for its own gradients: use
+// bf16 or fp32.
 #pragma once
 
 #include <functional>
@@ -64,6 +67,9 @@ struct PipelineOptions {
   int micro_batches = 1;
   std::vector<int64_t> activation_shape;  // what one stage sends the next, per micro-batch
   torch::ScalarType activation_dtype = torch::kFloat;
+  // The first and the last stage, for tied weights (DeviceMesh::embedding());
+  // unused without them.
+  Communicator* tied_group = nullptr;
 };
 
 class PipelineStage {
@@ -91,6 +97,28 @@ class PipelineStage {
   // step. Collective over pp (and the engine's group).
   Result run(const Forward& forward, const Loss& loss);
 
+  // Tied weights (Note [tied weights] in pipeline_stage.cpp). The first
+  // stage owns the weight: a parameter of unit `unit` of its TorchModule,
+  // trained and counted in the gradient norm there. The last stage uses a
+  // copy that is no parameter of its engine. Each batch the copy's gradient,
+  // summed over the micro-batches, goes to the first stage and joins the
+  // weight's own in that stage's last backward; after the step the new
+  // values come back to the copy.
+  //
+  // First stage: collective with tie_last over options.tied_group, which
+  // both must have; sends the weight's values.
+  void tie_first(const torch::nn::Module& unit, const torch::Tensor& weight);
+  // Last stage: the copy (a leaf requiring grad, the weight's shape, dtype
+  // and values), for the stage's forward to use in place of the weight.
+  // `shape` and `dtype` are checked against the first stage's weight, and a
+  // mismatch named on both stages.
+  torch::Tensor tie_last(const std::vector<int64_t>& shape, torch::ScalarType dtype);
+  // First stage, in forward, inside zt.call of the weight's unit: returns
+  // `x`, a tensor computed from the weight (the embedding's output), through
+  // a node whose backward, in the batch's last backward on this stage, adds
+  // the last stage's gradient to the weight's. Outside run(), `x` itself.
+  torch::Tensor tied(const torch::Tensor& x);
+
   int stage() const { return pp_->rank(); }
   int stages() const { return pp_->size(); }
   bool first() const { return stage() == 0; }
@@ -99,10 +127,30 @@ class PipelineStage {
  private:
   torch::Tensor receive_buffer() const;
   void check_activation(const torch::Tensor& t, const char* what) const;
+  Communicator& tied_group(const char* caller) const;
+  void send_tied_gradient();
+  void sync_tied_values();
 
   Communicator* pp_;
   TorchModule* zt_;
   PipelineOptions options_;
+  // Tied weights: the first stage's weight and its unit, the last stage's copy.
+  torch::Tensor tied_weight_;
+  int tied_unit_ = -1;
+  torch::Tensor tied_copy_;
+  // In run(): the micro-batch whose forward is running (-1 outside), and the
+  // one whose backward comes last on this stage.
+  int forward_mb_ = -1;
+  int last_backward_mb_ = -1;
 };
+
+// One forward pass through the stages, without gradients (evaluation,
+// generation): stage s > 0 receives stage s - 1's output, of
+// `activation_shape` and `dtype` (the first stage gets an undefined tensor),
+// runs forward(input), and sends the result on. Returns the last stage's
+// output there, an undefined tensor elsewhere. Collective over pp.
+torch::Tensor pipeline_forward(Communicator& pp, const std::vector<int64_t>& activation_shape,
+                               torch::ScalarType dtype,
+                               const std::function<torch::Tensor(const torch::Tensor& input)>& forward);
 
 }  // namespace zest

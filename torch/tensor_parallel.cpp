@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "zest/core/check.h"
+#include "zest/torch/torch_module.h"
 
 namespace zest::tp {
 namespace {
@@ -11,14 +12,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 DType zest_dtype(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat: return DType::kFloat32;
-    case torch::kHalf: return DType::kFloat16;
-    case torch::kBFloat16: return DType::kBFloat16;
-    default:
-      ZEST_FAIL("tensor parallelism moves float32, float16 or bfloat16 tensors, not {}",
-                c10::toString(t.scalar_type()));
-  }
+  return from_torch_dtype(t.scalar_type(), "tensor-parallel tensors");
 }
 
 Stream stream_of(const Communicator& c) { return Stream::default_for(c.device()); }
@@ -229,6 +223,9 @@ torch::Tensor reduce_scatter_to_sequence_region(const torch::Tensor& x, Communic
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(Communicator& tp, const ParallelLinearOptions& o)
     : options(o), tp_(&tp) {
   const int64_t rows = part_of(o.out_features(), tp, "ColumnParallelLinear's out_features");
+  ZEST_CHECK(o.stride() >= 1 && o.out_features() % (o.stride() * tp.size()) == 0,
+             "ColumnParallelLinear's out_features {} is not a multiple of stride {} x {} tensor-parallel ranks",
+             o.out_features(), o.stride(), tp.size());
   ZEST_CHECK(o.in_features() > 0, "ColumnParallelLinear's in_features is {}: it must be positive", o.in_features());
   weight = register_parameter("weight", torch::empty({rows, o.in_features()}));
   if (o.bias()) bias = register_parameter("bias", torch::empty({rows}));
@@ -237,8 +234,8 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(Communicator& tp, const Paral
 
 void ColumnParallelLinearImpl::reset_parameters() {
   auto [w, b] = whole_linear(options.in_features(), options.out_features(), options.bias());
-  assign(weight, split_part(w, *tp_, 0));
-  if (options.bias()) assign(bias, split_part(b, *tp_, 0));
+  assign(weight, partition(w, 0, tp_->rank(), tp_->size(), options.stride()));
+  if (options.bias()) assign(bias, partition(b, 0, tp_->rank(), tp_->size(), options.stride()));
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& input) {
@@ -342,6 +339,19 @@ std::vector<std::string> partitioned_parameters(const torch::nn::Module& root) {
     }
   }
   return names;
+}
+
+torch::Tensor partition(const torch::Tensor& whole, int64_t dim, int tp_rank, int tp_size, int64_t stride) {
+  dim = wrap_dim(whole, dim);
+  ZEST_CHECK(stride >= 1 && tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size,
+             "partition: tp rank {} of {} with stride {}", tp_rank, tp_size, stride);
+  ZEST_CHECK(whole.size(dim) % (stride * tp_size) == 0,
+             "partition: dimension {} of size {} is not a multiple of stride {} x {} tensor-parallel ranks", dim,
+             whole.size(dim), stride, tp_size);
+  const int64_t piece = whole.size(dim) / (stride * tp_size);
+  std::vector<torch::Tensor> mine;
+  for (int64_t s = 0; s < stride; ++s) mine.push_back(whole.narrow(dim, (s * tp_size + tp_rank) * piece, piece));
+  return torch::cat(mine, dim).contiguous();
 }
 
 }  // namespace zest::tp

@@ -96,6 +96,12 @@ struct ParallelLinearOptions {
   TORCH_ARG(bool, input_is_parallel) = true;
   TORCH_ARG(bool, sequence_parallel) = false;
   TORCH_ARG(int64_t, sequence_dim) = 0;
+  // Column-parallel: the whole output is `stride` blocks that are each split
+  // over tp (Megatron's partition_stride), so that a fused projection keeps
+  // its parts together: GPT's c_attn, [q; k; v] with stride 3, gives each
+  // rank its heads' queries, keys and values. out_features must be a
+  // multiple of stride x tp.
+  TORCH_ARG(int64_t, stride) = 1;
 };
 
 class ColumnParallelLinearImpl : public torch::nn::Module {
@@ -190,5 +196,13 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
 // The names (as root.named_parameters() gives them) of the parameters that
 // the layers above split across tp. Every other parameter is replicated.
 std::vector<std::string> partitioned_parameters(const torch::nn::Module& root);
+
+// This tp rank's part of a whole tensor split along `dim`: `stride` blocks,
+// each cut into tp equal pieces, piece tp_rank of each block in block order
+// (stride 1: the tp_rank-th of tp equal chunks). What the layers above keep
+// of their whole weights; a model that initializes its whole weights itself
+// uses it to keep the same part. Throws naming the sizes when dim's size is
+// not a multiple of stride x tp_size.
+torch::Tensor partition(const torch::Tensor& whole, int64_t dim, int tp_rank, int tp_size, int64_t stride = 1);
 
 }  // namespace zest::tp

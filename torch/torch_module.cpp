@@ -89,6 +89,15 @@ torch::Device torch_device(Device d) {
                      : torch::Device(torch::kCPU);
 }
 
+DType from_torch_dtype(torch::ScalarType t, std::string_view what) {
+  switch (t) {
+    case torch::kFloat: return DType::kFloat32;
+    case torch::kHalf: return DType::kFloat16;
+    case torch::kBFloat16: return DType::kBFloat16;
+    default: ZEST_FAIL("{} are float32, float16 or bfloat16, not {}", what, c10::toString(t));
+  }
+}
+
 struct TorchModule::Unit {
   struct Param {
     std::string name;

@@ -89,6 +89,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -108,6 +109,10 @@ namespace zest {
 // torch's name for a ZEST device: where a TorchModule's parameters live and
 // so where its inputs go (`tokens.to(zest::torch_device(comm.device()))`).
 torch::Device torch_device(Device d);
+// ZEST's name for torch's float types, for the collectives and transfers
+// that move torch tensors. Throws a zest::Error naming the type for any
+// other, with `what` the tensors moved ("pipeline activations").
+DType from_torch_dtype(torch::ScalarType t, std::string_view what);
 
 struct TorchModuleOptions {
   // Child modules that are units; empty: one per top-level child.

@@ -39,6 +39,21 @@ MicroStep backward_and_step(zest::TorchModule& zt, const torch::Tensor& loss) {
 
 double validation_loss(zest::Engine& engine, const LogitsFn& logits_of, const Corpus& corpus, int64_t windows,
                        int64_t context) {
+  return validation_loss(
+      engine,
+      [&](const torch::Tensor& tokens, const torch::Tensor& targets) {
+        const torch::Tensor logits = logits_of(tokens);
+        return torch::nn::functional::cross_entropy(
+                   logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .to(torch::kDouble)
+            .item<double>();
+      },
+      corpus, windows, context);
+}
+
+double validation_loss(zest::Engine& engine, const LossSumFn& loss_sum, const Corpus& corpus, int64_t windows,
+                       int64_t context) {
   const int64_t world = engine.comm().size(), rank = engine.comm().rank();
   // Equal shares, so that every rank runs the same forwards: at stage 3 each
   // one's gathers are collective.
@@ -54,12 +69,7 @@ double validation_loss(zest::Engine& engine, const LogitsFn& logits_of, const Co
     torch::NoGradGuard no_grad;
     for (int64_t w = first; w < last; w += kChunk) {
       const Batch b = corpus.validation_windows(w, std::min(kChunk, last - w), context);
-      const torch::Tensor logits = logits_of(b.inputs.to(device));
-      sum += torch::nn::functional::cross_entropy(
-                 logits.reshape({-1, logits.size(-1)}), b.targets.to(device).reshape({-1}),
-                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                 .to(torch::kDouble)
-                 .item<double>();
+      sum += loss_sum(b.inputs.to(device), b.targets.to(device));
     }
   }
   const std::array<int64_t, 1> mine = {std::bit_cast<int64_t>(sum)};

@@ -58,6 +58,13 @@ int64_t validation_windows(const Corpus& corpus, int64_t requested, int64_t cont
 // same bits at every stage for a given world size. Collective.
 double validation_loss(zest::Engine& engine, const LogitsFn& logits, const Corpus& corpus, int64_t windows,
                        int64_t context);
+// The same with the summed token losses of windows [rows, context] against
+// their targets from `loss_sum` (a model whose logits are split or on
+// another rank), which must give every rank of the engine's group its own
+// share's sum.
+using LossSumFn = std::function<double(const torch::Tensor& tokens, const torch::Tensor& targets)>;
+double validation_loss(zest::Engine& engine, const LossSumFn& loss_sum, const Corpus& corpus, int64_t windows,
+                       int64_t context);
 
 // This rank's mean loss, averaged over the ranks in rank order (the same on
 // every rank). Collective.

@@ -14,6 +14,9 @@
 //   gpt --hf pretrained --lora 8 --stage 3   fine-tune it with rank-8 adapters, the base frozen
 //   gpt --device cuda --stages 0,1,2,3       on the GPU (in-process ranks share it; under a
 //                                            launcher each rank takes cuda:(local rank), NCCL)
+//   gpt --ranks 8 --tp 2 --pp 2 --accum 4    a device mesh, dp x tp x pp = 2 x 2 x 2: each layer
+//                                            split over 2 ranks, the blocks over 2 pipeline stages
+//                                            running 4 micro-batches 1F1B (mesh_trainer.h)
 //
 // Threads: libtorch's intra-op pool (OpenMP here) would give every rank as
 // many threads as the machine has cores, so 4 in-process ranks on 2 cores
@@ -37,6 +40,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -47,6 +51,7 @@
 #include "common/lm_training.h"
 #include "common/report.h"
 #include "common/weights_digest.h"
+#include "mesh_trainer.h"
 #include "options.h"
 #include "sample.h"
 #include "trainer.h"
@@ -73,8 +78,14 @@ struct RunResult {
 RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const zest::EngineConfig& config,
                 zest::Communicator& comm) {
   torch::set_num_threads(opt.threads);  // see the top of this file
-  const int world = comm.size(), rank = comm.rank();
-  const bool printer = rank == 0;
+  const bool printer = comm.rank() == 0;
+  // With --tp or --pp each rank holds a part of the model and the engine
+  // shards it over the data-parallel group; the batch's rows are split
+  // over that group.
+  std::optional<zest::DeviceMesh> mesh;
+  if (opt.tp * opt.pp > 1) mesh.emplace(comm, zest::MeshShape{.dp = comm.size() / (opt.tp * opt.pp), .tp = opt.tp, .pp = opt.pp});
+  zest::Communicator& group = mesh ? mesh->dp() : comm;
+  const int world = group.size(), rank = group.rank();
   // Everything on the communicator's device. The engine works on the
   // device's legacy default stream, which is libtorch's too: the model's
   // kernels and the engine's are ordered without events.
@@ -87,8 +98,9 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   if (device.is_cuda()) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
   zest::CachingAllocator allocator(device.is_cuda() ? zest::make_cuda_allocator(device.index())
                                                     : zest::make_host_allocator());
-  zest::Engine engine(config, comm, allocator, zest::Stream::default_for(device));
-  gpt::Gpt model(opt.model, opt.seed);
+  zest::Engine engine(config, group, allocator, zest::Stream::default_for(device));
+  if (mesh) engine.set_model_parallel(mesh->engine_model_parallel());
+  gpt::Gpt model(opt.model, opt.seed, gpt::placement_of(mesh ? &*mesh : nullptr));
   if (opt.lora_r > 0) zest::enable_lora(*model, gpt::lora_targets(), opt.lora(), opt.seed);
   const std::unique_ptr<zest::TorchModule> zt = gpt::wrap(engine, model);
   if (!opt.hf_dir.empty()) examples::load_pretrained(*zt, opt.hf_dir);
@@ -103,8 +115,9 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   const int64_t rows_per_rank = opt.batch / world, rows_per_micro = rows_per_rank / accum;
   const int64_t context = opt.model.context;
   const int64_t windows = examples::validation_windows(corpus, opt.val_windows, context, world);
+  gpt::MeshTrainer trainer(mesh ? &*mesh : nullptr, *zt, *model, rows_per_micro, opt.pipeline_schedule);
   const auto validate = [&](int64_t step) {
-    const double v = gpt::validation_loss(*zt, *model, corpus, windows);
+    const double v = trainer.validation_loss(corpus, windows);
     if (printer) fmt::print("step {:5d}  validation loss {:.4f}  ({} windows of {} bytes)\n", step, v, windows, context);
     return v;
   };
@@ -115,15 +128,14 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   examples::StepTimings timings(kUntimedSteps);
   for (int64_t step = first; step < first + opt.steps; ++step) {
     const auto start = Clock::now();
-    float loss = 0.0f;
-    zest::StepResult result;
+    std::vector<examples::Batch> micro_batches;
     for (int64_t m = 0; m < accum; ++m) {
-      const examples::Batch b =
-          corpus.train_batch(step, rank * rows_per_rank + m * rows_per_micro, rows_per_micro, context, opt.seed);
-      const gpt::MicroStep s = gpt::train_micro_step(*zt, *model, b);
-      loss += s.loss / static_cast<float>(accum);
-      result = s.result;
+      micro_batches.push_back(
+          corpus.train_batch(step, rank * rows_per_rank + m * rows_per_micro, rows_per_micro, context, opt.seed));
     }
+    const gpt::MeshTrainer::Step s = trainer.train_step(micro_batches);
+    const float loss = s.loss;
+    const zest::StepResult& result = s.result;
     const double dt = std::chrono::duration<double>(Clock::now() - start).count();
     seconds += dt;
     timings.add(dt * 1e3, result.times);
@@ -165,7 +177,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
                                 gpt::lora_targets());
   }
   if (opt.sample.length > 0) {
-    out.sample = gpt::generate(*model, gpt::runner(*zt), opt.prompt, opt.sample, zest::torch_device(device));
+    out.sample = trainer.generate(opt.prompt, opt.sample);
   }
   if (printer) std::fflush(stdout);
   return out;
@@ -180,6 +192,12 @@ int main(int argc, char** argv) {
     if (opt.launch) launched = zest::init_distributed(opt.device, opt.comm);
     const bool printer = !launched || launched->rank() == 0;
     const int world = launched ? launched->size() : opt.ranks;
+    if (world % (opt.tp * opt.pp) != 0) {
+      throw gpt::UsageError(fmt::format("{} ranks do not divide into --tp {} x --pp {}: the data-parallel size is "
+                                        "ranks / (tp x pp)",
+                                        world, opt.tp, opt.pp));
+    }
+    const int dp = world / (opt.tp * opt.pp);
     const examples::Corpus corpus = examples::Corpus::load(opt.data);
     if (printer) {
       fmt::print("corpus {}: {} fortune cookies, {} training bytes, {} validation bytes\n", opt.data,
@@ -189,9 +207,10 @@ int main(int argc, char** argv) {
     std::vector<examples::StageRow> rows;
     std::vector<std::string> samples;  // rank 0's, per stage
     for (int stage : opt.stages) {
-      const zest::EngineConfig config = gpt::engine_config(opt, stage, world);
+      const zest::EngineConfig config = gpt::engine_config(opt, stage, dp);
       if (printer) {
-        fmt::print("\n== stage {}: {} ranks, GPT of {} parameters ({}), {}, {} ==\n", stage, world,
+        const std::string mesh = opt.tp * opt.pp > 1 ? fmt::format(" (dp {} x tp {} x pp {})", dp, opt.tp, opt.pp) : "";
+        fmt::print("\n== stage {}: {} ranks{}, GPT of {} parameters ({}), {}, {} ==\n", stage, world, mesh,
                    opt.model.parameters(), opt.model.str(), zest::dtype_name(config.compute_dtype()),
                    zest::optimizer_name(config.optimizer.kind));
         std::fflush(stdout);

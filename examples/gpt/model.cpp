@@ -3,6 +3,8 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <type_traits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -75,16 +77,68 @@ Config Config::from_json_file(const std::string& path, std::string* torch_dtype)
   return c;
 }
 
+std::pair<int64_t, int64_t> Placement::layers(const Config& c) const {
+  const int64_t each = c.layers / stages, extra = c.layers % stages;
+  const int64_t begin = stage * each + std::min<int64_t>(stage, extra);
+  return {begin, begin + each + (stage < extra ? 1 : 0)};
+}
+
+void Placement::validate(const Config& c) const {
+  const int t = tp_size();
+  if (c.heads % t != 0 || c.vocab % t != 0) {
+    throw std::invalid_argument(fmt::format(
+        "tensor parallelism over {} ranks splits the {} heads and the vocabulary of {} evenly: pick a tp size "
+        "dividing both",
+        t, c.heads, c.vocab));
+  }
+  if (stages < 1 || stage < 0 || stage >= stages || stages > c.layers) {
+    throw std::invalid_argument(fmt::format(
+        "{} pipeline stages for {} layers: each stage needs a block; use at most {} stages", stages, c.layers,
+        c.layers));
+  }
+}
+
+torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole, int tp_rank, int tp_size) {
+  if (tp_size == 1) return whole;
+  const auto part = [&](int64_t dim, int64_t stride) {
+    return zest::tp::partition(whole, dim, tp_rank, tp_size, stride);
+  };
+  if (name == "wte.weight" || name == "lm_head.weight" || name.find(".c_fc.") != std::string::npos) return part(0, 1);
+  if (name.find(".c_attn.") != std::string::npos) return part(0, 3);
+  if (name.ends_with("c_proj.weight")) return part(1, 1);
+  return whole;  // LayerNorms, wpe, the c_projs' biases
+}
+
 std::vector<std::string> lora_targets() { return {"c_attn", "c_proj", "c_fc"}; }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const Config& c) : heads_(c.heads) {
-  c_attn = register_module("c_attn", zest::LoraLinear(c.d_model, 3 * c.d_model));
-  c_proj = register_module("c_proj", zest::LoraLinear(c.d_model, c.d_model));
+namespace {
+
+// A projection whole (LoraLinear) or split over tp, registered under `name`.
+template <typename Parallel>
+void make_projection(torch::nn::Module& m, const char* name, int64_t in, int64_t out, zest::Communicator* tp,
+                     zest::LoraLinear& whole, Parallel& split, int64_t stride = 1) {
+  if (tp == nullptr) {
+    whole = m.register_module(name, zest::LoraLinear(in, out));
+  } else if constexpr (std::is_same_v<Parallel, zest::tp::ColumnParallelLinear>) {
+    split = m.register_module(name, Parallel(*tp, zest::tp::ParallelLinearOptions(in, out).stride(stride)));
+  } else {
+    split = m.register_module(name, Parallel(*tp, zest::tp::ParallelLinearOptions(in, out)));
+  }
+}
+
+}  // namespace
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const Config& c, zest::Communicator* tp)
+    : heads_(c.heads / (tp != nullptr ? tp->size() : 1)) {
+  make_projection(*this, "c_attn", c.d_model, 3 * c.d_model, tp, c_attn, c_attn_tp, /*stride=*/3);
+  make_projection(*this, "c_proj", c.d_model, c.d_model, tp, c_proj, c_proj_tp);
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / heads_;
-  const std::vector<torch::Tensor> qkv = c_attn->forward(x).split(C, /*dim=*/2);
+  const torch::Tensor qkv_all = c_attn ? c_attn->forward(x) : c_attn_tp->forward(x);
+  // C: this rank's width, d_model / tp.
+  const int64_t B = x.size(0), T = x.size(1), C = qkv_all.size(2) / 3, hd = C / heads_;
+  const std::vector<torch::Tensor> qkv = qkv_all.split(C, /*dim=*/2);
   // [B, T, C] -> [B, heads, T, hd]
   const auto split_heads = [&](const torch::Tensor& t) { return t.view({B, T, heads_, hd}).transpose(1, 2); };
   const torch::Tensor q = split_heads(qkv[0]), k = split_heads(qkv[1]), v = split_heads(qkv[2]);
@@ -96,23 +150,24 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
   att = torch::softmax(att, /*dim=*/-1);
   const torch::Tensor y = att.matmul(v).transpose(1, 2).contiguous().view({B, T, C});
-  return c_proj->forward(y);
+  return c_proj ? c_proj->forward(y) : c_proj_tp->forward(y);
 }
 
-MlpImpl::MlpImpl(const Config& c) {
-  c_fc = register_module("c_fc", zest::LoraLinear(c.d_model, 4 * c.d_model));
-  c_proj = register_module("c_proj", zest::LoraLinear(4 * c.d_model, c.d_model));
+MlpImpl::MlpImpl(const Config& c, zest::Communicator* tp) {
+  make_projection(*this, "c_fc", c.d_model, 4 * c.d_model, tp, c_fc, c_fc_tp);
+  make_projection(*this, "c_proj", 4 * c.d_model, c.d_model, tp, c_proj, c_proj_tp);
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return c_proj->forward(torch::gelu(c_fc->forward(x), "tanh"));  // GPT-2's GELU
+  const torch::Tensor up = torch::gelu(c_fc ? c_fc->forward(x) : c_fc_tp->forward(x), "tanh");  // GPT-2's GELU
+  return c_proj ? c_proj->forward(up) : c_proj_tp->forward(up);
 }
 
-BlockImpl::BlockImpl(const Config& c) {
+BlockImpl::BlockImpl(const Config& c, zest::Communicator* tp) {
   ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  attn = register_module("attn", CausalSelfAttention(c));
+  attn = register_module("attn", CausalSelfAttention(c, tp));
   ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  mlp = register_module("mlp", Mlp(c));
+  mlp = register_module("mlp", Mlp(c, tp));
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
@@ -120,36 +175,99 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
   return x + mlp->forward(ln_2->forward(x));
 }
 
-GptImpl::GptImpl(const Config& c, uint64_t seed) : config_(c) {
-  c.validate();
-  wte = register_module("wte", torch::nn::Embedding(c.vocab, c.d_model));
-  wpe = register_module("wpe", torch::nn::Embedding(c.context, c.d_model));
-  h = register_module("h", torch::nn::ModuleList());
-  for (int64_t l = 0; l < c.layers; ++l) h->push_back(Block(c));
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  if (!c.tied_head) {
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.vocab).bias(false)));
-  }
+namespace {
 
-  // Every parameter in registration order from one generator: the values
-  // depend on the seed and the shape only.
-  torch::NoGradGuard no_grad;
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
-  for (const auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    torch::Tensor p = item.value();
-    const bool is_norm = name.find("ln_") != std::string::npos;
-    if (name.ends_with(".bias")) {
-      p.zero_();
-    } else if (is_norm) {
-      p.fill_(1.0);
-    } else if (name.ends_with("c_proj.weight")) {
-      p.normal_(0.0, residual_std, gen);
-    } else {
-      p.normal_(0.0, 0.02, gen);
+// Every parameter of the whole model in registration order, with its shape:
+// the order the initialization draws in.
+std::vector<std::pair<std::string, std::vector<int64_t>>> whole_parameters(const Config& c) {
+  const int64_t d = c.d_model;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out = {{"wte.weight", {c.vocab, d}},
+                                                                   {"wpe.weight", {c.context, d}}};
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string b = fmt::format("h.{}.", l);
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"ln_1.weight", {d}}, {"ln_1.bias", {d}}, {"attn.c_attn.weight", {3 * d, d}}, {"attn.c_attn.bias", {3 * d}},
+             {"attn.c_proj.weight", {d, d}}, {"attn.c_proj.bias", {d}}, {"ln_2.weight", {d}}, {"ln_2.bias", {d}},
+             {"mlp.c_fc.weight", {4 * d, d}}, {"mlp.c_fc.bias", {4 * d}}, {"mlp.c_proj.weight", {d, 4 * d}},
+             {"mlp.c_proj.bias", {d}}}) {
+      out.emplace_back(b + name, shape);
     }
   }
+  out.emplace_back("ln_f.weight", std::vector<int64_t>{d});
+  out.emplace_back("ln_f.bias", std::vector<int64_t>{d});
+  if (!c.tied_head) out.emplace_back("lm_head.weight", std::vector<int64_t>{c.vocab, d});
+  return out;
+}
+
+}  // namespace
+
+GptImpl::GptImpl(const Config& c, uint64_t seed, Placement placement) : config_(c), placement_(placement) {
+  c.validate();
+  placement.validate(c);
+  zest::Communicator* tp = placement.tp != nullptr && placement.tp->size() > 1 ? placement.tp : nullptr;
+  placement_.tp = tp;
+  if (placement.first()) {
+    if (tp == nullptr) {
+      wte = register_module("wte", torch::nn::Embedding(c.vocab, c.d_model));
+    } else {
+      wte_tp = register_module("wte", zest::tp::VocabParallelEmbedding(
+                                          *tp, zest::tp::VocabParallelEmbeddingOptions(c.vocab, c.d_model)));
+    }
+    wpe = register_module("wpe", torch::nn::Embedding(c.context, c.d_model));
+  }
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> blocks;
+  const auto [begin, end] = placement.layers(c);
+  for (int64_t l = begin; l < end; ++l) blocks.emplace_back(std::to_string(l), Block(c, tp).ptr());
+  h = register_module("h", torch::nn::ModuleDict(blocks));
+  if (placement.last()) {
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+    if (!c.tied_head && tp == nullptr) {
+      lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.d_model, c.vocab).bias(false)));
+    } else if (!c.tied_head) {
+      lm_head_tp = register_module(
+          "lm_head", zest::tp::ColumnParallelLinear(*tp, zest::tp::ParallelLinearOptions(c.d_model, c.vocab).bias(false)));
+    }
+  }
+  initialize(seed);
+}
+
+void GptImpl::initialize(uint64_t seed) {
+  // Every parameter of the whole model in registration order from one
+  // generator, and this rank keeps its part: the values depend on the seed
+  // and the shape only, whatever the placement.
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
+  std::map<std::string, torch::Tensor> mine;
+  for (const auto& item : named_parameters()) mine.emplace(item.key(), item.value());
+  size_t kept = 0;
+  for (const auto& [name, shape] : whole_parameters(config_)) {
+    torch::Tensor whole = torch::empty(shape);
+    const bool is_norm = name.find("ln_") != std::string::npos;
+    if (name.ends_with(".bias")) {
+      whole.zero_();
+    } else if (is_norm) {
+      whole.fill_(1.0);
+    } else if (name.ends_with("c_proj.weight")) {
+      whole.normal_(0.0, residual_std, gen);
+    } else {
+      whole.normal_(0.0, 0.02, gen);
+    }
+    const auto it = mine.find(name);
+    if (it == mine.end()) continue;
+    it->second.copy_(part_of_whole(name, whole, placement_.tp_rank(), placement_.tp_size()));
+    ++kept;
+  }
+  if (kept != mine.size()) {
+    throw std::logic_error(fmt::format("GPT initialization: {} of the {} parameters are in the whole model's list",
+                                       kept, mine.size()));
+  }
+}
+
+const torch::Tensor& GptImpl::wte_weight() const {
+  if (wte) return wte->weight;
+  if (wte_tp) return wte_tp->weight;
+  throw std::logic_error("wte is on the first pipeline stage");
 }
 
 torch::Tensor GptImpl::embed(const torch::Tensor& tokens) {
@@ -159,26 +277,55 @@ torch::Tensor GptImpl::embed(const torch::Tensor& tokens) {
                                             config_.context));
   }
   const torch::Tensor pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  return wte->forward(tokens) + wpe->forward(pos);
+  const torch::Tensor x = (wte ? wte->forward(tokens) : wte_tp->forward(tokens)) + wpe->forward(pos);
+  return tie_ ? tie_(x) : x;
 }
 
 torch::Tensor GptImpl::head(const torch::Tensor& x) {
   const torch::Tensor y = ln_f->forward(x);
-  return config_.tied_head ? torch::matmul(y, wte->weight.t()) : lm_head->forward(y);
+  if (lm_head) return lm_head->forward(y);
+  if (lm_head_tp) return lm_head_tp->forward(y);
+  const torch::Tensor& w = head_weight_.defined() ? head_weight_ : wte_weight();
+  // Megatron's parallel_lm_logits: y is whole on every tp rank, so its
+  // gradient, a sum over the vocabulary slices, is all-reduced.
+  return torch::matmul(placement_.tp != nullptr ? zest::tp::copy_to_region(y, *placement_.tp) : y, w.t());
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens, const UnitRunner& run) {
-  torch::Tensor x = run(*this, [&] { return embed(tokens); });
-  for (const auto& block : *h) {
+  if (placement_.stages != 1) {
+    throw std::logic_error("GPT forward of the whole model on a pipeline stage: use forward_stage");
+  }
+  return forward_stage(tokens, run);
+}
+
+torch::Tensor GptImpl::forward_stage(const torch::Tensor& input, const UnitRunner& run) {
+  torch::Tensor x = placement_.first() ? run(*this, [&] { return embed(input); }) : input;
+  for (const auto& block : h->values()) {
     BlockImpl* b = block->as<Block>();
     x = run(*b, [&] { return b->forward(x); });
   }
-  return run(*this, [&] { return head(x); });
+  return placement_.last() ? run(*this, [&] { return head(x); }) : x;
 }
 
-std::vector<std::shared_ptr<torch::nn::Module>> GptImpl::blocks() const {
-  return std::vector<std::shared_ptr<torch::nn::Module>>(h->begin(), h->end());
+torch::Tensor GptImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (placement_.tp == nullptr) return lm_loss(logits, targets);
+  return zest::tp::vocab_parallel_cross_entropy(logits, targets, *placement_.tp).mean();
 }
+
+torch::Tensor GptImpl::loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (placement_.tp == nullptr) {
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  }
+  return zest::tp::vocab_parallel_cross_entropy(logits, targets, *placement_.tp).sum();
+}
+
+torch::Tensor GptImpl::whole_logits(const torch::Tensor& logits) {
+  return placement_.tp == nullptr ? logits : zest::tp::gather_from_region(logits, *placement_.tp, -1);
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> GptImpl::blocks() const { return h->values(); }
 
 torch::Tensor run_directly(const torch::nn::Module&, const std::function<torch::Tensor()>& piece) {
   return piece();

@@ -14,6 +14,15 @@
 // enabled (--lora). There is
 // no dropout: a step is a deterministic function of the parameters and the
 // batch, which is what lets ZeRO's stages be compared bit for bit.
+//
+// A Placement builds one rank's part of the model instead (mesh_trainer.h
+// trains it): the layers split over a tensor-parallel group as Megatron-LM
+// splits GPT (the token embedding and the head by vocabulary, c_attn and
+// c_fc by output rows, c_attn's queries, keys and values each by heads, the
+// c_projs by input columns; LayerNorms, wpe and the c_projs' biases whole),
+// and the blocks cut into consecutive pipeline stages, the embeddings on the
+// first, ln_f and the head on the last. Every part starts from the values of
+// the whole model with the same seed, under the whole model's names.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +32,9 @@
 
 #include <torch/torch.h>
 
+#include "zest/comm/communicator.h"
 #include "zest/torch/lora.h"
+#include "zest/torch/tensor_parallel.h"
 
 namespace gpt {
 
@@ -54,6 +65,29 @@ struct Config {
   static Config from_json_file(const std::string& path, std::string* torch_dtype = nullptr);
 };
 
+// Which part of the model a rank builds.
+struct Placement {
+  zest::Communicator* tp = nullptr;  // the tensor-parallel group; null: whole layers
+  int stage = 0;   // the pipeline stage, of `stages`
+  int stages = 1;
+
+  int tp_size() const { return tp != nullptr ? tp->size() : 1; }
+  int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+  // The blocks of this stage, [begin, end): layers / stages each, the first
+  // layers % stages stages one more.
+  std::pair<int64_t, int64_t> layers(const Config& c) const;
+  // Throws std::invalid_argument naming the sizes when tp does not divide
+  // the heads and the vocabulary, or there are more stages than layers.
+  void validate(const Config& c) const;
+};
+
+// Tensor-parallel rank tp_rank's part (of tp_size) of the whole model's
+// parameter `name` (its GPT-2 name, as the whole model has it), as
+// zest::tp's layers split it.
+torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole, int tp_rank, int tp_size);
+
 // The projections LoRA adapts (--lora): attention's c_attn and c_proj, the
 // MLP's c_fc and c_proj.
 std::vector<std::string> lora_targets();
@@ -70,31 +104,37 @@ torch::Tensor run_directly(const torch::nn::Module& unit, const std::function<to
 // (libtorch 1.13 has no scaled_dot_product_attention).
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const Config& c);
+  // With a tensor-parallel group `tp`: heads / tp heads on this rank.
+  explicit CausalSelfAttentionImpl(const Config& c, zest::Communicator* tp = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
   zest::LoraLinear c_attn{nullptr};  // d -> 3d: queries, keys, values
   zest::LoraLinear c_proj{nullptr};  // d -> d
+  // Under tensor parallelism instead, with the same names.
+  zest::tp::ColumnParallelLinear c_attn_tp{nullptr};  // stride 3: this rank's heads of q, k and v
+  zest::tp::RowParallelLinear c_proj_tp{nullptr};
 
  private:
-  int64_t heads_;
+  int64_t heads_;  // this rank's
 };
 TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const Config& c);
+  explicit MlpImpl(const Config& c, zest::Communicator* tp = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
   zest::LoraLinear c_fc{nullptr};    // d -> 4d
   zest::LoraLinear c_proj{nullptr};  // 4d -> d
+  zest::tp::ColumnParallelLinear c_fc_tp{nullptr};  // under tensor parallelism instead
+  zest::tp::RowParallelLinear c_proj_tp{nullptr};
 };
 TORCH_MODULE(Mlp);
 
 // x + attn(ln_1(x)), then + mlp(ln_2(.)).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const Config& c);
+  explicit BlockImpl(const Config& c, zest::Communicator* tp = nullptr);
   torch::Tensor forward(torch::Tensor x);
 
   torch::nn::LayerNorm ln_1{nullptr};
@@ -110,29 +150,58 @@ class GptImpl : public torch::nn::Module {
   // (c_proj) N(0, 0.02 / sqrt(2 layers)), biases 0, LayerNorms 1 and 0;
   // from a generator of its own seeded with `seed`, so that models built
   // at once on several threads get the same values.
-  GptImpl(const Config& c, uint64_t seed);
+  GptImpl(const Config& c, uint64_t seed, Placement placement = {});
 
   // tokens: [B, T] int64 with T <= context. Returns logits [B, T, vocab].
   // Each block runs as run(block, ...); the embeddings and the head, whose
   // parameters are the model's own (the tied head uses wte), as
-  // run(*this, ...).
+  // run(*this, ...). The whole model only (one stage; under tensor
+  // parallelism the logits are this rank's vocabulary slice).
   torch::Tensor forward(const torch::Tensor& tokens, const UnitRunner& run = run_directly);
+  // This stage's part of forward: the first stage takes tokens [B, T], the
+  // others the previous stage's output [B, T, d_model]; the last returns
+  // logits [B, T, vocab / tp] (this rank's slice), the others [B, T, d].
+  torch::Tensor forward_stage(const torch::Tensor& input, const UnitRunner& run = run_directly);
+  // The mean (loss) or the sum (loss_sum) of the token losses of the last
+  // stage's logits against targets [B, T]: vocabulary-parallel
+  // cross-entropy under tensor parallelism, the same on every tp rank.
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets);
+  torch::Tensor loss_sum(const torch::Tensor& logits, const torch::Tensor& targets);
+  // The whole vocabulary's logits from this rank's slice (tp ranks gather).
+  torch::Tensor whole_logits(const torch::Tensor& logits);
+
+  // A tied head across pipeline stages (torch/pipeline_stage.h): the first
+  // stage passes the embedding's output through `tie` (PipelineStage::tied);
+  // the last stage's head uses `weight`, the copy of wte's (tie_last).
+  void set_embedding_tie(std::function<torch::Tensor(const torch::Tensor&)> tie) { tie_ = std::move(tie); }
+  void set_head_weight(torch::Tensor weight) { head_weight_ = std::move(weight); }
+  // wte's weight (the first stage's; under tp this rank's rows).
+  const torch::Tensor& wte_weight() const;
 
   const Config& config() const { return config_; }
+  const Placement& placement() const { return placement_; }
   // The blocks, for zest::TorchModuleOptions::units.
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const;
 
+  // Null where this rank does not hold them (another stage's, or the
+  // tensor-parallel form in the *_tp member instead).
   torch::nn::Embedding wte{nullptr};
+  zest::tp::VocabParallelEmbedding wte_tp{nullptr};
   torch::nn::Embedding wpe{nullptr};
-  torch::nn::ModuleList h{nullptr};  // the blocks, each a Block
+  torch::nn::ModuleDict h{nullptr};  // this stage's blocks, each a Block, keyed by layer number
   torch::nn::LayerNorm ln_f{nullptr};
   torch::nn::Linear lm_head{nullptr};  // untied only (null when tied)
+  zest::tp::ColumnParallelLinear lm_head_tp{nullptr};
 
  private:
   torch::Tensor embed(const torch::Tensor& tokens);
   torch::Tensor head(const torch::Tensor& x);
+  void initialize(uint64_t seed);
 
   Config config_;
+  Placement placement_;
+  std::function<torch::Tensor(const torch::Tensor&)> tie_;
+  torch::Tensor head_weight_;
 };
 TORCH_MODULE(Gpt);
 

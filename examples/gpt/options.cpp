@@ -19,8 +19,10 @@ std::string usage() {
          "           [--sample-bytes N] [--temperature T] [--sample-seed N] [--prompt TEXT]\n"
          "           [--timeout SECONDS] [--lora R] [--lora-alpha A] [--hf DIR] [--export-hf DIR]\n"
          "           [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16] [--export-adapters]\n"
-         "           [--digest] [--device host|cuda[:N]]\n"
+         "           [--digest] [--device host|cuda[:N]] [--tp N] [--pp N] [--pipeline-schedule 1f1b|gpipe]\n"
          "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n"
+         "--tp and --pp: ranks = dp x tp x pp (Megatron's order); tp divides --heads and --vocab, pp is at most\n"
+         "--layers, and --accum sets the pipeline's micro-batches.\n"
          "Without --config, stage 3 prefetches up to 0.9 x d_model^2 elements ahead and keeps a released unit\n"
          "gathered for a reuse within 0.9 x d_model^2 elements (stage3_prefetch_bucket_size,\n"
          "stage3_max_reuse_distance); a --config file has DeepSpeed's defaults, 5e7 and 1e9, unless it sets them.\n";
@@ -57,7 +59,12 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--prompt", o.prompt);
   std::string device_name;
   app.add_option("--device", device_name);
+  app.add_option("--tp", o.tp)->check(CLI::Range(1, 1 << 12));
+  app.add_option("--pp", o.pp)->check(CLI::Range(1, 1 << 12));
+  std::string schedule;
+  app.add_option("--pipeline-schedule", schedule)->check(CLI::IsMember({"1f1b", "gpipe"}));
   cli::parse(app, argc, argv);
+  if (schedule == "gpipe") o.pipeline_schedule = zest::PipelineKind::kGPipe;
   if (!device_name.empty()) o.device = cli::device_flag("--device", device_name);
   if (stage >= 0) o.stages = {stage};
   if (!stages.empty()) o.stages = stages;
@@ -73,6 +80,28 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.model.d_model % o.model.heads != 0) {
     cli::usage_error("--d-model {} does not divide into --heads {}", o.model.d_model, o.model.heads);
+  }
+  if (o.tp * o.pp > 1) {
+    if (o.model.heads % o.tp != 0 || o.model.vocab % o.tp != 0) {
+      cli::usage_error("--tp {} must divide --heads {} and --vocab {}: each rank takes whole heads and an equal "
+                       "slice of the vocabulary",
+                       o.tp, o.model.heads, o.model.vocab);
+    }
+    if (o.pp > o.model.layers) {
+      cli::usage_error("--pp {} is more stages than the {} layers (--layers): each stage needs a block", o.pp,
+                       o.model.layers);
+    }
+    // Each rank holds a part of the model: what reads or writes the whole
+    // of it does not know the mesh yet.
+    for (const auto& [set, flag] : {std::pair{!o.save_dir.empty(), "--save"}, {!o.load_dir.empty(), "--load"},
+                                    {!o.export_path.empty(), "--export"}, {!o.export_hf_dir.empty(), "--export-hf"},
+                                    {!o.hf_dir.empty(), "--hf"}, {o.lora_r > 0, "--lora"}, {o.digest, "--digest"}}) {
+      if (set) {
+        cli::usage_error("{} with --tp/--pp: checkpoints, weight files, LoRA and digests of a model split over a "
+                         "mesh are not supported yet; run it with --tp 1 --pp 1",
+                         flag);
+      }
+    }
   }
   return o;
 }

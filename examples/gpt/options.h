@@ -13,6 +13,7 @@
 #include "sample.h"
 #include "zest/config/config.h"
 #include "zest/core/device.h"
+#include "zest/pipeline/schedule.h"
 
 namespace gpt {
 
@@ -45,6 +46,12 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions {
   zest::Device device = zest::Device::host();
   SampleOptions sample;
   std::string prompt;
+  // --tp, --pp: a device mesh of ranks / (tp x pp) data-parallel replicas,
+  // each layer split over tp ranks, the blocks over pp stages; the batch's
+  // --accum micro-batches run through the stages in --pipeline-schedule.
+  int tp = 1;
+  int pp = 1;
+  zest::PipelineKind pipeline_schedule = zest::PipelineKind::k1F1B;
 };
 
 std::string usage();

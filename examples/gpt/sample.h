@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "model.h"
@@ -22,5 +23,11 @@ struct SampleOptions {
 // every rank calls this (the forward gathers collectively) and all agree.
 std::string generate(GptImpl& model, const UnitRunner& run, const std::string& prompt, const SampleOptions& options,
                      torch::Device device = torch::kCPU);
+// The same with the logits of the last position of tokens [1, T] from
+// `last_logits` ([vocab] on the host, the same on every caller): for a model
+// split over ranks (mesh_trainer.h). `context` bounds T.
+using LastLogitsFn = std::function<torch::Tensor(const torch::Tensor& tokens)>;
+std::string generate(const LastLogitsFn& last_logits, int64_t context, const std::string& prompt,
+                     const SampleOptions& options, torch::Device device = torch::kCPU);
 
 }  // namespace gpt

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "common/corpus.h"
+#include "gpt_test_text.h"
 #include "common/report.h"
 #include "model.h"
 #include "sample.h"
@@ -17,17 +18,6 @@
 #include "zest/memory/raw_allocator.h"
 
 namespace {
-
-// ~1,500 bytes of fortune-like text: 24 cookies, so a validation split of 2.
-std::string text() {
-  const char* lines[] = {"The early bird gets the worm.", "A journey of a thousand miles begins with one step.",
-                         "Look before you leap.", "Every cloud has a silver lining.",
-                         "Actions speak louder than words.", "Better late than never.",
-                         "The pen is mightier than the sword.", "When in Rome, do as the Romans do."};
-  std::string out;
-  for (int i = 0; i < 24; ++i) out += std::string(lines[i % 8]) + "\n\t-- proverb " + std::to_string(i) + "\n%\n";
-  return out;
-}
 
 gpt::Config tiny() {
   gpt::Config c;
@@ -66,7 +56,7 @@ struct Run {
 // --offload).
 Run train(int stage, int64_t first, int64_t last, const std::string& load = "", const std::string& save = "",
           bool offload = false) {
-  const examples::Corpus corpus = examples::Corpus::from_text(text());
+  const examples::Corpus corpus = examples::Corpus::from_text(gpt_test_text());
   std::vector<Run> runs(2);
   zest::run_inprocess(2, [&](zest::Communicator& comm) {
     torch::set_num_threads(1);
@@ -145,7 +135,7 @@ TEST_CASE("gpt example: a run saved at step 4 and resumed at stage 3 continues a
 }
 
 TEST_CASE("gpt corpus: every 20th cookie is held out, and a row is the same whichever rank takes it") {
-  const examples::Corpus c = examples::Corpus::from_text(text());
+  const examples::Corpus c = examples::Corpus::from_text(gpt_test_text());
   CHECK(c.cookies() == 24);
   // Cookies 0 and 20 held out.
   CHECK(c.validation() ==
