@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include "zest/checkpoint/checkpoint_paths.h"
 #include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
+#include "zest/checkpoint/model_parallel_parts.h"
 #include "zest/checkpoint/on_every_rank.h"
 #include "zest/checkpoint/optimizer_state_map.h"
 #include "zest/checkpoint/user_state_files.h"
@@ -114,8 +116,13 @@ void write_manifest(const std::string& dir, const CheckpointManifest& manifest) 
   file.commit();
 }
 
-std::string save_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
-  refuse_model_parallel(engine.model_parallel(), "save_checkpoint");
+namespace {
+
+// The checkpoint of one data-parallel group: the whole model's, or with
+// tensor or pipeline parallelism one part's (model_parallel_parts.h), which
+// runs `before_publish` on every rank once the files are written.
+std::string save_part(Engine& engine, const std::string& root, const CheckpointOptions& options,
+                      const std::function<void()>& before_publish) {
   const Engine::Progress progress = engine.progress();
   const std::string tag = options.tag.empty() ? fmt::format("step_{:06d}", progress.applied_steps) : options.tag;
   check_tag(tag);
@@ -221,6 +228,7 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
                r, field(0, 6), field(r, 6), field(0, 7), field(r, 7));
   }
 
+  if (before_publish) before_publish();
   on_every_rank(engine, "publishing the checkpoint", [&] {
     if (!rank0) return;
     CheckpointManifest m;
@@ -264,8 +272,10 @@ std::string save_checkpoint(Engine& engine, const std::string& root, const Check
   return dir.string();
 }
 
-std::string load_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
-  refuse_model_parallel(engine.model_parallel(), "load_checkpoint");
+// The load of one group's checkpoint; `before_apply` runs on every rank once
+// everything is read and checked, before the engine changes.
+std::string load_part(Engine& engine, const std::string& root, const CheckpointOptions& options,
+                      const std::function<void(const std::string& tag, int64_t steps)>& before_apply) {
   if (!options.tag.empty()) check_tag(options.tag);
   std::string dir = options.tag.empty() ? std::string() : (fs::path(root) / options.tag).string();
   const ModelLayout& layout = engine.layout();
@@ -321,6 +331,7 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
                "it has finished, or name the checkpoint with a tag",
                root, all[1], r, all[2 * r + 1], dir);
   }
+  if (before_apply) before_apply(tag, progress.applied_steps);
   if (options.user_state != nullptr) *options.user_state = std::move(user);
   if (options.weights_only) {
     start_from_weights(engine, masters);
@@ -333,6 +344,42 @@ std::string load_checkpoint(Engine& engine, const std::string& root, const Check
   }
   engine.restore(progress);
   return dir;
+}
+
+}  // namespace
+
+std::string save_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
+  const ModelParallel& mp = engine.model_parallel();
+  if (mp.size() == 1) return save_part(engine, root, options, nullptr);
+  // A part that fails before the agreement says so there, then throws its
+  // own error; the others throw naming it (model_parallel_parts.h).
+  bool agreed = false;
+  try {
+    return save_part(engine, model_parallel_part_root(root, mp), options, [&] {
+      agreed = true;
+      agree_over_model_parallel(engine, "save_checkpoint", root, true);
+    });
+  } catch (...) {
+    if (!agreed) agree_over_model_parallel(engine, "save_checkpoint", root, false);
+    throw;
+  }
+}
+
+std::string load_checkpoint(Engine& engine, const std::string& root, const CheckpointOptions& options) {
+  const ModelParallel& mp = engine.model_parallel();
+  if (mp.size() == 1) return load_part(engine, root, options, nullptr);
+  bool agreed = false;
+  try {
+    check_model_parallel_parts(root, mp);
+    return load_part(engine, model_parallel_part_root(root, mp), options,
+                     [&](const std::string& tag, int64_t steps) {
+                       agreed = true;
+                       agree_over_model_parallel(engine, "load_checkpoint", root, true, tag, steps);
+                     });
+  } catch (...) {
+    if (!agreed) agree_over_model_parallel(engine, "load_checkpoint", root, false);
+    throw;
+  }
 }
 
 }  // namespace zest

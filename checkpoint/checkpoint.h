@@ -36,6 +36,11 @@
 // Inf in its master weights or optimizer state) is not saved, on any rank,
 // and `latest` keeps naming the last checkpoint (Note [a diverged run is not
 // saved] in checkpoint.cpp).
+//
+// An engine with tensor or pipeline parallelism (Engine::set_model_parallel)
+// saves its part of the model under root/mp_rank_TT_PPP, every part at once
+// or none (model_parallel_parts.h); it loads on the same tp x pp mesh, at
+// any data-parallel size.
 #pragma once
 
 #include <functional>

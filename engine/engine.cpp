@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "zest/comm/gather_scalars.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/core/process_memory.h"
@@ -275,22 +276,6 @@ void Engine::set_model_parallel(const ModelParallel& mp) {
 const ModelParallel& Engine::model_parallel() const { return impl_->mp; }
 
 namespace {
-
-// Every rank's `mine`, rank by rank. Free of the engine, since finalize()
-// needs it before the engine counts as finalized.
-std::vector<int64_t> all_gather_int64(Communicator& control, CachingAllocator& alloc,
-                                      const Stream& stream, std::span<const int64_t> mine) {
-  const size_t n = mine.size();
-  const size_t w = static_cast<size_t>(control.size());
-  std::vector<int64_t> out(n * w);
-  if (n == 0) return out;
-  Buffer buf = alloc.allocate_buffer(8 * n * (w + 1), stream, MemoryCategory::kCommBuffers);
-  copy_bytes(stream, buf.as<int64_t>() + n * w, mine.data(), 8 * n);
-  control.all_gather(buf.as<int64_t>() + n * w, buf.data(), n, DType::kInt64, stream);
-  copy_bytes(stream, out.data(), buf.data(), 8 * n * w);
-  stream.synchronize();
-  return out;
-}
 
 // What every rank must agree on beyond the model: what changes the
 // arithmetic of a step. A rank with another learning rate or clipping would

@@ -93,12 +93,14 @@ Options parse_options(int argc, char** argv) {
     }
     // Each rank holds a part of the model: what reads or writes the whole
     // of it does not know the mesh yet.
-    for (const auto& [set, flag] : {std::pair{!o.save_dir.empty(), "--save"}, {!o.load_dir.empty(), "--load"},
-                                    {!o.export_path.empty(), "--export"}, {!o.export_hf_dir.empty(), "--export-hf"},
-                                    {!o.hf_dir.empty(), "--hf"}, {o.lora_r > 0, "--lora"}, {o.digest, "--digest"}}) {
+    // (Checkpoints know the mesh: --save and --load keep a part per tp x pp
+    // rank, checkpoint/model_parallel_parts.h.)
+    for (const auto& [set, flag] : {std::pair{!o.export_path.empty(), "--export"},
+                                    {!o.export_hf_dir.empty(), "--export-hf"}, {!o.hf_dir.empty(), "--hf"},
+                                    {o.lora_r > 0, "--lora"}, {o.digest, "--digest"}}) {
       if (set) {
-        cli::usage_error("{} with --tp/--pp: checkpoints, weight files, LoRA and digests of a model split over a "
-                         "mesh are not supported yet; run it with --tp 1 --pp 1",
+        cli::usage_error("{} with --tp/--pp: weight files, LoRA and digests of a model split over a mesh are not "
+                         "supported yet; run it with --tp 1 --pp 1",
                          flag);
       }
     }
