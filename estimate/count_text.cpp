@@ -23,4 +23,11 @@ std::string short_count(size_t n) {
   return std::to_string(n);
 }
 
+SiUnit unit_for(double largest_bytes) {
+  if (largest_bytes >= 1e9) return {1e9, "GB"};
+  if (largest_bytes >= 1e6) return {1e6, "MB"};
+  if (largest_bytes >= 1e3) return {1e3, "kB"};
+  return {1.0, "B"};
+}
+
 }  // namespace zest

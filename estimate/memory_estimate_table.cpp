@@ -15,20 +15,6 @@
 namespace zest {
 namespace {
 
-// One decimal (SI) unit for the whole table, so columns compare at a glance;
-// GB for anything from 1e9 bytes up, as the paper gives its figures.
-struct SiUnit {
-  double scale;
-  const char* name;
-};
-
-SiUnit unit_for(double largest_bytes) {
-  if (largest_bytes >= 1e9) return {1e9, "GB"};
-  if (largest_bytes >= 1e6) return {1e6, "MB"};
-  if (largest_bytes >= 1e3) return {1e3, "kB"};
-  return {1.0, "B"};
-}
-
 constexpr int kLabelWidth = 24;
 constexpr int kCellWidth = 14;
 

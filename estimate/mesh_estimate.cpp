@@ -62,6 +62,11 @@ std::string format_mesh_table(const TransformerShape& shape, const EstimateOptio
   out += fmt::format("{:<10}{:<26}{:>16}", "pp stage", "holds", "params/rank");
   for (int zs : zero_stages) out += fmt::format("{:>16}", fmt::format("ZeRO-{} states", zs));
   out += "\n";
+  double largest = 0;
+  for (const MeshEstimate& me : per_zero) {
+    for (const MemoryEstimate& e : me.stages) largest = std::max(largest, static_cast<double>(e.model_state_bytes));
+  }
+  const SiUnit unit = unit_for(largest);
   // Rows: the first stage, the middle ones together, the last.
   std::vector<std::pair<int, int>> rows = {{0, 0}};
   if (pp > 2) rows.emplace_back(1, pp - 2);
@@ -72,9 +77,8 @@ std::string format_mesh_table(const TransformerShape& shape, const EstimateOptio
                        with_commas(any.stage_models[static_cast<size_t>(first)].numel()));
     for (const MeshEstimate& m : per_zero) {
       const bool busiest = m.busiest >= first && m.busiest <= last;
-      out += fmt::format("{:>16}", fmt::format("{:.3f} GB{}",
-                                               static_cast<double>(m.stages[static_cast<size_t>(first)].model_state_bytes) / 1e9,
-                                               busiest ? "*" : " "));
+      const auto bytes = static_cast<double>(m.stages[static_cast<size_t>(first)].model_state_bytes);
+      out += fmt::format("{:>16}", fmt::format("{:.3f} {}{}", bytes / unit.scale, unit.name, busiest ? "*" : " "));
     }
     out += "\n";
   }
