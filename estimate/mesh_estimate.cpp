@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "zest/core/check.h"
+#include "zest/core/units.h"
 #include "zest/estimate/count_text.h"
 
 namespace zest {
@@ -82,11 +83,27 @@ std::string format_mesh_table(const TransformerShape& shape, const EstimateOptio
     }
     out += "\n";
   }
+  out += "*: the busiest stage (the largest peak), what each rank must fit.\n";
+  if (table.device_bytes) {
+    // Whether the busiest rank fits, at its peak with the runtime reserve.
+    // The largest model that fits a mesh is not searched: the table below
+    // leaves out its rows, which scale one replica's units.
+    const int64_t device = *table.device_bytes;
+    out += fmt::format("{:<52}", fmt::format("fits {:.3g} GB = {}", static_cast<double>(device) / 1e9,
+                                            format_bytes(device)));
+    for (const MeshEstimate& m : per_zero) {
+      const MemoryEstimate& e = m.busiest_estimate();
+      out += fmt::format("{:>16}", e.peak_bytes + e.runtime_reserve_bytes <= device ? "yes" : "no");
+    }
+    out += fmt::format("   the busiest stage's peak + {} runtime reserve\n",
+                       format_bytes(per_zero.front().busiest_estimate().runtime_reserve_bytes));
+  }
   const MeshEstimate& last = per_zero.back();
-  out += fmt::format("*: the busiest stage (the largest peak), what each rank must fit.\n\n"
-                     "pipeline stage {} ({}), a rank of it:\n",
-                     last.busiest, stage_role(last.busiest, last.busiest, pp));
-  out += format_estimate_table(last.stage_models[static_cast<size_t>(last.busiest)], options, table);
+  out += fmt::format("\npipeline stage {} ({}), a rank of it:\n", last.busiest,
+                     stage_role(last.busiest, last.busiest, pp));
+  TableOptions one_rank = table;
+  one_rank.device_bytes.reset();
+  out += format_estimate_table(last.stage_models[static_cast<size_t>(last.busiest)], options, one_rank);
   return out;
 }
 

@@ -44,9 +44,10 @@ MeshEstimate estimate_mesh_memory(const TransformerShape& shape, const EstimateO
 
 // The stages side by side for each ZeRO stage of `table.stages`: parameters
 // and model-state bytes of a rank of each pipeline stage (the middle ones,
-// all alike, on one line), the busiest marked; then the table of
+// all alike, on one line), the busiest marked, and with table.device_bytes
+// whether it fits (its peak and the runtime reserve); then the table of
 // format_estimate_table for the busiest stage's rank (of the last ZeRO
-// stage listed, where they differ).
+// stage listed, where they differ), without the largest-model rows.
 std::string format_mesh_table(const TransformerShape& shape, const EstimateOptions& options,
                               const TableOptions& table = {});
 

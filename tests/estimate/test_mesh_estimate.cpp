@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "../error_of.h"
+#include "zest/config/config.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/estimate/mesh_estimate.h"
 
@@ -132,6 +133,20 @@ TEST_CASE("GPT-3 175B in Megatron-LM's layout: the published bytes per parameter
     CHECK(first.model_state_bytes == 7'316'352'000 + 46'080);
     CHECK(first.model_state_bytes - first.padding_bytes == static_cast<int64_t>((6 + 12.0 / 12) * psi - 2 * psi));
   }
+}
+
+TEST_CASE("a DeepSpeed file's tensor_parallel.autotp_size and pipeline.stages are the mesh's tp and pp") {
+  AutoValues program;
+  program.optimizer = OptimizerConfig{};  // AdamW: the file has no optimizer section
+  program.scheduler = LrScheduleConfig{};
+  const EngineConfig config = parse_config_json(R"({"fp16": {"enabled": true}, "zero_optimization": {"stage": 0},
+      "tensor_parallel": {"autotp_size": 8}, "pipeline": {"stages": 16}})", program);
+  const EstimateOptions o = EstimateOptions::from_config(config, 12);
+  CHECK(o.world_size == 12);
+  CHECK(o.tp_size == 8);
+  CHECK(o.pp_size == 16);
+  CHECK(o.mesh_size() == 1536);
+  CHECK(estimate_mesh_memory(kGpt3, o).busiest_estimate().model_state_bytes == 23'412'326'400);
 }
 
 TEST_CASE("a split Megatron would refuse is named") {
