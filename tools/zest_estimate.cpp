@@ -196,7 +196,16 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
     if (app.count(f) > 0) flags[f] = values[f];
   }
   for (const auto& [f, alias] : kAliased) {
-    if (app.count(f) > 0) flags[f] = values[f];
+    if (app.count(f) == 0) continue;
+    flags[f] = values[f];
+    // The name the command line used, for messages: "as:--tp" -> the alias.
+    const std::string_view a = alias;
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == a || (arg.starts_with(a) && arg.size() > a.size() && arg[a.size()] == '=')) {
+        flags[std::string("as:") + f] = alias;
+      }
+    }
   }
   if (untied) flags["--untie-embeddings-and-output-weights"] = "";
   if (!links.empty()) flags["--link"] = fmt::format("{}", fmt::join(links, "\n"));
@@ -235,16 +244,26 @@ zest::ModelDescription units_file(const std::string& path) {
   }
 }
 
+// The name a flag with an alias was given by (--tp, or
+// --tensor-model-parallel-size), for messages.
+std::string shown(std::map<std::string, std::string>& flags, const std::string& flag) {
+  const auto it = flags.find("as:" + flag);
+  return it == flags.end() ? flag : it->second;
+}
+
 // --layers, --hidden-size, --heads, --vocab, --seq, --ffn-hidden-size and
 // --untie-embeddings-and-output-weights: the transformer, its split checked
-// against --tp and --pp with errors naming the flags.
+// against --tp and --pp with errors naming the flags as given.
 constexpr double kMaxWidth = 0x1p32;  // any real layer count or width, far from overflow
 zest::TransformerShape transformer_args(std::map<std::string, std::string>& flags, int tp, int pp) {
   const auto has = [&](const char* f) { return flags.count(f) != 0; };
   for (const char* f : {"--hidden-size", "--heads", "--vocab"}) {
-    if (!has(f)) usage_error("--layers needs {} too (the transformer's shape: --hidden-size, --heads, --vocab)", f);
+    if (!has(f)) {
+      usage_error("{} needs {} too (the transformer's shape: --hidden-size, --heads, --vocab)",
+                  shown(flags, "--layers"), f);
+    }
   }
-  const auto count = [&](const char* f, double lo) { return count_arg(f, flags[f], lo, kMaxWidth); };
+  const auto count = [&](const char* f, double lo) { return count_arg(shown(flags, f), flags[f], lo, kMaxWidth); };
   zest::TransformerShape t;
   t.layers = count("--layers", 1);
   t.hidden = count("--hidden-size", 1);
@@ -253,8 +272,11 @@ zest::TransformerShape transformer_args(std::map<std::string, std::string>& flag
   if (has("--seq")) t.positions = count("--seq", 0);
   if (has("--ffn-hidden-size")) t.ffn_hidden = count("--ffn-hidden-size", 1);
   t.tied_head = !has("--untie-embeddings-and-output-weights");
+  const std::string names[] = {shown(flags, "--layers"), shown(flags, "--heads"), shown(flags, "--vocab"),
+                               shown(flags, "--tp"), shown(flags, "--pp")};
   zest::check_transformer_split(t, tp, pp,
-                                {"--layers", "--hidden-size", "--heads", "--vocab", "--ffn-hidden-size", "--tp", "--pp"});
+                                {names[0].c_str(), "--hidden-size", names[1].c_str(), names[2].c_str(),
+                                 "--ffn-hidden-size", names[3].c_str(), names[4].c_str()});
   return t;
 }
 
@@ -370,7 +392,7 @@ int run(int argc, char** argv) {
                         "--untie-embeddings-and-output-weights"}) {
     if (has(f) && !has("--layers")) {
       usage_error("{} goes with a transformer given by --layers, --hidden-size, --heads and --vocab (a parameter "
-                  "count or a units file does not say what it splits)", f);
+                  "count or a units file does not say what it splits)", shown(flags, f));
     }
   }
   for (const char* f : {"--link", "--algorithm", "--traffic"}) {
@@ -480,8 +502,8 @@ int run(int argc, char** argv) {
                 "give it as a transformer (--layers, --hidden-size, --heads, --vocab); a parameter count or a units "
                 "file does not say what the split divides", flags["--config"], opt.tp_size, opt.pp_size);
   }
-  if (has("--tp")) opt.tp_size = static_cast<int>(count_arg("--tp", flags["--tp"], 1, 1 << 20));
-  if (has("--pp")) opt.pp_size = static_cast<int>(count_arg("--pp", flags["--pp"], 1, 1 << 20));
+  if (has("--tp")) opt.tp_size = static_cast<int>(count_arg(shown(flags, "--tp"), flags["--tp"], 1, 1 << 20));
+  if (has("--pp")) opt.pp_size = static_cast<int>(count_arg(shown(flags, "--pp"), flags["--pp"], 1, 1 << 20));
   if (opt.mesh_size() > (1 << 20)) {
     usage_error("--world {} x --tp {} x --pp {}: at most 1048576 ranks", opt.world_size, opt.tp_size, opt.pp_size);
   }
