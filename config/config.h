@@ -28,6 +28,9 @@
 //   - a key about something ZEST does not do (memory printouts, profilers,
 //     monitors, autotuning, stage-3 fetch heuristics...) is
 //     accepted, and listed in `ignored` with the reason;
+//   - the model's split (tensor_parallel.autotp_size, pipeline.stages) is
+//     read for the estimator and listed in `ignored`: the Engine takes the
+//     split from the program's DeviceMesh, not from the file;
 //   - a key that asks for a feature ZEST lacks (GPUDirect Storage,
 //     1-bit optimizers, curriculum learning, compression...) is
 //     refused with the feature's name;
