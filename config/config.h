@@ -28,9 +28,11 @@
 //   - a key about something ZEST does not do (memory printouts, profilers,
 //     monitors, autotuning, stage-3 fetch heuristics...) is
 //     accepted, and listed in `ignored` with the reason;
+//   - the model's split (tensor_parallel.autotp_size, pipeline.stages) is
+//     read for the estimator and listed in `ignored`: the Engine takes the
+//     split from the program's DeviceMesh, not from the file;
 //   - a key that asks for a feature ZEST lacks (GPUDirect Storage,
-//     1-bit optimizers, curriculum learning, activation
-//     checkpointing, pipeline or tensor parallelism, compression...) is
+//     1-bit optimizers, curriculum learning, compression...) is
 //     refused with the feature's name;
 //   - a key DeepSpeed itself would refuse is refused with the names allowed
 //     there and the nearest one ("did you mean").
@@ -353,6 +355,14 @@ struct EngineConfig {
   // calls deepspeed.checkpointing.checkpoint). The section's other keys are
   // noted with why they do not apply.
   bool checkpoint_in_host_memory = false;
+  // The model's split, as the file gives it: tensor_parallel.autotp_size
+  // (DeepSpeed's AutoTP) and pipeline.stages. The Engine does not act on
+  // them (the program builds its DeviceMesh and layers and passes
+  // mesh.engine_model_parallel() to Engine::set_model_parallel; both keys
+  // are noted in `ignored` saying so); EstimateOptions::from_config and
+  // zest-estimate take them as the mesh's tp and pp.
+  int tensor_parallel_size = 1;
+  int pipeline_stages = 1;
 
   // Keys of the file that ZEST accepted without acting on them, with the
   // reason, and the values its "auto" entries became: the Engine logs both

@@ -29,17 +29,6 @@ bool any_enabled(const json& v, int depth = 0) {
   return false;
 }
 
-bool tensor_parallel_on(const json& v) {
-  if (!v.is_object()) return is_on(v);
-  auto over_one = [](const json& n) { return n.is_number() && n.get<double>() > 1; };
-  if (v.contains("autotp_size") && over_one(v.at("autotp_size"))) return true;
-  for (const char* tp : {"tp", "tensor_parallel"}) {
-    if (v.contains(tp) && v.at(tp).is_object() && v.at(tp).contains("tp_size") && over_one(v.at(tp).at("tp_size")))
-      return true;
-  }
-  return false;
-}
-
 void read_ignored(Section& top) {
   top.ignore("memory_breakdown", "a memory printout: Engine::memory_report() gives it");
   top.ignore("dump_state", "prints DeepSpeed's state at start-up");
@@ -85,10 +74,8 @@ void read_refused(Section& top) {
                 "compression training (quantization, pruning, layer reduction)", "no compression is enabled");
   top.refuse_if("sparse_attention", [](const json& v) { return !v.is_null(); }, "DeepSpeed's sparse attention",
                 "");
-  top.refuse_if("pipeline", [](const json& v) { return !v.is_null(); }, "pipeline parallelism (pipeline)", "");
   top.refuse_if("elasticity", is_on, "elastic training (elasticity)", "elasticity is off");
   top.refuse_if("hybrid_engine", is_on, "the hybrid engine (RLHF generation)", "the hybrid engine is off");
-  top.refuse_if("tensor_parallel", tensor_parallel_on, "tensor parallelism (AutoTP)", "tensor parallel size 1");
   top.refuse_if("torch_autocast", is_on, "torch.autocast around the model's forward with fp32 parameters "
                 "(torch_autocast); ZEST does not run the forward: set fp16 or bf16 instead",
                 "torch_autocast is off");

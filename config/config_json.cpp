@@ -158,6 +158,7 @@ EngineConfig parse(std::string_view text, const AutoValues& program, const std::
   read_precision(top, file);
   read_optimizer(top, file);
   read_scheduler(top, file);
+  read_model_parallel(top, file);
   read_other_features(top, file);
   top.finish();
   const size_t problems = file.problems.size() + file.unlisted_problems;

@@ -25,6 +25,8 @@ void read_scheduler(Section& top, FileState& file);
 // aio: the NVMe tier's I/O settings; after read_zero (it notes the section
 // as ignored without an "nvme" device).
 void read_aio(Section& top, FileState& file);
+// tensor_parallel and pipeline: the model's split, for the estimator.
+void read_model_parallel(Section& top, FileState& file);
 // The top-level keys of DeepSpeed's that are about something ZEST does not
 // do (ignored, with the reason) or ask for a feature it lacks (refused).
 void read_other_features(Section& top, FileState& file);

@@ -360,7 +360,7 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   e.model_state_bytes = device_params + s.grads + device_master + device_state;
   e.peak_bytes = e.model_state_bytes + std::max({staging, backward, norm_sums});
   e.runtime_reserve_bytes =
-      options.runtime_reserve_bytes.value_or(default_runtime_reserve_bytes(options.world_size));
+      options.runtime_reserve_bytes.value_or(default_runtime_reserve_bytes(options.mesh_size()));
 
   // The same device states at Ψ' = Ψ, the offloaded fraction taken out.
   const double on_device = trainable_owned == 0 ? 1.0
@@ -472,6 +472,8 @@ EstimateOptions EstimateOptions::from_config(const EngineConfig& config, int wor
   o.state_dtype = config.optimizer_state_dtype();
   o.offload_optimizer = config.offload_optimizer;
   o.offload_param = config.offload_param;
+  o.tp_size = config.tensor_parallel_size;
+  o.pp_size = config.pipeline_stages;
   // The accumulation the engine would take at this world size.
   EngineConfig resolved = config;
   if (world_size >= 1) resolved.resolve_batch(world_size);
@@ -486,6 +488,11 @@ int64_t default_runtime_reserve_bytes(int world_size) {
 void EstimateOptions::validate() const {
   ZEST_CHECK(world_size >= 1, "world_size is {}: it must be at least 1 (the data-parallel ranks)",
              world_size);
+  ZEST_CHECK(tp_size >= 1 && pp_size >= 1,
+             "tp_size is {} and pp_size {}: each must be at least 1 (1: no tensor or pipeline parallelism)",
+             tp_size, pp_size);
+  ZEST_CHECK(static_cast<int64_t>(world_size) * tp_size * pp_size <= (int64_t{1} << 20),
+             "world_size {} x tp_size {} x pp_size {}: at most 2^20 ranks", world_size, tp_size, pp_size);
   ZEST_CHECK(runtime_reserve_bytes.value_or(0) >= 0,
              "runtime_reserve_bytes is {}: it must be >= 0 (the device bytes of the CUDA context and "
              "NCCL's buffers; leave it unset for the default)",

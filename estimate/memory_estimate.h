@@ -103,7 +103,15 @@ struct ModelDescription {
 ModelDescription parse_model_description(std::string_view text);
 
 struct EstimateOptions {
+  // The data-parallel ranks ZeRO shards over.
   int world_size = 1;
+  // The device mesh around them: world_size x tp_size x pp_size ranks.
+  // estimate_memory counts the units it is given, one rank's (a model
+  // split by tp and pp is described as a rank of one stage holds it), and
+  // takes the mesh for its runtime reserve only; estimate_mesh_memory
+  // (mesh_estimate.h) splits a transformer by them.
+  int tp_size = 1;
+  int pp_size = 1;
   // stage, mics_shard_size (MiCS: at stage 3 the model states are sharded
   // over groups of that many ranks, so the per-rank bytes are those of a
   // world of mics_shard_size ranks), zero_hpz_partition_size (hpZ: the
@@ -133,13 +141,17 @@ struct EstimateOptions {
   int live_units = 0;            // stage 3: full parameter buffers at once
   int grad_units_in_flight = 0;  // stages 2-3: full gradient buffers at once
   // Device bytes outside the engine's allocator (Note [runtime reserve]);
-  // unset, default_runtime_reserve_bytes(world_size).
+  // unset, default_runtime_reserve_bytes(mesh_size()).
   std::optional<int64_t> runtime_reserve_bytes;
 
-  // The options of a run of `config` on `world_size` ranks.
+  // The options of a run of `config` on `world_size` data-parallel ranks,
+  // the mesh's tp and pp from the file (tensor_parallel_size,
+  // pipeline_stages).
   static EstimateOptions from_config(const EngineConfig& config, int world_size);
   // Throws a zest::Error naming the bad field and the allowed values.
   void validate() const;
+  // Every rank of the mesh: world_size x tp_size x pp_size.
+  int mesh_size() const { return world_size * tp_size * pp_size; }
   // 1 at stage 0, the world size at stages 1-3.
   // With MiCS (zero.mics_shard_size at stage 3) the shard group's size.
   int partitions() const { return partitions_for(zero.stage, zero.shard_group_size(world_size)); }
@@ -342,6 +354,12 @@ size_t largest_fitting_model(int64_t device_bytes, const EstimateOptions& option
 std::string format_fit_table(const EstimateOptions& options, int64_t device_bytes, int64_t host_bytes,
                              size_t unit_numel, const std::vector<int>& stages = {0, 1, 2, 3},
                              std::optional<int64_t> nvme_bytes = std::nullopt);
+
+// Whether options.zero.stage allows the offload and precision choices of
+// `options`: offload_optimizer and bf16 master weights at stages 1-3,
+// offload_param at 3 (with the optimizer offloaded whole). The tables skip
+// the stages that do not.
+bool offload_allowed(const EstimateOptions& options);
 
 struct TableOptions {
   std::vector<int> stages = {0, 1, 2, 3};

@@ -9,44 +9,11 @@
 #include "zest/core/units.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/optim/exact_sum.h"
+#include "zest/estimate/count_text.h"
 #include "zest/estimate/memory_estimate.h"
 
 namespace zest {
 namespace {
-
-std::string with_commas(size_t n) {
-  const std::string digits = std::to_string(n);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
-// 7.50B, 13.4M: counts of parameters, as model sizes are usually quoted.
-std::string short_count(size_t n) {
-  const double v = static_cast<double>(n);
-  if (v >= 1e12) return fmt::format("{:.2f}T", v / 1e12);
-  if (v >= 1e9) return fmt::format("{:.2f}B", v / 1e9);
-  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
-  if (v >= 1e3) return fmt::format("{:.2f}K", v / 1e3);
-  return std::to_string(n);
-}
-
-// One decimal (SI) unit for the whole table, so columns compare at a glance;
-// GB for anything from 1e9 bytes up, as the paper gives its figures.
-struct SiUnit {
-  double scale;
-  const char* name;
-};
-
-SiUnit unit_for(double largest_bytes) {
-  if (largest_bytes >= 1e9) return {1e9, "GB"};
-  if (largest_bytes >= 1e6) return {1e6, "MB"};
-  if (largest_bytes >= 1e3) return {1e3, "kB"};
-  return {1.0, "B"};
-}
 
 constexpr int kLabelWidth = 24;
 constexpr int kCellWidth = 14;
@@ -94,6 +61,12 @@ double category(const MemoryEstimate& e, MemoryCategory c, bool peak) {
   return static_cast<double>(peak ? e[c].peak : e[c].persistent);
 }
 
+double transient(const MemoryEstimate& e, MemoryCategory c) {
+  return static_cast<double>(e[c].peak - e[c].persistent);
+}
+
+}  // namespace
+
 // The stages the offload and precision choices allow: offload_optimizer
 // and bf16 master weights at stages 1-3; offload_param at 3.
 bool offload_allowed(const EstimateOptions& o) {
@@ -101,12 +74,6 @@ bool offload_allowed(const EstimateOptions& o) {
   return ((!o.offloads_optimizer() && !bf16_master) || o.zero.stage >= 1) &&
          (!o.offloads_params() || (o.zero.stage == 3 && carries_offloaded_params(o.offload_optimizer)));
 }
-
-double transient(const MemoryEstimate& e, MemoryCategory c) {
-  return static_cast<double>(e[c].peak - e[c].persistent);
-}
-
-}  // namespace
 
 std::string ModelDescription::summary() const {
   const size_t n = num_units();
@@ -150,6 +117,11 @@ std::string format_estimate_table(const ModelDescription& model, const EstimateO
       o.gradient_accumulation_steps);
   out += "Ψ = parameters; Ψ' = elements with alignment and shard padding; s = Ψ'/N owned per rank "
          "(N = 1 at stage 0)\n";
+  if (o.tp_size * o.pp_size > 1) {
+    out += fmt::format("mesh: dp {} x tp {} x pp {} = {} ranks; the model is one rank's share of a pipeline stage, "
+                       "sharded by ZeRO over the N = {} data-parallel ranks\n",
+                       o.world_size, o.tp_size, o.pp_size, o.mesh_size(), o.world_size);
+  }
   if (const int s = o.zero.mics_shard_size; s > 0 && s < o.world_size) {
     out += fmt::format("MiCS: mics_shard_size {}: at stage 3 the model states are sharded over groups of {} ranks "
                        "(N = {} there) and replicated across the {} groups; stages 0-2 shard over all N ranks\n",
@@ -314,12 +286,12 @@ std::string format_fit_table(const EstimateOptions& options, int64_t device_byte
     choices.push_back({"nvme + param cpu", OffloadDevice::kNvme, true});
   }
   const int64_t reserve =
-      options.runtime_reserve_bytes.value_or(default_runtime_reserve_bytes(options.world_size));
+      options.runtime_reserve_bytes.value_or(default_runtime_reserve_bytes(options.mesh_size()));
   std::string out = fmt::format("largest Ψ that fits a device of {} and a host share of {}{} per rank, at the peak "
                                 "with {} kept for the CUDA context{} (N = {}; units of {})\n",
                                 format_bytes(device_bytes), format_bytes(host_bytes),
                                 nvme_bytes ? " and an NVMe share of " + format_bytes(*nvme_bytes) : std::string(),
-                                format_bytes(reserve), options.world_size > 1 ? " and NCCL" : "", options.world_size,
+                                format_bytes(reserve), options.mesh_size() > 1 ? " and NCCL" : "", options.world_size,
                                 unit_numel == 0 ? "one unit" : with_commas(unit_numel) + " parameters");
   out += fmt::format("{:<{}}", "", kLabelWidth);
   for (int stage : stages) out += fmt::format("{:>{}}", fmt::format("stage {}", stage), kCellWidth);

@@ -7,6 +7,7 @@
 //   zest-estimate --units model.txt --world 8 --dtype bf16 --device-memory 80GiB
 //   zest-estimate --params 13e9 --world 1 --device-memory 32GiB --host-memory 256GiB
 //   zest-estimate --params 7e9 --unit-numel 2e8 --hosts 16 --ranks-per-host 8 --link nvlink4 --link ib-ndr
+//   zest-estimate --layers 96 --hidden-size 12288 --heads 96 --vocab 51200 --seq 2048 --world 12 --tp 8 --pp 16
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -27,18 +28,33 @@
 #include "zest/core/file_io.h"
 #include "zest/estimate/cost_model.h"
 #include "zest/estimate/memory_estimate.h"
+#include "zest/estimate/mesh_estimate.h"
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: zest-estimate (--params N [--unit-numel N] | --units FILE) --world N [options]
+constexpr const char* kUsage = R"(usage: zest-estimate (--params N [--unit-numel N] | --units FILE | --layers N ...) --world N [options]
 
 model (one of):
   --params N               parameter count, e.g. 7.5e9 (one unit unless --unit-numel)
   --unit-numel N           with --params: units (layers, blocks) of N parameters each
   --units FILE             one unit per line "name numel [numel...]", or a JSON list of
                            [numel, ...] or {"name": ..., "params": [...], "count": n}
+  --layers N               a GPT as Megatron-LM builds it (learned positions, LayerNorm and biases,
+                           a GELU MLP, the head tied to the word embeddings), one unit a layer, with
+                           --hidden-size N, --heads N, --vocab N (padded as Megatron pads it) and
+                           optionally --seq N (position embeddings; default 0: none), --ffn-hidden-size
+                           N (default 4 x hidden) and --untie-embeddings-and-output-weights. Megatron's
+                           names are aliases: --num-layers, --num-attention-heads, --vocab-size,
+                           --max-position-embeddings
+mesh (with --layers):
+  --tp N                   tensor-parallel ranks (alias --tensor-model-parallel-size; default 1): attention,
+                           MLP and word embeddings split over them, norms and row-parallel biases whole
+  --pp N                   pipeline stages (alias --pipeline-model-parallel-size; default 1): layers / N
+                           each, the embeddings on the first, the final norm and head on the last. Prints
+                           each stage's rank side by side and the busiest one in full
 options:
-  --world N                data-parallel ranks (required, unless --hosts gives them)
+  --world N                data-parallel ranks, the ZeRO shards (required, unless --hosts gives them);
+                           the mesh has --world x --tp x --pp ranks
   --stage 0|1|2|3          show this stage only (default: all four side by side)
   --dtype fp16|bf16|fp32   compute dtype (default fp16, the ZeRO paper's)
   --optimizer adamw|adam|lamb|sgd|sgd-momentum   (default adamw)
@@ -74,11 +90,12 @@ options:
   --hpz-partition-size H   stage 3: ZeRO++ hpZ, a secondary copy of the parameters sharded over groups
                            of H ranks for the gathers after the first of each step (1: off)
   --config FILE            a DeepSpeed JSON config: stage, dtype, optimizer, accumulation,
-                           thresholds and buckets from it; the flags above override it
+                           thresholds and buckets from it, and with --layers tensor_parallel.autotp_size
+                           (or tp.tp_size) and pipeline.stages as --tp and --pp; the flags override it
   --micro-batch N          with --config: what "auto" micro-batch sizes take (train_batch_size
                            "auto" too, with --world and --accum)
-  --hidden-size N          with --config: the model's hidden size, for "auto" bucket sizes (as
-                           Hugging Face fills them: hidden^2, 0.9 hidden^2, 10 hidden)
+  --hidden-size N          with --layers, the transformer's; with --config, also for "auto" bucket sizes
+                           (as Hugging Face fills them: hidden^2, 0.9 hidden^2, 10 hidden)
   --total-steps N          with --config: what an "auto" scheduler total_num_steps takes
 communication (the cost model, estimate/cost_model.h):
   --hosts N                with --ranks-per-host R: a world of N x R ranks; prints, per mode (flat
@@ -150,10 +167,18 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
                                  "--offload-optimizer", "--offload-ratio", "--offload-param",
                                  "--host-memory", "--nvme-capacity", "--ranks-per-host", "--config", "--micro-batch",
                                  "--hidden-size", "--total-steps", "--mics-shard-size",
-                                 "--hpz-partition-size", "--hosts", "--algorithm"};
+                                 "--hpz-partition-size", "--hosts", "--algorithm", "--ffn-hidden-size"};
+  // Megatron-LM's argument names, as aliases: the value is kept under the first.
+  static const std::pair<const char*, const char*> kAliased[] = {
+      {"--tp", "--tensor-model-parallel-size"}, {"--pp", "--pipeline-model-parallel-size"},
+      {"--layers", "--num-layers"},             {"--heads", "--num-attention-heads"},
+      {"--vocab", "--vocab-size"},              {"--seq", "--max-position-embeddings"}};
   CLI::App app("zest-estimate");
   std::map<std::string, std::string> values;
   for (const char* f : kFlags) app.add_option(f, values[f]);
+  for (const auto& [f, alias] : kAliased) app.add_option(fmt::format("{},{}", f, alias), values[f]);
+  bool untied = false;
+  app.add_flag("--untie-embeddings-and-output-weights", untied);
   // --link, twice at most (intra and inter): kept as lines in one value.
   std::vector<std::string> links;
   bool traffic = false;
@@ -170,6 +195,19 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   for (const char* f : kFlags) {
     if (app.count(f) > 0) flags[f] = values[f];
   }
+  for (const auto& [f, alias] : kAliased) {
+    if (app.count(f) == 0) continue;
+    flags[f] = values[f];
+    // The name the command line used, for messages: "as:--tp" -> the alias.
+    const std::string_view a = alias;
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == a || (arg.starts_with(a) && arg.size() > a.size() && arg[a.size()] == '=')) {
+        flags[std::string("as:") + f] = alias;
+      }
+    }
+  }
+  if (untied) flags["--untie-embeddings-and-output-weights"] = "";
   if (!links.empty()) flags["--link"] = fmt::format("{}", fmt::join(links, "\n"));
   if (traffic) flags["--traffic"] = "";
   return flags;
@@ -204,6 +242,42 @@ zest::ModelDescription units_file(const std::string& path) {
   } catch (const zest::Error& e) {
     throw zest::Error(fmt::format("--units {}: {}", path, e.message()), e.file(), e.line());
   }
+}
+
+// The name a flag with an alias was given by (--tp, or
+// --tensor-model-parallel-size), for messages.
+std::string shown(std::map<std::string, std::string>& flags, const std::string& flag) {
+  const auto it = flags.find("as:" + flag);
+  return it == flags.end() ? flag : it->second;
+}
+
+// --layers, --hidden-size, --heads, --vocab, --seq, --ffn-hidden-size and
+// --untie-embeddings-and-output-weights: the transformer, its split checked
+// against --tp and --pp with errors naming the flags as given.
+constexpr double kMaxWidth = 0x1p32;  // any real layer count or width, far from overflow
+zest::TransformerShape transformer_args(std::map<std::string, std::string>& flags, int tp, int pp) {
+  const auto has = [&](const char* f) { return flags.count(f) != 0; };
+  for (const char* f : {"--hidden-size", "--heads", "--vocab"}) {
+    if (!has(f)) {
+      usage_error("{} needs {} too (the transformer's shape: --hidden-size, --heads, --vocab)",
+                  shown(flags, "--layers"), f);
+    }
+  }
+  const auto count = [&](const char* f, double lo) { return count_arg(shown(flags, f), flags[f], lo, kMaxWidth); };
+  zest::TransformerShape t;
+  t.layers = count("--layers", 1);
+  t.hidden = count("--hidden-size", 1);
+  t.heads = count("--heads", 1);
+  t.vocab = count("--vocab", 1);
+  if (has("--seq")) t.positions = count("--seq", 0);
+  if (has("--ffn-hidden-size")) t.ffn_hidden = count("--ffn-hidden-size", 1);
+  t.tied_head = !has("--untie-embeddings-and-output-weights");
+  const std::string names[] = {shown(flags, "--layers"), shown(flags, "--heads"), shown(flags, "--vocab"),
+                               shown(flags, "--tp"), shown(flags, "--pp")};
+  zest::check_transformer_split(t, tp, pp,
+                                {names[0].c_str(), "--hidden-size", names[1].c_str(), names[2].c_str(),
+                                 "--ffn-hidden-size", names[3].c_str(), names[4].c_str()});
+  return t;
 }
 
 // What a --config file's "auto" values take, as a Trainer would fill them:
@@ -310,8 +384,17 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (has("--params") == has("--units")) usage_error("give the model as --params N or --units FILE (one of them)");
+  if (int(has("--params")) + int(has("--units")) + int(has("--layers")) != 1) {
+    usage_error("give the model as --params N, --units FILE or --layers N (a transformer), one of them");
+  }
   if (has("--unit-numel") && !has("--params")) usage_error("--unit-numel goes with --params");
+  for (const char* f : {"--tp", "--pp", "--heads", "--vocab", "--seq", "--ffn-hidden-size",
+                        "--untie-embeddings-and-output-weights"}) {
+    if (has(f) && !has("--layers")) {
+      usage_error("{} goes with a transformer given by --layers, --hidden-size, --heads and --vocab (a parameter "
+                  "count or a units file does not say what it splits)", shown(flags, f));
+    }
+  }
   for (const char* f : {"--link", "--algorithm", "--traffic"}) {
     if (has(f) && !has("--hosts")) usage_error("{} goes with --hosts (the cost model's world)", f);
   }
@@ -333,7 +416,10 @@ int run(int argc, char** argv) {
   }
   zest::EstimateOptions opt;
   for (const char* f : {"--micro-batch", "--hidden-size", "--total-steps"}) {
-    if (has(f) && !has("--config")) usage_error("{} goes with --config (it fills the file's \"auto\" values)", f);
+    if (has(f) && !has("--config") && !(has("--layers") && std::string_view(f) == "--hidden-size")) {
+      usage_error("{} goes with --config (it fills the file's \"auto\" values){}", f,
+                  std::string_view(f) == "--hidden-size" ? ", or with --layers (the transformer's width)" : "");
+    }
   }
   if (has("--config")) {
     zest::EngineConfig config;
@@ -409,11 +495,35 @@ int run(int argc, char** argv) {
                            ? static_cast<int>(count_arg("--ranks-per-host", flags["--ranks-per-host"], 1, world))
                            : world;
 
+  // A --config file's tensor_parallel.autotp_size and pipeline.stages split
+  // only a transformer.
+  if (!has("--layers") && opt.tp_size * opt.pp_size > 1) {
+    usage_error("--config {} splits the model over tp {} x pp {} (tensor_parallel.autotp_size, pipeline.stages): "
+                "give it as a transformer (--layers, --hidden-size, --heads, --vocab); a parameter count or a units "
+                "file does not say what the split divides", flags["--config"], opt.tp_size, opt.pp_size);
+  }
+  if (has("--tp")) opt.tp_size = static_cast<int>(count_arg(shown(flags, "--tp"), flags["--tp"], 1, 1 << 20));
+  if (has("--pp")) opt.pp_size = static_cast<int>(count_arg(shown(flags, "--pp"), flags["--pp"], 1, 1 << 20));
+  if (opt.mesh_size() > (1 << 20)) {
+    usage_error("--world {} x --tp {} x --pp {}: at most 1048576 ranks", opt.world_size, opt.tp_size, opt.pp_size);
+  }
+  std::optional<zest::TransformerShape> transformer;
+  if (has("--layers")) transformer = transformer_args(flags, opt.tp_size, opt.pp_size);
+  if (has("--hosts") && opt.tp_size * opt.pp_size > 1) {
+    usage_error("--hosts (the cost model) is for data parallelism: not yet with --tp {} and --pp {}", opt.tp_size,
+                opt.pp_size);
+  }
+  if (transformer && opt.tp_size * opt.pp_size > 1) {
+    if (has("--host-memory")) usage_error("--host-memory (the largest model that fits) is not yet for a mesh of --tp or --pp > 1");
+    std::fputs(zest::format_mesh_table(*transformer, opt, table).c_str(), stdout);
+    return 0;
+  }
   const zest::ModelDescription model =
-      has("--params") ? zest::ModelDescription::from_total(
-                            count_arg("--params", flags["--params"], 1),
-                            has("--unit-numel") ? count_arg("--unit-numel", flags["--unit-numel"], 1) : 0)
-                      : units_file(flags["--units"]);
+      transformer       ? zest::transformer_stage_model(*transformer, 1, 1, 0)
+      : has("--params") ? zest::ModelDescription::from_total(
+                              count_arg("--params", flags["--params"], 1),
+                              has("--unit-numel") ? count_arg("--unit-numel", flags["--unit-numel"], 1) : 0)
+                        : units_file(flags["--units"]);
   if (has("--hosts")) {
     std::fputs(cost_table(model, opt, topology, flags).c_str(), stdout);
     return 0;

@@ -157,8 +157,6 @@ TEST_CASE("a feature ZEST lacks is refused by name, never as an unknown key") {
       {R"({"scheduler": {"type": "StepLR"}})", "torch.optim.lr_scheduler.StepLR"},
       {R"({"curriculum_learning": {"enabled": true}})", "curriculum learning"},
       {R"({"sparse_gradients": true})", "sparse gradients"},
-      {R"({"pipeline": {"stages": 2}})", "pipeline parallelism"},
-      {R"({"tensor_parallel": {"autotp_size": 2}})", "tensor parallelism (AutoTP)"},
       {R"({"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": true}}}})",
        "compression training"},
       {R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})", "ZeRO++ quantized weight gathers"},
@@ -204,6 +202,27 @@ TEST_CASE("activation_checkpointing: cpu_checkpointing honoured, the other keys 
   CHECK_FALSE(test::parse(R"({"activation_checkpointing": {"profile": true}})").checkpoint_in_host_memory);
   CHECK(error_of(R"({"activation_checkpointing": {"cpu_checkpionting": true}})").find("cpu_checkpionting") !=
         std::string::npos);
+}
+
+TEST_CASE("tensor_parallel and pipeline: the sizes kept for the estimator, the keys noted, typos refused") {
+  const EngineConfig c = test::parse(R"({"tensor_parallel": {"autotp_size": 8, "tp": {"tp_size": 8},
+      "preset_model": "llama"}, "pipeline": {"stages": 16, "partition": "parameters", "pipe_partitioned": true}})");
+  CHECK(c.tensor_parallel_size == 8);
+  CHECK(c.pipeline_stages == 16);
+  CHECK(ignored_reason(c, "tensor_parallel.autotp_size").find("ZEST splits no model from a file") != std::string::npos);
+  CHECK(ignored_reason(c, "pipeline.stages").find("PipelineModule(num_stages)") != std::string::npos);
+  CHECK(ignored_reason(c, "tensor_parallel.preset_model").find("AutoTP") != std::string::npos);
+  CHECK(ignored_reason(c, "pipeline.partition").find("PipelineModule") != std::string::npos);
+  // DeepSpeed's defaults: autotp_size 0 (off) and stages "auto", one stage.
+  const EngineConfig d = test::parse(R"({"tensor_parallel": {"autotp_size": 0}, "pipeline": {"stages": "auto"}})");
+  CHECK(d.tensor_parallel_size == 1);
+  CHECK(d.pipeline_stages == 1);
+  // tp.tp_size must be 1 or autotp_size, as DeepSpeed requires.
+  CHECK(error_of(R"({"tensor_parallel": {"autotp_size": 4, "tp": {"tp_size": 2}}})")
+            .find("tensor_parallel.tp.tp_size is 2 and tensor_parallel.autotp_size 4") != std::string::npos);
+  // The section is a pydantic model: a misspelt key is refused, as DeepSpeed refuses it.
+  CHECK(error_of(R"({"tensor_parallel": {"autotp_szie": 4}})").find("did you mean 'autotp_size'") != std::string::npos);
+  CHECK(error_of(R"({"pipeline": {"stages": 0}})").find("pipeline.stages is 0; allowed: 1 to") != std::string::npos);
 }
 
 TEST_CASE("keys about what ZEST does not do are accepted and listed with the reason") {
