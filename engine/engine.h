@@ -538,16 +538,23 @@ class Engine {
   // the full parameters when they are resident, else the shard buffer.
   std::byte* owned_params(int unit) const;
   // zero_optimization.offload_param at stage 3: the shards of the units
-  // gathered on demand live in the host allocator.
+  // gathered on demand live in the host allocator or, device nvme past
+  // max_in_cpu, in a swap file (shard_in_swap).
   bool offloads_params() const {
-    return config_.offload_param.device == OffloadDevice::kCpu && config_.zero.stage == 3;
+    return config_.offload_param.device != OffloadDevice::kNone && config_.zero.stage == 3;
   }
+  // offload_param nvme: unit u's shard is in the parameter swap file
+  // (engine/param_swap.h), with no address of its own.
+  bool shard_in_swap(int unit) const;
+  // finalize(): the parameter swap file, where offload_param nvme puts shards.
+  void make_param_swap();
   // engine_gather.cpp
   void materialize(int unit);
   void drop(int unit);
   bool reused_soon(int unit) const;
   size_t micro_step_end() const;
   void prefetch_after(size_t trace_pos);
+  void read_ahead(size_t trace_pos, size_t end);
   void follow_trace(int unit);
   // engine_grads.cpp
   void flush_reductions();

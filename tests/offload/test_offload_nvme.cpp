@@ -232,7 +232,7 @@ struct HostPart {
       grad[i] = noise(3, static_cast<uint32_t>(i), 4);
     }
   }
-  OffloadUnit unit() { return {0, n, bytes(grad), bytes(params), &runs}; }
+  OffloadUnit unit() { return {0, n, bytes(grad), bytes(params), &runs, {}}; }
   void step(OptimizerOffload& off, int64_t t) {
     const OffloadUnit u = unit();
     const std::vector<float> decay{0.05f};
