@@ -407,11 +407,15 @@ void Engine::make_param_swap() {
   for (int u = 0; u < L.num_units(); ++u) {
     if (im.units[static_cast<size_t>(u)].resident) continue;
     const UnitLayout& U = L.unit(u);
-    // DeepSpeed's flat CPU buffer: the first shards while they add up to
-    // at most max_in_cpu; the sum goes on over the units on NVMe, so every
-    // unit after the first that does not fit is on NVMe too.
-    in_cpu += U.shard;
-    if (static_cast<int64_t>(in_cpu) <= c.max_in_cpu) continue;
+    // DeepSpeed's flat CPU buffer of the optimizer's parameter groups: the
+    // first trainable shards while they add up to at most max_in_cpu; the
+    // sum goes on over the units on NVMe, so every unit after the first
+    // that does not fit is on NVMe too. Frozen units are in no optimizer
+    // group: they stay on NVMe, where DeepSpeed's partitioning put them.
+    if (!U.frozen) {
+      in_cpu += U.shard;
+      if (static_cast<int64_t>(in_cpu) <= c.max_in_cpu) continue;
+    }
     ZEST_CHECK(static_cast<int64_t>(U.shard) <= c.buffer_size,
                "zero_optimization.offload_param.buffer_size is {} elements, but unit '{}' keeps a shard of {} "
                "elements on NVMe, which must fit one buffer (DeepSpeed asserts the same); set buffer_size to at "

@@ -92,7 +92,7 @@
 // device run. A failed transfer throws an Error naming the file and the
 // operation, and leaves the rank as before the step: master weights, state
 // and parameters (Note [a failed NVMe step], engine_step.cpp). Not with
-// delayed_update; offload_param "nvme" is refused.
+// delayed_update.
 //
 // offload_param (device "cpu", stage 3, with offload_optimizer "cpu" or
 // "nvme" at ratio 1): the parameter shards of the units gathered on demand live in the
@@ -101,6 +101,22 @@
 // writes the new shard where it lives. The device then holds parameters only
 // while units are gathered (and the persistent units), as ZeRO-Infinity's
 // CPU offload does; the bits are those of a run without it.
+//
+// offload_param device "nvme" (ZeRO-Infinity's parameter tier; stage 3,
+// with offload_optimizer "nvme" at ratio 1): as "cpu" for the trainable
+// shards that add up to at most max_in_cpu elements; the others, and the
+// frozen ones, live in a second swap file per rank under
+// offload_param.nvme_path (engine/param_swap.h). A gather reads the shard
+// into one of buffer_count host buffers (of the largest such shard; a shard
+// over buffer_size elements is refused by name), and the prefetcher reads
+// the units next in the recorded order ahead into the free ones; the step's
+// host update writes each new shard back beside the current one, current
+// once the step succeeded on every rank, so a failed step leaves the
+// parameters as its master weights are rolled back to. The bits are those
+// of offload_param "cpu" and of no offload. A read that fails at a gather
+// throws on its rank (naming the file and the operation) with nothing
+// gathered; the other ranks then wait in that gather's all-gather until the
+// communicator's timeout, as for any rank that stops between collectives.
 //
 //   // zest-example: prelude=training
 //   // A "device" of 64 MiB, as the host backend's tests model one.
@@ -178,10 +194,12 @@ struct MemoryReport {
   // The NVMe tier (offload_optimizer device nvme): the bytes of this rank's
   // swap file by category, kMasterWeights its master fields and
   // kOptimizerState the rest (state buffers and the records' alignment),
-  // both regions (engine/offload_swap.h); the file's size is fixed, so
-  // current and peak are equal. All zero without it. host_swap_buffers:
-  // of the host allocator's comm_buffers, the swap ring's block (Note [swap
-  // ring in the host allocator] in engine/offload_swap.h).
+  // both regions (engine/offload_swap.h), and with offload_param nvme
+  // kParameters the parameter swap file (engine/param_swap.h); the files'
+  // sizes are fixed, so current and peak are equal. All zero without them.
+  // host_swap_buffers: of the host allocator's comm_buffers, the swap
+  // ring's block (Note [swap ring in the host allocator] in
+  // engine/offload_swap.h) and the parameter swap pool's.
   std::array<Entry, kNumMemoryCategories> nvme_by_category{};
   int64_t host_swap_buffers = 0;
   const Entry& nvme(MemoryCategory c) const { return nvme_by_category[category_index(c)]; }

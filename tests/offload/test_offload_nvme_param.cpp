@@ -19,6 +19,7 @@
 #include "checkpoint/temp_dir.h"
 #include "engine/engine_harness.h"
 #include "error_of.h"
+#include "offload/memory_as_estimated.h"
 #include "zest/config/config.h"
 #include "zest/engine/offload_swap.h"
 #include "zest/nvme/swap_file.h"
@@ -38,6 +39,13 @@ void nvme_model(Engine& engine) {
   engine.add_unit("c", {{"c.w", {11, 3}}});
   engine.add_unit("mid", {{"mid.w", {40, 50}}});
   engine.add_unit("tail", {{"tail.w", {33, 29}}, {"tail.b", {33}, "no_decay"}});
+}
+
+// nvme_model, as the estimator describes it.
+ModelDescription nvme_model_description() {
+  ModelDescription m;
+  m.units = {{"a", {91, 7}, 1}, {"big", {6720, 96}, 1}, {"c", {33}, 1}, {"mid", {2000}, 1}, {"tail", {957, 33}, 1}};
+  return m;
 }
 
 EngineConfig stage3(bool bf16) {
@@ -143,12 +151,17 @@ TEST_CASE("offload_param nvme equals offload_param cpu and no offload bit for bi
       // max_in_cpu.
       for (const int64_t max_in_cpu : {int64_t{0}, int64_t{256}}) {
         CAPTURE(max_in_cpu);
-        const std::vector<Run> nvme = run(offloaded(config, OffloadDevice::kNvme, dir.str(), max_in_cpu), world, 3);
+        const EngineConfig nvme_config = offloaded(config, OffloadDevice::kNvme, dir.str(), max_in_cpu);
+        const std::vector<Run> nvme = run(nvme_config, world, 3);
         check_same_run(nvme, cpu);
+        const MemoryEstimate e =
+            estimate_memory(nvme_model_description(), EstimateOptions::from_config(nvme_config, world));
         for (const Run& r : nvme) {
-          // The shards past max_in_cpu are in the file, not in host memory.
+          // The shards past max_in_cpu are in the file, not in host memory;
+          // device, host and NVMe bytes as estimated.
           CHECK(r.memory.nvme(MemoryCategory::kParameters).current > 0);
           CHECK((r.memory.host(MemoryCategory::kParameters).current > 0) == (max_in_cpu > 0));
+          check_memory_as_estimated(r.memory, e);
         }
         CHECK(files_in(dir.str()) == 0);
       }
