@@ -21,6 +21,7 @@
 #include "config/config_test_helpers.h"
 #include "engine/engine_harness.h"
 #include "offload/memory_as_estimated.h"
+#include "offload/nvme_test_helpers.h"
 #include "error_of.h"
 #include "zest/config/config.h"
 #include "zest/engine/optimizer_offload.h"
@@ -55,12 +56,6 @@ void check_same_run(const std::vector<RankResult>& got, const std::vector<RankRe
       CHECK(got[r].steps[s].applied == want[r].steps[s].applied);
     }
   }
-}
-
-size_t files_in(const std::string& dir) {
-  size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename().string().starts_with(kSwapFilePrefix);
-  return n;
 }
 
 // A model of larger units than register_model's, so the host part is many
@@ -319,17 +314,6 @@ class FailingRead : public AioBackend {
   std::atomic<int>& countdown_;
   std::set<AioHandle> failing_;
 };
-
-// Every unit's gathered compute-dtype parameters, as bytes.
-std::vector<std::vector<std::byte>> gathered_params(Engine& engine) {
-  std::vector<std::vector<std::byte>> out;
-  for (int u = 0; u < engine.layout().num_units(); ++u) {
-    const UnitHandle h = engine.gather(u);
-    const auto* p = static_cast<const std::byte*>(h.data());
-    out.emplace_back(p, p + engine.layout().unit(u).padded * elem_size(engine.compute_dtype()));
-  }
-  return out;
-}
 
 }  // namespace
 

@@ -17,9 +17,11 @@
 #include <set>
 
 #include "checkpoint/temp_dir.h"
+#include "config/config_test_helpers.h"
 #include "engine/engine_harness.h"
 #include "error_of.h"
 #include "offload/memory_as_estimated.h"
+#include "offload/nvme_test_helpers.h"
 #include "zest/config/config.h"
 #include "zest/engine/offload_swap.h"
 #include "zest/nvme/swap_file.h"
@@ -70,23 +72,6 @@ EngineConfig offloaded(EngineConfig c, OffloadDevice device, const std::string& 
     c.offload_param.max_in_cpu = max_in_cpu;
   }
   return c;
-}
-
-size_t files_in(const std::string& dir) {
-  size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename().string().starts_with(kSwapFilePrefix);
-  return n;
-}
-
-// Every unit's gathered compute-dtype parameters, as bytes.
-std::vector<std::vector<std::byte>> gathered_params(Engine& engine) {
-  std::vector<std::vector<std::byte>> out;
-  for (int u = 0; u < engine.layout().num_units(); ++u) {
-    const UnitHandle h = engine.gather(u);
-    const auto* p = static_cast<const std::byte*>(h.data());
-    out.emplace_back(p, p + engine.layout().unit(u).padded * elem_size(engine.compute_dtype()));
-  }
-  return out;
 }
 
 struct Run {
@@ -362,4 +347,105 @@ TEST_CASE("offload_param nvme: a failed write in the step throws on every rank, 
     CHECK(files_in(dir.str()) == 0);
   }
   set_offload_swap_io({});
+}
+
+namespace {
+
+// DeepSpeedExamples' ZeRO-Infinity configuration, byte for byte
+// (microsoft/DeepSpeedExamples, Megatron-LM-v1.1.5-ZeRO3/examples/
+// ds_zero_stage_infinity_config.json at 7d936b35ecf400c2a40395ddd067c51d6761ee04):
+// the optimizer and the parameters on NVMe, one element in CPU memory.
+constexpr const char* kInfinityConfig = R"({
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 1,
+  "steps_per_print": 1,
+  "zero_optimization": {
+    "stage": 3,
+    "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e8,
+    "stage3_param_persitance_threshold": 1e5,
+    "stage3_prefetch_bucket_size": 5e7,
+    "contiguous_gradients": true,
+    "overlap_comm": true,
+    "reduce_bucket_size": 90000000,
+    "sub_group_size": 1e8,
+    "offload_optimizer": {
+      "device": "nvme",
+      "nvme_path": "/nvme_data",
+      "buffer_count": 4,
+      "pipeline_read": false,
+      "pipeline_write": false,
+      "pin_memory": true
+    },
+    "offload_param": {
+      "device": "nvme",
+      "nvme_path": "/nvme_data",
+      "max_in_cpu": 1,
+      "pin_memory": true
+    }
+  },
+  "gradient_clipping": 1.0,
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 1024,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1
+  },
+  "wall_clock_breakdown": true,
+  "zero_allow_untested_optimizer": false,
+  "aio": {
+    "block_size": 1048576,
+    "queue_depth": 16,
+    "single_submit": false,
+    "overlap_events": true,
+    "thread_count": 2
+  }
+})";
+
+}  // namespace
+
+TEST_CASE("DeepSpeedExamples' ZeRO-Infinity file: its NVMe values honoured, and it trains as with the parameters in host memory") {
+  // The file misspells stage3_param_persistence_threshold, which DeepSpeed
+  // skipped silently when the file was written: refused, naming the key.
+  const std::string refused = error_of(std::string(kInfinityConfig), ds_config_program());
+  CAPTURE(refused);
+  CHECK(refused.find("stage3_param_persitance_threshold") != std::string::npos);
+  CHECK(refused.find("stage3_param_persistence_threshold") != std::string::npos);
+  // As its authors meant it (the key spelled right), it loads with its
+  // values.
+  std::string json = kInfinityConfig;
+  const std::string typo = "persitance";
+  json.replace(json.find(typo), typo.size(), "persistence");
+  EngineConfig config = parse_config_json(json, ds_config_program());
+  REQUIRE(config.zero.stage == 3);
+  CHECK(config.offload_optimizer.device == OffloadDevice::kNvme);
+  CHECK(config.offload_optimizer.buffer_count == 4);
+  CHECK(config.offload_param.device == OffloadDevice::kNvme);
+  CHECK(config.offload_param.nvme_path == "/nvme_data");
+  CHECK(config.offload_param.max_in_cpu == 1);
+  CHECK(config.offload_param.pin_memory);
+  CHECK(config.offload_param.buffer_count == 5);  // DeepSpeed's defaults
+  CHECK(config.offload_param.buffer_size == 100'000'000);
+  CHECK(config.aio.queue_depth == 16);
+  CHECK(config.aio.intra_op_parallelism == 2);
+  CHECK(config.fp16.enabled);
+  // Trained here: the swap files in a scratch directory, and the units
+  // gathered on demand (the file's threshold of 1e5 would keep this small
+  // model whole).
+  TempDir dir;
+  config.offload_optimizer.nvme_path = dir.str();
+  config.offload_param.nvme_path = dir.str();
+  config.zero.stage3_param_persistence_threshold = 40;
+  EngineConfig reference = config;
+  reference.offload_param.device = OffloadDevice::kCpu;
+  const std::vector<Run> want = run(reference, 2, 3);
+  const std::vector<Run> got = run(config, 2, 3);
+  check_same_run(got, want);
+  for (const Run& r : got) {
+    // max_in_cpu 1: no shard fits, all four are on NVMe.
+    CHECK(r.memory.host(MemoryCategory::kParameters).current == 0);
+    CHECK(r.memory.nvme(MemoryCategory::kParameters).current > 0);
+  }
+  CHECK(files_in(dir.str()) == 0);
 }
