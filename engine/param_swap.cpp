@@ -86,10 +86,11 @@ void ParamSwap::finish_read(int b) {
   Slot& s = slots_[static_cast<size_t>(b)];
   const AioResult r = io_->wait(*s.handle);
   s.handle.reset();
-  const int unit = s.unit;
-  if (r.ok(round_up(bytes_of(unit), file_.alignment()))) return;
+  const size_t bytes = round_up(bytes_of(s.unit), file_.alignment());
+  if (r.ok(bytes)) return;
+  const uint64_t offset = s.offset;
   s = Slot{};
-  check_io(r, file_, AioOp::kRead, slot_offset(unit, current_[idx(unit)]), round_up(bytes_of(unit), file_.alignment()));
+  check_io(r, file_, AioOp::kRead, offset, bytes);
 }
 
 bool ParamSwap::start_read(int unit) {
@@ -108,7 +109,6 @@ bool ParamSwap::start_read(int unit) {
 
 std::span<const std::byte> ParamSwap::acquire(int unit) {
   int b = buffer_of(unit);
-  if (b >= 0 && slots_[static_cast<size_t>(b)].state == State::kReading) ++ahead_used_;
   if (b < 0) {
     if (free_buffer() < 0) drop_reads();  // reads ahead give way to a gather off the recorded order
     ZEST_INTERNAL_ASSERT(start_read(unit), "no free parameter swap buffer of {} for unit {}", slots_.size(), unit);

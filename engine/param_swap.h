@@ -108,8 +108,6 @@ class ParamSwap {
   uint64_t host_buffer_bytes() const { return memory_.size_bytes(); }
   size_t buffer_bytes() const { return buffer_bytes_; }
   int buffer_count() const { return static_cast<int>(buffers_.size()); }
-  // Reads started ahead so far that a gather then used (for tests).
-  int64_t reads_ahead_used() const { return ahead_used_; }
 
  private:
   enum class State { kFree, kReading, kHeld };
@@ -143,7 +141,6 @@ class ParamSwap {
   std::vector<std::byte*> buffers_;
   std::vector<Slot> slots_;
   int update_buffer_ = -1;  // put_update's, while a unit's values come in
-  int64_t ahead_used_ = 0;
 };
 
 }  // namespace zest

@@ -162,7 +162,7 @@ TEST_CASE("memory_report: offload_param keeps the parameter shards in the host a
   CHECK(both.memory[MemoryCategory::kGradients].current == opt_only.memory[MemoryCategory::kGradients].current);
 }
 
-TEST_CASE("offload_param device nvme runs with offload_optimizer nvme only; without it the engine says so by name") {
+TEST_CASE("offload_param device nvme runs with offload_optimizer nvme only, and without it the engine says so by name") {
   // It runs (test_offload_nvme_param.cpp) where the master weights are on
   // the drive too, whose previous values undo a step that failed to write
   // the parameters.

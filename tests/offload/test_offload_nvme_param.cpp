@@ -221,6 +221,14 @@ TEST_CASE("offload_param nvme: buffer_size and buffer_count it cannot run are er
   CHECK(error_of([&] { run(config, 1, 1); }).starts_with("zero_optimization.offload_param.buffer_count is 0: it "
                                                            "must be at least 1"));
   CHECK(files_in(dir.str()) == 0);
+  // The parameters' directory is their own: a missing one is named.
+  config.offload_param.buffer_count = 2;
+  config.offload_param.nvme_path = (dir.path / "missing").string();
+  const std::string missing = error_of([&] { run(config, 1, 1); });
+  CAPTURE(missing);
+  CHECK(missing.find(config.offload_param.nvme_path) != std::string::npos);
+  CHECK(files_in(dir.str()) == 0);
+  config.offload_param.nvme_path = dir.str();
   // With the optimizer in host memory a failed write could not be undone.
   config.offload_param.buffer_count = 2;
   config.offload_optimizer.device = OffloadDevice::kCpu;
