@@ -159,6 +159,9 @@ void Engine::prefetch_after(size_t trace_pos) {
   Impl& im = *impl_;
   size_t ahead = 0;
   const size_t end = micro_step_end();
+  // The reads of the units about to be gathered go out together, so that
+  // the drive works on them at once rather than one gather after another.
+  if (im.param_swap) read_ahead(trace_pos, end);
   for (size_t i = trace_pos; i < end; ++i) {
     const int v = im.trace[i];
     UnitState& st = im.units[static_cast<size_t>(v)];
@@ -179,7 +182,8 @@ void Engine::prefetch_after(size_t trace_pos) {
 // offload_param nvme: the shards in the swap file of the units next in the
 // recorded order that are not gathered yet, read into the pool's free
 // buffers (at most buffer_count reads at once, DeepSpeed's bound), so that
-// their gathers find them in host memory.
+// their gathers (the prefetch's, or the caller's past the prefetch window)
+// find them in host memory or on their way.
 void Engine::read_ahead(size_t trace_pos, size_t end) {
   Impl& im = *impl_;
   int started = 0;

@@ -269,6 +269,62 @@ thread_local int files_made = 0;
 
 }  // namespace
 
+namespace {
+
+// The I/O of an engine's parameter swap file: a thread pool's, counting the
+// most reads in flight at once (submitted, not yet waited for).
+class CountingReads : public AioBackend {
+ public:
+  explicit CountingReads(std::atomic<int>& most)
+      : inner_(make_aio_backend({}, {.kind = AioBackendKind::kThreadPool})), most_(most) {}
+  std::string_view name() const override { return "counting reads"; }
+  AioHandle submit(const AioRequest& r) override {
+    const AioHandle h = inner_->submit(r);
+    if (r.op == AioOp::kRead) {
+      reads_.insert(h);
+      most_ = std::max<int>(most_, static_cast<int>(reads_.size()));
+    }
+    return h;
+  }
+  AioResult wait(AioHandle h) override {
+    reads_.erase(h);
+    return inner_->wait(h);
+  }
+
+ private:
+  std::unique_ptr<AioBackend> inner_;
+  std::atomic<int>& most_;
+  std::set<AioHandle> reads_;
+};
+
+}  // namespace
+
+TEST_CASE("offload_param nvme: the prefetcher has buffer_count reads in flight at most, and that many") {
+  // Four units on NVMe; the recorded order (from the second step) is read
+  // ahead into every free buffer, with or without a prefetch window.
+  std::atomic<int> most{0};
+  set_offload_swap_io([&]() -> std::shared_ptr<AioBackend> {
+    if (++files_made % 2 == 1) return make_aio_backend({}, {.kind = AioBackendKind::kThreadPool});
+    return std::make_shared<CountingReads>(most);
+  });
+  TempDir dir;
+  for (const int64_t window : {int64_t{0}, int64_t{50'000'000}}) {
+    for (const int buffers : {1, 2, 3}) {
+      CAPTURE(window);
+      CAPTURE(buffers);
+      EngineConfig config = offloaded(stage3(false), OffloadDevice::kNvme, dir.str());
+      config.zero.stage3_prefetch_bucket_size = window;
+      config.zero.stage3_max_reuse_distance = 0;
+      config.offload_param.buffer_count = buffers;
+      most = 0;
+      files_made = 0;
+      (void)run(config, 1, 3);
+      CHECK(most == buffers);
+    }
+  }
+  set_offload_swap_io({});
+}
+
 TEST_CASE("offload_param nvme: a failed read at a gather throws naming the file, and the gather again succeeds") {
   std::atomic<int> countdown{0};
   // The parameters' file is an engine's second (after the optimizer's).
