@@ -5,9 +5,11 @@
 // offload_param cpu and of no offload at all, on 1, 2 and 4 in-process ranks,
 // fp32 and bf16, with units kept whole by the persistence threshold, units
 // in host memory by max_in_cpu, and more units on NVMe than buffers; the
-// file's bytes in memory_report(); buffer_size and buffer_count refused by
+// file's bytes in memory_report(), as estimated; buffer_count reads in
+// flight at most, and that many; buffer_size and buffer_count refused by
 // name; a failed read at a gather and a failed write in the step are errors
-// naming the file and the operation that leave the rank as it was.
+// naming the file and the operation that leave the rank as it was;
+// DeepSpeedExamples' ZeRO-Infinity file loads with its values and trains.
 #include <doctest/doctest.h>
 
 #include <array>
