@@ -515,3 +515,27 @@ TEST_CASE("DeepSpeedExamples' ZeRO-Infinity file: its NVMe values honoured, and 
   }
   CHECK(files_in(dir.str()) == 0);
 }
+
+TEST_CASE("offload_param nvme: fp16 with an overflow step skipped writes nothing back, and the bits are CPU offload's") {
+  // register_model's units, all gathered on demand, on NVMe; step 1's
+  // gradients overflow, so it is skipped: no shard is written, none changes.
+  TempDir dir;
+  EngineConfig config = base_config(3);
+  config.optimizer.kind = OptimizerKind::kAdam;
+  config.fp16.enabled = true;
+  config.fp16.initial_scale_power = 8;
+  RunOptions opt = runs(2, 4);
+  opt.backward.poison = [](int64_t step, int) { return step == 1; };
+  const std::vector<RankResult> want = run_engine(offloaded(config, OffloadDevice::kCpu, dir.str()), opt);
+  const std::vector<RankResult> got = run_engine(offloaded(config, OffloadDevice::kNvme, dir.str()), opt);
+  for (size_t r = 0; r < got.size(); ++r) {
+    CAPTURE(r);
+    check_same(got[r].params, want[r].params);
+    REQUIRE(got[r].steps.size() == 4);
+    CHECK_FALSE(got[r].steps[1].applied);
+    CHECK(got[r].steps[3].applied);
+    CHECK(got[r].steps[3].grad_norm == want[r].steps[3].grad_norm);
+    CHECK(got[r].memory.nvme(MemoryCategory::kParameters).current > 0);
+  }
+  CHECK(files_in(dir.str()) == 0);
+}
