@@ -1,6 +1,7 @@
 #include "zest/engine/param_swap.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -58,9 +59,13 @@ ParamSwap::ParamSwap(const ParamSwapConfig& config, CachingAllocator& host, std:
 }
 
 ParamSwap::~ParamSwap() {
-  // The kernel must be done with the buffers before they go.
+  // The kernel must be done with the buffers before they go. A back end
+  // that cannot wait any more (its queue failed) has nothing in flight.
   for (Slot& s : slots_) {
-    if (s.handle) (void)io_->wait(*s.handle);
+    try {
+      if (s.handle) (void)io_->wait(*s.handle);
+    } catch (...) {
+    }
   }
 }
 
@@ -111,7 +116,8 @@ std::span<const std::byte> ParamSwap::acquire(int unit) {
   int b = buffer_of(unit);
   if (b < 0) {
     if (free_buffer() < 0) drop_reads();  // reads ahead give way to a gather off the recorded order
-    ZEST_INTERNAL_ASSERT(start_read(unit), "no free parameter swap buffer of {} for unit {}", slots_.size(), unit);
+    const bool started = start_read(unit);
+    ZEST_INTERNAL_ASSERT(started, "no free parameter swap buffer of {} for unit {}", slots_.size(), unit);
     b = buffer_of(unit);
   }
   Slot& s = slots_[static_cast<size_t>(b)];
