@@ -289,37 +289,9 @@ TEST_CASE("an I/O failure in the nvme step throws naming the file and the operat
   }
 }
 
-namespace {
-
-// The engine's swap files' I/O (set_offload_swap_io): a thread pool's,
-// whose read number `countdown` (counting from its setting) fails with EIO.
-class FailingRead : public AioBackend {
- public:
-  explicit FailingRead(std::atomic<int>& countdown)
-      : inner_(make_aio_backend({}, {.kind = AioBackendKind::kThreadPool})), countdown_(countdown) {}
-  std::string_view name() const override { return "failing read"; }
-  AioHandle submit(const AioRequest& r) override {
-    const AioHandle h = inner_->submit(r);
-    if (r.op == AioOp::kRead && countdown_ > 0 && --countdown_ == 0) failing_.insert(h);
-    return h;
-  }
-  AioResult wait(AioHandle h) override {
-    AioResult result = inner_->wait(h);
-    if (failing_.erase(h) > 0) result.error = EIO;
-    return result;
-  }
-
- private:
-  std::unique_ptr<AioBackend> inner_;
-  std::atomic<int>& countdown_;
-  std::set<AioHandle> failing_;
-};
-
-}  // namespace
-
 TEST_CASE("a failed nvme step() throws and leaves the rank as before it, and the step again has the bits of CPU offload") {
   std::atomic<int> countdown{0};
-  set_offload_swap_io([&] { return std::make_shared<FailingRead>(countdown); });
+  set_offload_swap_io([&] { return std::make_shared<FailingIo>(AioOp::kRead, countdown); });
   for (const bool bf16 : {false, true}) {
     for (const double ratio : {1.0, 0.5}) {
       CAPTURE(bf16);
@@ -368,7 +340,7 @@ thread_local int this_rank = 0;
 
 TEST_CASE("a failed nvme step on one rank of 2 throws on both, each keeps the state before it, and the step again has the bits of CPU offload") {
   std::array<std::atomic<int>, 2> countdown{};
-  set_offload_swap_io([&] { return std::make_shared<FailingRead>(countdown[static_cast<size_t>(this_rank)]); });
+  set_offload_swap_io([&] { return std::make_shared<FailingIo>(AioOp::kRead, countdown[static_cast<size_t>(this_rank)]); });
   for (const int stage : {2, 3}) {
     CAPTURE(stage);
     // Rank 1 fails at stage 2, rank 0 at stage 3.

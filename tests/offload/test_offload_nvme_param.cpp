@@ -240,38 +240,10 @@ TEST_CASE("offload_param nvme: buffer_size and buffer_count it cannot run are er
 
 namespace {
 
-// The I/O of an engine's parameter swap file (set_offload_swap_io: the
-// engine's second file, after the optimizer's): a thread pool's whose
-// `op` number `countdown` (counting from its setting) fails.
-class Failing : public AioBackend {
- public:
-  Failing(AioOp op, std::atomic<int>& countdown)
-      : inner_(make_aio_backend({}, {.kind = AioBackendKind::kThreadPool})), op_(op), countdown_(countdown) {}
-  std::string_view name() const override { return "failing"; }
-  AioHandle submit(const AioRequest& r) override {
-    const AioHandle h = inner_->submit(r);
-    if (r.op == op_ && countdown_ > 0 && --countdown_ == 0) failed_.insert(h);
-    return h;
-  }
-  AioResult wait(AioHandle h) override {
-    AioResult result = inner_->wait(h);
-    if (failed_.erase(h) > 0) result.error = op_ == AioOp::kWrite ? ENOSPC : EIO;
-    return result;
-  }
-
- private:
-  std::unique_ptr<AioBackend> inner_;
-  AioOp op_;
-  std::atomic<int>& countdown_;
-  std::set<AioHandle> failed_;
-};
-
+// The parameters' swap file is an engine's second (after the optimizer's):
+// set_offload_swap_io's factory counts this thread's files.
 thread_local int this_rank = 0;
 thread_local int files_made = 0;
-
-}  // namespace
-
-namespace {
 
 // The I/O of an engine's parameter swap file: a thread pool's, counting the
 // most reads in flight at once (submitted, not yet waited for).
@@ -332,7 +304,7 @@ TEST_CASE("offload_param nvme: a failed read at a gather throws naming the file,
   // The parameters' file is an engine's second (after the optimizer's).
   set_offload_swap_io([&]() -> std::shared_ptr<AioBackend> {
     if (++files_made % 2 == 1) return make_aio_backend({}, {.kind = AioBackendKind::kThreadPool});
-    return std::make_shared<Failing>(AioOp::kRead, countdown);
+    return std::make_shared<FailingIo>(AioOp::kRead, countdown);
   });
   TempDir dir;
   // Released units go at once (no reuse distance) and none is gathered
@@ -371,7 +343,7 @@ TEST_CASE("offload_param nvme: a failed write in the step throws on every rank, 
   std::array<std::atomic<int>, 2> countdown{};
   set_offload_swap_io([&]() -> std::shared_ptr<AioBackend> {
     if (++files_made % 2 == 1) return make_aio_backend({}, {.kind = AioBackendKind::kThreadPool});
-    return std::make_shared<Failing>(AioOp::kWrite, countdown[static_cast<size_t>(this_rank)]);
+    return std::make_shared<FailingIo>(AioOp::kWrite, countdown[static_cast<size_t>(this_rank)]);
   });
   for (const int world : {1, 2}) {
     CAPTURE(world);
