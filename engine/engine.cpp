@@ -29,16 +29,10 @@ namespace {
 EngineConfig checked(EngineConfig c, const Communicator& comm) {
   ZEST_CHECK(c.zero.stage >= 0 && c.zero.stage <= 3,
              "zero_optimization.stage is {}: allowed values are 0, 1, 2 and 3", c.zero.stage);
-  // offload_optimizer "nvme" runs (the host part's state in a swap file:
-  // engine/offload_swap.h); offload_param "nvme" does not yet.
-  ZEST_CHECK(c.offload_param.device != OffloadDevice::kNvme,
-             "zero_optimization.offload_param.device is \"nvme\": ZEST offloads the optimizer to NVMe "
-             "(offload_optimizer.device \"nvme\") but not the parameters yet; set offload_param.device to \"cpu\" "
-             "to keep them in host memory");
   const bool offloads_optimizer = c.offload_optimizer.device != OffloadDevice::kNone;
   c.resolve_batch(comm.size());
   check_hierarchical(c.zero, offloads_optimizer,
-                     c.offload_param.device == OffloadDevice::kCpu, comm.size());
+                     c.offload_param.device != OffloadDevice::kNone, comm.size());
   ZEST_CHECK(!c.zero.reduce_at_accumulation_boundary || c.zero.stage <= 1,
              "zero.reduce_at_accumulation_boundary is on at stage {}: stages 2-3 keep only the owned "
              "shard of the gradients between micro-steps, so they reduce every micro-step; turn it "
@@ -82,21 +76,35 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
                "update runs over the whole host part at once, which the swap file's buffer ring streams chunk by "
                "chunk; turn delayed_update off, or use device \"cpu\"");
   }
-  if (c.offload_param.device == OffloadDevice::kCpu && c.zero.stage == 3) {
+  if (c.offload_param.device != OffloadDevice::kNone && c.zero.stage == 3) {
     // Note [offload_param runs with the optimizer on the host]. The host
     // optimizer is then the only writer of the offloaded parameter shards,
     // so no device kernel ever reads or writes host memory (which on CUDA
     // would need mapped pinned memory); every real configuration seen that
     // offloads parameters offloads the optimizer too (ZeRO-Infinity's).
+    const char* const optimizer = c.offload_optimizer.device == OffloadDevice::kCpu    ? "cpu"
+                                  : c.offload_optimizer.device == OffloadDevice::kNvme ? "nvme"
+                                                                                       : "none";
+    if (c.offload_param.device == OffloadDevice::kNvme) {
+      // Note [parameter swap regions] (engine/param_swap.h): a step whose
+      // write of the parameters to the drive fails is undone with the
+      // optimizer's roll back of the master weights, which only a master on
+      // the drive has (its two regions); one in host memory is updated in
+      // place, and would be left a step ahead of the parameters.
+      ZEST_CHECK(c.offload_optimizer.device == OffloadDevice::kNvme && c.offload_optimizer.ratio >= 1.0,
+                 "zero_optimization.offload_param (device nvme) needs offload_optimizer {{\"device\": \"nvme\"}} with "
+                 "ratio 1 in ZEST: its host optimizer writes the parameters, and a step that fails to write them to "
+                 "the drive is undone with the master weights' previous values, which only the optimizer's swap file "
+                 "keeps; this config has offload_optimizer device {}, ratio {}: set offload_optimizer.device to "
+                 "\"nvme\" (with its nvme_path), or offload_param.device to \"cpu\"",
+                 optimizer, c.offload_optimizer.ratio);
+    }
     ZEST_CHECK(carries_offloaded_params(c.offload_optimizer),
                "zero_optimization.offload_param (device cpu) needs offload_optimizer {{\"device\": \"cpu\"}} (or "
                "\"nvme\") with ratio 1 in ZEST, whose host optimizer then writes the offloaded parameters; this config has "
                "offload_optimizer device {}, ratio {}: add offload_optimizer {{\"device\": \"cpu\"}}, or set "
                "offload_param.device to \"none\"",
-               c.offload_optimizer.device == OffloadDevice::kCpu    ? "cpu"
-               : c.offload_optimizer.device == OffloadDevice::kNvme ? "nvme"
-                                                                    : "none",
-               c.offload_optimizer.ratio);
+               optimizer, c.offload_optimizer.ratio);
   }
   return c;
 }
@@ -164,7 +172,7 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
     own_host_allocator_ = std::make_unique<CachingAllocator>(pinned ? make_cuda_pinned_allocator() : make_host_allocator());
     host_allocator_ = own_host_allocator_.get();
   }
-  if (config_.offload_param.device == OffloadDevice::kCpu && config_.zero.stage < 3 && comm.rank() == 0) {
+  if (config_.offload_param.device != OffloadDevice::kNone && config_.zero.stage < 3 && comm.rank() == 0) {
     ZEST_LOG_INFO("config: offload_param ignored: DeepSpeed offloads parameters only at stage 3; this is stage {}",
                   config_.zero.stage);
   }
@@ -369,6 +377,45 @@ void check_same_model(Communicator& control, const std::string& text, CachingAll
 
 }  // namespace
 
+// offload_param nvme (engine/param_swap.h): the units gathered on demand
+// whose shards max_in_cpu leaves out of host memory, in a swap file. Refuses
+// a shard larger than offload_param.buffer_size by name, as DeepSpeed's
+// swapper asserts it.
+void Engine::make_param_swap() {
+  Impl& im = *impl_;
+  const ModelLayout& L = *im.layout;
+  const OffloadParamConfig& c = config_.offload_param;
+  if (!offloads_params() || c.device != OffloadDevice::kNvme) return;
+  std::vector<size_t> in_file(static_cast<size_t>(L.num_units()), 0);
+  size_t in_cpu = 0;
+  bool any = false;
+  for (int u = 0; u < L.num_units(); ++u) {
+    if (im.units[static_cast<size_t>(u)].resident) continue;
+    const UnitLayout& U = L.unit(u);
+    // DeepSpeed's flat CPU buffer of the optimizer's parameter groups: the
+    // first trainable shards while they add up to at most max_in_cpu; the
+    // sum goes on over the units on NVMe, so every unit after the first
+    // that does not fit is on NVMe too. Frozen units are in no optimizer
+    // group: they stay on NVMe, where DeepSpeed's partitioning put them.
+    if (!U.frozen) {
+      in_cpu += U.shard;
+      if (static_cast<int64_t>(in_cpu) <= c.max_in_cpu) continue;
+    }
+    ZEST_CHECK(static_cast<int64_t>(U.shard) <= c.buffer_size,
+               "zero_optimization.offload_param.buffer_size is {} elements, but unit '{}' keeps a shard of {} "
+               "elements on NVMe, which must fit one buffer (DeepSpeed asserts the same); set buffer_size to at "
+               "least {}, or raise max_in_cpu to keep the unit in host memory",
+               c.buffer_size, U.name, U.shard, U.shard);
+    in_file[static_cast<size_t>(u)] = U.shard;
+    any = true;
+  }
+  if (!any) return;
+  im.param_swap = std::make_unique<ParamSwap>(
+      ParamSwapConfig{c.nvme_path, static_cast<int>(c.buffer_count), static_cast<size_t>(c.buffer_size),
+                      comm_.rank(), compute_dtype_, config_.aio},
+      *host_allocator_, std::move(in_file));
+}
+
 void Engine::finalize(const Initializer& init, InitFrom from) {
   check_borrowed("finalize()");
   ZEST_CHECK(impl_->layout == nullptr, "finalize() called twice");
@@ -428,16 +475,21 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   }
 
   im.units.resize(static_cast<size_t>(L.num_units()));
+  for (int u = 0; u < L.num_units(); ++u) {
+    im.units[static_cast<size_t>(u)].resident = resident_unit(stage, partitions, offloads_params(), L.unit(u).numel,
+                                                              config_.zero.stage3_param_persistence_threshold);
+  }
+  make_param_swap();
   Buffer staging;
   std::vector<float> host;
   for (int u = 0; u < L.num_units(); ++u) {
     const UnitLayout& unit = L.unit(u);
     UnitState& st = im.units[static_cast<size_t>(u)];
     st.ready.emplace(comm_.device());
-    st.resident = resident_unit(stage, partitions, offloads_params(), unit.numel,
-                                config_.zero.stage3_param_persistence_threshold);
     if (st.resident) {
       st.params_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kParameters);
+    } else if (shard_in_swap(u)) {
+      // No address: its values are written to the swap file below.
     } else if (shard_on_host(u)) {
       st.params_shard = host_allocator_->allocate_buffer(unit.shard * bc, Stream::default_for(Device::host()),
                                                          MemoryCategory::kParameters);
@@ -605,6 +657,13 @@ MemoryReport Engine::memory_report() const {
     r.nvme_by_category[category_index(MemoryCategory::kMasterWeights)] = {master, master};
     r.nvme_by_category[category_index(MemoryCategory::kOptimizerState)] = {rest, rest};
     r.host_swap_buffers = static_cast<int64_t>(swap.host_buffer_bytes());
+  }
+  if (impl_->param_swap) {
+    // Both slots of every shard in the file (Note [parameter swap regions]),
+    // and the pool's block of comm_buffers.
+    const auto file = static_cast<int64_t>(impl_->param_swap->file_bytes());
+    r.nvme_by_category[category_index(MemoryCategory::kParameters)] = {file, file};
+    r.host_swap_buffers += static_cast<int64_t>(impl_->param_swap->host_buffer_bytes());
   }
   const ProcessMemory process = process_memory();
   r.process_rss = process.rss;

@@ -92,7 +92,7 @@
 // device run. A failed transfer throws an Error naming the file and the
 // operation, and leaves the rank as before the step: master weights, state
 // and parameters (Note [a failed NVMe step], engine_step.cpp). Not with
-// delayed_update; offload_param "nvme" is refused.
+// delayed_update.
 //
 // offload_param (device "cpu", stage 3, with offload_optimizer "cpu" or
 // "nvme" at ratio 1): the parameter shards of the units gathered on demand live in the
@@ -101,6 +101,22 @@
 // writes the new shard where it lives. The device then holds parameters only
 // while units are gathered (and the persistent units), as ZeRO-Infinity's
 // CPU offload does; the bits are those of a run without it.
+//
+// offload_param device "nvme" (ZeRO-Infinity's parameter tier; stage 3,
+// with offload_optimizer "nvme" at ratio 1): as "cpu" for the trainable
+// shards that add up to at most max_in_cpu elements; the others, and the
+// frozen ones, live in a second swap file per rank under
+// offload_param.nvme_path (engine/param_swap.h). A gather reads the shard
+// into one of buffer_count host buffers (of the largest such shard; a shard
+// over buffer_size elements is refused by name), and the prefetcher reads
+// the units next in the recorded order ahead into the free ones; the step's
+// host update writes each new shard back beside the current one, current
+// once the step succeeded on every rank, so a failed step leaves the
+// parameters as its master weights are rolled back to. The bits are those
+// of offload_param "cpu" and of no offload. A read that fails at a gather
+// throws on its rank (naming the file and the operation) with nothing
+// gathered; the other ranks then wait in that gather's all-gather until the
+// communicator's timeout, as for any rank that stops between collectives.
 //
 //   // zest-example: prelude=training
 //   // A "device" of 64 MiB, as the host backend's tests model one.
@@ -178,10 +194,12 @@ struct MemoryReport {
   // The NVMe tier (offload_optimizer device nvme): the bytes of this rank's
   // swap file by category, kMasterWeights its master fields and
   // kOptimizerState the rest (state buffers and the records' alignment),
-  // both regions (engine/offload_swap.h); the file's size is fixed, so
-  // current and peak are equal. All zero without it. host_swap_buffers:
-  // of the host allocator's comm_buffers, the swap ring's block (Note [swap
-  // ring in the host allocator] in engine/offload_swap.h).
+  // both regions (engine/offload_swap.h), and with offload_param nvme
+  // kParameters the parameter swap file (engine/param_swap.h); the files'
+  // sizes are fixed, so current and peak are equal. All zero without them.
+  // host_swap_buffers: of the host allocator's comm_buffers, the swap
+  // ring's block (Note [swap ring in the host allocator] in
+  // engine/offload_swap.h) and the parameter swap pool's.
   std::array<Entry, kNumMemoryCategories> nvme_by_category{};
   int64_t host_swap_buffers = 0;
   const Entry& nvme(MemoryCategory c) const { return nvme_by_category[category_index(c)]; }
@@ -538,16 +556,23 @@ class Engine {
   // the full parameters when they are resident, else the shard buffer.
   std::byte* owned_params(int unit) const;
   // zero_optimization.offload_param at stage 3: the shards of the units
-  // gathered on demand live in the host allocator.
+  // gathered on demand live in the host allocator or, device nvme past
+  // max_in_cpu, in a swap file (shard_in_swap).
   bool offloads_params() const {
-    return config_.offload_param.device == OffloadDevice::kCpu && config_.zero.stage == 3;
+    return config_.offload_param.device != OffloadDevice::kNone && config_.zero.stage == 3;
   }
+  // offload_param nvme: unit u's shard is in the parameter swap file
+  // (engine/param_swap.h), with no address of its own.
+  bool shard_in_swap(int unit) const;
+  // finalize(): the parameter swap file, where offload_param nvme puts shards.
+  void make_param_swap();
   // engine_gather.cpp
   void materialize(int unit);
   void drop(int unit);
   bool reused_soon(int unit) const;
   size_t micro_step_end() const;
   void prefetch_after(size_t trace_pos);
+  void read_ahead(size_t trace_pos, size_t end);
   void follow_trace(int unit);
   // engine_grads.cpp
   void flush_reductions();

@@ -86,9 +86,24 @@ void Engine::materialize(int unit) {
   im.handoff->record(stream_);
   im.comm().wait(*im.handoff);
   // An offloaded shard comes to the device first, into this rank's slot of
-  // the full buffer, which the all-gather then reads in place.
+  // the full buffer, which the all-gather then reads in place; from a swap
+  // file, through a buffer of its pool (read ahead by the prefetcher, or
+  // now), which is the pool's again once the copy is done.
   const void* shard = st.params_shard.data();
-  if (shard_on_host(unit)) {
+  if (shard_in_swap(unit)) {
+    std::span<const std::byte> values;
+    try {
+      values = im.param_swap->acquire(unit);
+    } catch (...) {
+      st.params_full = Buffer();  // not gathered: the next gather reads again
+      throw;
+    }
+    std::byte* slot = owned_part(st.params_full, unit);
+    copy_bytes(im.comm(), slot, values.data(), values.size());
+    im.comm().synchronize();
+    im.param_swap->release(unit);
+    shard = slot;
+  } else if (shard_on_host(unit)) {
     std::byte* slot = owned_part(st.params_full, unit);
     copy_bytes(im.comm(), slot, shard, U.shard * elem_size(compute_dtype_));
     shard = slot;
@@ -144,6 +159,9 @@ void Engine::prefetch_after(size_t trace_pos) {
   Impl& im = *impl_;
   size_t ahead = 0;
   const size_t end = micro_step_end();
+  // The reads of the units about to be gathered go out together, so that
+  // the drive works on them at once rather than one gather after another.
+  if (im.param_swap) read_ahead(trace_pos, end);
   for (size_t i = trace_pos; i < end; ++i) {
     const int v = im.trace[i];
     UnitState& st = im.units[static_cast<size_t>(v)];
@@ -157,6 +175,23 @@ void Engine::prefetch_after(size_t trace_pos) {
     if (static_cast<int64_t>(ahead) > config_.zero.stage3_prefetch_bucket_size) break;
     if (static_cast<int64_t>(im.live_numel + n) > config_.zero.stage3_max_live_parameters) break;
     materialize(v);
+  }
+  if (im.param_swap) read_ahead(trace_pos, end);
+}
+
+// offload_param nvme: the shards in the swap file of the units next in the
+// recorded order that are not gathered yet, read into the pool's free
+// buffers (at most buffer_count reads at once, DeepSpeed's bound), so that
+// their gathers (the prefetch's, or the caller's past the prefetch window)
+// find them in host memory or on their way.
+void Engine::read_ahead(size_t trace_pos, size_t end) {
+  Impl& im = *impl_;
+  int started = 0;
+  for (size_t i = trace_pos; i < end && started < im.param_swap->buffer_count(); ++i) {
+    const int v = im.trace[i];
+    if (!shard_in_swap(v) || im.units[static_cast<size_t>(v)].params_full) continue;
+    if (!im.param_swap->start_read(v)) break;
+    ++started;
   }
 }
 

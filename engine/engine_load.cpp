@@ -37,6 +37,7 @@ bool Engine::shard_in_host_memory(int unit) {
   if (impl_->offload && impl_->offload->swap() && impl_->units[static_cast<size_t>(unit)].host_numel > 0) {
     return false;
   }
+  if (shard_in_swap(unit)) return false;  // likewise the parameters (offload_param nvme)
   if (stream_.device().is_host()) return true;
   if (!shard_on_host(unit)) return false;  // the parameters are on the device
   if (impl_->layout->unit(unit).frozen) return true;

@@ -148,6 +148,9 @@ void convert_across(const Stream& stream, CachingAllocator& allocator, const voi
 void Engine::widen_deferred_master(int unit) {
   UnitState& st = state(unit);
   if (!st.master_deferred) return;
+  // Deferred only where a load read into the parameters in place, which a
+  // shard in a swap file has no address for (shard_in_host_memory).
+  ZEST_INTERNAL_ASSERT(!shard_in_swap(unit), "unit {}: a deferred master over parameters in a swap file", unit);
   const size_t bc = elem_size(compute_dtype_);
   const std::byte* params = owned_params(unit);
   for (const ShardPiece& p : stored_shard_pieces(unit, 0)) {
@@ -195,26 +198,42 @@ bool Engine::shard_on_host(int unit) const {
   return offloads_params() && !impl_->units[static_cast<size_t>(unit)].resident;
 }
 
+bool Engine::shard_in_swap(int unit) const { return impl_->param_swap && impl_->param_swap->holds(unit); }
+
 // With offload_param a shard is in host memory, which device kernels do not
 // touch (Note [offload_param runs with the optimizer on the host]): it comes
-// and goes through a device buffer.
+// and goes through a device buffer; from a swap file, through host memory
+// first.
 const std::byte* Engine::readable_params(int unit, Buffer& temp) {
   if (!shard_on_host(unit)) return owned_params(unit);
   const size_t bytes = impl_->layout->unit(unit).shard * elem_size(compute_dtype_);
   temp = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kCommBuffers);
-  copy_bytes(stream_, temp.data(), owned_params(unit), bytes);
+  if (shard_in_swap(unit)) {
+    std::vector<std::byte> values(bytes);
+    impl_->param_swap->read(unit, 0, impl_->layout->unit(unit).shard, values.data());
+    copy_bytes(stream_, temp.data(), values.data(), bytes);
+    stream_.synchronize();  // before `values` goes
+  } else {
+    copy_bytes(stream_, temp.data(), owned_params(unit), bytes);
+  }
   return temp.as<std::byte>();
 }
 
 void Engine::narrow_into_shard(int unit, const float* src, size_t at, size_t n, std::byte* scratch) {
   const size_t bc = elem_size(compute_dtype_);
-  std::byte* dst = owned_params(unit) + at * bc;
   if (!shard_on_host(unit)) {
-    convert(stream_, src, DType::kFloat32, dst, compute_dtype_, n);
+    convert(stream_, src, DType::kFloat32, owned_params(unit) + at * bc, compute_dtype_, n);
     return;
   }
   convert(stream_, src, DType::kFloat32, scratch, compute_dtype_, n);
-  copy_bytes(stream_, dst, scratch, n * bc);
+  if (!shard_in_swap(unit)) {
+    copy_bytes(stream_, owned_params(unit) + at * bc, scratch, n * bc);
+    return;
+  }
+  std::vector<std::byte> values(n * bc);
+  copy_bytes(stream_, values.data(), scratch, n * bc);
+  stream_.synchronize();
+  impl_->param_swap->write(unit, at, at + n, values.data());
 }
 
 // A frozen unit's only buffer: its compute-dtype values, through an fp32
@@ -307,13 +326,21 @@ void Engine::params_from_master(int u) {
   std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
   std::vector<std::byte> staging;
   masters[0] = staged(u, 0, masters[0], masters[0].begin, masters[0].end, staging, /*read=*/true);
-  std::byte* params = owned_params(u);
+  // A shard in a swap file is narrowed into host memory, then written
+  // (offload_param nvme runs at ratio 1: its master is all on the host).
+  const bool swapped = shard_in_swap(u);
+  std::vector<std::byte> swapped_values(swapped ? impl_->layout->unit(u).shard * bc : 0);
+  std::byte* params = swapped ? swapped_values.data() : owned_params(u);
   for (const ShardPiece& m : masters) {
     // On the device the master is the parameters; from the host it is
     // copied (narrowed on the host where it is a copy of its own).
     if (master_is_params() && !m.host) continue;
     convert_across(stream_, allocator_, m.data, m.dtype, m.host, params + m.begin * bc, compute_dtype_,
                    shard_on_host(u), m.end - m.begin);
+  }
+  if (swapped) {
+    stream_.synchronize();
+    impl_->param_swap->write(u, 0, swapped_values.size() / bc, swapped_values.data());
   }
 }
 

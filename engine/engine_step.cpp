@@ -193,7 +193,9 @@ int agreed_failed_rank(Communicator& comm, CachingAllocator& alloc, const Stream
 void Engine::undo_offloaded_params() {
   try {
     for (int u = 0; u < impl_->layout->num_units(); ++u) {
-      if (impl_->units[static_cast<size_t>(u)].host_numel > 0) params_from_master(u);
+      // A shard in the parameter swap file was written to its other slot,
+      // which the step never made current (Note [parameter swap regions]).
+      if (impl_->units[static_cast<size_t>(u)].host_numel > 0 && !shard_in_swap(u)) params_from_master(u);
     }
     stream_.synchronize();
   } catch (const std::exception&) {
@@ -289,6 +291,9 @@ StepResult Engine::step() {
     }
   };
   const bool host_part = im.offload && known->finite != 0;
+  // Reads ahead of the parameter swap file hold values the step replaces;
+  // their buffers take the step's new values.
+  if (im.param_swap) im.param_swap->drop_reads();
   // Note [a failed NVMe step]: the host part in a swap file can fail (a
   // read, a write, a full drive) where host memory cannot. Its master
   // weights and state then stay as before the step (Note [offload swap
@@ -311,7 +316,14 @@ StepResult Engine::step() {
       if (L.unit(u).frozen) continue;
       const UnitState& st = im.units[static_cast<size_t>(u)];
       units.push_back({L.trainable_offset(u), st.host_numel, static_cast<const std::byte*>(reduced_grad(u)),
-                       owned_params(u), &st.runs});
+                       owned_params(u), &st.runs, {}});
+      if (shard_in_swap(u)) {
+        // Note [parameter swap regions]: to the unit's other slot, current
+        // once the step has succeeded everywhere.
+        units.back().put = [swap = im.param_swap.get(), u](size_t at, const std::byte* values, size_t n) {
+          swap->put_update(u, at, values, n);
+        };
+      }
     }
     std::vector<float> decay;
     for (const ParamGroupSpec& g : L.groups()) decay.push_back(g.weight_decay);
@@ -340,6 +352,7 @@ StepResult Engine::step() {
     }
     const int failed = agreed_failed_rank(comm_, allocator_, stream_, error != nullptr);
     if (failed > 0) {
+      if (im.param_swap) im.param_swap->discard();
       if (host_part && error == nullptr) im.offload->roll_back();
       if (host_part) undo_offloaded_params();
       if (error != nullptr) std::rethrow_exception(error);
@@ -352,10 +365,12 @@ StepResult Engine::step() {
     try {
       host_step();
     } catch (...) {
+      if (im.param_swap) im.param_swap->discard();
       if (host_first) undo_offloaded_params();
       throw;
     }
   }
+  if (im.param_swap) im.param_swap->commit();
   if (host_first) device_part();
   optimizer_timer.reset();
   gather_updated_params();

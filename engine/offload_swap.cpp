@@ -18,8 +18,7 @@ std::function<std::shared_ptr<AioBackend>()>& swap_io_for_tests() {
 
 std::shared_ptr<AioBackend> io_for(const OffloadSwapConfig& config) {
   if (config.io) return config.io;
-  if (swap_io_for_tests()) return swap_io_for_tests()();
-  return make_aio_backend(config.aio);
+  return make_swap_io(config.aio);
 }
 
 // The record size before the file's alignment is known: the fields only.
@@ -81,6 +80,11 @@ OffloadSwap::OffloadSwap(const OffloadSwapConfig& config, CachingAllocator& host
 }
 
 void set_offload_swap_io(std::function<std::shared_ptr<AioBackend>()> make) { swap_io_for_tests() = std::move(make); }
+
+std::shared_ptr<AioBackend> make_swap_io(const AioConfig& aio) {
+  if (swap_io_for_tests()) return swap_io_for_tests()();
+  return make_aio_backend(aio);
+}
 
 void OffloadSwap::update(const std::function<void(size_t chunk, const Chunk& buffers)>& update) {
   if (records_ == 0) return;

@@ -56,10 +56,14 @@ struct OffloadSwapConfig {
   std::shared_ptr<AioBackend> io;
 };
 
-// Test seam: the I/O engine of the swap files OffloadSwap makes from now
-// on in this process (an Engine's, whose config has no place for one), for
-// tests that inject failures; an empty function restores make_aio_backend.
+// Test seam: the I/O engine of the swap files OffloadSwap and ParamSwap
+// (engine/param_swap.h) make from now on in this process (an Engine's,
+// whose config has no place for one), for tests that inject failures; an
+// empty function restores make_aio_backend.
 void set_offload_swap_io(std::function<std::shared_ptr<AioBackend>()> make);
+// The I/O engine of a new swap file: the test seam's, else
+// make_aio_backend(aio).
+std::shared_ptr<AioBackend> make_swap_io(const AioConfig& aio);
 
 class OffloadSwap {
  public:

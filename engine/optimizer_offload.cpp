@@ -213,6 +213,11 @@ void OptimizerOffload::pipelined_step(const Stream& compute, const OptimizerConf
     for (const Piece& p : pieces[i]) {
       const void* src = params_from_master() ? static_cast<const void*>(master_.as<std::byte>() + p.begin * bc)
                              : static_cast<const void*>(param_slot_[i % 2].as<std::byte>() + (p.begin - a) * bc);
+      if (p.unit->put) {
+        // Host memory already, complete: update(i) wrote it on this thread.
+        p.unit->put(p.begin - p.unit->offset, static_cast<const std::byte*>(src), p.end - p.begin);
+        continue;
+      }
       h2d_.copy(p.unit->params + (p.begin - p.unit->offset) * bc, src, (p.end - p.begin) * bc);
     }
     stored[i] = h2d_.mark();
@@ -264,6 +269,7 @@ void OptimizerOffload::delayed_step(const Stream& compute, const OptimizerConfig
                                     std::span<const OffloadUnit> units, std::span<const float> group_decay,
                                     StepScalars scalars) {
   const size_t bc = elem_size(dtypes_.compute);
+  for (const OffloadUnit& u : units) ZEST_INTERNAL_ASSERT(!u.put, "a delayed update of parameters in a swap file");
   // The previous step's update has had the forward and backward to run in.
   join_update();
   delayed_units_.assign(units.begin(), units.end());

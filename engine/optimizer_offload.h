@@ -44,6 +44,7 @@
 #include <cstddef>
 #include <array>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <thread>
@@ -68,6 +69,10 @@ struct OffloadUnit {
   const std::byte* grad = nullptr;  // device: the reduced gradient shard
   std::byte* params = nullptr;      // device: the compute-dtype parameter shard
   const std::vector<GroupRun>* runs = nullptr;  // shard-relative
+  // Set instead of `params` (offload_param nvme: the shard is in a swap
+  // file, engine/param_swap.h): the new parameters [at, at + n) of the
+  // shard, host memory, handed over in order as each chunk is updated.
+  std::function<void(size_t at, const std::byte* values, size_t n)> put;
 };
 
 // Host wall-clock milliseconds of the pipeline's parts, summed over steps.

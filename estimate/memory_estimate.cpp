@@ -236,6 +236,49 @@ SwapBytes offload_swap_bytes(size_t host_numel, const EstimateOptions& o) {
           static_cast<int64_t>(record)};
 }
 
+// offload_param nvme (engine/param_swap.h, Engine::make_param_swap): the
+// trainable shards gathered on demand while they add up to at most
+// max_in_cpu stay in host memory; every later one, and every frozen one, is
+// in the swap file, two slots of its compute-dtype bytes padded to 4096
+// (Note [parameter swap regions]); the pool is buffer_count buffers of the
+// largest such shard, padded so, and 4096 bytes to align them.
+struct ParamSwapBytes {
+  int64_t host = 0;  // the shards left in host memory
+  int64_t file = 0;
+  int64_t pool = 0;
+};
+
+ParamSwapBytes param_swap_bytes(const ModelDescription& model, const std::vector<UnitSize>& units,
+                                const EstimateOptions& o) {
+  ParamSwapBytes out;
+  const size_t b = elem_size(o.compute_dtype);
+  const auto slot = [&](size_t shard) { return to_bytes((shard * b + kSwapRecordAlignment - 1) / kSwapRecordAlignment, kSwapRecordAlignment); };
+  size_t in_cpu = 0;
+  size_t largest = 0;
+  for (size_t e = 0; e < units.size(); ++e) {
+    const UnitSize& u = units[e];
+    if (u.resident) continue;
+    for (size_t c = 0; c < u.count; ++c) {
+      if (!u.frozen) {
+        in_cpu += u.shard;
+        if (static_cast<int64_t>(in_cpu) <= o.offload_param.max_in_cpu) {
+          out.host += to_bytes(u.shard, b);
+          continue;
+        }
+      }
+      ZEST_CHECK(static_cast<int64_t>(u.shard) <= o.offload_param.buffer_size,
+                 "offload_param.buffer_size is {} elements, but unit '{}' keeps a shard of {} elements on NVMe, "
+                 "which must fit one buffer (the engine refuses it, as DeepSpeed does); set buffer_size to at least "
+                 "{}, or raise max_in_cpu",
+                 o.offload_param.buffer_size, model.units[e].name, u.shard, u.shard);
+      out.file += 2 * slot(u.shard);
+      largest = std::max(largest, u.shard);
+    }
+  }
+  if (largest > 0) out.pool = o.offload_param.buffer_count * slot(largest) + static_cast<int64_t>(kSwapRecordAlignment);
+  return out;
+}
+
 // Parameter bytes of the units stage 3 shards (gathered on demand): what
 // offload_param moves to the host.
 template <typename T>
@@ -299,7 +342,17 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
     // allocator]); the engine stages single transfers in the ring.
     e.host_swap_buffer_bytes = o.offload_optimizer.buffer_count * swap.record + kSwapRecordAlignment;
   }
-  const int64_t host_params = o.offloads_params() ? sharded_param_bytes<int64_t>(units, o, true) : 0;
+  // Off the device; in host memory all of it with device cpu, with nvme
+  // the part max_in_cpu keeps there.
+  const int64_t offloaded_params = o.offloads_params() ? sharded_param_bytes<int64_t>(units, o, true) : 0;
+  int64_t host_params = offloaded_params;
+  if (o.offloads_params() && o.offload_param.device == OffloadDevice::kNvme) {
+    const ParamSwapBytes swap = param_swap_bytes(model, units, o);
+    host_params = swap.host;
+    e.nvme_by_category[category_index(MemoryCategory::kParameters)] = {swap.file, swap.file};
+    e.nvme_bytes += swap.file;
+    e.host_swap_buffer_bytes += swap.pool;
+  }
   const int64_t slots = offload_slot_bytes(e.host_numel, o);
   set_host(MemoryCategory::kParameters, host_params);
   set_host(MemoryCategory::kMasterWeights, host_master);
@@ -309,7 +362,7 @@ MemoryEstimate estimate_memory(const ModelDescription& model, const EstimateOpti
   e.host_peak_bytes = e.host_model_state_bytes + slots + e.host_swap_buffer_bytes;
   const int64_t device_master = master_is_params ? 0 : s.master - offloaded_master;
   const int64_t device_state = s.optimizer - offloaded_state;
-  const int64_t device_params = s.params - host_params;
+  const int64_t device_params = s.params - offloaded_params;
   // The frozen units' part of it, as MemoryReport::frozen_parameters: their
   // shards (full buffers when resident), none that offload_param moved.
   for (const UnitSize& u : units) {
@@ -518,10 +571,16 @@ void EstimateOptions::validate() const {
              zero.stage3_max_live_parameters, zero.stage3_max_reuse_distance);
   // What the engine refuses (engine.cpp), refused here rather than counted
   // as no offload.
-  ZEST_CHECK(offload_param.device != OffloadDevice::kNvme,
-             "offload_param.device is \"nvme\": the engine offloads the optimizer to NVMe but not the parameters, "
-             "so there is nothing to estimate; estimate offload_param.device \"cpu\" (or \"none\") with "
-             "offload_optimizer.device \"nvme\"");
+  ZEST_CHECK(offload_param.device != OffloadDevice::kNvme ||
+                 (offloads_optimizer_to_nvme() && offload_optimizer.ratio >= 1.0),
+             "offload_param (device nvme) goes with offload_optimizer nvme at ratio 1, as in the engine (a step that "
+             "fails to write the parameters is undone with the master weights on the drive); this has "
+             "offload_optimizer {}, ratio {}",
+             offloads_optimizer_to_nvme() ? "nvme" : offloads_optimizer() ? "cpu" : "none", offload_optimizer.ratio);
+  ZEST_CHECK(offload_param.device != OffloadDevice::kNvme || offload_param.buffer_count >= 1,
+             "offload_param.buffer_count is {}: it must be at least 1 (the parameter swap pool's buffers; "
+             "DeepSpeed's default is 5)",
+             offload_param.buffer_count);
   ZEST_CHECK(!offloads_optimizer_to_nvme() || !offload_optimizer.delayed_update,
              "offload_optimizer.delayed_update with device \"nvme\" is not supported (the engine refuses it); turn "
              "delayed_update off, or estimate device \"cpu\"");
@@ -537,7 +596,8 @@ void EstimateOptions::validate() const {
              "stage, or offload_optimizer.device \"none\"",
              offloads_optimizer_to_nvme() ? "nvme" : "cpu");
   ZEST_CHECK(!offloads_params() || zero.stage == 3,
-             "offload_param (device cpu) is for stage 3 only, as in DeepSpeed; this is stage {}", zero.stage);
+             "offload_param (device {}) is for stage 3 only, as in DeepSpeed; this is stage {}",
+             offload_param.device == OffloadDevice::kNvme ? "nvme" : "cpu", zero.stage);
   ZEST_CHECK(!offloads_params() || carries_offloaded_params(offload_optimizer),
              "offload_param (device cpu) goes with offload_optimizer cpu at ratio 1, as in the engine (its host "
              "optimizer writes the offloaded parameters); this has offload_optimizer {}, ratio {}",

@@ -44,8 +44,13 @@
 // of them (Note [offload swap regions]). The host then keeps the copies'
 // slots and the swap ring's aligned buffers, buffer_count records and 4096
 // bytes to align them (host_swap_buffer_bytes), both in the host
-// allocator's comm_buffers. offload_param device nvme is refused, as the
-// engine refuses it.
+// allocator's comm_buffers. With offload_param device nvme (which the
+// engine runs with offload_optimizer nvme) the parameter shards past
+// max_in_cpu, and the frozen ones, are in a second swap file per rank
+// (engine/param_swap.h): kParameters of nvme_by_category, two slots of each
+// shard padded to 4096 bytes; its pool of buffer_count buffers of the
+// largest such shard (and 4096 bytes to align them) is in
+// host_swap_buffer_bytes too.
 #pragma once
 
 #include <array>
@@ -132,7 +137,8 @@ struct EstimateOptions {
   int64_t gradient_accumulation_steps = 1;
   // device, ratio, delayed_update and (device nvme) buffer_count are used
   // (pin_memory and nvme_path do not change the bytes); offload_param:
-  // device only (cpu), at stage 3.
+  // device, at stage 3, and (device nvme) buffer_count, buffer_size and
+  // max_in_cpu.
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
   // Overrides of the transient model; 0 derives them from the engine's
@@ -158,7 +164,7 @@ struct EstimateOptions {
   // Device cpu or nvme: the owned master weights and state leave the device.
   bool offloads_optimizer() const { return offload_optimizer.device != OffloadDevice::kNone; }
   bool offloads_optimizer_to_nvme() const { return offload_optimizer.device == OffloadDevice::kNvme; }
-  bool offloads_params() const { return offload_param.device == OffloadDevice::kCpu; }
+  bool offloads_params() const { return offload_param.device != OffloadDevice::kNone; }
 };
 
 // Note [runtime reserve]. Device memory that a rank needs besides what the
@@ -208,12 +214,13 @@ struct MemoryEstimate {
   // NVMe bytes per rank by category (offload_optimizer device nvme): the
   // swap file's master weights (kMasterWeights) and the rest of it, the
   // state buffers and the records' alignment padding (kOptimizerState),
-  // both regions; all zero otherwise.
+  // both regions; with offload_param nvme the parameter swap file
+  // (kParameters); all zero otherwise.
   std::array<CategoryEstimate, kNumMemoryCategories> nvme_by_category{};
-  int64_t nvme_bytes = 0;  // the swap file's size: the sum of nvme_by_category
+  int64_t nvme_bytes = 0;  // the swap files' size: the sum of nvme_by_category
   // Host bytes of the swap ring (device nvme): buffer_count records and
-  // 4096 bytes to align them, of the host's comm_buffers (what
-  // MemoryReport::host_swap_buffers measures).
+  // 4096 bytes to align them, and the parameter swap pool's, of the host's
+  // comm_buffers (what MemoryReport::host_swap_buffers measures).
   int64_t host_swap_buffer_bytes = 0;
   // Persistent parameters + gradients + master weights + optimizer state
   // (what MemoryReport::model_states() measures).
@@ -306,8 +313,9 @@ PaperBytes paper_offload_bytes(double psi, int world, int stage, bool optimizer_
 // b = 2, K = 12 (fp16 parameters and gradients, fp32 master, momentum,
 // variance and the host update's fp32 gradients). With offload_optimizer
 // and offload_param nvme at stage 3 all of it is on NVMe, divided over the
-// N ranks: (2b + K + 4)Ψ/N per rank. ZEST does not run offload_param nvme;
-// zest-estimate prints this beside its own count.
+// N ranks: (2b + K + 4)Ψ/N per rank. ZEST keeps the gradients on the
+// device and, with offload_param nvme, the shards within max_in_cpu in host
+// memory; zest-estimate prints this beside its own count.
 double paper_infinity_nvme_bytes(double psi, int world, double k = 12.0, double compute_bytes = 2.0);
 // K for a run in `compute_dtype`: the master copy (none in fp32, where the
 // parameters are the master) plus the optimizer's state buffers, each of its

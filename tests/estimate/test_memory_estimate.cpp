@@ -350,12 +350,13 @@ TEST_CASE("offload: device and host bytes by category, by hand") {
   bad.offload_param.device = OffloadDevice::kNone;
   bad.offload_optimizer.ratio = 1.5;
   CHECK_THROWS_WITH(estimate_memory(m, bad), doctest::Contains("ratio is 1.5: it must be in [0, 1]"));
-  // offload_param nvme: refused, as the engine refuses it, never counted as no offload.
+  // offload_param nvme: with the optimizer on NVMe only, as the engine
+  // runs it, never counted as something else.
   bad.offload_optimizer.ratio = 1.0;
   bad.offload_param.device = OffloadDevice::kNvme;
   CHECK_THROWS_WITH(estimate_memory(m, bad),
-                    doctest::Contains("offload_param.device is \"nvme\": the engine offloads the optimizer to NVMe "
-                                      "but not the parameters"));
+                    doctest::Contains("offload_param (device nvme) goes with offload_optimizer nvme at ratio 1, as in "
+                                      "the engine"));
   bad.offload_param.device = OffloadDevice::kNone;
   bad.offload_optimizer.device = OffloadDevice::kNvme;
   bad.offload_optimizer.delayed_update = true;

@@ -1,4 +1,5 @@
-// Checkpoints of an offloading engine, to host memory or to NVMe, are those
+// Checkpoints of an offloading engine, to host memory or to NVMe (the
+// optimizer, and at stage 3 the parameters too), are those
 // of one that does not offload: saved by either, loaded by either, training
 // resumes with the bits of a run that never stopped.
 #include <doctest/doctest.h>
@@ -58,16 +59,25 @@ TEST_CASE("checkpoints with and without offload are the same files, and resume e
     nvme.offload_optimizer.buffer_count = 2;
     EngineConfig nvme_half = nvme;
     nvme_half.offload_optimizer.ratio = 0.5;
+    // At stage 3 the parameter shards in a swap file too (all of them).
+    EngineConfig nvme_all = nvme;
+    if (stage == 3) {
+      nvme_all.offload_param.device = OffloadDevice::kNvme;
+      nvme_all.offload_param.nvme_path = swap.str();
+      nvme_all.offload_param.buffer_count = 2;
+      nvme_all.offload_param.max_in_cpu = 0;
+    }
     const int world = 2;
     const Params straight = run(plain, world, 0, 4);
 
-    TempDir a, b, c, d, e, f;
+    TempDir a, b, c, d, e, f, g;
     run(plain, world, 0, 2, "", a.str());
     run(off, world, 0, 2, "", b.str());
     run(half, world, 0, 2, "", c.str());
     run(all, world, 0, 2, "", d.str());
     run(nvme, world, 0, 2, "", e.str());
     run(nvme_half, world, 0, 2, "", f.str());
+    run(nvme_all, world, 0, 2, "", g.str());
     // The shard files hold the same bytes, wherever the state lived.
     for (const char* file : {"rank_00000.bin", "rank_00001.bin"}) {
       CAPTURE(file);
@@ -77,6 +87,7 @@ TEST_CASE("checkpoints with and without offload are the same files, and resume e
       CHECK(read_text_file((d.path / "step_000002" / file).string()) == want);
       CHECK(read_text_file((e.path / "step_000002" / file).string()) == want);
       CHECK(read_text_file((f.path / "step_000002" / file).string()) == want);
+      CHECK(read_text_file((g.path / "step_000002" / file).string()) == want);
     }
     // Either loads into either, and training goes on as if it never stopped.
     check_same(run(off, world, 2, 4, a.str()), straight);
@@ -89,5 +100,7 @@ TEST_CASE("checkpoints with and without offload are the same files, and resume e
     check_same(run(off, world, 2, 4, e.str()), straight);
     check_same(run(nvme_half, world, 2, 4, e.str()), straight);
     check_same(run(nvme, world, 2, 4, f.str()), straight);
+    check_same(run(nvme_all, world, 2, 4, a.str()), straight);
+    check_same(run(plain, world, 2, 4, g.str()), straight);
   }
 }

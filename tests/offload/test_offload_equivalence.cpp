@@ -162,7 +162,10 @@ TEST_CASE("memory_report: offload_param keeps the parameter shards in the host a
   CHECK(both.memory[MemoryCategory::kGradients].current == opt_only.memory[MemoryCategory::kGradients].current);
 }
 
-TEST_CASE("offload_param device nvme loads from a file but the engine refuses it at construction, naming the key") {
+TEST_CASE("offload_param device nvme runs with offload_optimizer nvme only, and without it the engine says so by name") {
+  // It runs (test_offload_nvme_param.cpp) where the master weights are on
+  // the drive too, whose previous values undo a step that failed to write
+  // the parameters.
   CachingAllocator alloc(make_host_allocator());
   const Stream stream = Stream::default_for(Device::host());
   EngineConfig config = base_config(3);
@@ -170,12 +173,19 @@ TEST_CASE("offload_param device nvme loads from a file but the engine refuses it
   const auto construct = [&] {
     run_inprocess(1, [&](Communicator& comm) { Engine engine(config, comm, alloc, stream); });
   };
-  CHECK_THROWS_WITH_AS(construct(),
-                       doctest::Contains("zero_optimization.offload_param.device is \"nvme\": ZEST offloads the "
-                                         "optimizer to NVMe (offload_optimizer.device \"nvme\") but not the "
-                                         "parameters yet; set offload_param.device to \"cpu\" to keep them in host "
-                                         "memory"),
-                       Error);
+  for (const OffloadDevice optimizer : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+    config.offload_optimizer.device = optimizer;
+    CHECK_THROWS_WITH_AS(construct(),
+                         doctest::Contains(fmt::format("zero_optimization.offload_param (device nvme) needs "
+                                                       "offload_optimizer {{\"device\": \"nvme\"}} with ratio 1 in "
+                                                       "ZEST: its host optimizer writes the parameters, and a step that "
+                                                       "fails to write them to the drive is undone with the master "
+                                                       "weights' previous values, which only the optimizer's swap file "
+                                                       "keeps; this config has offload_optimizer device {}, ratio 1",
+                                                       optimizer == OffloadDevice::kCpu ? "cpu" : "none")
+                                               .c_str()),
+                         Error);
+  }
 }
 
 TEST_CASE("offload settings the engine cannot honour are errors naming the key") {

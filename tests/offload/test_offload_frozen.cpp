@@ -4,6 +4,7 @@
 // the same run without offload; memory equals the estimate, device and host.
 #include <doctest/doctest.h>
 
+#include "checkpoint/temp_dir.h"
 #include "engine/engine_harness.h"
 #include "offload/memory_as_estimated.h"
 #include "zest/estimate/memory_estimate.h"
@@ -125,5 +126,34 @@ TEST_CASE("frozen units with offload_param at stage 3: the frozen shards live on
       CHECK(same_bits(got[static_cast<size_t>(r)].params.at(name), values));
     }
     CHECK(got[static_cast<size_t>(r)].memory[MemoryCategory::kParameters].current == 0);
+  }
+}
+
+TEST_CASE("frozen units with offload_param nvme: the frozen shard on NVMe, max_in_cpu holding the trainable ones") {
+  // DeepSpeed's max_in_cpu counts the optimizer's parameter groups only: a
+  // frozen unit stays on NVMe however large max_in_cpu is.
+  EngineConfig config = base_config(3);
+  config.bf16 = true;
+  const std::vector<RankResult> want = run_with_frozen(config, 2, 3);
+  TempDir dir;
+  config.offload_optimizer.device = OffloadDevice::kNvme;
+  config.offload_optimizer.nvme_path = dir.str();
+  config.offload_param.device = OffloadDevice::kNvme;
+  config.offload_param.nvme_path = dir.str();
+  const std::vector<RankResult> got = run_with_frozen(config, 2, 3);
+  const MemoryEstimate e = estimate_memory(model_with_frozen(), EstimateOptions::from_config(config, 2));
+  // The frozen unit's shard (256 elements, bf16: 512 bytes), two 4096-byte
+  // slots; the trainable shards in host memory.
+  CHECK(e.nvme(MemoryCategory::kParameters).persistent == 2 * 4096);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const RankResult& g = got[static_cast<size_t>(r)];
+    for (const auto& [name, values] : want[static_cast<size_t>(r)].params) {
+      CAPTURE(name);
+      CHECK(same_bits(g.params.at(name), values));
+    }
+    CHECK(g.memory[MemoryCategory::kParameters].current == 0);
+    CHECK(g.memory.host(MemoryCategory::kParameters).current == 3 * 256 * 2);
+    check_memory_as_estimated(g.memory, e);
   }
 }

@@ -21,6 +21,7 @@
 #include "config/config_test_helpers.h"
 #include "engine/engine_harness.h"
 #include "offload/memory_as_estimated.h"
+#include "offload/nvme_test_helpers.h"
 #include "error_of.h"
 #include "zest/config/config.h"
 #include "zest/engine/optimizer_offload.h"
@@ -55,12 +56,6 @@ void check_same_run(const std::vector<RankResult>& got, const std::vector<RankRe
       CHECK(got[r].steps[s].applied == want[r].steps[s].applied);
     }
   }
-}
-
-size_t files_in(const std::string& dir) {
-  size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename().string().starts_with(kSwapFilePrefix);
-  return n;
 }
 
 // A model of larger units than register_model's, so the host part is many
@@ -232,7 +227,7 @@ struct HostPart {
       grad[i] = noise(3, static_cast<uint32_t>(i), 4);
     }
   }
-  OffloadUnit unit() { return {0, n, bytes(grad), bytes(params), &runs}; }
+  OffloadUnit unit() { return {0, n, bytes(grad), bytes(params), &runs, {}}; }
   void step(OptimizerOffload& off, int64_t t) {
     const OffloadUnit u = unit();
     const std::vector<float> decay{0.05f};
@@ -294,48 +289,9 @@ TEST_CASE("an I/O failure in the nvme step throws naming the file and the operat
   }
 }
 
-namespace {
-
-// The engine's swap files' I/O (set_offload_swap_io): a thread pool's,
-// whose read number `countdown` (counting from its setting) fails with EIO.
-class FailingRead : public AioBackend {
- public:
-  explicit FailingRead(std::atomic<int>& countdown)
-      : inner_(make_aio_backend({}, {.kind = AioBackendKind::kThreadPool})), countdown_(countdown) {}
-  std::string_view name() const override { return "failing read"; }
-  AioHandle submit(const AioRequest& r) override {
-    const AioHandle h = inner_->submit(r);
-    if (r.op == AioOp::kRead && countdown_ > 0 && --countdown_ == 0) failing_.insert(h);
-    return h;
-  }
-  AioResult wait(AioHandle h) override {
-    AioResult result = inner_->wait(h);
-    if (failing_.erase(h) > 0) result.error = EIO;
-    return result;
-  }
-
- private:
-  std::unique_ptr<AioBackend> inner_;
-  std::atomic<int>& countdown_;
-  std::set<AioHandle> failing_;
-};
-
-// Every unit's gathered compute-dtype parameters, as bytes.
-std::vector<std::vector<std::byte>> gathered_params(Engine& engine) {
-  std::vector<std::vector<std::byte>> out;
-  for (int u = 0; u < engine.layout().num_units(); ++u) {
-    const UnitHandle h = engine.gather(u);
-    const auto* p = static_cast<const std::byte*>(h.data());
-    out.emplace_back(p, p + engine.layout().unit(u).padded * elem_size(engine.compute_dtype()));
-  }
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("a failed nvme step() throws and leaves the rank as before it, and the step again has the bits of CPU offload") {
   std::atomic<int> countdown{0};
-  set_offload_swap_io([&] { return std::make_shared<FailingRead>(countdown); });
+  set_offload_swap_io([&] { return std::make_shared<FailingIo>(AioOp::kRead, countdown); });
   for (const bool bf16 : {false, true}) {
     for (const double ratio : {1.0, 0.5}) {
       CAPTURE(bf16);
@@ -384,7 +340,7 @@ thread_local int this_rank = 0;
 
 TEST_CASE("a failed nvme step on one rank of 2 throws on both, each keeps the state before it, and the step again has the bits of CPU offload") {
   std::array<std::atomic<int>, 2> countdown{};
-  set_offload_swap_io([&] { return std::make_shared<FailingRead>(countdown[static_cast<size_t>(this_rank)]); });
+  set_offload_swap_io([&] { return std::make_shared<FailingIo>(AioOp::kRead, countdown[static_cast<size_t>(this_rank)]); });
   for (const int stage : {2, 3}) {
     CAPTURE(stage);
     // Rank 1 fails at stage 2, rank 0 at stage 3.
