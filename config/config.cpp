@@ -49,8 +49,9 @@ void ZeroConfig::check_hpz(int world, bool offloads_params) const {
              "and ZEST does not combine the two; use one of them",
              h, mics_shard_size);
   ZEST_CHECK(!offloads_params,
-             "zero.zero_hpz_partition_size {} with offload_param (device cpu) is not supported: ZEST keeps hpZ's "
-             "secondary copy on the device; set offload_param.device to \"none\", or zero_hpz_partition_size to 1",
+             "zero.zero_hpz_partition_size {} with offload_param (device cpu or nvme) is not supported: ZEST keeps "
+             "hpZ's secondary copy on the device; set offload_param.device to \"none\", or zero_hpz_partition_size "
+             "to 1",
              h);
 }
 

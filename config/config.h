@@ -361,10 +361,11 @@ struct EngineConfig {
   // noted with why they do not apply.
   bool checkpoint_in_host_memory = false;
   // The model's split, as the file gives it: tensor_parallel.autotp_size
-  // (DeepSpeed's AutoTP) and pipeline.stages. The Engine does not act on
-  // them (the program builds its DeviceMesh and layers and passes
+  // (DeepSpeed's AutoTP) and pipeline.stages. The Engine splits no model
+  // (the program builds its DeviceMesh and layers and passes
   // mesh.engine_model_parallel() to Engine::set_model_parallel; both keys
-  // are noted in `ignored` saying so); EstimateOptions::from_config and
+  // are noted in `ignored` saying so), but refuses at finalize() an AutoTP
+  // size other than the tp it was given; EstimateOptions::from_config and
   // zest-estimate take them as the mesh's tp and pp.
   int tensor_parallel_size = 1;
   int pipeline_stages = 1;

@@ -420,6 +420,15 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   check_borrowed("finalize()");
   ZEST_CHECK(impl_->layout == nullptr, "finalize() called twice");
   ZEST_CHECK(static_cast<bool>(init) || from == InitFrom::kZeros, "finalize(): the initializer is empty");
+  // A file's AutoTP size is the program's to build: DeepSpeed would split
+  // the model itself, so a run that did not would silently train something
+  // else. (pipeline.stages DeepSpeed never reads: PipelineModule's
+  // num_stages decides; so neither does this.)
+  ZEST_CHECK(config_.tensor_parallel_size == 1 || config_.tensor_parallel_size == impl_->mp.tp_size,
+             "the configuration asks for tensor parallelism of {} (tensor_parallel.autotp_size) but the engine's tp "
+             "size is {}: build a DeviceMesh with tp {} and pass mesh.engine_model_parallel() to "
+             "set_model_parallel() before finalize(), or drop the key",
+             config_.tensor_parallel_size, impl_->mp.tp_size, config_.tensor_parallel_size);
   Impl& im = *impl_;
   const int stage = config_.zero.stage;
   // Every rank splits the same communicators in the same order: the MiCS

@@ -276,8 +276,9 @@ class Engine {
   // micro-step, reduced as under gradient accumulation. Refused, by name:
   // LAMB with tp > 1 (its
   // per-parameter trust ratios would see slices), and a group whose size is
-  // not tp x pp. Checkpoints and weight export refuse a model-parallel
-  // engine until they know the mesh (checkpoint.h). The norm's all-reduce
+  // not tp x pp; at finalize(), a configuration's AutoTP size other than
+  // tp. Checkpoints keep a part per tp x pp rank (checkpoint.h); weight
+  // export and import refuse a model-parallel engine. The norm's all-reduce
   // makes step() collective over the model-parallel group: every tp rank
   // and every pipeline stage calls it for the same micro-steps (a
   // schedule's stages step together at the end of the batch).

@@ -27,7 +27,7 @@ struct ModelParallel {
   int size() const { return tp_size * pp_size; }
 };
 
-// Throws a zest::Error saying that `what` (e.g. "save_checkpoint") does not
+// Throws a zest::Error saying that `what` (e.g. "export_weights") does not
 // yet support a model split over tp x pp ranks, when mp.size() > 1: each tp
 // rank holds slices under the full parameters' names and each stage some of
 // the units, which a checkpoint or an export written per data-parallel

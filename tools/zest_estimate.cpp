@@ -75,8 +75,9 @@ options:
                            records), streamed through 4 host buffers; prints the NVMe bytes and
                            ZeRO-Infinity's published count beside them
   --offload-ratio R        with --offload-optimizer cpu or nvme: the fraction offloaded, 0 to 1 (default 1)
-  --offload-param none|cpu cpu (stage 3, with --offload-optimizer cpu or nvme at ratio 1): the sharded
-                           parameters in host memory (nvme: not run by the engine, so not estimated)
+  --offload-param none|cpu|nvme  cpu (stage 3, with --offload-optimizer cpu or nvme at ratio 1): the
+                           sharded parameters in host memory; nvme (with --offload-optimizer nvme): in a
+                           swap file per rank, read through the aio buffers
   --host-memory SIZE       with --device-memory: host memory of one machine; prints the largest model
                            that fits, per stage and offload choice
   --nvme-capacity SIZE     with --host-memory: NVMe capacity of one machine (e.g. 2TB), shared like
@@ -468,11 +469,15 @@ int run(int argc, char** argv) {
   if (has("--offload-ratio")) opt.offload_optimizer.ratio = ratio_arg("--offload-ratio", flags["--offload-ratio"]);
   if (has("--offload-param")) {
     const std::string d = cli::choice("--offload-param", flags["--offload-param"], {"none", "cpu", "nvme"});
-    if (d == "nvme") {
-      usage_error("--offload-param nvme: the engine offloads the optimizer to NVMe but not the parameters, so "
-                  "there is nothing to estimate; use --offload-param cpu with --offload-optimizer nvme");
+    // As the engine: the parameters go to NVMe with the whole optimizer there
+    // (docs/NVME.md says why).
+    if (d == "nvme" && opt.offload_optimizer.device != zest::OffloadDevice::kNvme) {
+      usage_error("--offload-param nvme goes with --offload-optimizer nvme (the parameters on NVMe with the "
+                  "whole optimizer there, as the engine runs them); or use --offload-param cpu");
     }
-    opt.offload_param.device = d == "cpu" ? zest::OffloadDevice::kCpu : zest::OffloadDevice::kNone;
+    opt.offload_param.device = d == "cpu"    ? zest::OffloadDevice::kCpu
+                               : d == "nvme" ? zest::OffloadDevice::kNvme
+                                             : zest::OffloadDevice::kNone;
   }
   if (has("--mics-shard-size")) {
     const std::string& s = flags["--mics-shard-size"];

@@ -160,7 +160,7 @@ TEST_CASE("zero_hpz_partition_size from a DeepSpeed file: honoured at stage 3, n
   EngineConfig offloaded = hpz_config(kGroup);
   offloaded.offload_optimizer.device = OffloadDevice::kCpu;
   offloaded.offload_param.device = OffloadDevice::kCpu;
-  CHECK_THROWS_WITH_AS(construct(offloaded), doctest::Contains("with offload_param (device cpu) is not supported"),
+  CHECK_THROWS_WITH_AS(construct(offloaded), doctest::Contains("with offload_param (device cpu or nvme) is not supported"),
                        Error);
   CHECK_NOTHROW(construct(hpz_config(8)));  // min(H, W) = W: flat stage 3
 }
