@@ -199,7 +199,7 @@ TEST_CASE("gpt over a mesh: dp x tp x pp in {1,2}^3 trains the one-rank model, b
   }
 }
 
-TEST_CASE("gpt over a mesh: an untied head split by vocabulary; GPipe gives 1F1B's bits with a tied head") {
+TEST_CASE("gpt over a mesh: an untied head split by vocabulary, and GPipe with 1F1B's bits for a tied head") {
   const Run untied = train(std::nullopt, 0, /*tied=*/false).at(0);
   const std::vector<Run> mesh = train(zest::MeshShape{.dp = 1, .tp = 2, .pp = 2}, 3, false);
   check_against_whole(mesh, untied, 1);
