@@ -224,15 +224,7 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
     }
   }
   // Every stage reports the batch's loss, which only the last one computed.
-  // Sent as the double's bits (no fp64 dtype is needed for one value), from
-  // device memory where the communicator's is.
-  double mean = last() ? loss_sum.item<double>() / options_.micro_batches : 0.0;
-  if (stages() > 1) {
-    torch::Tensor bits = torch::tensor({std::bit_cast<int64_t>(mean)}, torch::kLong).to(torch_device(pp_->device()));
-    pp_->broadcast(bits.data_ptr(), bits.data_ptr(), 1, DType::kInt64, stages() - 1, stream);
-    mean = std::bit_cast<double>(bits.cpu().item<int64_t>());
-  }
-  result.loss = mean;
+  result.loss = from_last_stage(*pp_, last() ? loss_sum.item<double>() / options_.micro_batches : 0.0);
   result.batch_seconds = seconds_since(batch_start);
   return result;
 }
@@ -317,6 +309,15 @@ void PipelineStage::sync_tied_values() {
     group.recv(tied_copy_.data_ptr(), static_cast<size_t>(tied_copy_.numel()), zest_dtype(tied_copy_.scalar_type()),
                0, stream, kTiedValuesTag);
   }
+}
+
+double from_last_stage(Communicator& pp, double value) {
+  if (pp.size() == 1) return value;
+  // Sent as the double's bits (no fp64 dtype is needed for one value), from
+  // device memory where the communicator's is.
+  torch::Tensor bits = torch::tensor({std::bit_cast<int64_t>(value)}, torch::kLong).to(torch_device(pp.device()));
+  pp.broadcast(bits.data_ptr(), bits.data_ptr(), 1, DType::kInt64, pp.size() - 1, Stream::default_for(pp.device()));
+  return std::bit_cast<double>(bits.cpu().item<int64_t>());
 }
 
 torch::Tensor pipeline_forward(Communicator& pp, const std::vector<int64_t>& activation_shape,

@@ -144,6 +144,10 @@ class PipelineStage {
   int last_backward_mb_ = -1;
 };
 
+// `value` as the last stage of `pp` has it, on every stage (a loss only the
+// last stage computes). Collective over pp.
+double from_last_stage(Communicator& pp, double value);
+
 // One forward pass through the stages, without gradients (evaluation,
 // generation): stage s > 0 receives stage s - 1's output, of
 // `activation_shape` and `dtype` (the first stage gets an undefined tensor),

@@ -1,22 +1,8 @@
 #include "mesh_trainer.h"
 
-#include <bit>
-
 #include "common/lm_training.h"
 
 namespace gpt {
-namespace {
-
-// `value` from the last stage to every stage (its bits, through the
-// communicator's device).
-double from_last_stage(zest::Communicator& pp, double value) {
-  torch::Tensor bits = torch::tensor({std::bit_cast<int64_t>(value)}, torch::kLong).to(zest::torch_device(pp.device()));
-  pp.broadcast(bits.data_ptr(), bits.data_ptr(), 1, zest::DType::kInt64, pp.size() - 1,
-               zest::Stream::default_for(pp.device()));
-  return std::bit_cast<double>(bits.cpu().item<int64_t>());
-}
-
-}  // namespace
 
 Placement placement_of(const zest::DeviceMesh* mesh) {
   if (mesh == nullptr) return {};
@@ -88,7 +74,7 @@ double MeshTrainer::validation_loss(const Corpus& corpus, int64_t windows) {
       [&](const torch::Tensor& tokens, const torch::Tensor& targets) {
         const torch::Tensor logits = forward_only(tokens);
         const double sum = logits.defined() ? model_.loss_sum(logits, targets).to(torch::kDouble).item<double>() : 0.0;
-        return pipe_ ? from_last_stage(mesh_->pp(), sum) : sum;
+        return pipe_ ? zest::from_last_stage(mesh_->pp(), sum) : sum;
       },
       corpus, windows, model_.config().context);
 }
