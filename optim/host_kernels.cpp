@@ -4,6 +4,7 @@
 #include "zest/optim/host_kernels.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #if ZEST_X86_DISPATCH
 #include <immintrin.h>
@@ -21,15 +22,19 @@ namespace {
 #if ZEST_X86_DISPATCH
 #define ZEST_KERNEL_NS avx2
 #define ZEST_KERNEL_TARGET ZEST_TARGET_AVX2
+#define ZEST_KERNEL_VECTOR_BYTES 32
 #include "zest/optim/host_kernels.inc"
 #undef ZEST_KERNEL_NS
 #undef ZEST_KERNEL_TARGET
+#undef ZEST_KERNEL_VECTOR_BYTES
 
 #define ZEST_KERNEL_NS avx512
 #define ZEST_KERNEL_TARGET ZEST_TARGET_AVX512
+#define ZEST_KERNEL_VECTOR_BYTES 64
 #include "zest/optim/host_kernels.inc"
 #undef ZEST_KERNEL_NS
 #undef ZEST_KERNEL_TARGET
+#undef ZEST_KERNEL_VECTOR_BYTES
 
 // fp16 <-> float with F16C's instructions. They give core/float16.h's bits:
 // both round to nearest even, are exact for subnormals, and quiet a NaN
