@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "zest/comm/inprocess_comm.h"
 #include "zest/comm/mpi_comm.h"
 
@@ -79,7 +81,15 @@ void bench(Communicator& comm, const char* backend) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool mpi = argc > 1 && std::string(argv[1]) == "--mpi";
+  bool mpi = false;
+  CLI::App app("p2p_bench: a pipeline neighbours' exchange (one send_recv each way) against memcpy of its bytes");
+  app.add_flag("--mpi", mpi, "2 processes over MPI (run under mpirun -np 2); default: 2 in-process ranks");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int help = app.exit(e);  // prints the help, or the error naming the flag
+    return help == 0 ? 0 : 2;
+  }
   if (!mpi) {
     run_inprocess(2, [](Communicator& comm) { bench(comm, "in-process"); });
     return 0;
