@@ -568,6 +568,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
         }
       }
     }
+    if (impl_->param_swap) impl_->param_swap->flush();
     stream_.synchronize();  // `host` is reused for the next unit
     staging = Buffer();
   }

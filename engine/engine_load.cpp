@@ -78,6 +78,7 @@ Engine::ShardLoad Engine::begin_shard_load(int unit, std::optional<DType> every_
 }
 
 void Engine::abandon_shard_load(int unit) {
+  if (impl_->param_swap) impl_->param_swap->flush();  // another unit's pieces may be staged
   UnitState& st = state(unit);
   const UnitLayout& U = impl_->layout->unit(unit);
   if (st.master_deferred) {
@@ -154,6 +155,7 @@ void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, si
 }
 
 void Engine::finish_shard_load(const Progress& progress) {
+  if (impl_->param_swap) impl_->param_swap->flush();  // the last unit's pieces (Note [staged shard writes] in param_swap.h)
   for (UnitState& st : impl_->units) st.loading_in_place = false;
   restore_progress(progress);
   gather_updated_params(/*frozen_too=*/true);

@@ -233,7 +233,9 @@ void Engine::narrow_into_shard(int unit, const float* src, size_t at, size_t n, 
   std::vector<std::byte> values(n * bc);
   copy_bytes(stream_, values.data(), scratch, n * bc);
   stream_.synchronize();
-  impl_->param_swap->write(unit, at, at + n, values.data());
+  // Staged: the caller's operation flushes once the unit's pieces are in
+  // (Note [staged shard writes] in param_swap.h).
+  impl_->param_swap->write_piece(unit, at, at + n, values.data());
 }
 
 // A frozen unit's only buffer: its compute-dtype values, through an fp32
@@ -248,6 +250,7 @@ void Engine::frozen_shard(int unit, std::span<float> read, std::span<const float
       temp = allocator_.allocate_buffer(U.shard * elem_size(compute_dtype_), stream_, MemoryCategory::kCommBuffers);
     }
     narrow_into_shard(unit, staging.as<float>(), 0, U.shard, temp.as<std::byte>());
+    if (impl_->param_swap) impl_->param_swap->flush();
   } else {
     convert(stream_, readable_params(unit, temp), compute_dtype_, staging.data(), DType::kFloat32, U.shard);
     copy_bytes(stream_, read.data(), staging.data(), U.shard * 4);

@@ -100,6 +100,7 @@ void ParamSwap::finish_read(int b) {
 
 bool ParamSwap::start_read(int unit) {
   ZEST_INTERNAL_ASSERT(holds(unit), "unit {} has no shard in the parameter swap file", unit);
+  flush();
   if (buffer_of(unit) >= 0) return true;
   const int b = free_buffer();
   if (b < 0) return false;
@@ -113,6 +114,7 @@ bool ParamSwap::start_read(int unit) {
 }
 
 std::span<const std::byte> ParamSwap::acquire(int unit) {
+  flush();
   int b = buffer_of(unit);
   if (b < 0) {
     if (free_buffer() < 0) drop_reads();  // reads ahead give way to a gather off the recorded order
@@ -135,6 +137,7 @@ void ParamSwap::release(int unit) {
 }
 
 void ParamSwap::drop_reads() {
+  flush();
   for (Slot& s : slots_) {
     if (s.state != State::kReading) continue;
     // A read ahead that failed is forgotten with its values: the gather
@@ -158,12 +161,27 @@ void ParamSwap::read(int unit, size_t a, size_t b, std::byte* out) {
 }
 
 void ParamSwap::write(int unit, size_t a, size_t b, const std::byte* in) {
+  write_piece(unit, a, b, in);
+  flush();
+}
+
+// Note [staged shard writes].
+void ParamSwap::write_piece(int unit, size_t a, size_t b, const std::byte* in) {
   ZEST_INTERNAL_ASSERT(a <= b && b <= numel_[idx(unit)], "[{}, {}) of a swapped shard of {}", a, b, numel_[idx(unit)]);
-  // The rest of the slot is read first: whole slots go to the file.
-  auto* shard = const_cast<std::byte*>(acquire(unit).data());
-  std::memcpy(shard + a * esize_, in, (b - a) * esize_);
+  if (staged_ != unit) {
+    flush();
+    // The rest of the slot is read first: whole slots go to the file.
+    (void)acquire(unit);
+    staged_ = unit;
+  }
+  std::memcpy(buffer(buffer_of(unit)) + a * esize_, in, (b - a) * esize_);
+}
+
+void ParamSwap::flush() {
+  if (staged_ < 0) return;
+  const int unit = std::exchange(staged_, -1);
   try {
-    transfer(AioOp::kWrite, unit, current_[idx(unit)], shard);
+    transfer(AioOp::kWrite, unit, current_[idx(unit)], buffer(buffer_of(unit)));
   } catch (...) {
     release(unit);
     throw;
@@ -172,6 +190,7 @@ void ParamSwap::write(int unit, size_t a, size_t b, const std::byte* in) {
 }
 
 void ParamSwap::put_update(int unit, size_t at, const std::byte* values, size_t n) {
+  flush();
   const size_t numel = numel_[idx(unit)];
   ZEST_INTERNAL_ASSERT(at + n <= numel && (at == 0) == (update_buffer_ < 0),
                        "unit {}'s new parameters [{}, {}) of {} out of order", unit, at, at + n, numel);
@@ -201,6 +220,7 @@ void ParamSwap::commit() {
 }
 
 void ParamSwap::discard() {
+  flush();
   std::fill(pending_.begin(), pending_.end(), uint8_t{0});
   update_buffer_ = -1;
 }

@@ -94,6 +94,15 @@ class ParamSwap {
   // regions]), through a pool buffer.
   void read(int unit, size_t a, size_t b, std::byte* out);
   void write(int unit, size_t a, size_t b, const std::byte* in);
+  // Note [staged shard writes]: write() without the write. A loader storing
+  // a shard piece by piece (a tensor's part, a run of padding) would
+  // otherwise read and write the whole slot once a piece; staged, the slot
+  // is read once, takes every piece in its buffer, and is written once:
+  // by flush(), which every other call here makes first, so nothing reads
+  // the file behind a staged piece. Callers flush where an operation that
+  // wrote ends, so that a failed write is reported there.
+  void write_piece(int unit, size_t a, size_t b, const std::byte* in);
+  void flush();
 
   // The optimizer step's new values of unit u's elements [at, at + n), in
   // order; once the last element has come, the shard is written to its
@@ -141,6 +150,7 @@ class ParamSwap {
   std::vector<std::byte*> buffers_;
   std::vector<Slot> slots_;
   int update_buffer_ = -1;  // put_update's, while a unit's values come in
+  int staged_ = -1;         // the unit write_piece gathers, its buffer held
 };
 
 }  // namespace zest

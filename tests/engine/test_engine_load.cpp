@@ -155,6 +155,35 @@ TEST_CASE("load_shard leaves the bits write_shard and restore leave, optimizer s
   }
 }
 
+TEST_CASE("load_shard with the parameters on NVMe: the shard staged piece by piece, the bits of restore") {
+  // offload_param nvme (with the optimizer on NVMe, as it must be): each
+  // shard in the swap file takes its pieces in a staged buffer (Note [staged
+  // shard writes] in engine/param_swap.h), written when the next unit's
+  // pieces start and by finish_shard_load; the gathers after read them
+  // back from the file.
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    EngineConfig config = base_config(3);
+    config.bf16 = bf16;
+    const TempDir swap;
+    config.offload_optimizer.device = OffloadDevice::kNvme;
+    config.offload_optimizer.nvme_path = swap.str();
+    config.offload_param.device = OffloadDevice::kNvme;
+    config.offload_param.nvme_path = swap.str();
+    config.offload_param.buffer_count = 2;
+    config.offload_param.max_in_cpu = 0;
+    config.zero.stage3_param_persistence_threshold = 0;
+    const Loaded reference = load_run(config, 2, false, 1);
+    const Loaded loaded = load_run(config, 2, true, 1);
+    REQUIRE(loaded.shards.size() == reference.shards.size());
+    for (size_t i = 0; i < loaded.shards.size(); ++i) {
+      CAPTURE(i);
+      CHECK(same_bits(loaded.shards[i], reference.shards[i]));
+    }
+    CHECK(loaded.params == reference.params);
+  }
+}
+
 TEST_CASE("load_shard refuses a range past the shard, naming the unit") {
   run_inprocess(1, [&](Communicator& comm) {
     CachingAllocator alloc(make_host_allocator()), host(make_host_allocator());

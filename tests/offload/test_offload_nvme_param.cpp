@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "checkpoint/temp_dir.h"
@@ -26,6 +27,7 @@
 #include "offload/nvme_test_helpers.h"
 #include "zest/config/config.h"
 #include "zest/engine/offload_swap.h"
+#include "zest/engine/param_swap.h"
 #include "zest/nvme/swap_file.h"
 
 using namespace zest;
@@ -510,4 +512,57 @@ TEST_CASE("offload_param nvme: fp16 with an overflow step skipped writes nothing
     CHECK(got[r].memory.nvme(MemoryCategory::kParameters).current > 0);
   }
   CHECK(files_in(dir.str()) == 0);
+}
+
+TEST_CASE("ParamSwap::write_piece stages a shard's pieces and writes the slot once, before anything reads it") {
+  // Note [staged shard writes]: the file keeps the slot's old bytes until
+  // flush(), or any other call, writes the staged buffer whole.
+  TempDir dir;
+  CachingAllocator host(make_host_allocator());
+  const std::vector<size_t> numel = {1000, 1500};
+  ParamSwap swap({.nvme_path = dir.str(), .buffer_count = 2, .buffer_numel = 1500, .rank = 0,
+                  .dtype = DType::kFloat32, .aio = {}},
+                 host, numel);
+  const auto file_floats = [&](uint64_t offset, size_t n) {
+    std::vector<float> v(n);
+    std::ifstream in(swap.path(), std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * 4));
+    REQUIRE(in.good());
+    return v;
+  };
+  const auto bytes = [](const std::vector<float>& v) { return reinterpret_cast<const std::byte*>(v.data()); };
+  std::vector<float> first(1000);
+  for (size_t i = 0; i < first.size(); ++i) first[i] = static_cast<float>(i) + 0.5f;
+  swap.write(0, 0, 1000, bytes(first));  // staged and flushed at once
+  CHECK(file_floats(0, 1000) == first);  // unit 0's current slot: the file's first bytes
+
+  // Three pieces of unit 0: the file unchanged until the flush.
+  std::vector<float> piece(300, -2.0f);
+  swap.write_piece(0, 0, 300, bytes(piece));
+  swap.write_piece(0, 700, 1000, bytes(piece));
+  swap.write_piece(0, 300, 400, bytes(piece));
+  CHECK(file_floats(0, 1000) == first);
+  swap.flush();
+  std::vector<float> want = first;
+  for (size_t i = 0; i < 400; ++i) want[i] = -2.0f;
+  for (size_t i = 700; i < 1000; ++i) want[i] = -2.0f;
+  CHECK(file_floats(0, 1000) == want);
+
+  // A read of the staged unit sees the pieces (they are written first); a
+  // piece of another unit writes the first unit's.
+  swap.write_piece(0, 500, 501, bytes(piece));
+  std::vector<float> back(1000);
+  swap.read(0, 0, 1000, reinterpret_cast<std::byte*>(back.data()));
+  want[500] = -2.0f;
+  CHECK(back == want);
+  CHECK(file_floats(0, 1000) == want);
+  swap.write_piece(0, 999, 1000, bytes(first));
+  swap.write_piece(1, 0, 300, bytes(piece));
+  want[999] = first[0];
+  CHECK(file_floats(0, 1000) == want);
+  swap.flush();
+  std::vector<float> unit1(300);
+  swap.read(1, 0, 300, reinterpret_cast<std::byte*>(unit1.data()));
+  CHECK(unit1 == piece);
 }
