@@ -209,10 +209,18 @@ const std::byte* Engine::readable_params(int unit, Buffer& temp) {
   const size_t bytes = impl_->layout->unit(unit).shard * elem_size(compute_dtype_);
   temp = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kCommBuffers);
   if (shard_in_swap(unit)) {
-    std::vector<std::byte> values(bytes);
-    impl_->param_swap->read(unit, 0, impl_->layout->unit(unit).shard, values.data());
-    copy_bytes(stream_, temp.data(), values.data(), bytes);
-    stream_.synchronize();  // before `values` goes
+    // Straight from the pool's buffer, which is the pool's again once the
+    // copy is done (also when it fails).
+    ParamSwap& swap = *impl_->param_swap;
+    const std::span<const std::byte> values = swap.acquire(unit);
+    try {
+      copy_bytes(stream_, temp.data(), values.data(), bytes);
+      stream_.synchronize();
+    } catch (...) {
+      swap.release(unit);
+      throw;
+    }
+    swap.release(unit);
   } else {
     copy_bytes(stream_, temp.data(), owned_params(unit), bytes);
   }
