@@ -421,13 +421,14 @@ TEST_CASE("partitioned_parameters names the split parameters, not the replicated
     CHECK(names == std::vector<std::string>{"emb.weight", "up.weight", "up.bias", "down.weight", "head.weight"});
     // What an export joins the slices by: partition()'s dim and stride.
     net.register_module("qkv", tp::ColumnParallelLinear(tp, tp::ParallelLinearOptions(TpNet::kDim, 12).stride(3)));
-    const std::map<std::string, TpSplit> splits = tp::partitioned_parameter_splits(net);
-    CHECK(splits == std::map<std::string, TpSplit>{{"emb.weight", {0, 1}},
-                                                   {"up.weight", {0, 1}},
-                                                   {"up.bias", {0, 1}},
-                                                   {"down.weight", {1, 1}},
-                                                   {"head.weight", {0, 1}},
-                                                   {"qkv.weight", {0, 3}},
-                                                   {"qkv.bias", {0, 3}}});
+    std::map<std::string, std::pair<int, int>> splits;  // name -> (dim, stride), printable
+    for (const auto& [name, split] : tp::partitioned_parameter_splits(net)) splits[name] = {split.dim, split.stride};
+    CHECK(splits == std::map<std::string, std::pair<int, int>>{{"emb.weight", {0, 1}},
+                                                               {"up.weight", {0, 1}},
+                                                               {"up.bias", {0, 1}},
+                                                               {"down.weight", {1, 1}},
+                                                               {"head.weight", {0, 1}},
+                                                               {"qkv.weight", {0, 3}},
+                                                               {"qkv.bias", {0, 3}}});
   });
 }
