@@ -16,6 +16,7 @@
 #include "zest/checkpoint/on_every_rank.h"
 #include "zest/checkpoint/owned_pieces.h"
 #include "zest/checkpoint/safetensors.h"
+#include "zest/checkpoint/whole_model.h"
 #include "zest/optim/grad_ops.h"
 
 namespace zest {
@@ -55,29 +56,28 @@ std::vector<std::byte> encode_weights(std::span<const float> values, DType dtype
 }
 
 void export_weights(Engine& engine, const std::string& path, const WeightsExportOptions& options) {
-  refuse_model_parallel(engine.model_parallel(), "export_weights");
-  const ModelLayout& layout = engine.layout();
-  const bool writer_rank = engine.comm().rank() == 0;
+  WholeModel whole(engine);  // on a mesh, the tp x pp ranks' parts joined
+  const ModelLayout& layout = whole.layout();
   std::unique_ptr<SafetensorsWriter> writer;
-  on_every_rank(engine, "opening the weights file", [&] {
+  whole.on_every_rank("opening the weights file", [&] {
     check_export_dtype(options.dtype);
-    if (writer_rank) {
+    if (whole.writer()) {
       writer = std::make_unique<SafetensorsWriter>(
           path, weights_entries(layout, options.dtype), std::map<std::string, std::string>{{"format", "pt"}},
           options.progress ? SafetensorsProgress(options.progress) : log_every_tenth(path));
     }
   });
   for (int u = 0; u < layout.num_units(); ++u) {
-    const std::vector<float> unit = engine.unit_master(u);  // collective: one unit at a time
-    on_every_rank(engine, "writing the weights file", [&] {
-      if (!writer_rank) return;
+    const std::vector<float> unit = whole.unit(u);  // collective: one unit at a time
+    whole.on_every_rank("writing the weights file", [&] {
+      if (!writer) return;
       for (const ParamLayout& p : layout.unit(u).params) {
         writer->write_tensor(p.name, encode_weights(std::span(unit).subspan(p.offset, p.numel), options.dtype));
       }
     });
   }
-  on_every_rank(engine, "finishing the weights file", [&] {
-    if (writer_rank) writer->finish();
+  whole.on_every_rank("finishing the weights file", [&] {
+    if (writer) writer->finish();
   });
 }
 

@@ -6,8 +6,11 @@
 //   zest::import_weights(engine, "pretrained.safetensors");   // after finalize()
 //
 // Export never holds the whole model: one unit is gathered at a time and
-// written in order (rank 0 writes; the others send their shards). Import
-// reads on every rank only the elements of the shard it owns.
+// written in order (rank 0 writes; the others send their shards). On a
+// tensor x pipeline mesh it writes the whole model, each unit joined from
+// the tp x pp ranks' parts (whole_model.h): the file one rank holding the
+// whole model writes. Import reads on every rank only the elements of the
+// shard it owns, and refuses a mesh.
 #pragma once
 
 #include <functional>
@@ -35,7 +38,8 @@ std::vector<SafetensorsEntry> weights_entries(const ModelLayout& layout, DType d
 // nearest even), as a safetensors file stores them.
 std::vector<std::byte> encode_weights(std::span<const float> values, DType dtype);
 
-// Collective. The fp32 master weights, converted to options.dtype.
+// Collective (over the whole mesh). The fp32 master weights, converted to
+// options.dtype.
 void export_weights(Engine& engine, const std::string& path, const WeightsExportOptions& options = {});
 
 struct WeightsImportOptions {

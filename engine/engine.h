@@ -278,7 +278,9 @@ class Engine {
   // per-parameter trust ratios would see slices), and a group whose size is
   // not tp x pp; at finalize(), a configuration's AutoTP size other than
   // tp. Checkpoints keep a part per tp x pp rank (checkpoint.h); weight
-  // export and import refuse a model-parallel engine. The norm's all-reduce
+  // exports join the parts into the whole model's file
+  // (checkpoint/whole_model.h); imports refuse a model-parallel engine.
+  // The norm's all-reduce
   // makes step() collective over the model-parallel group: every tp rank
   // and every pipeline stage calls it for the same micro-steps (a
   // schedule's stages step together at the end of the batch).

@@ -73,7 +73,7 @@ ModelLayout::ModelLayout(std::vector<ParamGroupSpec> groups, std::vector<UnitSpe
                  "parameter '{}' of unit '{}' is in group '{}', which was not declared "
                  "(add_param_group first)",
                  p.name, spec.name, p.group);
-      unit.params.push_back({p.name, p.shape, checked_numel(p, spec.name), 0, g->second});
+      unit.params.push_back({p.name, p.shape, checked_numel(p, spec.name), 0, g->second, p.tp_replicated, p.tp_split});
     }
     std::stable_sort(unit.params.begin(), unit.params.end(),
                      [](const ParamLayout& a, const ParamLayout& b) { return a.group < b.group; });

@@ -23,12 +23,24 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 namespace zest {
+
+// How a tensor-parallel rank's slice of a parameter is cut from the whole
+// (zest::tp::partition, torch/tensor_parallel.h; Megatron's partition_dim
+// and partition_stride): along `dim` the whole is `stride` blocks, each cut
+// into tp equal pieces, and tp rank r holds piece r of each block, in block
+// order. An export on a mesh (whole_model.h) joins the slices back by it.
+struct TpSplit {
+  int dim = 0;
+  int stride = 1;
+  friend bool operator==(const TpSplit&, const TpSplit&) = default;
+};
 
 struct ParamSpec {
   std::string name;              // unique in the model, e.g. "block0.fc1.weight"
@@ -46,6 +58,11 @@ struct ParamSpec {
   // them the same initial values and the same gradients (the tp layers
   // all-reduce them over tp), and identical steps keep them identical.
   bool tp_replicated = false;
+  // With tensor parallelism, for a parameter that is not tp_replicated:
+  // how this rank's slice was cut from the whole (TorchModule fills it from
+  // the tp layers). Only an export of the whole model needs it, and refuses
+  // a split parameter without it by name.
+  std::optional<TpSplit> tp_split{};
 };
 
 struct UnitSpec {
@@ -64,6 +81,8 @@ struct ParamLayout {
   size_t numel = 0;
   size_t offset = 0;  // in the unit's flat buffer
   int group = 0;      // index into ModelLayout::groups()
+  bool tp_replicated = false;         // as registered (ParamSpec)
+  std::optional<TpSplit> tp_split{};  // as registered (ParamSpec)
 };
 
 // [begin, end) of a flat buffer in which every element belongs to `group`.

@@ -13,9 +13,9 @@
 #include <fmt/ranges.h>
 
 #include "zest/checkpoint/checkpoint_publish.h"
-#include "zest/checkpoint/on_every_rank.h"
 #include "zest/checkpoint/safetensors.h"
 #include "zest/checkpoint/weights_io.h"
+#include "zest/checkpoint/whole_model.h"
 #include "zest/config/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/core/file_io.h"
@@ -306,29 +306,28 @@ class ExportWriter {
 }  // namespace
 
 HfExportReport export_hf(Engine& engine, const std::string& dir, const HfExportOptions& options) {
-  refuse_model_parallel(engine.model_parallel(), "export_hf");
-  const ModelLayout& layout = engine.layout();
-  const bool writer_rank = engine.comm().rank() == 0;
-  detail::HfProgress progress(fmt::format("export to '{}'", dir), options.progress, writer_rank);
+  WholeModel whole(engine);  // on a mesh, the tp x pp ranks' parts joined
+  const ModelLayout& layout = whole.layout();
+  detail::HfProgress progress(fmt::format("export to '{}'", dir), options.progress, whole.writer());
   std::unique_ptr<ExportWriter> writer;
   std::vector<int> order;
-  on_every_rank(engine, "planning the Hugging Face export", [&] {
+  whole.on_every_rank("planning the Hugging Face export", [&] {
     ZEST_CHECK(is_floating(options.dtype), "a Hugging Face export is written in bf16, fp16 or fp32, not {}",
                dtype_name(options.dtype));
     ZEST_CHECK(options.max_shard_size > 0, "HfExportOptions::max_shard_size is 0; give the most bytes of tensor "
                "data a shard may hold");
     order = unit_order(layout, options);
-    if (writer_rank) writer = std::make_unique<ExportWriter>(dir, layout, options);
+    if (whole.writer()) writer = std::make_unique<ExportWriter>(dir, layout, options);
   });
   for (const int u : order) {
-    const std::vector<float> master = engine.unit_master(u);  // collective: one unit at a time
-    on_every_rank(engine, "writing the Hugging Face export", [&] {
+    const std::vector<float> master = whole.unit(u);  // collective: one unit at a time
+    whole.on_every_rank("writing the Hugging Face export", [&] {
       if (writer) writer->write_unit(u, layout.unit(u), master, progress);
     });
     trim_heap();  // the unit's copies go before the next unit's come
   }
   HfExportReport report;
-  on_every_rank(engine, "publishing the Hugging Face export", [&] {
+  whole.on_every_rank("publishing the Hugging Face export", [&] {
     if (writer) report = writer->finish();
   });
   if (writer) progress.finish(report.tensor_bytes);

@@ -15,7 +15,11 @@
 // Collective. The fp32 master weights go out in options.dtype (bf16 by
 // default; fp16 or fp32), under the engine's names mapped back through
 // options.names. Memory stays bounded: one unit is gathered at a time
-// (every rank takes part; rank 0 writes) and converted in pieces. Shards
+// (every rank takes part; rank 0 writes) and converted in pieces. On a
+// tensor x pipeline mesh the units are the whole model's, joined from the
+// tp x pp ranks' parts (checkpoint/whole_model.h; transform and unit_order
+// see the whole model's unit indices): the directory one rank holding the
+// whole model writes. Shards
 // follow Hugging Face's rule: tensors in order fill a shard until the next
 // would pass the limit; a tensor larger than the limit gets a shard of its
 // own. The directory is published atomically, as checkpoints are

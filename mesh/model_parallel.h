@@ -27,11 +27,10 @@ struct ModelParallel {
   int size() const { return tp_size * pp_size; }
 };
 
-// Throws a zest::Error saying that `what` (e.g. "export_weights") does not
+// Throws a zest::Error saying that `what` (e.g. "import_weights") does not
 // yet support a model split over tp x pp ranks, when mp.size() > 1: each tp
 // rank holds slices under the full parameters' names and each stage some of
-// the units, which a checkpoint or an export written per data-parallel
-// group would mix up.
+// the units, which an import of a whole model's file would have to cut.
 void refuse_model_parallel(const ModelParallel& mp, std::string_view what);
 
 }  // namespace zest

@@ -324,21 +324,41 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
   return VocabParallelCrossEntropy::apply(logits, target, &tp);
 }
 
-std::vector<std::string> partitioned_parameters(const torch::nn::Module& root) {
+namespace {
+
+// The split parameters of the layers above, in module order.
+std::vector<std::pair<std::string, TpSplit>> split_parameters(const torch::nn::Module& root) {
   std::vector<std::pair<std::string, const torch::nn::Module*>> modules{{"", &root}};
   // Not include_self: the root may not be held by a shared_ptr.
   for (const auto& item : root.named_modules("", /*include_self=*/false))
     modules.emplace_back(item.key() + ".", item.value().get());
-  std::vector<std::string> names;
+  std::vector<std::pair<std::string, TpSplit>> out;
   for (const auto& [prefix, m] : modules) {
     if (const auto* c = dynamic_cast<const ColumnParallelLinearImpl*>(m)) {
-      names.push_back(prefix + "weight");
-      if (c->options.bias()) names.push_back(prefix + "bias");
-    } else if (dynamic_cast<const RowParallelLinearImpl*>(m) || dynamic_cast<const VocabParallelEmbeddingImpl*>(m)) {
-      names.push_back(prefix + "weight");
+      const TpSplit rows{0, static_cast<int>(c->options.stride())};
+      out.emplace_back(prefix + "weight", rows);
+      if (c->options.bias()) out.emplace_back(prefix + "bias", rows);
+    } else if (dynamic_cast<const RowParallelLinearImpl*>(m)) {
+      out.emplace_back(prefix + "weight", TpSplit{1, 1});
+    } else if (dynamic_cast<const VocabParallelEmbeddingImpl*>(m)) {
+      out.emplace_back(prefix + "weight", TpSplit{0, 1});
     }
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> partitioned_parameters(const torch::nn::Module& root) {
+  std::vector<std::string> names;
+  for (auto& [name, split] : split_parameters(root)) names.push_back(std::move(name));
   return names;
+}
+
+std::map<std::string, TpSplit> partitioned_parameter_splits(const torch::nn::Module& root) {
+  std::map<std::string, TpSplit> out;
+  for (auto& [name, split] : split_parameters(root)) out.emplace(std::move(name), split);
+  return out;
 }
 
 torch::Tensor partition(const torch::Tensor& whole, int64_t dim, int tp_rank, int tp_size, int64_t stride) {

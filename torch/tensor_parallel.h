@@ -64,12 +64,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "zest/comm/communicator.h"
+#include "zest/engine/layout.h"
 
 namespace zest::tp {
 
@@ -196,6 +198,12 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
 // The names (as root.named_parameters() gives them) of the parameters that
 // the layers above split across tp. Every other parameter is replicated.
 std::vector<std::string> partitioned_parameters(const torch::nn::Module& root);
+// The same parameters, each with how it is split (the rows of a
+// column-parallel weight and bias and of an embedding: dim 0, with the
+// layer's stride; a row-parallel weight's columns: dim 1), which an export
+// of the whole model joins the slices back by (TorchModule passes them on as
+// ParamSpec::tp_split).
+std::map<std::string, TpSplit> partitioned_parameter_splits(const torch::nn::Module& root);
 
 // This tp rank's part of a whole tensor split along `dim`: `stride` blocks,
 // each cut into tp equal pieces, piece tp_rank of each block in block order

@@ -381,19 +381,20 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
   std::vector<FoundUnit> found = split_frozen(find_units(*module_, options), frozen);
   std::map<std::string, torch::Tensor> by_name;
   // With tensor parallelism, what the tp layers do not split is whole on
-  // every tp rank: the global gradient norm counts it once.
+  // every tp rank: the global gradient norm counts it once. What they split
+  // carries its split, by which an export joins the slices.
   const bool tensor_parallel = engine_.model_parallel().tp_size > 1;
-  std::set<std::string> partitioned;
-  if (tensor_parallel) {
-    for (std::string& name : tp::partitioned_parameters(*module_)) partitioned.insert(std::move(name));
-  }
+  std::map<std::string, TpSplit> splits;
+  if (tensor_parallel) splits = tp::partitioned_parameter_splits(*module_);
   for (size_t i = 0; i < found.size(); ++i) {
     const FoundUnit& f = found[i];
     std::vector<ParamSpec> specs;
     for (const auto& [name, t] : f.params) {
       check_param(name, t);
       specs.push_back({name, t.sizes().vec(), options.group ? options.group(name, t) : "default", !frozen[i]});
-      specs.back().tp_replicated = tensor_parallel && !partitioned.count(name);
+      const auto split = splits.find(name);
+      specs.back().tp_replicated = tensor_parallel && split == splits.end();
+      if (split != splits.end()) specs.back().tp_split = split->second;
       by_name.emplace(name, t);
     }
     engine_.add_unit(f.name, std::move(specs));

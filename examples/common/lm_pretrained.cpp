@@ -142,7 +142,9 @@ void export_pretrained(zest::Engine& engine, const PretrainedOptions& o, const s
   const zest::HfExportReport r = zest::export_hf(engine, o.export_hf_dir, e);
   ZEST_CHECK(pending->empty(), "--export-hf: {} adapter tensor(s) found no weight to merge into, the first '{}'",
              pending->size(), pending->empty() ? "" : pending->begin()->first);
-  if (engine.comm().rank() == 0) {
+  // The writer's report (world rank 0's; on a mesh the other dp rank 0s
+  // have none) names the files.
+  if (!r.files.empty()) {
     fmt::print("exported {}: {} files, {:.1f} MiB of tensors in {}{} in {:.2f} s\n", r.dir, r.files.size(),
                static_cast<double>(r.tensor_bytes) / (1 << 20), zest::dtype_name(e.dtype),
                o.lora_r == 0 ? "" : o.export_adapters ? ", adapters apart" : ", adapters merged", r.seconds);

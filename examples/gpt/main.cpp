@@ -17,6 +17,9 @@
 //   gpt --ranks 8 --tp 2 --pp 2 --accum 4    a device mesh, dp x tp x pp = 2 x 2 x 2: each layer
 //                                            split over 2 ranks, the blocks over 2 pipeline stages
 //                                            running 4 micro-batches 1F1B (mesh_trainer.h)
+//   gpt --ranks 4 --tp 2 --pp 2 --export gpt.safetensors
+//                                            the whole model from the mesh: the file
+//                                            --ranks 1 writes (checkpoint/whole_model.h)
 //
 // Threads: libtorch's intra-op pool (OpenMP here) would give every rank as
 // many threads as the machine has cores, so 4 in-process ranks on 2 cores

@@ -281,10 +281,9 @@ TEST_CASE("the engine refuses what it cannot make correct with model parallelism
       engine.set_model_parallel(mesh.engine_model_parallel());
       engine.add_unit("u", {{"u.w", {256}}});
       engine.finalize([](const ParamLayout&, std::span<float> v) { std::fill(v.begin(), v.end(), 1.0f); });
-      // Checkpoints keep a part per tp x pp rank (tests/torch/test_gpt_mesh.cpp); a weight file of the whole
-      // model is not written from parts yet.
-      CHECK_THROWS_WITH_AS(export_weights(engine, "unused_mp.safetensors"),
-                           doctest::Contains("export_weights of a model split over tp 2 x pp 2 ranks is not "
+      // Exports join the parts (test_mesh_export.cpp); imports do not split a whole file yet.
+      CHECK_THROWS_WITH_AS(import_weights(engine, "unused_mp.safetensors"),
+                           doctest::Contains("import_weights of a model split over tp 2 x pp 2 ranks is not "
                                              "supported yet"),
                            Error);
       CHECK_THROWS_WITH_AS(engine.set_model_parallel(mesh.engine_model_parallel()),

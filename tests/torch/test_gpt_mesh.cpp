@@ -33,7 +33,9 @@
 #include "model.h"
 #include "torch_doctest.h"
 #include "trainer.h"
+#include "zest/checkpoint/safetensors.h"
 #include "zest/comm/inprocess_comm.h"
+#include "zest/core/file_io.h"
 #include "zest/memory/raw_allocator.h"
 #include "zest/mesh/device_mesh.h"
 
@@ -77,12 +79,25 @@ struct Run {
 };
 
 // Steps [first, last), loading a checkpoint from `load` before and saving
-// one to `save` after, when given.
+// one to `save` after, when given. With `export_dir`, the weights are
+// exported into it before the first step and after the last: before and
+// after.safetensors (fp32), before_hf and after_hf (Hugging Face, fp32, in
+// several shards).
 struct Span {
   int first = 0;
   int last = kSteps;
   std::string load, save;
+  std::string export_dir{};
 };
+
+void export_weights(zest::TorchModule& zt, const std::string& dir, const std::string& when) {
+  zt.export_safetensors(dir + "/" + when + ".safetensors");
+  zest::HfExportOptions o;
+  o.config_json = R"({"model_type": "gpt2"})";
+  o.dtype = zest::DType::kFloat32;
+  o.max_shard_size = 40000;
+  zt.export_hf(dir + "/" + when + "_hf", o);
+}
 
 // Every rank's run on `shape` (a mesh; none for the plain one-rank path).
 std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, bool tied,
@@ -105,6 +120,7 @@ std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, bool tie
     if (!span.load.empty()) zt->load(span.load);
     const int64_t rows = kRows / dp.size() / kMicroBatches;
     gpt::MeshTrainer trainer(mesh ? &*mesh : nullptr, *zt, *model, rows, schedule);
+    if (!span.export_dir.empty()) export_weights(*zt, span.export_dir, "before");
     Run& r = runs[static_cast<size_t>(comm.rank())];
     r.tp_rank = model->placement().tp_rank();
     r.tp_size = model->placement().tp_size();
@@ -119,6 +135,7 @@ std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, bool tie
       r.norms.push_back(step.result.grad_norm);
     }
     if (!span.save.empty()) zt->save(span.save);
+    if (!span.export_dir.empty()) export_weights(*zt, span.export_dir, "after");
     r.val_loss = trainer.validation_loss(corpus, 2);
     r.sample = trainer.generate("Look ", {.length = 12, .temperature = 0.0});
     for (const auto& [name, sizes] : shapes)
@@ -278,4 +295,78 @@ TEST_CASE("gpt over a mesh: a checkpoint per part, resumed on the same mesh and 
                           {.first = 2, .last = 3, .load = root.string(), .save = {}}),
                     doctest::Contains("saved on a mesh of tp 2 x pp 2, and this run has tp 1 x pp 2"));
   fs::remove_all(root);
+}
+
+namespace {
+
+std::string file_bytes(const std::filesystem::path& path) { return zest::read_text_file(path.string()); }
+
+// Every file of a directory, by name.
+std::map<std::string, std::string> dir_bytes(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out[e.path().filename().string()] = file_bytes(e);
+  return out;
+}
+
+// The same tensors (names, shapes, dtypes, in order), their values within
+// the tolerance at the top of this file.
+void check_close_files(const std::filesystem::path& a, const std::filesystem::path& b) {
+  CAPTURE(a.filename().string());
+  const zest::SafetensorsFile fa = zest::SafetensorsFile::open(a.string());
+  const zest::SafetensorsFile fb = zest::SafetensorsFile::open(b.string());
+  REQUIRE(fa.tensors().size() == fb.tensors().size());
+  for (size_t i = 0; i < fa.tensors().size(); ++i) {
+    const zest::SafetensorsTensor& ta = fa.tensors()[i];
+    const zest::SafetensorsTensor& tb = fb.tensors()[i];
+    CAPTURE(ta.name);
+    REQUIRE(ta.name == tb.name);
+    REQUIRE(ta.shape == tb.shape);
+    REQUIRE(ta.dtype == tb.dtype);
+    int64_t n = 1;
+    for (const int64_t d : ta.shape) n *= d;
+    std::vector<float> va(static_cast<size_t>(n)), vb(static_cast<size_t>(n));
+    fa.read_as(ta.name, zest::DType::kFloat32, std::as_writable_bytes(std::span(va)));
+    fb.read_as(tb.name, zest::DType::kFloat32, std::as_writable_bytes(std::span(vb)));
+    double worst = 0.0;
+    for (size_t k = 0; k < va.size(); ++k) worst = std::max(worst, std::abs(double(va[k]) - vb[k]));
+    CHECK(worst < 1e-5);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gpt over a mesh: dp x tp x pp = 2 x 2 x 2 exports the one-rank model's files") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / fmt::format("zest_test_gpt_mesh_export_{}", ::getpid());
+  fs::remove_all(root);
+  for (const bool tied : {true, false}) {
+    CAPTURE(tied);
+    const fs::path one = root / "one", mesh = root / "mesh";
+    fs::create_directories(one);
+    fs::create_directories(mesh);
+    // Two steps each; the mesh at stage 3, every unit gathered from shards.
+    train(std::nullopt, 0, tied, zest::PipelineKind::k1F1B, {.first = 0, .last = 2, .load = {}, .save = {},
+                                                             .export_dir = one.string()});
+    train(zest::MeshShape{.dp = 2, .tp = 2, .pp = 2}, 3, tied, zest::PipelineKind::k1F1B,
+          {.first = 0, .last = 2, .load = {}, .save = {}, .export_dir = mesh.string()});
+    // Before training the values are the initial ones, exactly: the same bytes.
+    CHECK(file_bytes(one / "before.safetensors") == file_bytes(mesh / "before.safetensors"));
+    const std::map<std::string, std::string> hf = dir_bytes(one / "before_hf");
+    CHECK(hf.count("model.safetensors.index.json") == 1);
+    CHECK(dir_bytes(mesh / "before_hf") == hf);
+    // After two steps, within the training's tolerance (top of this file).
+    check_close_files(one / "after.safetensors", mesh / "after.safetensors");
+    const std::map<std::string, std::string> after = dir_bytes(one / "after_hf");
+    const std::map<std::string, std::string> mesh_after = dir_bytes(mesh / "after_hf");
+    REQUIRE(after.size() == mesh_after.size());
+    for (const auto& [name, bytes] : after) {
+      REQUIRE(mesh_after.count(name) == 1);
+      if (name.ends_with(".safetensors")) {
+        check_close_files(one / "after_hf" / name, mesh / "after_hf" / name);
+      } else {
+        CHECK(mesh_after.at(name) == bytes);  // config.json, the index
+      }
+    }
+    fs::remove_all(root);
+  }
 }

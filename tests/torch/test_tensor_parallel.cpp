@@ -414,10 +414,21 @@ TEST_CASE("dp x tp = 2 x 2 trains the one-rank model, clipped by the global norm
   }
 }
 
-TEST_CASE("partitioned_parameters names the split parameters, not the replicated ones") {
+TEST_CASE("partitioned_parameters names the split parameters, not the replicated ones, with their splits") {
   run_inprocess(2, [](Communicator& tp) {
     TpNet net(tp);
     const std::vector<std::string> names = tp::partitioned_parameters(net);
     CHECK(names == std::vector<std::string>{"emb.weight", "up.weight", "up.bias", "down.weight", "head.weight"});
+    // What an export joins the slices by: partition()'s dim and stride.
+    net.register_module("qkv", tp::ColumnParallelLinear(tp, tp::ParallelLinearOptions(TpNet::kDim, 12).stride(3)));
+    std::map<std::string, std::pair<int, int>> splits;  // name -> (dim, stride), printable
+    for (const auto& [name, split] : tp::partitioned_parameter_splits(net)) splits[name] = {split.dim, split.stride};
+    CHECK(splits == std::map<std::string, std::pair<int, int>>{{"emb.weight", {0, 1}},
+                                                               {"up.weight", {0, 1}},
+                                                               {"up.bias", {0, 1}},
+                                                               {"down.weight", {1, 1}},
+                                                               {"head.weight", {0, 1}},
+                                                               {"qkv.weight", {0, 3}},
+                                                               {"qkv.bias", {0, 3}}});
   });
 }
