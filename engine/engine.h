@@ -274,16 +274,15 @@ class Engine {
   // rank 0 only. ZeRO stages 2 and 3 work with pp > 1 (DeepSpeed's
   // PipelineEngine refuses them): each micro-batch's backward is a
   // micro-step, reduced as under gradient accumulation. Refused, by name:
-  // LAMB with tp > 1 (its
-  // per-parameter trust ratios would see slices), and a group whose size is
-  // not tp x pp; at finalize(), a configuration's AutoTP size other than
-  // tp. Checkpoints keep a part per tp x pp rank (checkpoint.h); weight
-  // exports join the parts into the whole model's file
-  // (checkpoint/whole_model.h); imports refuse a model-parallel engine.
-  // The norm's all-reduce
-  // makes step() collective over the model-parallel group: every tp rank
-  // and every pipeline stage calls it for the same micro-steps (a
-  // schedule's stages step together at the end of the batch).
+  // LAMB with tp > 1 (its per-parameter trust ratios would see slices),
+  // and a group whose size is not tp x pp; at finalize(), a configuration's
+  // AutoTP size other than tp. Checkpoints keep a part per tp x pp rank
+  // (checkpoint.h); weight exports join the parts into the whole model's
+  // file (checkpoint/whole_model.h); imports refuse a model-parallel
+  // engine. The norm's all-reduce makes step() collective over the
+  // model-parallel group: every tp rank and every pipeline stage calls it
+  // for the same micro-steps (a schedule's stages step together at the end
+  // of the batch).
   void set_model_parallel(const ModelParallel& mp);
   const ModelParallel& model_parallel() const;
   // Lays the model out, checks across ranks that every rank registered the
