@@ -105,6 +105,8 @@ def parse_args(argv):
         p.error(f"--peers {a.peers}: each must be ddp or zero1")
     if a.rounds < 1 or a.steps < 0 or a.batch < 2 or a.batch % 2 or a.timeout < 1:
         p.error("--rounds and --timeout must be at least 1, --steps at least 0, --batch even and at least 2")
+    # The runs start in the peer's directory: a relative path is the caller's.
+    a.gpt = os.path.abspath(a.gpt)
     if not os.access(a.gpt, os.X_OK):
         p.error(f"--gpt {a.gpt} is not an executable: build it (cmake --build build --target gpt, "
                 "with -DZEST_TORCH=ON) or pass its path")
