@@ -351,29 +351,11 @@ void WholeModel::on_every_rank(const char* what, const std::function<void()>& fn
   // Agreed over the data-parallel group first (every rank of this tp x pp
   // coordinate knows), then over the model-parallel group: each rank then
   // knows of a failure at any coordinate of any replica.
-  constexpr size_t kWords = 64;  // a flag, then the message's bytes
-  std::exception_ptr own;
-  std::string error;
-  try {
-    zest::on_every_rank(engine_, what, fn);
-  } catch (const std::exception&) {
-    own = std::current_exception();
-    error = current_exception_text();
-    if (error.empty()) error = "an error without a message";
-  }
-  std::array<int64_t, kWords> mine{};
-  mine[0] = error.empty() ? 0 : 1;
-  std::memcpy(&mine[1], error.data(), std::min(error.size(), (kWords - 1) * 8 - 1));
   const ModelParallel& mp = mesh_->mp;
-  const std::vector<int64_t> all = all_gather_int64(*mp.group, mesh_->alloc, mesh_->stream, mine);
-  for (size_t r = 0; r * kWords < all.size(); ++r) {
-    if (all[r * kWords] == 0) continue;
-    if (own) std::rethrow_exception(own);
-    const char* text = reinterpret_cast<const char*>(&all[r * kWords + 1]);
-    const int m = static_cast<int>(r);
-    ZEST_FAIL("{} failed at {} of the mesh: {}", what, where(m % mp.tp_size, m / mp.tp_size),
-              std::string(text, strnlen(text, (kWords - 1) * 8)));
-  }
+  agree_on_outcome(
+      [&](std::span<const int64_t> mine) { return all_gather_int64(*mp.group, mesh_->alloc, mesh_->stream, mine); },
+      [&](int m) { return fmt::format("at {} of the mesh", where(m % mp.tp_size, m / mp.tp_size)); }, what,
+      [&] { zest::on_every_rank(engine_, what, fn); });
 }
 
 }  // namespace zest
