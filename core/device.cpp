@@ -47,7 +47,10 @@ void check_device_available(Device device) {
 void set_current_device(Device device) {
   if (!device.is_cuda()) return;
   check_device_available(device);
-  if (cuda_rt::current_device() != device.index()) cuda_rt::set_device(device.index());
+  // Asked of the thread's context, not cudaGetDevice: that answers 0 on a
+  // thread with no context current, and skipping the set there would leave
+  // the thread with none, which a DeviceGuard then restores.
+  if (cuda_rt::current_device_or_none() != device.index()) cuda_rt::set_device(device.index());
 }
 
 namespace {

@@ -11,6 +11,9 @@
 #   scripts/gpu_check.sh build    configure and build (under 10 minutes on 16 cores)
 #   scripts/gpu_check.sh test     tests, sanitizer and benchmarks (under 10 minutes)
 #   scripts/gpu_check.sh          both
+#   scripts/gpu_check.sh lease    what fits a lease of 15 minutes in one
+#                                 command: the GPU's targets, the GPT, the
+#                                 benchmarks; no host suite (ZEST_GPU_CHECK_BUDGET 540)
 #
 # Made for the offline GPU machines (CUDA 13 and nvcc, CMake, ninja,
 # compute-sanitizer, python3 with PyTorch's CUDA wheel and nvidia-nccl; no
@@ -36,15 +39,15 @@ python="${PYTHON:-python3}"
 out="${OUT:-$build/gpu-check}"
 phase="${1:-all}"
 case "$phase" in
-  build|test|all) ;;
-  *) echo "usage: scripts/gpu_check.sh [build|test]" >&2; exit 2 ;;
+  build|test|all|lease) ;;
+  *) echo "usage: scripts/gpu_check.sh [build|test|lease]" >&2; exit 2 ;;
 esac
 mkdir -p "$out" "$build"
 cd "$root" || exit 1
 # nvcc and compute-sanitizer, where the toolkit is not on the PATH.
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 jobs="$(nproc)"
-budget="${ZEST_GPU_CHECK_BUDGET:-570}"
+budget="${ZEST_GPU_CHECK_BUDGET:-$([ "$phase" = lease ] && echo 540 || echo 570)}"
 start=$SECONDS
 status=0
 summary="$out/summary.txt"
@@ -82,7 +85,7 @@ step() {
 }
 
 # --- build ---------------------------------------------------------------
-configure_and_build() {
+configure() {
   : >"$out/configure.log"
   : >"$out/build.log"
   note "# gpu_check.sh build, $(date -u +%Y-%m-%dT%H:%M:%SZ), $jobs cores"
@@ -134,16 +137,39 @@ configure_and_build() {
     if [ "$torch" = ON ]; then
       # Without the torch layer the rest of the check still runs; the
       # failure above stays in the status.
+      # ... with NCCL from wherever CMake finds it (the wheel was asked for
+      # only to share libtorch's).
+      local plain=()
+      for a in "${args[@]}"; do [ "$a" = -DZEST_NCCL_ROOT=wheel ] || plain+=("$a"); done
       step "configure without libtorch" "$out/configure.log" 240 \
-        cmake -S "$root" -B "$build" "${args[@]}" "-DCMAKE_PREFIX_PATH=$prefix_list" -DZEST_TORCH=OFF || return
+        cmake -S "$root" -B "$build" "${plain[@]}" -DZEST_NCCL_ROOT= "-DCMAKE_PREFIX_PATH=$prefix_list" -DZEST_TORCH=OFF || return
     else
       return
     fi
   fi
   grep -E '^-- ZEST:' "$out/configure.log" | tee -a "$summary"  # backends, NCCL, libtorch
-  # ninja resumes an interrupted build: run this phase again if it timed out.
-  step "build ($jobs jobs)" "$out/build.log" 600 cmake --build "$build" -j "$jobs" || true
+}
+
+# build NAME LIMIT [TARGET...]: builds the targets (everything when none is
+# named), going on past a failed one (-k 0) so that the rest still run.
+build() {
+  local name="$1" limit="$2"
+  shift 2
+  local targets=()
+  [ $# -gt 0 ] && targets=(--target "$@")
+  step "build $name ($jobs jobs)" "$out/build.log" "$limit" \
+    cmake --build "$build" -j "$jobs" "${targets[@]}" -- -k 0
+}
+
+warnings() {
   grep -E 'warning:' "$out/build.log" | sort | uniq -c | sort -rn | head -n 20 >>"$summary"
+}
+
+configure_and_build() {
+  configure || return
+  # ninja resumes an interrupted build: run this phase again if it timed out.
+  build everything 600 || true
+  warnings
 }
 
 # --- test ----------------------------------------------------------------
@@ -161,47 +187,44 @@ ratio_check() {
   fi
 }
 
-run_tests() {
-  note "# gpu_check.sh test, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  [ -f "$build/CTestTestfile.cmake" ] || { note "FAIL     nothing built in $build: run scripts/gpu_check.sh build first"; status=1; return; }
+# The GPU's environment for every run below.
+test_env() {
   export ZEST_TEST_DEVICE=cuda ZEST_REQUIRE_GPU=1
   # The install consumers' find_package(Torch), as in the build phase.
   export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
   # NCCL's bootstrap on the loopback: these machines have no other network.
   export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
   nvidia-smi >>"$out/env.log" 2>&1 || { note "FAIL     nvidia-smi found no GPU"; status=1; }
+}
 
-  # The whole host suite (the torch layer's tests against the image's
-  # libtorch among them; the AVX-512 variants on this CPU) in the
-  # background on all but 4 cores, while the GPU tests run; the benchmarks
-  # after both, on a quiet machine.
-  local host_limit
-  host_limit=$(left 240)
-  step "host tests (ctest -LE gpu)" "$out/host_tests.log" "$host_limit" \
-    nice -n 5 ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(( jobs > 8 ? jobs - 4 : jobs ))" &
-  local host_pid=$!
-
-  # The GPU tests, two at a time on the one GPU (the Engine over NCCL among
-  # them, one process per GPU).
+# The GPU tests, two at a time on the one GPU (the Engine over NCCL among
+# them, one process per GPU), and the example MLP on the GPU.
+gpu_tests() {
   step "GPU tests (ctest -L gpu)" "$out/gpu_tests.log" 200 \
     ctest --test-dir "$build" -L gpu --output-on-failure -j 2
-  # The example MLP on the GPU under every stage (cuBLAS forward and
-  # backward, 4 in-process ranks sharing the GPU).
+  # Under every stage (cuBLAS forward and backward, 4 in-process ranks
+  # sharing the GPU) ...
   step "mlp example, cuda, stages 0-3" "$out/gpu_tests.log" 90 \
     "$build/examples/mlp/mlp" --device cuda --ranks 4 --stages 0,1,2,3 --dtype bf16 --steps 50 --print-every 25
   # ... and as a launched job over NCCL (one process: rank 0 of 1).
   step "mlp example, --launch over NCCL, stage 3" "$out/gpu_tests.log" 60 \
     "$build/examples/mlp/mlp" --launch --device cuda --stage 3 --dtype bf16 --steps 50 --print-every 25
+}
 
-  # The GPT example through zest::TorchModule on the GPU, with the image's
-  # libtorch: 2 in-process ranks at stages 0-3, on deterministic kernels
-  # (the example asks for them on CUDA; cuBLAS needs the workspace setting),
-  # so the final validation loss must be the same bits at every stage. Its
-  # output goes to gpu_tests.log (no more files come back from $OUT).
+# The GPT example through zest::TorchModule on the GPU, with the image's
+# libtorch: 2 in-process ranks at stages 0-3, on deterministic kernels (the
+# example asks for them on CUDA; cuBLAS needs the workspace setting), so the
+# final validation loss must be the same bits at every stage. Its output goes
+# to gpu_tests.log (no more files come back from $OUT).
+gpt_cuda() {
+  [ -x "$build/examples/gpt/gpt" ] || { note "FAIL     gpt example, cuda: not built (see build.log)"; status=1; return; }
+  # The corpus from the kit where the image has no fortunes.
+  local data=/usr/share/games/fortunes
+  [ -d "$data" ] || data="$kit/usr/share/games/fortunes"
   local gpt_log
   gpt_log=$(mktemp)
   if step "gpt example, cuda, stages 0-3" "$gpt_log" 120 env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
-      "$build/examples/gpt/gpt" --device cuda --ranks 2 --stages 0,1,2,3 --steps 30 --print-every 10 \
+      "$build/examples/gpt/gpt" --data "$data" --device cuda --ranks 2 --stages 0,1,2,3 --steps 30 --print-every 10 \
       --eval-every 1000 --val-windows 32 --sample-bytes 0; then
     local losses
     losses=$(grep '^final validation loss, stage' "$gpt_log" | awk '{print $NF}' | sort -u | wc -l)
@@ -214,20 +237,21 @@ run_tests() {
   fi
   cat "$gpt_log" >>"$out/gpu_tests.log"
   rm -f "$gpt_log"
+}
 
-  # A short run under compute-sanitizer: the optimizer, gradient and norm
-  # kernels (memcheck, racecheck for the shared-memory reductions).
+# A short run under compute-sanitizer: the optimizer, gradient and norm
+# kernels (memcheck, racecheck for the shared-memory reductions).
+sanitizer() {
   local optim="$build/tests/cuda/gpu_test_optim"
   step "compute-sanitizer memcheck (gpu_test_optim)" "$out/sanitizer.log" 60 \
     compute-sanitizer --tool memcheck --error-exitcode 99 "$optim" \
     --test-case='*bf16 gradients*,*chunk sums*,*step decisions*'
   step "compute-sanitizer racecheck (gpu_test_optim)" "$out/sanitizer.log" 60 \
     compute-sanitizer --tool racecheck --error-exitcode 99 "$optim" --test-case='*chunk sums of squares*'
+}
 
-  wait "$host_pid" || status=1
-  tail -n 3 "$out/host_tests.log" >>"$summary"
-
-  # The benchmarks and their targets.
+# The benchmarks and their targets, on a quiet machine.
+benches() {
   local bench="$out/bench.log"
   step "allocator_bench cuda" "$bench" 40 "$build/bench/allocator_bench" --device cuda:0 --quick
   # Each size's raw/cached median ratio (the last column); the smallest counts.
@@ -240,6 +264,9 @@ run_tests() {
   # One engine step at stages 0-3 on the GPU (2 in-process ranks sharing it).
   step "step_bench cuda, stages 0-3" "$bench" 60 \
     "$build/bench/step_bench" --device cuda:0 --params 50000000 --ranks 2 --steps 5 --dtype bf16
+  # ... and at a size where the step is the GPU's work, not launches.
+  step "step_bench cuda, stages 0-3, 400M" "$bench" 90 \
+    "$build/bench/step_bench" --device cuda:0 --params 400000000 --ranks 2 --steps 5 --dtype bf16
   ratio_check "step time, stage 3 / stage 2" \
     "$(sed -n 's/^stage 3 \/ stage 2 step: \([0-9.]*\).*/\1/p' "$bench" | tail -n 1)" "<=" 1.3
   # Collectives, --quick (1 KiB to 4 MiB): NCCL as one process (rank 0 of
@@ -249,10 +276,58 @@ run_tests() {
     "$build/bench/comm_bench" --backend inprocess --ranks 2 --device cuda:0 --quick
 }
 
+run_tests() {
+  note "# gpu_check.sh test, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  [ -f "$build/CTestTestfile.cmake" ] || { note "FAIL     nothing built in $build: run scripts/gpu_check.sh build first"; status=1; return; }
+  test_env
+  # The whole host suite (the torch layer's tests against the image's
+  # libtorch among them; the AVX-512 variants on this CPU) in the
+  # background on all but 4 cores, while the GPU tests run; the benchmarks
+  # after both, on a quiet machine.
+  local host_limit
+  host_limit=$(left 240)
+  step "host tests (ctest -LE gpu)" "$out/host_tests.log" "$host_limit" \
+    nice -n 5 ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(( jobs > 8 ? jobs - 4 : jobs ))" &
+  local host_pid=$!
+  gpu_tests
+  gpt_cuda
+  sanitizer
+  wait "$host_pid" || status=1
+  tail -n 3 "$out/host_tests.log" >>"$summary"
+  benches
+}
+
+# What a lease of 15 minutes allows, in one command of 10: the GPU's
+# targets alone (the host suite is CI's), the torch layer built in the
+# background while the GPU tests run, then the GPT on the GPU and the
+# benchmarks on a quiet machine.
+gpu_targets=(gpu_test_float16 gpu_test_allocator gpu_test_checks gpu_test_comm gpu_test_device
+             gpu_test_engine gpu_test_optim gpu_test_engine_nccl gpu_test_mlp
+             mlp allocator_bench optimizer_bench step_bench comm_bench)
+lease() {
+  configure || return
+  build "of the GPU's targets" 300 "${gpu_targets[@]}"
+  note "# gpu_check.sh lease tests, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  test_env
+  (build "of the GPT and the torch layer's tests (libtorch)" "$(left 200)" gpt test_torch) &
+  local torch_pid=$!
+  gpu_tests
+  sanitizer
+  wait "$torch_pid" || status=1
+  warnings
+  gpt_cuda
+  benches
+  # The torch layer's tests against the image's libtorch (2.x), with what
+  # time is left.
+  step "torch layer's tests (ctest -R ^test_torch:)" "$out/host_tests.log" 300 \
+    ctest --test-dir "$build" -R '^test_torch:' --output-on-failure -j "$jobs"
+}
+
 case "$phase" in
   build) configure_and_build ;;
   test) run_tests ;;
   all) configure_and_build; start=$SECONDS; run_tests ;;
+  lease) lease ;;
 esac
 # The device tool brings back files of at most 16 MiB.
 for f in "$out"/*.log; do

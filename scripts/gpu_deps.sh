@@ -10,14 +10,15 @@
 # (-DZEST_FMT_HEADER_ONLY=ON), so no library built against this machine's
 # glibc and libstdc++ has to load on the GPU machine's. libfmt9 is unpacked
 # only because fmt's CMake package names its shared library and refuses to
-# load when that file is missing.
+# load when that file is missing. fortunes is the examples' corpus (the GPT
+# on the GPU reads gpu-kit/usr/share/games/fortunes).
 #
 # Safe to run again: packages already downloaded are kept, the folder is
 # unpacked afresh. Prints the folder's size (the tool carries 64 MiB in all).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 kit="${ZEST_GPU_KIT:-$root/gpu-kit}"
-packages=(libfmt-dev libfmt9 doctest-dev nlohmann-json3-dev libcli11-dev)
+packages=(libfmt-dev libfmt9 doctest-dev nlohmann-json3-dev libcli11-dev fortunes)
 
 mkdir -p "$kit/debs"
 cd "$kit/debs"
