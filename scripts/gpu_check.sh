@@ -212,10 +212,12 @@ gpu_tests() {
 }
 
 # The GPT example through zest::TorchModule on the GPU, with the image's
-# libtorch: 2 in-process ranks at stages 0-3, on deterministic kernels (the
-# example asks for them on CUDA; cuBLAS needs the workspace setting), so the
-# final validation loss must be the same bits at every stage. Its output goes
-# to gpu_tests.log (no more files come back from $OUT).
+# libtorch: one rank at stages 0-3, on deterministic kernels (the example
+# asks for them on CUDA; cuBLAS needs the workspace setting), so the final
+# validation loss must be the same bits at every stage; and 2 in-process
+# ranks on the one GPU refused by name (libtorch's one autograd thread for
+# the GPU would deadlock them: backward_thread_conflict in torch_module.h).
+# Its output goes to gpu_tests.log (no more files come back from $OUT).
 gpt_cuda() {
   [ -x "$build/examples/gpt/gpt" ] || { note "FAIL     gpt example, cuda: not built (see build.log)"; status=1; return; }
   # The corpus from the kit where the image has no fortunes.
@@ -224,7 +226,7 @@ gpt_cuda() {
   local gpt_log
   gpt_log=$(mktemp)
   if step "gpt example, cuda, stages 0-3" "$gpt_log" 120 env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
-      "$build/examples/gpt/gpt" --data "$data" --device cuda --ranks 2 --stages 0,1,2,3 --steps 30 --print-every 10 \
+      "$build/examples/gpt/gpt" --data "$data" --device cuda --ranks 1 --stages 0,1,2,3 --steps 30 --print-every 10 \
       --eval-every 1000 --val-windows 32 --sample-bytes 0; then
     local losses
     losses=$(grep '^final validation loss, stage' "$gpt_log" | awk '{print $NF}' | sort -u | wc -l)
@@ -234,6 +236,18 @@ gpt_cuda() {
       note "FAIL     gpt example, cuda: the stages' validation losses differ (see gpu_tests.log)"
       status=1
     fi
+  fi
+  cat "$gpt_log" >>"$out/gpu_tests.log"
+  : >"$gpt_log"
+  local rc
+  timeout --kill-after=10 60 "$build/examples/gpt/gpt" --data "$data" --device cuda --ranks 2 --steps 2 \
+    --sample-bytes 0 >"$gpt_log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] && grep -q 'in-process ranks share cuda:0' "$gpt_log"; then
+    note "PASS     gpt example, cuda: 2 in-process ranks on one GPU refused by name"
+  else
+    note "FAIL     gpt example, cuda: 2 in-process ranks on one GPU not refused (see gpu_tests.log)"
+    status=1
   fi
   cat "$gpt_log" >>"$out/gpu_tests.log"
   rm -f "$gpt_log"

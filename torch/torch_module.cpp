@@ -366,9 +366,27 @@ void make_placeholders(torch::nn::Module& module, const std::function<bool(const
   trim_heap();
 }
 
+std::string backward_thread_conflict(std::string_view backend, Device device, int ranks, int tp_size) {
+  if (backend != "in-process" || !device.is_cuda() || (ranks <= 1 && tp_size <= 1)) return {};
+  return fmt::format(
+      "TorchModule: {} in-process ranks share {}{}, and libtorch runs the backward of all of them on "
+      "its one autograd thread for that GPU: a rank's gradient hook waiting in a collective for the "
+      "others would wait for ever, their backward queued behind it. Run one rank per process and GPU "
+      "(--launch, mpirun, srun or torchrun, over NCCL), or compare stages with in-process ranks on "
+      "the host device",
+      std::max(ranks, 1) * std::max(tp_size, 1), device.str(),
+      tp_size > 1 ? fmt::format(" ({} of them a tensor-parallel group)", tp_size) : std::string());
+}
+
 TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> module, TorchModuleOptions options)
     : engine_(engine), module_(std::move(module)) {
   ZEST_CHECK(module_ != nullptr, "TorchModule: the module is null");
+  {
+    const Communicator& comm = engine_.comm();
+    const std::string conflict =
+        backward_thread_conflict(comm.backend_name(), comm.device(), comm.size(), engine_.model_parallel().tp_size);
+    ZEST_CHECK(conflict.empty(), "{}", conflict);
+  }
   if (!options.allow_buffers) {
     const auto buffers = module_->named_buffers(true);
     ZEST_CHECK(buffers.is_empty(),

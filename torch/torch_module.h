@@ -114,6 +114,16 @@ torch::Device torch_device(Device d);
 // other, with `what` the tensors moved ("pipeline activations").
 DType from_torch_dtype(torch::ScalarType t, std::string_view what);
 
+// Why a TorchModule cannot train over this group on this device, or "" when
+// it can. libtorch runs the backward of CUDA tensors on one autograd thread
+// per device, for every thread of the process: in-process ranks sharing a
+// GPU (the in-process backend puts its whole group on one device) would
+// each block that thread in their gradient hooks' collectives waiting for
+// the others, whose backward cannot run. `ranks` and `tp_size` are the
+// data-parallel and tensor-parallel group sizes (either one's collectives
+// run in backward). The TorchModule constructor throws this message.
+std::string backward_thread_conflict(std::string_view backend, Device device, int ranks, int tp_size);
+
 struct TorchModuleOptions {
   // Child modules that are units; empty: one per top-level child.
   std::vector<std::shared_ptr<torch::nn::Module>> units;

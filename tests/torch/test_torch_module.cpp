@@ -406,3 +406,19 @@ TEST_CASE("after the TorchModule, the module keeps its trained values in memory 
   model->loss(x, y, run_directly).backward();
   CHECK(model->fc1->weight.grad().defined());
 }
+
+TEST_CASE("in-process ranks sharing a GPU are refused by name: their backward shares one autograd thread") {
+  const std::string two = backward_thread_conflict("in-process", Device::cuda(0), 2, 1);
+  CHECK(two.starts_with("TorchModule: 2 in-process ranks share cuda:0, and libtorch runs the backward"));
+  CHECK(two.find("one rank per process and GPU") != std::string::npos);
+  CHECK(backward_thread_conflict("in-process", Device::cuda(1), 2, 2).starts_with(
+      "TorchModule: 4 in-process ranks share cuda:1 (2 of them a tensor-parallel group)"));
+  CHECK(backward_thread_conflict("in-process", Device::cuda(0), 1, 2).starts_with(
+      "TorchModule: 2 in-process ranks share cuda:0 (2 of them"));
+  // Each backward on its calling thread (the host), one rank, or one
+  // process a GPU: nothing to refuse.
+  CHECK(backward_thread_conflict("in-process", Device::host(), 4, 2).empty());
+  CHECK(backward_thread_conflict("in-process", Device::cuda(0), 1, 1).empty());
+  CHECK(backward_thread_conflict("nccl", Device::cuda(0), 8, 2).empty());
+  CHECK(backward_thread_conflict("mpi", Device::host(), 2, 1).empty());
+}
