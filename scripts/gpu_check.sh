@@ -212,7 +212,7 @@ gpu_tests() {
 }
 
 # The GPT example through zest::TorchModule on the GPU, with the image's
-# libtorch: one rank at stages 0-3, on deterministic kernels (the example
+# libtorch: one rank (the default on a GPU) at stages 0-3, on deterministic kernels (the example
 # asks for them on CUDA; cuBLAS needs the workspace setting), so the final
 # validation loss must be the same bits at every stage; and 2 in-process
 # ranks on the one GPU refused by name (libtorch's one autograd thread for
@@ -226,7 +226,7 @@ gpt_cuda() {
   local gpt_log
   gpt_log=$(mktemp)
   if step "gpt example, cuda, stages 0-3" "$gpt_log" 120 env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
-      "$build/examples/gpt/gpt" --data "$data" --device cuda --ranks 1 --stages 0,1,2,3 --steps 30 --print-every 10 \
+      "$build/examples/gpt/gpt" --data "$data" --device cuda --stages 0,1,2,3 --steps 30 --print-every 10 \
       --eval-every 1000 --val-windows 32 --sample-bytes 0; then
     local losses
     losses=$(grep '^final validation loss, stage' "$gpt_log" | awk '{print $NF}' | sort -u | wc -l)

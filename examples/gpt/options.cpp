@@ -23,6 +23,8 @@ std::string usage() {
          "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n"
          "--tp and --pp: ranks = dp x tp x pp (Megatron's order); tp divides --heads and --vocab, pp is at most\n"
          "--layers, and --accum sets the pipeline's micro-batches.\n"
+         "--ranks: in-process ranks, 2 by default; 1 with --device cuda, where in-process ranks cannot share\n"
+         "the GPU (libtorch runs its backward on one thread): --launch one process a GPU instead.\n"
          "Without --config, stage 3 prefetches up to 0.9 x d_model^2 elements ahead and keeps a released unit\n"
          "gathered for a reuse within 0.9 x d_model^2 elements (stage3_prefetch_bucket_size,\n"
          "stage3_max_reuse_distance); a --config file has DeepSpeed's defaults, 5e7 and 1e9, unless it sets them.\n";
@@ -66,6 +68,10 @@ Options parse_options(int argc, char** argv) {
   cli::parse(app, argc, argv);
   if (schedule == "gpipe") o.pipeline_schedule = zest::PipelineKind::kGPipe;
   if (!device_name.empty()) o.device = cli::device_flag("--device", device_name);
+  // In-process ranks cannot share a GPU through libtorch (its backward for a
+  // GPU runs on one thread: zest::backward_thread_conflict), so on one the
+  // default is one rank; a --ranks above 1 is refused by name there.
+  if (o.device.is_cuda() && !o.launch && app.count("--ranks") == 0 && o.tp * o.pp == 1) o.ranks = 1;
   if (stage >= 0) o.stages = {stage};
   if (!stages.empty()) o.stages = stages;
   if (untied) o.model.tied_head = false;

@@ -40,9 +40,10 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions {
   int64_t schedule_steps = 0;  // the schedule's length; 0: --steps (set it when a run resumes)
   std::string export_path;  // safetensors, under the module's parameter names
   bool digest = false;  // print a digest of the trained weights per stage
-  // --device cuda[:N]: the engine, the model and its inputs on the GPU (the
-  // in-process ranks all on that one; under a launcher each rank on
-  // cuda:(local rank), over NCCL).
+  // --device cuda[:N]: the engine, the model and its inputs on the GPU (one
+  // in-process rank unless --ranks says more, which TorchModule refuses:
+  // in-process ranks cannot share a GPU through libtorch; under a launcher
+  // each rank on cuda:(local rank), over NCCL).
   zest::Device device = zest::Device::host();
   SampleOptions sample;
   std::string prompt;
