@@ -323,7 +323,8 @@ lease() {
   build "of the GPU's targets" 300 "${gpu_targets[@]}"
   note "# gpu_check.sh lease tests, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   test_env
-  (build "of the GPT and the torch layer's tests (libtorch)" "$(left 200)" gpt test_torch) &
+  (build "of the GPT and the torch layer's tests (libtorch)" "$(left 200)" gpt test_torch test_gpt_example \
+     test_llama_example) &
   local torch_pid=$!
   gpu_tests
   sanitizer
@@ -331,10 +332,11 @@ lease() {
   warnings
   gpt_cuda
   benches
-  # The torch layer's tests against the image's libtorch (2.x), with what
-  # time is left.
-  step "torch layer's tests (ctest -R ^test_torch:)" "$out/host_tests.log" 300 \
-    ctest --test-dir "$build" -R '^test_torch:' --output-on-failure -j "$jobs"
+  # The torch layer's and the examples' models' tests against the image's
+  # libtorch (2.x), with what time is left.
+  step "torch layer's and models' tests (ctest -R ^test_(torch|gpt_example|llama_example):)" \
+    "$out/host_tests.log" 300 \
+    ctest --test-dir "$build" -R '^test_(torch|gpt_example|llama_example):' --output-on-failure -j "$jobs"
 }
 
 case "$phase" in
