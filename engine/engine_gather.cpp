@@ -29,6 +29,7 @@
 // applies here: prefetch_after() stops at a gathered unit instead of
 // skipping it.
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "zest/core/check.h"
@@ -91,17 +92,17 @@ void Engine::materialize(int unit) {
   // now), which is the pool's again once the copy is done.
   const void* shard = st.params_shard.data();
   if (shard_in_swap(unit)) {
-    std::span<const std::byte> values;
+    std::optional<ParamSwap::Held> values;
     try {
-      values = im.param_swap->acquire(unit);
+      values.emplace(*im.param_swap, unit);
     } catch (...) {
       st.params_full = Buffer();  // not gathered: the next gather reads again
       throw;
     }
     std::byte* slot = owned_part(st.params_full, unit);
-    copy_bytes(im.comm(), slot, values.data(), values.size());
+    copy_bytes(im.comm(), slot, values->bytes().data(), values->bytes().size());
     im.comm().synchronize();
-    im.param_swap->release(unit);
+    values.reset();
     shard = slot;
   } else if (shard_on_host(unit)) {
     std::byte* slot = owned_part(st.params_full, unit);

@@ -210,17 +210,10 @@ const std::byte* Engine::readable_params(int unit, Buffer& temp) {
   temp = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kCommBuffers);
   if (shard_in_swap(unit)) {
     // Straight from the pool's buffer, which is the pool's again once the
-    // copy is done (also when it fails).
-    ParamSwap& swap = *impl_->param_swap;
-    const std::span<const std::byte> values = swap.acquire(unit);
-    try {
-      copy_bytes(stream_, temp.data(), values.data(), bytes);
-      stream_.synchronize();
-    } catch (...) {
-      swap.release(unit);
-      throw;
-    }
-    swap.release(unit);
+    // copy is done.
+    const ParamSwap::Held values(*impl_->param_swap, unit);
+    copy_bytes(stream_, temp.data(), values.bytes().data(), bytes);
+    stream_.synchronize();
   } else {
     copy_bytes(stream_, temp.data(), owned_params(unit), bytes);
   }

@@ -85,6 +85,21 @@ class ParamSwap {
   // for a failed read, the buffer freed.
   std::span<const std::byte> acquire(int unit);
   void release(int unit);
+  // acquire(unit)'s buffer, released when this goes: also when a copy out
+  // of it throws.
+  class Held {
+   public:
+    Held(ParamSwap& swap, int unit) : swap_(swap), unit_(unit), bytes_(swap.acquire(unit)) {}
+    ~Held() { swap_.release(unit_); }
+    Held(const Held&) = delete;
+    Held& operator=(const Held&) = delete;
+    std::span<const std::byte> bytes() const { return bytes_; }
+
+   private:
+    ParamSwap& swap_;
+    int unit_;
+    std::span<const std::byte> bytes_;
+  };
   // Waits for every read ahead and frees its buffer (their values may be
   // about to change: a step, a load).
   void drop_reads();
