@@ -14,6 +14,12 @@ zest::EngineConfig default_engine_config(float lr) {
   return c;
 }
 
+void set_stage3_windows(zest::EngineConfig& config, int64_t hidden_size) {
+  const auto d = static_cast<double>(hidden_size);
+  config.zero.stage3_prefetch_bucket_size = static_cast<int64_t>(0.9 * d * d);
+  config.zero.stage3_max_reuse_distance = static_cast<int64_t>(0.9 * d * d);
+}
+
 std::string dtype_flag(std::string_view flag, std::string_view text) {
   if (text != "fp32" && text != "bf16" && text != "fp16") {
     cli::usage_error("{} '{}': expected fp32, bf16 or fp16", flag, text);

@@ -9,6 +9,7 @@
 
 #include "common/cli.h"
 #include "zest/comm/communicator.h"
+#include "zest/pipeline/schedule.h"
 
 namespace examples {
 
@@ -51,6 +52,37 @@ inline void add_lm_run_flags(CLI::App& app, LmRunOptions& o) {
   app.add_option("--save", o.save_dir);
   app.add_option("--load", o.load_dir);
   cli::add_timeout(app, o.comm);
+}
+
+// --tp, --pp, --pipeline-schedule: a device mesh of ranks / (tp x pp)
+// data-parallel replicas in Megatron's order (tp fastest), each layer split
+// over tp ranks and the blocks over pp stages, the batch's micro-batches
+// (--accum) run through the stages in the schedule (common/mesh_trainer.h).
+struct MeshFlags {
+  int tp = 1;
+  int pp = 1;
+  zest::PipelineKind pipeline_schedule = zest::PipelineKind::k1F1B;
+
+  bool mesh() const { return tp * pp > 1; }
+  // ranks / (tp x pp); throws cli::UsageError when they do not divide.
+  int data_parallel(int ranks) const {
+    if (ranks % (tp * pp) != 0) {
+      cli::usage_error("{} ranks do not divide into --tp {} x --pp {}: the data-parallel size is ranks / (tp x pp)",
+                       ranks, tp, pp);
+    }
+    return ranks / (tp * pp);
+  }
+};
+
+// --tp, --pp and --pipeline-schedule into `o`; finish_mesh_flags after
+// parsing.
+inline void add_mesh_flags(CLI::App& app, MeshFlags& o, std::string& schedule) {
+  app.add_option("--tp", o.tp)->check(CLI::Range(1, 1 << 12));
+  app.add_option("--pp", o.pp)->check(CLI::Range(1, 1 << 12));
+  app.add_option("--pipeline-schedule", schedule)->check(CLI::IsMember({"1f1b", "gpipe"}));
+}
+inline void finish_mesh_flags(MeshFlags& o, const std::string& schedule) {
+  if (schedule == "gpipe") o.pipeline_schedule = zest::PipelineKind::kGPipe;
 }
 
 }  // namespace examples

@@ -16,7 +16,7 @@
 //                                            launcher each rank takes cuda:(local rank), NCCL)
 //   gpt --ranks 8 --tp 2 --pp 2 --accum 4    a device mesh, dp x tp x pp = 2 x 2 x 2: each layer
 //                                            split over 2 ranks, the blocks over 2 pipeline stages
-//                                            running 4 micro-batches 1F1B (mesh_trainer.h)
+//                                            running 4 micro-batches 1F1B (common/mesh_trainer.h)
 //   gpt --ranks 4 --tp 2 --pp 2 --export gpt.safetensors
 //                                            the whole model from the mesh: the file
 //                                            --ranks 1 writes (checkpoint/whole_model.h)
@@ -52,9 +52,9 @@
 #include "common/describe_model.h"
 #include "common/lm_pretrained.h"
 #include "common/lm_training.h"
+#include "common/mesh_trainer.h"
 #include "common/report.h"
 #include "common/weights_digest.h"
-#include "mesh_trainer.h"
 #include "options.h"
 #include "sample.h"
 #include "trainer.h"
@@ -86,7 +86,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   // shards it over the data-parallel group; the batch's rows are split
   // over that group.
   std::optional<zest::DeviceMesh> mesh;
-  if (opt.tp * opt.pp > 1) mesh.emplace(comm, zest::MeshShape{.dp = comm.size() / (opt.tp * opt.pp), .tp = opt.tp, .pp = opt.pp});
+  if (opt.mesh()) mesh.emplace(comm, zest::MeshShape{.dp = comm.size() / (opt.tp * opt.pp), .tp = opt.tp, .pp = opt.pp});
   zest::Communicator& group = mesh ? mesh->dp() : comm;
   const int world = group.size(), rank = group.rank();
   // Everything on the communicator's device. The engine works on the
@@ -103,7 +103,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
                                                     : zest::make_host_allocator());
   zest::Engine engine(config, group, allocator, zest::Stream::default_for(device));
   if (mesh) engine.set_model_parallel(mesh->engine_model_parallel());
-  gpt::Gpt model(opt.model, opt.seed, gpt::placement_of(mesh ? &*mesh : nullptr));
+  gpt::Gpt model(opt.model, opt.seed, examples::placement_of(mesh ? &*mesh : nullptr));
   if (opt.lora_r > 0) zest::enable_lora(*model, gpt::lora_targets(), opt.lora(), opt.seed);
   const std::unique_ptr<zest::TorchModule> zt = gpt::wrap(engine, model);
   if (!opt.hf_dir.empty()) examples::load_pretrained(*zt, opt.hf_dir);
@@ -118,7 +118,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   const int64_t rows_per_rank = opt.batch / world, rows_per_micro = rows_per_rank / accum;
   const int64_t context = opt.model.context;
   const int64_t windows = examples::validation_windows(corpus, opt.val_windows, context, world);
-  gpt::MeshTrainer trainer(mesh ? &*mesh : nullptr, *zt, *model, rows_per_micro, opt.pipeline_schedule);
+  examples::MeshTrainer trainer(mesh ? &*mesh : nullptr, *zt, *model, rows_per_micro, context, opt.pipeline_schedule);
   const auto validate = [&](int64_t step) {
     const double v = trainer.validation_loss(corpus, windows);
     if (printer) fmt::print("step {:5d}  validation loss {:.4f}  ({} windows of {} bytes)\n", step, v, windows, context);
@@ -136,7 +136,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
       micro_batches.push_back(
           corpus.train_batch(step, rank * rows_per_rank + m * rows_per_micro, rows_per_micro, context, opt.seed));
     }
-    const gpt::MeshTrainer::Step s = trainer.train_step(micro_batches);
+    const examples::MeshTrainer::Step s = trainer.train_step(micro_batches);
     const float loss = s.loss;
     const zest::StepResult& result = s.result;
     const double dt = std::chrono::duration<double>(Clock::now() - start).count();
@@ -180,7 +180,8 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
                                 gpt::lora_targets());
   }
   if (opt.sample.length > 0) {
-    out.sample = trainer.generate(opt.prompt, opt.sample);
+    out.sample = gpt::generate([&](const torch::Tensor& tokens) { return trainer.last_logits(tokens); }, context,
+                               opt.prompt, opt.sample);
   }
   if (printer) std::fflush(stdout);
   return out;
@@ -195,12 +196,7 @@ int main(int argc, char** argv) {
     if (opt.launch) launched = zest::init_distributed(opt.device, opt.comm);
     const bool printer = !launched || launched->rank() == 0;
     const int world = launched ? launched->size() : opt.ranks;
-    if (world % (opt.tp * opt.pp) != 0) {
-      throw gpt::UsageError(fmt::format("{} ranks do not divide into --tp {} x --pp {}: the data-parallel size is "
-                                        "ranks / (tp x pp)",
-                                        world, opt.tp, opt.pp));
-    }
-    const int dp = world / (opt.tp * opt.pp);
+    const int dp = opt.data_parallel(world);
     const examples::Corpus corpus = examples::Corpus::load(opt.data);
     if (printer) {
       fmt::print("corpus {}: {} fortune cookies, {} training bytes, {} validation bytes\n", opt.data,
@@ -212,7 +208,7 @@ int main(int argc, char** argv) {
     for (int stage : opt.stages) {
       const zest::EngineConfig config = gpt::engine_config(opt, stage, dp);
       if (printer) {
-        const std::string mesh = opt.tp * opt.pp > 1 ? fmt::format(" (dp {} x tp {} x pp {})", dp, opt.tp, opt.pp) : "";
+        const std::string mesh = opt.mesh() ? fmt::format(" (dp {} x tp {} x pp {})", dp, opt.tp, opt.pp) : "";
         fmt::print("\n== stage {}: {} ranks{}, GPT of {} parameters ({}), {}, {} ==\n", stage, world, mesh,
                    opt.model.parameters(), opt.model.str(), zest::dtype_name(config.compute_dtype()),
                    zest::optimizer_name(config.optimizer.kind));

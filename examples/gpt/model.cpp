@@ -77,25 +77,15 @@ Config Config::from_json_file(const std::string& path, std::string* torch_dtype)
   return c;
 }
 
-std::pair<int64_t, int64_t> Placement::layers(const Config& c) const {
-  const int64_t each = c.layers / stages, extra = c.layers % stages;
-  const int64_t begin = stage * each + std::min<int64_t>(stage, extra);
-  return {begin, begin + each + (stage < extra ? 1 : 0)};
-}
-
-void Placement::validate(const Config& c) const {
-  const int t = tp_size();
+void validate(const Placement& placement, const Config& c) {
+  const int t = placement.tp_size();
   if (c.heads % t != 0 || c.vocab % t != 0) {
     throw std::invalid_argument(fmt::format(
         "tensor parallelism over {} ranks splits the {} heads and the vocabulary of {} evenly: pick a tp size "
         "dividing both",
         t, c.heads, c.vocab));
   }
-  if (stages < 1 || stage < 0 || stage >= stages || stages > c.layers) {
-    throw std::invalid_argument(fmt::format(
-        "{} pipeline stages for {} layers: each stage needs a block; use at most {} stages", stages, c.layers,
-        c.layers));
-  }
+  placement.validate_stages(c.layers);
 }
 
 torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole, int tp_rank, int tp_size) {
@@ -203,7 +193,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> whole_parameters(const
 
 GptImpl::GptImpl(const Config& c, uint64_t seed, Placement placement) : config_(c), placement_(placement) {
   c.validate();
-  placement.validate(c);
+  validate(placement, c);
   zest::Communicator* tp = placement.tp != nullptr && placement.tp->size() > 1 ? placement.tp : nullptr;
   placement_.tp = tp;
   if (placement.first()) {
@@ -216,7 +206,7 @@ GptImpl::GptImpl(const Config& c, uint64_t seed, Placement placement) : config_(
     wpe = register_module("wpe", torch::nn::Embedding(c.context, c.d_model));
   }
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> blocks;
-  const auto [begin, end] = placement.layers(c);
+  const auto [begin, end] = placement.blocks(c.layers);
   for (int64_t l = begin; l < end; ++l) blocks.emplace_back(std::to_string(l), Block(c, tp).ptr());
   h = register_module("h", torch::nn::ModuleDict(blocks));
   if (placement.last()) {
@@ -264,7 +254,9 @@ void GptImpl::initialize(uint64_t seed) {
   }
 }
 
-const torch::Tensor& GptImpl::wte_weight() const {
+torch::ScalarType GptImpl::activation_dtype() const { return parameters().front().scalar_type(); }
+
+const torch::Tensor& GptImpl::embedding_weight() const {
   if (wte) return wte->weight;
   if (wte_tp) return wte_tp->weight;
   throw std::logic_error("wte is on the first pipeline stage");
@@ -285,7 +277,7 @@ torch::Tensor GptImpl::head(const torch::Tensor& x) {
   const torch::Tensor y = ln_f->forward(x);
   if (lm_head) return lm_head->forward(y);
   if (lm_head_tp) return lm_head_tp->forward(y);
-  const torch::Tensor& w = head_weight_.defined() ? head_weight_ : wte_weight();
+  const torch::Tensor& w = head_weight_.defined() ? head_weight_ : embedding_weight();
   // Megatron's parallel_lm_logits: y is whole on every tp rank, so its
   // gradient, a sum over the vocabulary slices, is all-reduced.
   return torch::matmul(placement_.tp != nullptr ? zest::tp::copy_to_region(y, *placement_.tp) : y, w.t());

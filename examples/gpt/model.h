@@ -15,9 +15,9 @@
 // no dropout: a step is a deterministic function of the parameters and the
 // batch, which is what lets ZeRO's stages be compared bit for bit.
 //
-// A Placement builds one rank's part of the model instead (mesh_trainer.h
-// trains it): the layers split over a tensor-parallel group as Megatron-LM
-// splits GPT (the token embedding and the head by vocabulary, c_attn and
+// A Placement builds one rank's part of the model instead (common/
+// mesh_trainer.h trains it through examples::StagedLm): the layers split
+// over a tensor-parallel group as Megatron-LM splits GPT (the token embedding and the head by vocabulary, c_attn and
 // c_fc by output rows, c_attn's queries, keys and values each by heads, the
 // c_projs by input columns; LayerNorms, wpe and the c_projs' biases whole),
 // and the blocks cut into consecutive pipeline stages, the embeddings on the
@@ -32,6 +32,7 @@
 
 #include <torch/torch.h>
 
+#include "common/staged_lm.h"
 #include "zest/comm/communicator.h"
 #include "zest/torch/lora.h"
 #include "zest/torch/tensor_parallel.h"
@@ -65,23 +66,11 @@ struct Config {
   static Config from_json_file(const std::string& path, std::string* torch_dtype = nullptr);
 };
 
-// Which part of the model a rank builds.
-struct Placement {
-  zest::Communicator* tp = nullptr;  // the tensor-parallel group; null: whole layers
-  int stage = 0;   // the pipeline stage, of `stages`
-  int stages = 1;
-
-  int tp_size() const { return tp != nullptr ? tp->size() : 1; }
-  int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
-  bool first() const { return stage == 0; }
-  bool last() const { return stage == stages - 1; }
-  // The blocks of this stage, [begin, end): layers / stages each, the first
-  // layers % stages stages one more.
-  std::pair<int64_t, int64_t> layers(const Config& c) const;
-  // Throws std::invalid_argument naming the sizes when tp does not divide
-  // the heads and the vocabulary, or there are more stages than layers.
-  void validate(const Config& c) const;
-};
+// Which part of the model a rank builds (common/staged_lm.h).
+using Placement = examples::Placement;
+// Throws std::invalid_argument naming the sizes when tp does not divide
+// the heads and the vocabulary, or there are more stages than layers.
+void validate(const Placement& placement, const Config& c);
 
 // Tensor-parallel rank tp_rank's part (of tp_size) of the whole model's
 // parameter `name` (its GPT-2 name, as the whole model has it), as
@@ -96,8 +85,7 @@ std::vector<std::string> lora_targets();
 // block, or the embeddings and head, which belong to the model itself):
 // directly for plain libtorch; through zest::TorchModule::call under ZEST,
 // which gathers the unit (stage 3) and arranges its re-gather in backward.
-using UnitRunner =
-    std::function<torch::Tensor(const torch::nn::Module& unit, const std::function<torch::Tensor()>& piece)>;
+using UnitRunner = examples::UnitRunner;
 torch::Tensor run_directly(const torch::nn::Module& unit, const std::function<torch::Tensor()>& piece);
 
 // Causal multi-head self-attention with plain matmuls and softmax
@@ -144,7 +132,7 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-class GptImpl : public torch::nn::Module {
+class GptImpl : public torch::nn::Module, public examples::StagedLm {
  public:
   // Initialized as GPT-2 is: weights N(0, 0.02), the residual projections
   // (c_proj) N(0, 0.02 / sqrt(2 layers)), biases 0, LayerNorms 1 and 0;
@@ -161,25 +149,31 @@ class GptImpl : public torch::nn::Module {
   // This stage's part of forward: the first stage takes tokens [B, T], the
   // others the previous stage's output [B, T, d_model]; the last returns
   // logits [B, T, vocab / tp] (this rank's slice), the others [B, T, d].
-  torch::Tensor forward_stage(const torch::Tensor& input, const UnitRunner& run = run_directly);
+  torch::Tensor forward_stage(const torch::Tensor& input, const UnitRunner& run = run_directly) override;
   // The mean (loss) or the sum (loss_sum) of the token losses of the last
   // stage's logits against targets [B, T]: vocabulary-parallel
   // cross-entropy under tensor parallelism, the same on every tp rank.
-  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets);
-  torch::Tensor loss_sum(const torch::Tensor& logits, const torch::Tensor& targets);
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) override;
+  torch::Tensor loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) override;
   // The whole vocabulary's logits from this rank's slice (tp ranks gather).
-  torch::Tensor whole_logits(const torch::Tensor& logits);
+  torch::Tensor whole_logits(const torch::Tensor& logits) override;
 
   // A tied head across pipeline stages (torch/pipeline_stage.h): the first
   // stage passes the embedding's output through `tie` (PipelineStage::tied);
   // the last stage's head uses `weight`, the copy of wte's (tie_last).
-  void set_embedding_tie(std::function<torch::Tensor(const torch::Tensor&)> tie) { tie_ = std::move(tie); }
-  void set_head_weight(torch::Tensor weight) { head_weight_ = std::move(weight); }
-  // wte's weight (the first stage's; under tp this rank's rows).
-  const torch::Tensor& wte_weight() const;
+  void set_embedding_tie(std::function<torch::Tensor(const torch::Tensor&)> tie) override { tie_ = std::move(tie); }
+  void set_head_weight(torch::Tensor weight) override { head_weight_ = std::move(weight); }
+  // wte's weight (the first stage's; under tp this rank's rows), in the
+  // model's own unit.
+  const torch::Tensor& embedding_weight() const override;
+  const torch::nn::Module& embedding_unit() const override { return *this; }
 
   const Config& config() const { return config_; }
-  const Placement& placement() const { return placement_; }
+  const Placement& placement() const override { return placement_; }
+  int64_t hidden_size() const override { return config_.d_model; }
+  int64_t vocab_size() const override { return config_.vocab; }
+  bool tied_head() const override { return config_.tied_head; }
+  torch::ScalarType activation_dtype() const override;
   // The blocks, for zest::TorchModuleOptions::units.
   std::vector<std::shared_ptr<torch::nn::Module>> blocks() const;
 

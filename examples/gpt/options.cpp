@@ -61,17 +61,15 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--prompt", o.prompt);
   std::string device_name;
   app.add_option("--device", device_name);
-  app.add_option("--tp", o.tp)->check(CLI::Range(1, 1 << 12));
-  app.add_option("--pp", o.pp)->check(CLI::Range(1, 1 << 12));
   std::string schedule;
-  app.add_option("--pipeline-schedule", schedule)->check(CLI::IsMember({"1f1b", "gpipe"}));
+  examples::add_mesh_flags(app, o, schedule);
   cli::parse(app, argc, argv);
-  if (schedule == "gpipe") o.pipeline_schedule = zest::PipelineKind::kGPipe;
+  examples::finish_mesh_flags(o, schedule);
   if (!device_name.empty()) o.device = cli::device_flag("--device", device_name);
   // In-process ranks cannot share a GPU through libtorch (its backward for a
   // GPU runs on one thread: zest::backward_thread_conflict), so on one the
   // default is one rank; a --ranks above 1 is refused by name there.
-  if (o.device.is_cuda() && !o.launch && app.count("--ranks") == 0 && o.tp * o.pp == 1) o.ranks = 1;
+  if (o.device.is_cuda() && !o.launch && app.count("--ranks") == 0 && !o.mesh()) o.ranks = 1;
   if (stage >= 0) o.stages = {stage};
   if (!stages.empty()) o.stages = stages;
   if (untied) o.model.tied_head = false;
@@ -87,7 +85,7 @@ Options parse_options(int argc, char** argv) {
   if (o.model.d_model % o.model.heads != 0) {
     cli::usage_error("--d-model {} does not divide into --heads {}", o.model.d_model, o.model.heads);
   }
-  if (o.tp * o.pp > 1) {
+  if (o.mesh()) {
     if (o.model.heads % o.tp != 0 || o.model.vocab % o.tp != 0) {
       cli::usage_error("--tp {} must divide --heads {} and --vocab {}: each rank takes whole heads and an equal "
                        "slice of the vocabulary",
@@ -132,20 +130,7 @@ zest::EngineConfig engine_config(const Options& opt, int stage, int world) {
     program.scheduler = c.scheduler;
     c = zest::load_config_file(opt.config_path, program);
   } else {
-    // Stage 3's prefetch window as Hugging Face's Trainer fills "auto" for
-    // this hidden size (0.9 x d_model^2, config.h). DeepSpeed's default, 5e7
-    // elements, is the whole of a model this size: every unit would be
-    // gathered at once beside the shards, and stage 3 would peak above
-    // stage 2. On the host a gather does not overlap compute anyway.
-    const auto d = static_cast<double>(opt.model.d_model);
-    c.zero.stage3_prefetch_bucket_size = static_cast<int64_t>(0.9 * d * d);
-    // And the reuse distance likewise (Note [stage-3 reuse distance]):
-    // DeepSpeed's 1e9 keeps every unit of a model this size gathered from
-    // its forward to its backward, the whole model beside the shards at the
-    // turn, and stage 3 would peak above stage 2 again. Within one prefetch
-    // window, only units used again that soon stay (those at the turn from
-    // forward to backward): about a window's elements more at most.
-    c.zero.stage3_max_reuse_distance = static_cast<int64_t>(0.9 * d * d);
+    examples::set_stage3_windows(c, opt.model.d_model);  // it says why
   }
   c.zero.stage = stage;
   if (opt.offload) {

@@ -13,15 +13,16 @@
 #include "sample.h"
 #include "zest/config/config.h"
 #include "zest/core/device.h"
-#include "zest/pipeline/schedule.h"
 
 namespace gpt {
 
 using UsageError = cli::UsageError;
 
 // The shared flags (ranks, run, corpus, checkpoints) are examples::LmRunOptions';
-// --lora, --hf and --export-hf examples::PretrainedOptions'.
-struct Options : examples::LmRunOptions, examples::PretrainedOptions {
+// --lora, --hf and --export-hf examples::PretrainedOptions'; --tp, --pp and
+// --pipeline-schedule examples::MeshFlags' (the batch's --accum micro-batches
+// run through the pipeline's stages).
+struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::MeshFlags {
   Options() {
     ranks = 4;
     steps = 200;
@@ -47,12 +48,6 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions {
   zest::Device device = zest::Device::host();
   SampleOptions sample;
   std::string prompt;
-  // --tp, --pp: a device mesh of ranks / (tp x pp) data-parallel replicas,
-  // each layer split over tp ranks, the blocks over pp stages; the batch's
-  // --accum micro-batches run through the stages in --pipeline-schedule.
-  int tp = 1;
-  int pp = 1;
-  zest::PipelineKind pipeline_schedule = zest::PipelineKind::k1F1B;
 };
 
 std::string usage();

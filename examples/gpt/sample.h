@@ -25,7 +25,7 @@ std::string generate(GptImpl& model, const UnitRunner& run, const std::string& p
                      torch::Device device = torch::kCPU);
 // The same with the logits of the last position of tokens [1, T] from
 // `last_logits` ([vocab] on the host, the same on every caller): for a model
-// split over ranks (mesh_trainer.h). `context` bounds T.
+// split over ranks (common/mesh_trainer.h's last_logits). `context` bounds T.
 using LastLogitsFn = std::function<torch::Tensor(const torch::Tensor& tokens)>;
 std::string generate(const LastLogitsFn& last_logits, int64_t context, const std::string& prompt,
                      const SampleOptions& options, torch::Device device = torch::kCPU);

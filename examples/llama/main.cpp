@@ -10,6 +10,10 @@
 //                                                the projections, the base frozen
 //   mpirun -np 4 llama --launch --stage 3        one process per rank (MPI)
 //   llama --hf DIR --steps 0 --export-hf OUT     load a Hugging Face checkpoint, write it back
+//   llama --ranks 8 --tp 2 --pp 2 --accum 4      a device mesh, dp x tp x pp = 2 x 2 x 2: each layer
+//                                                split over 2 ranks, the layers over 2 pipeline
+//                                                stages running 4 micro-batches 1F1B
+//                                                (common/mesh_trainer.h)
 //
 // A checkpoint with a vocabulary larger than 256 still trains on byte ids.
 // Threads: one torch intra-op thread per rank by default, as in
@@ -18,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +32,7 @@
 #include "common/describe_model.h"
 #include "common/lm_pretrained.h"
 #include "common/lm_training.h"
+#include "common/mesh_trainer.h"
 #include "common/report.h"
 #include "model.h"
 #include "options.h"
@@ -81,20 +87,27 @@ std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engi
 void train(const llama::Options& opt, const examples::Corpus& corpus, const zest::EngineConfig& config,
            zest::Communicator& comm) {
   torch::set_num_threads(opt.threads);
-  const int world = comm.size(), rank = comm.rank();
-  const bool printer = rank == 0;
+  const bool printer = comm.rank() == 0;
+  // With --tp or --pp each rank holds a part of the model and the engine
+  // shards it over the data-parallel group; the batch's rows are split over
+  // that group.
+  std::optional<zest::DeviceMesh> mesh;
+  if (opt.mesh()) mesh.emplace(comm, zest::MeshShape{.dp = opt.data_parallel(comm.size()), .tp = opt.tp, .pp = opt.pp});
+  zest::Communicator& group = mesh ? mesh->dp() : comm;
+  const int world = group.size(), rank = group.rank();
   zest::CachingAllocator allocator(zest::make_host_allocator());
-  zest::Engine engine(config, comm, allocator, zest::Stream::default_for(comm.device()));
+  zest::Engine engine(config, group, allocator, zest::Stream::default_for(comm.device()));
+  if (mesh) engine.set_model_parallel(mesh->engine_model_parallel());
   llama::LlamaForCausalLM model{nullptr};
   std::unique_ptr<zest::TorchModule> zt;
   if (!opt.hf_dir.empty()) {
     zt = load_hf(opt, engine, model);
   } else {
-    model = llama::LlamaForCausalLM(opt.model, opt.seed);
+    model = llama::LlamaForCausalLM(opt.model, opt.seed, examples::placement_of(mesh ? &*mesh : nullptr));
     if (opt.lora_r > 0) llama::enable_lora(*model, opt.lora(), opt.seed);
     zt = llama::wrap(engine, model);
   }
-  const llama::LayerRunner run_layer = opt.recompute ? llama::checkpointing(*zt) : llama::LayerRunner();
+  if (opt.recompute) model->set_layer_runner(llama::checkpointing(*zt));
 
   int64_t first = 0;
   if (!opt.load_dir.empty()) {
@@ -102,18 +115,26 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
     first = engine.progress().applied_steps + engine.progress().skipped_steps;
     if (printer) fmt::print("resumed from {} at step {}\n", opt.load_dir, first);
   }
-  const int64_t rows = opt.batch / world, context = opt.context;
+  const int64_t accum = opt.accum, rows = opt.batch / world, rows_per_micro = rows / accum, context = opt.context;
   const int64_t windows = examples::validation_windows(corpus, opt.val_windows, context, world);
+  examples::MeshTrainer trainer(mesh ? &*mesh : nullptr, *zt, *model, rows_per_micro, context, opt.pipeline_schedule);
+  double val_loss = 0.0;
   const auto validate = [&](int64_t step) {
-    const double v = llama::validation_loss(*zt, *model, corpus, windows, context);
-    if (printer) fmt::print("step {:5d}  validation loss {:.4f}  ({} windows of {} bytes)\n", step, v, windows, context);
+    val_loss = trainer.validation_loss(corpus, windows);
+    if (printer) {
+      fmt::print("step {:5d}  validation loss {:.4f}  ({} windows of {} bytes)\n", step, val_loss, windows, context);
+    }
   };
   if (opt.steps > 0) validate(first);
   double seconds = 0.0;
   for (int64_t step = first; step < first + opt.steps; ++step) {
     const auto start = Clock::now();
-    const llama::MicroStep s =
-        llama::train_micro_step(*zt, *model, corpus.train_batch(step, rank * rows, rows, context, opt.seed), run_layer);
+    std::vector<examples::Batch> micro_batches;
+    for (int64_t m = 0; m < accum; ++m) {
+      micro_batches.push_back(
+          corpus.train_batch(step, rank * rows + m * rows_per_micro, rows_per_micro, context, opt.seed));
+    }
+    const examples::MeshTrainer::Step s = trainer.train_step(micro_batches);
     const double dt = std::chrono::duration<double>(Clock::now() - start).count();
     seconds += dt;
     const bool last = step == first + opt.steps - 1;
@@ -129,6 +150,8 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
                                                               zest::EstimateOptions::from_config(config, world));
   if (printer) {
     if (seconds > 0) fmt::print("mean {:.0f} tokens/s\n", static_cast<double>(opt.steps * opt.batch * context) / seconds);
+    // Every digit, for scripts (scripts/mesh_check.sh), as the gpt example.
+    if (opt.steps > 0) fmt::print("final validation loss, stage {}: {:.17g}\n", opt.stage, val_loss);
     fmt::print("\nmemory per rank by category (the engine's allocator; torch's activations are not in it):\n{}",
                examples::format_memory(memory, estimate));
     fmt::print("\nparameters on the device, frozen and trainable:\n{}", examples::format_parameter_split(memory, estimate));
@@ -155,12 +178,14 @@ int main(int argc, char** argv) {
     if (opt.launch) launched = zest::init_distributed(zest::Device::host(), opt.comm);
     const bool printer = !launched || launched->rank() == 0;
     const int world = launched ? launched->size() : opt.ranks;
-    const zest::EngineConfig config = llama::engine_config(opt, world);
+    const zest::EngineConfig config = llama::engine_config(opt, opt.data_parallel(world));
     const examples::Corpus corpus = examples::Corpus::load(opt.data);
     if (printer) {
       fmt::print("corpus {}: {} fortune cookies, {} training bytes, {} validation bytes\n", opt.data,
                  corpus.cookies(), corpus.train().size(), corpus.validation().size());
-      fmt::print("stage {}: {} ranks, Llama of {} parameters ({}), {}, {}{}\n", opt.stage, world,
+      const std::string shape =
+          opt.mesh() ? fmt::format(" (dp {} x tp {} x pp {})", opt.data_parallel(world), opt.tp, opt.pp) : "";
+      fmt::print("stage {}: {} ranks{}, Llama of {} parameters ({}), {}, {}{}\n", opt.stage, world, shape,
                  opt.model.parameters(), opt.model.str(), zest::dtype_name(config.compute_dtype()),
                  zest::optimizer_name(config.optimizer.kind),
                  opt.lora_r > 0 ? fmt::format(", LoRA r {} alpha {:g} on {}", opt.lora_r, opt.lora_alpha,

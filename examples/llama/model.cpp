@@ -15,6 +15,25 @@ zest::LoraLinear projection(int64_t in, int64_t out, bool bias) {
   return zest::LoraLinear(zest::LoraLinearOptions(in, out).bias(bias));
 }
 
+// A projection whole (LoraLinear) or split over tp (Parallel: column- or
+// row-parallel), registered under `name`.
+template <typename Parallel>
+void make_projection(torch::nn::Module& m, const char* name, int64_t in, int64_t out, bool bias,
+                     zest::Communicator* tp, zest::LoraLinear& whole, Parallel& split) {
+  if (tp == nullptr) {
+    whole = m.register_module(name, projection(in, out, bias));
+  } else {
+    split = m.register_module(name, Parallel(*tp, zest::tp::ParallelLinearOptions(in, out).bias(bias)));
+  }
+}
+
+// The split's group, or null for whole layers (no group, or a group of one).
+zest::Communicator* split_group(zest::Communicator* tp) { return tp != nullptr && tp->size() > 1 ? tp : nullptr; }
+
+int tp_size_of(zest::Communicator* tp) { return tp != nullptr ? tp->size() : 1; }
+
+constexpr uint64_t kSeedStride = 0x9E3779B97F4A7C15ull;
+
 // modeling_llama.rotate_half: (x1, x2) -> (-x2, x1) over the last dim's halves.
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -48,6 +67,34 @@ void init_parameters(torch::nn::Module& m, double std, at::Generator gen) {
 
 torch::Tensor run_directly(const torch::nn::Module&, const std::function<torch::Tensor()>& piece) { return piece(); }
 
+void validate(const Placement& placement, const Config& c) {
+  const int t = placement.tp_size();
+  if (c.num_attention_heads % t != 0 || c.num_key_value_heads % t != 0 || c.intermediate_size % t != 0 ||
+      c.vocab_size % t != 0) {
+    throw std::invalid_argument(fmt::format(
+        "tensor parallelism over {} ranks splits the {} heads, the {} key-value heads, intermediate_size {} and the "
+        "vocabulary of {} evenly: pick a tp size dividing all four",
+        t, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size));
+  }
+  placement.validate_stages(c.num_hidden_layers);
+}
+
+torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole, int tp_rank, int tp_size) {
+  if (tp_size == 1) return whole;
+  const auto in = [&](const char* projection) { return name.find(projection) != std::string::npos; };
+  // Column-parallel (rows: output features, weight and bias alike) and the
+  // vocabulary's rows.
+  if (name.ends_with("embed_tokens.weight") || name == "lm_head.weight" || in("q_proj.") || in("k_proj.") ||
+      in("v_proj.") || in("gate_proj.") || in("up_proj.")) {
+    return zest::tp::partition(whole, 0, tp_rank, tp_size);
+  }
+  // Row-parallel weights (columns: input features); their biases are whole.
+  if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight")) {
+    return zest::tp::partition(whole, 1, tp_rank, tp_size);
+  }
+  return whole;  // the RMSNorms, the row-parallel biases
+}
+
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({size}));
 }
@@ -68,20 +115,27 @@ Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const Config& c)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.resolved_head_dim()) {
-  const int64_t h = c.hidden_size;
-  q_proj = register_module("q_proj", projection(h, heads_ * head_dim_, c.attention_bias));
-  k_proj = register_module("k_proj", projection(h, kv_heads_ * head_dim_, c.attention_bias));
-  v_proj = register_module("v_proj", projection(h, kv_heads_ * head_dim_, c.attention_bias));
-  o_proj = register_module("o_proj", projection(heads_ * head_dim_, h, c.attention_bias));
+LlamaAttentionImpl::LlamaAttentionImpl(const Config& c, zest::Communicator* tp)
+    : heads_(c.num_attention_heads / tp_size_of(tp)),
+      kv_heads_(c.num_key_value_heads / tp_size_of(tp)),
+      head_dim_(c.resolved_head_dim()) {
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * head_dim_, kv = c.num_key_value_heads * head_dim_;
+  tp = split_group(tp);
+  // q_proj's rows are heads, k_proj's and v_proj's kv heads, each split
+  // evenly: rank r's query heads [r H/tp, (r+1) H/tp) read the kv heads
+  // [r KV/tp, (r+1) KV/tp), which are the ones it holds (repeat_kv).
+  make_projection(*this, "q_proj", h, q, c.attention_bias, tp, q_proj, q_proj_tp);
+  make_projection(*this, "k_proj", h, kv, c.attention_bias, tp, k_proj, k_proj_tp);
+  make_projection(*this, "v_proj", h, kv, c.attention_bias, tp, v_proj, v_proj_tp);
+  make_projection(*this, "o_proj", q, h, c.attention_bias, tp, o_proj, o_proj_tp);
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Rotary& rope) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, -1, head_dim_}).transpose(1, 2); };
-  torch::Tensor q = heads(q_proj->forward(x)), k = heads(k_proj->forward(x));
-  const torch::Tensor v = heads(v_proj->forward(x));
+  torch::Tensor q = heads(q_proj ? q_proj->forward(x) : q_proj_tp->forward(x));
+  torch::Tensor k = heads(k_proj ? k_proj->forward(x) : k_proj_tp->forward(x));
+  const torch::Tensor v = heads(v_proj ? v_proj->forward(x) : v_proj_tp->forward(x));
   // apply_rotary_pos_emb: cos and sin [T, d] broadcast over batch and heads.
   q = q * rope.cos + rotate_half(q) * rope.sin;
   k = k * rope.cos + rotate_half(k) * rope.sin;
@@ -95,24 +149,30 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Rotary& 
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   const torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
   const torch::Tensor out = torch::matmul(probs, values).transpose(1, 2).contiguous().reshape({B, T, -1});
-  return o_proj->forward(out);
+  return o_proj ? o_proj->forward(out) : o_proj_tp->forward(out);
 }
 
-LlamaMlpImpl::LlamaMlpImpl(const Config& c) {
-  gate_proj = register_module("gate_proj", projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  up_proj = register_module("up_proj", projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
-  down_proj = register_module("down_proj", projection(c.intermediate_size, c.hidden_size, c.mlp_bias));
+LlamaMlpImpl::LlamaMlpImpl(const Config& c, zest::Communicator* tp) {
+  tp = split_group(tp);
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  // gate and up split alike, so silu(gate) * up pairs this rank's columns.
+  make_projection(*this, "gate_proj", h, i, c.mlp_bias, tp, gate_proj, gate_proj_tp);
+  make_projection(*this, "up_proj", h, i, c.mlp_bias, tp, up_proj, up_proj_tp);
+  make_projection(*this, "down_proj", i, h, c.mlp_bias, tp, down_proj, down_proj_tp);
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const torch::Tensor gate = gate_proj ? gate_proj->forward(x) : gate_proj_tp->forward(x);
+  const torch::Tensor up = up_proj ? up_proj->forward(x) : up_proj_tp->forward(x);
+  const torch::Tensor act = torch::silu(gate) * up;
+  return down_proj ? down_proj->forward(act) : down_proj_tp->forward(act);
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const Config& c) {
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const Config& c, zest::Communicator* tp) {
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-  self_attn = register_module("self_attn", LlamaAttention(c));
+  self_attn = register_module("self_attn", LlamaAttention(c, tp));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-  mlp = register_module("mlp", LlamaMlp(c));
+  mlp = register_module("mlp", LlamaMlp(c, tp));
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const Rotary& rope) {
@@ -120,80 +180,195 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const Rotar
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
-LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed) {
-  LlamaDecoderLayer layer(c);
+LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed, zest::Communicator* tp) {
+  LlamaDecoderLayer whole(c);
   // Seed 0 of the stream is the embeddings' and the head's (the model's).
-  init_parameters(*layer, c.initializer_range,
-                  at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) + 1));
-  return layer;
+  init_parameters(*whole, c.initializer_range,
+                  at::detail::createCPUGenerator(seed * kSeedStride + static_cast<uint64_t>(i) + 1));
+  tp = split_group(tp);
+  if (tp == nullptr) return whole;
+  LlamaDecoderLayer part(c, tp);
+  torch::NoGradGuard no_grad;
+  const auto values = whole->named_parameters();
+  for (const auto& item : part->named_parameters()) {
+    item.value().copy_(part_of_whole(item.key(), values[item.key()], tp->rank(), tp->size()));
+  }
+  return part;
 }
 
 LlamaModelImpl::LlamaModelImpl(const Config& c, const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
-                               bool placeholders) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
-  if (placeholders) zest::placeholder(embed_tokens);  // before the layers: one unit's memory at a time
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(make_layer(i));
-  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+                               bool placeholders, const Placement& placement) {
+  zest::Communicator* tp = split_group(placement.tp);
+  if (placement.first()) {
+    if (tp == nullptr) {
+      embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+      if (placeholders) zest::placeholder(embed_tokens);  // before the layers: one unit's memory at a time
+    } else {
+      embed_tokens_tp = register_module(
+          "embed_tokens",
+          zest::tp::VocabParallelEmbedding(*tp, zest::tp::VocabParallelEmbeddingOptions(c.vocab_size, c.hidden_size)));
+      if (placeholders) zest::placeholder(embed_tokens_tp);
+    }
+  }
+  layers = register_module("layers", torch::nn::ModuleDict());
+  const auto [begin, end] = placement.blocks(c.num_hidden_layers);
+  for (int64_t i = begin; i < end; ++i) {
+    layers->update(std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>{
+        {std::to_string(i), make_layer(i).ptr()}});
+  }
+  if (placement.last()) norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, uint64_t seed)
-    : LlamaForCausalLMImpl(c, seed, [&c, seed](int64_t i) { return make_block(c, i, seed); }) {}
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, uint64_t seed, const Placement& placement)
+    : LlamaForCausalLMImpl(
+          c, seed, [&c, seed, tp = placement.tp](int64_t i) { return make_block(c, i, seed, tp); },
+          /*placeholders=*/false, placement) {}
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, uint64_t seed,
                                            const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
-                                           bool placeholders)
-    : config_(c) {
+                                           bool placeholders, const Placement& placement)
+    : config_(c), placement_(placement) {
   c.validate();
-  model = register_module("model", LlamaModel(c, make_layer, placeholders));
-  if (!c.tie_word_embeddings) {
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
-    if (placeholders) zest::placeholder(lm_head);
+  validate(placement, c);
+  placement_.tp = split_group(placement.tp);
+  zest::Communicator* tp = placement_.tp;
+  model = register_module("model", LlamaModel(c, make_layer, placeholders, placement_));
+  if (!c.tie_word_embeddings && placement_.last()) {
+    if (tp == nullptr) {
+      lm_head = register_module("lm_head",
+                                torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+      if (placeholders) zest::placeholder(lm_head);
+    } else {
+      lm_head_tp = register_module(
+          "lm_head",
+          zest::tp::ColumnParallelLinear(*tp, zest::tp::ParallelLinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+      if (placeholders) zest::placeholder(lm_head_tp);
+    }
   }
   if (placeholders) return;  // the values come from a checkpoint
-  at::Generator gen = at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ull);
-  init_parameters(*model->embed_tokens, c.initializer_range, gen);
-  if (lm_head) init_parameters(*lm_head, c.initializer_range, gen);
+  initialize(seed);
+}
+
+void LlamaForCausalLMImpl::initialize(uint64_t seed) {
+  // HF's _init_weights from the model's own generator: the embeddings, then
+  // an untied head, each drawn whole whether or not this rank holds it, so
+  // every part gets the whole model's values.
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed * kSeedStride);
+  const auto draw = [&](const char* name, const torch::Tensor& mine) {
+    const torch::Tensor whole =
+        torch::empty({config_.vocab_size, config_.hidden_size}).normal_(0.0, config_.initializer_range, gen);
+    if (mine.defined()) mine.copy_(part_of_whole(name, whole, placement_.tp_rank(), placement_.tp_size()));
+  };
+  draw("model.embed_tokens.weight", placement_.first() ? embedding_weight() : torch::Tensor());
+  if (config_.tie_word_embeddings) return;
+  draw("lm_head.weight", lm_head ? lm_head->weight : lm_head_tp ? lm_head_tp->weight : torch::Tensor());
+}
+
+torch::ScalarType LlamaForCausalLMImpl::activation_dtype() const { return parameters().front().scalar_type(); }
+
+const torch::Tensor& LlamaForCausalLMImpl::embedding_weight() const {
+  if (model->embed_tokens) return model->embed_tokens->weight;
+  if (model->embed_tokens_tp) return model->embed_tokens_tp->weight;
+  throw std::logic_error("the embeddings are on the first pipeline stage");
+}
+
+torch::Tensor LlamaForCausalLMImpl::embed(const torch::Tensor& tokens) {
+  const torch::Tensor x =
+      model->embed_tokens ? model->embed_tokens->forward(tokens) : model->embed_tokens_tp->forward(tokens);
+  return tie_ ? tie_(x) : x;
+}
+
+torch::Tensor LlamaForCausalLMImpl::head(const torch::Tensor& x) {
+  if (lm_head) return lm_head->forward(x);
+  if (lm_head_tp) return lm_head_tp->forward(x);
+  const torch::Tensor& w = head_weight_.defined() ? head_weight_ : embedding_weight();
+  // Megatron's parallel_lm_logits: x is whole on every tp rank, so its
+  // gradient, a sum over the vocabulary slices, is all-reduced.
+  return torch::matmul(placement_.tp != nullptr ? zest::tp::copy_to_region(x, *placement_.tp) : x, w.t());
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens, const UnitRunner& run,
                                             const LayerRunner& run_layer) {
-  const int64_t T = tokens.size(1);
+  if (placement_.stages != 1) {
+    throw std::logic_error("Llama forward of the whole model on a pipeline stage: use forward_stage");
+  }
+  return forward_part(tokens, run, run_layer);
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward_stage(const torch::Tensor& input, const UnitRunner& run) {
+  return forward_part(input, run, layer_runner_);
+}
+
+torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, const UnitRunner& run,
+                                                 const LayerRunner& run_layer) {
+  const int64_t T = input.size(1);
   if (T > config_.max_position_embeddings) {
     throw std::invalid_argument(fmt::format("a sequence of {} tokens is longer than max_position_embeddings {}", T,
                                             config_.max_position_embeddings));
   }
-  torch::Tensor x = run(embed_unit(), [&] { return model->embed_tokens->forward(tokens); });
+  torch::Tensor x = placement_.first() ? run(embed_unit(), [&] { return embed(input); }) : input;
   const Rotary rope = rotary(config_, T, x.scalar_type(), x.device());
   for (LlamaDecoderLayer layer : layers()) {
     x = run_layer ? run_layer(layer, x, rope) : run(*layer, [&] { return layer->forward(x, rope); });
   }
+  if (!placement_.last()) return x;
   x = run(*model->norm, [&] { return model->norm->forward(x); });
-  return run(head_unit(), [&] {
-    return lm_head ? lm_head->forward(x) : torch::matmul(x, model->embed_tokens->weight.t());
-  });
+  // The tied head's copy on the last of several stages is no parameter of
+  // this stage's engine (PipelineStage::tie_last): there is no unit to run.
+  if (head_weight_.defined()) return head(x);
+  return run(head_unit(), [&] { return head(x); });
+}
+
+torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (placement_.tp == nullptr) return lm_loss(logits, targets);
+  return zest::tp::vocab_parallel_cross_entropy(logits.to(torch::kFloat), targets, *placement_.tp).mean();
+}
+
+torch::Tensor LlamaForCausalLMImpl::loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (placement_.tp == nullptr) {
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  }
+  return zest::tp::vocab_parallel_cross_entropy(logits.to(torch::kFloat), targets, *placement_.tp).sum();
+}
+
+torch::Tensor LlamaForCausalLMImpl::whole_logits(const torch::Tensor& logits) {
+  return placement_.tp == nullptr ? logits : zest::tp::gather_from_region(logits, *placement_.tp, -1);
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::units() const {
   std::vector<std::shared_ptr<torch::nn::Module>> out;
-  if (lm_head) out.push_back(model->embed_tokens.ptr());
-  for (const auto& layer : *model->layers) out.push_back(layer);
-  out.push_back(model->norm.ptr());
+  const bool untied = !config_.tie_word_embeddings;
+  if (untied && model->embed_tokens) out.push_back(model->embed_tokens.ptr());
+  if (untied && model->embed_tokens_tp) out.push_back(model->embed_tokens_tp.ptr());
+  for (const auto& layer : model->layers->values()) out.push_back(layer);
+  if (model->norm) out.push_back(model->norm.ptr());
   if (lm_head) out.push_back(lm_head.ptr());
+  if (lm_head_tp) out.push_back(lm_head_tp.ptr());
   return out;
 }
 
 const torch::nn::Module& LlamaForCausalLMImpl::embed_unit() const {
-  return lm_head ? static_cast<const torch::nn::Module&>(*model->embed_tokens) : *this;
+  if (config_.tie_word_embeddings) return *this;
+  if (model->embed_tokens) return *model->embed_tokens;
+  if (model->embed_tokens_tp) return *model->embed_tokens_tp;
+  throw std::logic_error("the embeddings are on the first pipeline stage");
 }
 
 const torch::nn::Module& LlamaForCausalLMImpl::head_unit() const {
-  return lm_head ? static_cast<const torch::nn::Module&>(*lm_head) : *this;
+  if (config_.tie_word_embeddings) return *this;
+  if (lm_head) return *lm_head;
+  if (lm_head_tp) return *lm_head_tp;
+  throw std::logic_error("the head is on the last pipeline stage");
 }
 
 std::vector<LlamaDecoderLayer> LlamaForCausalLMImpl::layers() const {
   std::vector<LlamaDecoderLayer> out;
-  for (const auto& m : *model->layers) out.emplace_back(std::dynamic_pointer_cast<LlamaDecoderLayerImpl>(m));
+  for (const auto& m : model->layers->values()) {
+    out.emplace_back(std::dynamic_pointer_cast<LlamaDecoderLayerImpl>(m));
+  }
   return out;
 }
 

@@ -24,6 +24,17 @@
 //
 // Blocks are made by a factory, make_block(i), so a caller can build (and
 // fill) them one at a time, or hand the model blocks made elsewhere.
+//
+// A Placement (common/staged_lm.h) builds one rank's part of the model
+// instead, for a device mesh (common/mesh_trainer.h trains it): each layer
+// split over a tensor-parallel group as Megatron-LM splits Llama (the
+// embeddings and an untied head by vocabulary; q_proj by heads and k_proj and
+// v_proj by key-value heads, so each rank keeps the kv heads its query heads
+// read; gate_proj and up_proj by rows; o_proj and down_proj by columns; the
+// RMSNorms and the row-parallel biases whole), and the layers cut into
+// consecutive pipeline stages, the embeddings on the first, the final norm
+// and the head on the last. Every part starts from the whole model's values
+// for the seed, under the whole model's names.
 #pragma once
 
 #include <cstdint>
@@ -33,16 +44,30 @@
 
 #include <torch/torch.h>
 
+#include "common/staged_lm.h"
 #include "config.h"
+#include "zest/comm/communicator.h"
 #include "zest/torch/lora.h"
+#include "zest/torch/tensor_parallel.h"
 
 namespace llama {
 
 // How forward runs a piece that uses one unit's parameters: directly, or
 // through zest::TorchModule::call (gathered at stage 3).
-using UnitRunner =
-    std::function<torch::Tensor(const torch::nn::Module& unit, const std::function<torch::Tensor()>& piece)>;
+using UnitRunner = examples::UnitRunner;
 torch::Tensor run_directly(const torch::nn::Module& unit, const std::function<torch::Tensor()>& piece);
+
+// Which part of the model a rank builds (common/staged_lm.h).
+using Placement = examples::Placement;
+// Throws std::invalid_argument naming the sizes when tp does not divide the
+// heads, the key-value heads, intermediate_size and the vocabulary, or
+// there are more stages than layers.
+void validate(const Placement& placement, const Config& c);
+
+// Tensor-parallel rank tp_rank's part (of tp_size) of the whole model's
+// parameter `name` (its LlamaForCausalLM name, or a decoder layer's own
+// name), as the split layers hold it.
+torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole, int tp_rank, int tp_size);
 
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -63,10 +88,15 @@ Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const Config& c);
+  // With a tensor-parallel group `tp`: heads / tp query heads and
+  // kv_heads / tp key-value heads on this rank.
+  explicit LlamaAttentionImpl(const Config& c, zest::Communicator* tp = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const Rotary& rope);
 
   zest::LoraLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // Under tensor parallelism instead, with the same names.
+  zest::tp::ColumnParallelLinear q_proj_tp{nullptr}, k_proj_tp{nullptr}, v_proj_tp{nullptr};
+  zest::tp::RowParallelLinear o_proj_tp{nullptr};
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -75,17 +105,19 @@ TORCH_MODULE(LlamaAttention);
 
 class LlamaMlpImpl : public torch::nn::Module {
  public:
-  explicit LlamaMlpImpl(const Config& c);
+  explicit LlamaMlpImpl(const Config& c, zest::Communicator* tp = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
   zest::LoraLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  zest::tp::ColumnParallelLinear gate_proj_tp{nullptr}, up_proj_tp{nullptr};  // under tensor parallelism instead
+  zest::tp::RowParallelLinear down_proj_tp{nullptr};
 };
 TORCH_MODULE(LlamaMlp);
 
 // h = x + self_attn(input_layernorm(x)); h + mlp(post_attention_layernorm(h)).
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayerImpl(const Config& c);
+  explicit LlamaDecoderLayerImpl(const Config& c, zest::Communicator* tp = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const Rotary& rope);
 
   RMSNorm input_layernorm{nullptr};
@@ -98,48 +130,73 @@ TORCH_MODULE(LlamaDecoderLayer);
 // Decoder layer i with its initial values: HF's _init_weights (Linear
 // weights N(0, initializer_range), biases 0, norms 1) from a generator of
 // its own, seeded by (seed, i), so a block's values do not depend on which
-// blocks were made before it.
-LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed);
+// blocks were made before it. With a tensor-parallel group `tp`, this
+// rank's part of that layer (drawn whole, then split).
+LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed, zest::Communicator* tp = nullptr);
 
 // How forward runs a decoder layer, when not through the UnitRunner.
 using LayerRunner = std::function<torch::Tensor(LlamaDecoderLayer layer, const torch::Tensor& x, const Rotary& rope)>;
 
-// LlamaModel: the embeddings, the layers and the final norm.
+// LlamaModel: the embeddings, the layers and the final norm (those of the
+// placement's stage: null where another stage holds them).
 class LlamaModelImpl : public torch::nn::Module {
  public:
   // placeholders: the embeddings made a placeholder as soon as they are
-  // built (zest/torch/module_construction.h), for a checkpoint's values.
+  // built (zest/torch/module_construction.h), for a checkpoint's values;
+  // make_layer(i) is called for this stage's layers only.
   LlamaModelImpl(const Config& c, const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
-                 bool placeholders = false);
+                 bool placeholders = false, const Placement& placement = {});
 
   torch::nn::Embedding embed_tokens{nullptr};
-  torch::nn::ModuleList layers{nullptr};
+  zest::tp::VocabParallelEmbedding embed_tokens_tp{nullptr};  // under tensor parallelism instead
+  torch::nn::ModuleDict layers{nullptr};  // this stage's decoder layers, keyed by layer number
   RMSNorm norm{nullptr};
 };
 TORCH_MODULE(LlamaModel);
 
-class LlamaForCausalLMImpl : public torch::nn::Module {
+class LlamaForCausalLMImpl : public torch::nn::Module, public examples::StagedLm {
  public:
   // Blocks from make_block(c, i, seed); the embeddings and the head drawn
-  // from the seed too.
-  LlamaForCausalLMImpl(const Config& c, uint64_t seed);
+  // from the seed too. With a placement, this rank's part of each.
+  LlamaForCausalLMImpl(const Config& c, uint64_t seed, const Placement& placement = {});
   // Blocks from `make_layer`; the embeddings and head from the seed, or
   // with `placeholders` made placeholders as soon as each is built (deferred
   // construction, for a checkpoint's values: make_layer then returns
   // placeholder blocks too), so no more than one unit is ever held whole.
+  // make_layer(i) is called for the placement's layers only.
   LlamaForCausalLMImpl(const Config& c, uint64_t seed, const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
-                       bool placeholders = false);
+                       bool placeholders = false, const Placement& placement = {});
 
   // tokens [B, T] int64 -> logits [B, T, vocab] in the parameters' dtype.
   // The embedding runs as run(embed_unit(), ...), each layer as
   // run(layer, ...), the final norm as run(*model->norm, ...) and the head
   // as run(head_unit(), ...).
   // run_layer, when given, runs each decoder layer instead (activation
-  // checkpointing: zt.checkpoint_call).
+  // checkpointing: zt.checkpoint_call). The whole model only (one stage;
+  // under tensor parallelism the logits are this rank's vocabulary slice).
   torch::Tensor forward(const torch::Tensor& tokens, const UnitRunner& run = run_directly,
                         const LayerRunner& run_layer = {});
+  // This stage's part of forward (common/staged_lm.h), each decoder layer
+  // through the runner of set_layer_runner when one is set.
+  torch::Tensor forward_stage(const torch::Tensor& input, const UnitRunner& run = run_directly) override;
+  void set_layer_runner(LayerRunner run_layer) { layer_runner_ = std::move(run_layer); }
+  // In fp32, as HF's loss upcasts the logits.
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) override;
+  torch::Tensor loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) override;
+  torch::Tensor whole_logits(const torch::Tensor& logits) override;
+
+  // A head tied across pipeline stages (common/staged_lm.h).
+  const torch::Tensor& embedding_weight() const override;
+  const torch::nn::Module& embedding_unit() const override { return embed_unit(); }
+  void set_embedding_tie(std::function<torch::Tensor(const torch::Tensor&)> tie) override { tie_ = std::move(tie); }
+  void set_head_weight(torch::Tensor weight) override { head_weight_ = std::move(weight); }
 
   const Config& config() const { return config_; }
+  const Placement& placement() const override { return placement_; }
+  int64_t hidden_size() const override { return config_.hidden_size; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  bool tied_head() const override { return config_.tie_word_embeddings; }
+  torch::ScalarType activation_dtype() const override;
   // The units for zest::TorchModuleOptions::units: each layer, the final
   // norm, and untied the embeddings and the head (tied, those two share
   // the root's unit, "<root>").
@@ -149,10 +206,22 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   std::vector<LlamaDecoderLayer> layers() const;
 
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // untied only
+  torch::nn::Linear lm_head{nullptr};  // untied only, on the last stage
+  zest::tp::ColumnParallelLinear lm_head_tp{nullptr};  // under tensor parallelism instead
 
  private:
+  torch::Tensor forward_part(const torch::Tensor& input, const UnitRunner& run, const LayerRunner& run_layer);
+  torch::Tensor embed(const torch::Tensor& tokens);
+  torch::Tensor head(const torch::Tensor& x);
+  // The embeddings and the head drawn whole from the seed, this rank's
+  // parts kept.
+  void initialize(uint64_t seed);
+
   Config config_;
+  Placement placement_;
+  LayerRunner layer_runner_;
+  std::function<torch::Tensor(const torch::Tensor&)> tie_;
+  torch::Tensor head_weight_;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

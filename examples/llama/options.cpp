@@ -15,8 +15,14 @@ std::string usage() {
          "             [--data FORTUNE_FILE_OR_DIR] [--eval-every N] [--val-windows N] [--print-every N]\n"
          "             [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
          "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16]\n"
-         "             [--export-adapters] [--recompute] [--timeout SECONDS]\n"
-         "Without --config or --hf: 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256.\n";
+         "             [--export-adapters] [--recompute] [--timeout SECONDS] [--accum N]\n"
+         "             [--tp N] [--pp N] [--pipeline-schedule 1f1b|gpipe]\n"
+         "Without --config or --hf: 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256.\n"
+         "--tp and --pp: ranks = dp x tp x pp (Megatron's order); tp divides the heads, the key-value heads,\n"
+         "intermediate_size and the vocabulary, pp is at most the layers, and --accum sets the pipeline's\n"
+         "micro-batches.\n"
+         "Stage 3 prefetches up to 0.9 x hidden_size^2 elements ahead and keeps a released unit gathered for a\n"
+         "reuse within as many (stage3_prefetch_bucket_size, stage3_max_reuse_distance).\n";
 }
 
 Options parse_options(int argc, char** argv) {
@@ -31,10 +37,14 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--config", o.config_path);
   app.add_option("--context", o.context)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
   CLI::Option* hf = examples::add_pretrained_flags(app, o, shard_size);
   app.get_option("--config")->excludes(hf);
+  std::string schedule;
+  examples::add_mesh_flags(app, o, schedule);
   cli::parse(app, argc, argv);
   examples::finish_pretrained_flags(o, shard_size);
+  examples::finish_mesh_flags(o, schedule);
   if (!o.config_path.empty() || !o.hf_dir.empty()) {
     const std::string path = !o.config_path.empty() ? o.config_path : o.hf_dir + "/config.json";
     try {
@@ -48,19 +58,46 @@ Options parse_options(int argc, char** argv) {
     cli::usage_error("--context {} is longer than the model's max_position_embeddings {}", o.context,
                      o.model.max_position_embeddings);
   }
+  if (o.mesh()) {
+    const Config& m = o.model;
+    if (m.num_attention_heads % o.tp != 0 || m.num_key_value_heads % o.tp != 0 || m.intermediate_size % o.tp != 0 ||
+        m.vocab_size % o.tp != 0) {
+      cli::usage_error("--tp {} must divide the {} heads, the {} key-value heads, intermediate_size {} and the "
+                       "vocabulary of {}: each rank takes whole heads and equal slices",
+                       o.tp, m.num_attention_heads, m.num_key_value_heads, m.intermediate_size, m.vocab_size);
+    }
+    if (o.pp > m.num_hidden_layers) {
+      cli::usage_error("--pp {} is more stages than the model's {} layers: each stage needs a layer", o.pp,
+                       m.num_hidden_layers);
+    }
+    // Reading a checkpoint into the parts and adapting them do not know the
+    // mesh yet. (--save and --load keep a part per tp x pp rank,
+    // checkpoint/model_parallel_parts.h; --export-hf writes the whole model,
+    // checkpoint/whole_model.h.)
+    for (const auto& [set, flag] : {std::pair{!o.hf_dir.empty(), "--hf"}, {o.lora_r > 0, "--lora"}}) {
+      if (set) {
+        cli::usage_error("{} with --tp/--pp: loading a pretrained checkpoint and LoRA on a model split over a mesh "
+                         "are not supported yet; run it with --tp 1 --pp 1",
+                         flag);
+      }
+    }
+  }
   return o;
 }
 
 zest::EngineConfig engine_config(const Options& opt, int world) {
   zest::EngineConfig c = examples::default_engine_config(opt.lr);
+  examples::set_stage3_windows(c, opt.model.hidden_size);  // it says why
   c.zero.stage = opt.stage;
   examples::set_compute_dtype(c, opt.dtype);
   if (opt.offload) {
     if (opt.stage == 0) throw UsageError("--offload needs --stage 1, 2 or 3: stage 0 shards no optimizer state to offload");
     c.offload_optimizer.device = zest::OffloadDevice::kCpu;
   }
-  if (opt.batch % world != 0) {
-    throw UsageError(fmt::format("--batch {} does not divide into {} ranks", opt.batch, world));
+  c.gradient_accumulation_steps = opt.accum;
+  if (opt.batch % (world * opt.accum) != 0) {
+    throw UsageError(fmt::format("--batch {} does not divide into {} data-parallel ranks x {} micro-batches (--accum)",
+                                 opt.batch, world, opt.accum));
   }
   return c;
 }

@@ -17,8 +17,9 @@ using UsageError = cli::UsageError;
 
 // The shared flags (ranks, run, corpus, ZEST checkpoints) are
 // examples::LmRunOptions'; --steps 0 loads, reports and exports without
-// training.
-struct Options : examples::LmRunOptions, examples::PretrainedOptions {
+// training. --tp, --pp and --pipeline-schedule (examples::MeshFlags) train
+// over a device mesh, the batch's --accum micro-batches through the stages.
+struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::MeshFlags {
   Options() {
     batch = 8;
     val_windows = 64;
@@ -28,6 +29,7 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions {
   int stage = 3;
   std::string dtype = "fp32";  // fp32 or bf16
   int64_t context = 64;
+  int accum = 1;  // micro-batches a step (gradient_accumulation_steps)
   bool recompute = false;
 };
 
@@ -38,7 +40,8 @@ Options parse_options(int argc, char** argv);
 
 
 // AdamW at --lr (examples::default_engine_config), --stage, --dtype,
-// --offload. Throws UsageError when --batch does not divide into the ranks.
+// --offload, --accum. `world` is the data-parallel size. Throws UsageError
+// when --batch does not divide into its ranks' micro-batches.
 zest::EngineConfig engine_config(const Options& opt, int world);
 
 }  // namespace llama

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "config.h"
+#include "llama_test_config.h"
 #include "model.h"
 #include "torch_doctest.h"
 #include "trainer.h"
@@ -22,21 +23,7 @@
 
 namespace {
 
-// GQA (4 heads over 2 kv heads), an explicit head_dim, a vocabulary larger
-// than the bytes.
-llama::Config tiny(bool tied) {
-  llama::Config c;
-  c.vocab_size = 260;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 6;
-  c.max_position_embeddings = 32;
-  c.tie_word_embeddings = tied;
-  return c;
-}
+llama::Config tiny(bool tied) { return llama_test_config(tied); }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> names_and_shapes(llama::LlamaForCausalLMImpl& m) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
@@ -88,7 +75,7 @@ TEST_CASE("llama model: LlamaForCausalLM's parameter names and shapes, untied an
   // HF's initialization: norms 1, Linear weights N(0, 0.02); blocks drawn
   // by index, whatever made them.
   CHECK(torch::equal(untied->model->norm->weight, torch::ones({16})));
-  const double std = untied->model->layers->ptr(1)->named_parameters()["mlp.up_proj.weight"].std().item<double>();
+  const double std = untied->model->layers["1"]->named_parameters()["mlp.up_proj.weight"].std().item<double>();
   CHECK(std == doctest::Approx(0.02).epsilon(0.2));
   const llama::LlamaDecoderLayer alone = llama::make_block(tiny(false), 1, 1);
   CHECK(torch::equal(alone->mlp->up_proj->weight, untied->layers()[1]->mlp->up_proj->weight));

@@ -1,32 +1,24 @@
-#include "mesh_trainer.h"
+#include "common/mesh_trainer.h"
 
-#include "common/lm_training.h"
+namespace examples {
 
-namespace gpt {
-
-Placement placement_of(const zest::DeviceMesh* mesh) {
-  if (mesh == nullptr) return {};
-  return {.tp = &mesh->tp(), .stage = mesh->pp_rank(), .stages = mesh->shape().pp};
-}
-
-MeshTrainer::MeshTrainer(const zest::DeviceMesh* mesh, zest::TorchModule& zt, GptImpl& model, int64_t rows,
-                         zest::PipelineKind schedule)
-    : mesh_(mesh), zt_(zt), model_(model), dtype_(model.parameters().front().scalar_type()) {
+MeshTrainer::MeshTrainer(const zest::DeviceMesh* mesh, zest::TorchModule& zt, StagedLm& model, int64_t rows,
+                         int64_t context, zest::PipelineKind schedule)
+    : mesh_(mesh), zt_(zt), model_(model), context_(context), dtype_(model.activation_dtype()) {
   if (mesh_ == nullptr || mesh_->shape().pp == 1) return;
-  const Config& c = model.config();
   zest::PipelineOptions po;
   po.schedule = schedule;
   po.micro_batches = static_cast<int>(zt.engine().config().accumulation_steps());
-  po.activation_shape = {rows, c.context, c.d_model};
+  po.activation_shape = {rows, context, model.hidden_size()};
   po.activation_dtype = dtype_;
   po.tied_group = mesh_->embedding();
   pipe_ = std::make_unique<zest::PipelineStage>(mesh_->pp(), zt, po);
-  if (!c.tied_head) return;
+  if (!model.tied_head()) return;
   if (pipe_->first()) {
-    pipe_->tie_first(model, model.wte_weight());
+    pipe_->tie_first(model.embedding_unit(), model.embedding_weight());
     model.set_embedding_tie([pipe = pipe_.get()](const torch::Tensor& x) { return pipe->tied(x); });
   } else if (pipe_->last()) {
-    model.set_head_weight(pipe_->tie_last({c.vocab / mesh_->shape().tp, c.d_model}, dtype_));
+    model.set_head_weight(pipe_->tie_last({model.vocab_size() / mesh_->shape().tp, model.hidden_size()}, dtype_));
   }
 }
 
@@ -35,11 +27,9 @@ MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batche
   const UnitRunner run = runner(zt_);
   Step out;
   if (!pipe_) {
-    // As trainer.h's train_micro_step, with the model's loss (vocabulary-
-    // parallel under tp).
     for (const Batch& b : micro_batches) {
       const torch::Tensor logits = model_.forward_stage(b.inputs.to(device), run);
-      const MicroStep s = examples::backward_and_step(zt_, model_.loss(logits, b.targets.to(device)));
+      const MicroStep s = backward_and_step(zt_, model_.loss(logits, b.targets.to(device)));
       out.loss += s.loss / static_cast<float>(micro_batches.size());
       out.result = s.result;
     }
@@ -61,8 +51,7 @@ MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batche
 torch::Tensor MeshTrainer::forward_only(const torch::Tensor& tokens) {
   const UnitRunner run = runner(zt_);
   if (!pipe_) return model_.forward_stage(tokens, run);
-  const Config& c = model_.config();
-  return zest::pipeline_forward(mesh_->pp(), {tokens.size(0), tokens.size(1), c.d_model}, dtype_,
+  return zest::pipeline_forward(mesh_->pp(), {tokens.size(0), tokens.size(1), model_.hidden_size()}, dtype_,
                                 [&](const torch::Tensor& in) {
                                   return model_.forward_stage(in.defined() ? in : tokens, run);
                                 });
@@ -76,25 +65,21 @@ double MeshTrainer::validation_loss(const Corpus& corpus, int64_t windows) {
         const double sum = logits.defined() ? model_.loss_sum(logits, targets).to(torch::kDouble).item<double>() : 0.0;
         return pipe_ ? zest::from_last_stage(mesh_->pp(), sum) : sum;
       },
-      corpus, windows, model_.config().context);
+      corpus, windows, context_);
 }
 
-std::string MeshTrainer::generate(const std::string& prompt, const SampleOptions& options) {
+torch::Tensor MeshTrainer::last_logits(const torch::Tensor& tokens) {
   const torch::Device device = zest::torch_device(zt_.engine().comm().device());
-  return gpt::generate(
-      [&](const torch::Tensor& tokens) {
-        const int64_t last_position = tokens.size(1) - 1;
-        const torch::Tensor logits = forward_only(tokens);
-        torch::Tensor next = torch::empty({model_.config().vocab}, torch::TensorOptions().dtype(dtype_).device(device));
-        if (logits.defined()) next.copy_(model_.whole_logits(logits).select(1, last_position).squeeze(0));
-        if (pipe_) {
-          zest::Communicator& pp = mesh_->pp();
-          pp.broadcast(next.data_ptr(), next.data_ptr(), static_cast<size_t>(next.numel()),
-                       zest::from_torch_dtype(dtype_, "logits"), pp.size() - 1, zest::Stream::default_for(pp.device()));
-        }
-        return next.to(torch::kCPU);
-      },
-      model_.config().context, prompt, options, device);
+  const int64_t last_position = tokens.size(1) - 1;
+  const torch::Tensor logits = forward_only(tokens.to(device));
+  torch::Tensor next = torch::empty({model_.vocab_size()}, torch::TensorOptions().dtype(dtype_).device(device));
+  if (logits.defined()) next.copy_(model_.whole_logits(logits).select(1, last_position).squeeze(0));
+  if (pipe_) {
+    zest::Communicator& pp = mesh_->pp();
+    pp.broadcast(next.data_ptr(), next.data_ptr(), static_cast<size_t>(next.numel()),
+                 zest::from_torch_dtype(dtype_, "logits"), pp.size() - 1, zest::Stream::default_for(pp.device()));
+  }
+  return next.to(torch::kCPU);
 }
 
-}  // namespace gpt
+}  // namespace examples
