@@ -131,8 +131,29 @@ void import_weights(Engine& engine, const std::string& path, const WeightsImport
 
 namespace detail {
 
+SourceMap source_map(const ParamLayout& p, int tp_rank, int tp_size) {
+  if (!p.tp_split || tp_size == 1) return {};
+  const auto d = static_cast<size_t>(p.tp_split->dim), stride = static_cast<size_t>(p.tp_split->stride);
+  ZEST_CHECK(d < p.shape.size() && stride >= 1 && static_cast<size_t>(p.shape[d]) % stride == 0,
+             "parameter '{}' of shape [{}] is split over tp along dimension {} with stride {}, which does not divide "
+             "it",
+             p.name, fmt::join(p.shape, ", "), d, stride);
+  size_t inner = 1;
+  for (size_t i = d + 1; i < p.shape.size(); ++i) inner *= static_cast<size_t>(p.shape[i]);
+  const size_t local = static_cast<size_t>(p.shape[d]), block = local / stride;
+  const auto tp = static_cast<size_t>(tp_size);
+  SourceMap m;
+  m.run = block * inner;
+  m.stride = stride;
+  m.outer_step = local * tp * inner;
+  m.block_step = block * tp * inner;
+  m.rank_offset = static_cast<size_t>(tp_rank) * block * inner;
+  return m;
+}
+
 OwnedReads plan_owned_reads(Engine& engine, const std::function<OwnedWeightSource(const ParamLayout&)>& source) {
   const ModelLayout& layout = engine.layout();
+  const ModelParallel& mp = engine.model_parallel();
   const auto part = static_cast<size_t>(engine.partition());
   OwnedReads out;
   out.pieces.resize(static_cast<size_t>(layout.num_units()));
@@ -151,7 +172,7 @@ OwnedReads plan_owned_reads(Engine& engine, const std::function<OwnedWeightSourc
         continue;
       }
       out.total += (e - b) * from.file->tensor(from.tensor).elem_size;
-      out.pieces[static_cast<size_t>(u)].push_back({&p, std::move(from), b, e});
+      out.pieces[static_cast<size_t>(u)].push_back({&p, std::move(from), b, e, source_map(p, mp.tp_rank, mp.tp_size)});
     }
   }
   return out;

@@ -1,5 +1,7 @@
 // load_owned_weights (weights_io.h): this rank's shard of each unit read
-// with positioned reads and written into the engine in one pass.
+// with positioned reads and written into the engine in one pass. A
+// tensor-parallel slice of a parameter is read from the whole tensor in the
+// file run by run (owned_pieces.h's SourceMap).
 //
 // Note [one pass from the file into the shard]: a unit's owned byte ranges
 // are read as stored into one of two reusable buffers (F64 converted to
@@ -105,7 +107,7 @@ class UnitBuffer {
         raws_.push_back({&p, d, 0, std::nullopt, in_place.data() + (p.begin - shard_begin) * elem_size(d)});
         continue;
       }
-      if (stored == d && map_files) {
+      if (stored == d && map_files && p.map.run == 0) {
         // The file's pages themselves: no copy, and no buffer to fault in.
         std::optional<FileView> v =
             p.from.file->view_range(p.from.tensor, (p.begin - p.param->offset) * t.elem_size, bytes);
@@ -159,21 +161,31 @@ class UnitBuffer {
 void read_chunk(const UnitBuffer& buffer, Task& t) {
   const RawPiece& r = *t.raw;
   const OwnedWeightSource& from = r.piece->from;
+  const detail::SourceMap& map = r.piece->map;
   const SafetensorsTensor& tensor = from.file->tensor(from.tensor);
-  const uint64_t first = t.begin - r.piece->param->offset;  // in the whole tensor
-  const size_t bytes = (t.end - t.begin) * elem_size(r.dtype);
+  const uint64_t first = t.begin - r.piece->param->offset;  // in the parameter
+  const size_t size = elem_size(r.dtype), n = t.end - t.begin;
   const std::byte* in = buffer.at(r, t.begin);
   if (r.view) {
-    r.view->populate(static_cast<size_t>(in - r.view->bytes().data()), bytes);
-  } else if (tensor.zest_dtype == r.dtype) {
-    from.file->read_range(from.tensor, first * tensor.elem_size, buffer.writable(in, bytes));
+    r.view->populate(static_cast<size_t>(in - r.view->bytes().data()), n * size);
   } else {
-    from.file->read_range_as(from.tensor, r.dtype, first, buffer.writable(in, bytes));
+    // A tensor-parallel slice: one read per run of the whole tensor (a
+    // whole parameter is one run).
+    for (size_t i = 0; i < n;) {
+      const size_t count = map.contiguous_from(first + i, n - i);
+      const std::span<std::byte> into = buffer.writable(in + i * size, count * size);
+      if (tensor.zest_dtype == r.dtype) {
+        from.file->read_range(from.tensor, map.at(first + i) * tensor.elem_size, into);
+      } else {
+        from.file->read_range_as(from.tensor, r.dtype, map.at(first + i), into);
+      }
+      i += count;
+    }
   }
   // fp32, fp16 and bf16 widen exactly, so a non-finite value here is one
   // in the file (or an F64 beyond fp32).
-  if (const int64_t bad = first_non_finite(r.dtype, in, t.end - t.begin); bad >= 0) {
-    t.first_bad = static_cast<int64_t>(first) + bad;
+  if (const int64_t bad = first_non_finite(r.dtype, in, n); bad >= 0) {
+    t.first_bad = static_cast<int64_t>(map.at(first + static_cast<size_t>(bad)));
   }
 }
 
@@ -205,7 +217,9 @@ void store_chunk(Engine& engine, int u, size_t shard_begin, const UnitBuffer& bu
 void will_need(const std::vector<detail::OwnedPiece>& pieces) {
   for (const detail::OwnedPiece& p : pieces) {
     const size_t size = p.from.file->tensor(p.from.tensor).elem_size;
-    p.from.file->will_need_range(p.from.tensor, (p.begin - p.param->offset) * size, (p.end - p.begin) * size);
+    // A slice's runs lie between its first and its last element.
+    const size_t first = p.map.at(p.begin - p.param->offset), last = p.map.at(p.end - 1 - p.param->offset);
+    p.from.file->will_need_range(p.from.tensor, first * size, (last + 1 - first) * size);
   }
 }
 

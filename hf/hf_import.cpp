@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 
 #include "zest/checkpoint/on_every_rank.h"
+#include "zest/comm/gather_scalars.h"
+#include "zest/memory/raw_allocator.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
@@ -21,15 +23,31 @@ bool importable_dtype(const std::string& dtype) {
   return dtype == "F32" || dtype == "BF16" || dtype == "F16" || dtype == "F64";
 }
 
+// The shape of parameter p's tensor in the checkpoint: the whole
+// parameter's, where this rank holds a tensor-parallel slice of it.
+std::vector<int64_t> whole_shape(const ParamLayout& p, const ModelParallel& mp) {
+  std::vector<int64_t> shape = p.shape;
+  if (p.tp_split && mp.tp_size > 1) shape.at(static_cast<size_t>(p.tp_split->dim)) *= mp.tp_size;
+  return shape;
+}
+
 // engine name -> checkpoint name of every registered parameter the
-// checkpoint has; every mismatch between the two goes to `problems`.
+// checkpoint has; every mismatch between the two goes to `problems`. On a
+// mesh (mp.size() > 1) a tensor this rank does not register may be another
+// stage's: `registered` marks, in ckpt.names()'s order, those it does, and
+// extra_tensors() decides over the model-parallel group.
 std::map<std::string, std::string> match(const ModelLayout& layout, const HfCheckpoint& ckpt,
-                                         const HfImportOptions& options, std::vector<std::string>& problems) {
+                                         const HfImportOptions& options, const ModelParallel& mp,
+                                         std::vector<std::string>& problems, std::vector<bool>& registered) {
   std::map<std::string, std::string> source;
+  registered.assign(ckpt.names().size(), false);
+  size_t index = 0;
   for (const std::string& name : ckpt.names()) {
     const std::string e = options.names.engine_name(name);
-    if (!layout.contains(e)) {
-      if (!options.ignore_extra) {
+    const bool here = layout.contains(e);
+    registered[index++] = here;
+    if (!here) {
+      if (!options.ignore_extra && mp.size() == 1) {
         problems.push_back(fmt::format("extra: tensor '{}'{} is not a registered parameter (set ignore_extra to "
                                        "skip such tensors)",
                                        name, e == name ? "" : fmt::format(" (mapped to '{}')", e)));
@@ -60,10 +78,13 @@ std::map<std::string, std::string> match(const ModelLayout& layout, const HfChec
         continue;
       }
       const SafetensorsTensor& t = ckpt.tensor(it->second);
-      if (t.shape != p.shape) {
-        problems.push_back(fmt::format("shape: tensor '{}' is [{}] in '{}'; parameter '{}' is registered as [{}]",
+      if (const std::vector<int64_t> want = whole_shape(p, mp); t.shape != want) {
+        problems.push_back(fmt::format("shape: tensor '{}' is [{}] in '{}'; parameter '{}' is registered as [{}]{}",
                                        t.name, fmt::join(t.shape, ", "), ckpt.file_of(t.name).path(), p.name,
-                                       fmt::join(p.shape, ", ")));
+                                       fmt::join(p.shape, ", "),
+                                       want == p.shape ? std::string()
+                                                       : fmt::format(", tp rank {}'s slice of [{}]", mp.tp_rank,
+                                                                     fmt::join(want, ", "))));
       } else if (!importable_dtype(t.dtype)) {
         problems.push_back(fmt::format("dtype: tensor '{}' is {} in '{}'; only F32, BF16, F16 and F64 convert to "
                                        "fp32 master weights",
@@ -74,26 +95,77 @@ std::map<std::string, std::string> match(const ModelLayout& layout, const HfChec
   return source;
 }
 
+// Every rank of the model-parallel group's words, in group order.
+std::vector<int64_t> gather_over(Communicator& group, std::span<const int64_t> mine) {
+  CachingAllocator alloc(group.device().is_cuda() ? make_cuda_allocator(group.device().index())
+                                                  : make_host_allocator());
+  return all_gather_int64(group, alloc, Stream::default_for(group.device()), mine);
+}
+
+// The checkpoint's tensors that no rank of the model-parallel group
+// registers (every rank gets the same list). Collective over the group.
+std::vector<std::string> extra_tensors(const HfCheckpoint& ckpt, const ModelParallel& mp,
+                                       const std::vector<bool>& registered) {
+  const std::vector<std::string> names = ckpt.names();
+  const size_t words = (registered.size() + 63) / 64;
+  std::vector<int64_t> mine(words, 0);
+  for (size_t i = 0; i < registered.size(); ++i) {
+    if (registered[i]) mine[i / 64] |= int64_t{1} << (i % 64);
+  }
+  const std::vector<int64_t> all = gather_over(*mp.group, mine);
+  std::vector<std::string> extra;
+  for (size_t i = 0; i < registered.size(); ++i) {
+    bool anywhere = false;
+    for (size_t r = 0; r < all.size() / std::max<size_t>(words, 1); ++r) {
+      anywhere = anywhere || ((all[r * words + i / 64] >> (i % 64)) & 1) != 0;
+    }
+    if (!anywhere) extra.push_back(names[i]);
+  }
+  return extra;
+}
+
 }  // namespace
 
 HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportOptions& options) {
-  refuse_model_parallel(engine.model_parallel(), "import_hf");
   const ModelLayout& layout = engine.layout();
+  const ModelParallel& mp = engine.model_parallel();
   detail::HfProgress progress(fmt::format("import of '{}'", dir), options.progress, engine.comm().rank() == 0);
   std::optional<HfCheckpoint> ckpt;
   std::map<std::string, std::string> source;
+  std::vector<bool> registered;
+  const std::string misfit = fmt::format("Hugging Face checkpoint '{}' does not fit the model", dir);
+  const char* fixes =
+      "Fix the checkpoint, or map its names (HfImportOptions::names), allow parameters to be missing "
+      "(allow_missing) or ignore extra tensors (ignore_extra).";
   // Every rank sees the same headers and so the same problems: each throws
   // the whole list.
-  on_every_rank(engine, "opening the Hugging Face checkpoint", [&] {
+  const auto open = [&] {
     ckpt.emplace(HfCheckpoint::open(dir));
     std::vector<std::string> problems;
-    source = match(layout, *ckpt, options, problems);
-    if (!problems.empty()) {
-      detail::fail_with_problems(fmt::format("Hugging Face checkpoint '{}' does not fit the model", dir), problems,
-                                 "Fix the checkpoint, or map its names (HfImportOptions::names), allow parameters "
-                                 "to be missing (allow_missing) or ignore extra tensors (ignore_extra).");
+    source = match(layout, *ckpt, options, mp, problems, registered);
+    if (!problems.empty()) detail::fail_with_problems(misfit, problems, fixes);
+  };
+  const char* opening = "opening the Hugging Face checkpoint";
+  if (mp.size() == 1) {
+    on_every_rank(engine, opening, open);
+  } else {
+    // Agreed over the data-parallel group, then over the model-parallel
+    // group (each rank holds a tp slice of some stage's parameters), so
+    // that a problem at any coordinate of the mesh stops every rank before
+    // the extra tensors are counted over the group.
+    agree_on_outcome([&](std::span<const int64_t> mine) { return gather_over(*mp.group, mine); },
+                     [&](int m) { return fmt::format("at tp rank {}, pp rank {}", m % mp.tp_size, m / mp.tp_size); },
+                     opening, [&] { on_every_rank(engine, opening, open); });
+    if (!options.ignore_extra) {
+      std::vector<std::string> problems;
+      for (const std::string& name : extra_tensors(*ckpt, mp, registered)) {
+        problems.push_back(fmt::format("extra: tensor '{}' is no registered parameter of any rank of the mesh's "
+                                       "tp x pp (set ignore_extra to skip such tensors)",
+                                       name));
+      }
+      if (!problems.empty()) detail::fail_with_problems(misfit, problems, fixes);
     }
-  });
+  }
   // Each unit's shard becomes master weights as soon as it is read, so the
   // rank holds two units' shards besides the engine's own memory; the
   // parameters follow once every rank is done.

@@ -25,6 +25,13 @@
 // master weights are widened from them when first read (Note [a master
 // widened when first read] in engine/engine_load.cpp: the first step pays
 // that pass, the import does not).
+// On a device mesh (Engine::model_parallel(): tp x pp above 1) each rank
+// reads its own stage's tensors, and of a tensor-parallel parameter
+// (ParamSpec::tp_split) its tp slice of the whole tensor, run by run
+// (checkpoint/owned_pieces.h's SourceMap): the tensor's shape is checked
+// against the whole parameter's, and a tensor is extra only when no rank of
+// the model-parallel group registers it (counted over that group once the
+// match has been agreed over the whole mesh).
 // The optimizer state is zeroed and the step count restarts. Every problem is reported
 // together in ONE zest::Error, identical on every rank, each line naming the
 // tensor: those of the match before anything is read (the engine is then

@@ -55,21 +55,25 @@ using Clock = std::chrono::steady_clock;
 // (placeholders_loaded_later) and import_hf reads each rank's own shard of
 // the checkpoint, unit by unit: no rank ever holds more than one unit
 // whole. The adapters are not in the checkpoint and keep their initial
-// values (allow_missing).
+// values (allow_missing). On a mesh each rank builds its stage's part and
+// reads its tp slice of each tensor.
 std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engine& engine,
-                                           llama::LlamaForCausalLM& model) {
+                                           llama::LlamaForCausalLM& model, const examples::Placement& placement) {
   const zest::LoraOptions lora = opt.lora();
   model = llama::LlamaForCausalLM(
       opt.model, opt.seed,
       [&](int64_t i) {
-        llama::LlamaDecoderLayer block = llama::make_block(opt.model, i, opt.seed);
+        // On a mesh, this rank's part of the layer (its values come from
+        // the checkpoint's tensors as tp slices: checkpoint/weights_load.cpp).
+        llama::LlamaDecoderLayer block = placement.tp_size() > 1 ? llama::LlamaDecoderLayer(opt.model, placement.tp)
+                                                                 : llama::make_block(opt.model, i, opt.seed);
         if (opt.lora_r > 0) {
           zest::enable_lora(*block, zest::llama_lora_targets(), lora, opt.seed, fmt::format("model.layers.{}.", i));
         }
         zest::make_placeholders(*block, [](const std::string& name) { return !zest::is_lora_adapter(name); });
         return block;
       },
-      /*placeholders=*/true);
+      /*placeholders=*/true, placement);
   // --steps 0 loads, reports and exports: nothing trains, so every
   // parameter is registered frozen and no rank holds gradients or optimizer
   // state (at stage 3 a rank then grows by its shard of the weights alone).
@@ -101,7 +105,7 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
   llama::LlamaForCausalLM model{nullptr};
   std::unique_ptr<zest::TorchModule> zt;
   if (!opt.hf_dir.empty()) {
-    zt = load_hf(opt, engine, model);
+    zt = load_hf(opt, engine, model, examples::placement_of(mesh ? &*mesh : nullptr));
   } else {
     model = llama::LlamaForCausalLM(opt.model, opt.seed, examples::placement_of(mesh ? &*mesh : nullptr));
     if (opt.lora_r > 0) llama::enable_lora(*model, opt.lora(), opt.seed);

@@ -69,6 +69,28 @@ std::vector<Run> train(const std::string& corpus_text, std::optional<zest::MeshS
   return runs;
 }
 
+std::vector<Run> import_on_mesh(const std::string& dir, const zest::MeshShape& shape, int64_t bucket,
+                                const Options& o) {
+  std::vector<Run> runs(static_cast<size_t>(shape.world()));
+  zest::run_inprocess(shape.world(), [&](zest::Communicator& comm) {
+    torch::set_num_threads(1);
+    zest::DeviceMesh mesh(comm, shape);
+    zest::CachingAllocator alloc(zest::make_host_allocator());
+    zest::Engine engine(config(3, bucket), mesh.dp(), alloc, zest::Stream::default_for(comm.device()));
+    engine.set_model_parallel(mesh.engine_model_parallel());
+    Model model = o.build(examples::placement_of(&mesh));
+    std::map<std::string, std::vector<int64_t>> shapes;  // before stage 3 releases the parameters
+    for (const auto& item : model.module->named_parameters()) shapes[item.key()] = item.value().sizes().vec();
+    const std::unique_ptr<zest::TorchModule> zt = o.wrap(engine, model);
+    zt->import_hf(dir);
+    Run& r = runs[static_cast<size_t>(comm.rank())];
+    r.tp_rank = mesh.tp_rank();
+    r.tp_size = shape.tp;
+    for (const auto& [name, sizes] : shapes) r.masters[name] = torch::tensor(engine.param_master(name)).reshape(sizes);
+  });
+  return runs;
+}
+
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
 void check_against_whole(const std::vector<Run>& mesh, const Run& whole, int dp, const PartOfWhole& part_of_whole) {

@@ -80,6 +80,12 @@ zest::EngineConfig config(int stage, int64_t bucket);
 std::vector<Run> train(const std::string& corpus_text, std::optional<zest::MeshShape> shape, int stage,
                        int64_t bucket, const Options& options);
 
+// Every rank's parameters (Run::masters, with its tp rank) after
+// zt.import_hf(dir) into the model Options::build makes on `shape`, at ZeRO
+// stage 3; nothing trains.
+std::vector<Run> import_on_mesh(const std::string& dir, const zest::MeshShape& shape, int64_t bucket,
+                                const Options& options);
+
 // Tensor-parallel rank r's part (of t) of a whole parameter: the model's
 // part_of_whole.
 using PartOfWhole = std::function<torch::Tensor(const std::string& name, const torch::Tensor& whole, int r, int t)>;

@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <span>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -32,6 +33,7 @@
 #include "sample.h"
 #include "torch_doctest.h"
 #include "trainer.h"
+#include "zest/checkpoint/safetensors.h"
 #include "zest/comm/inprocess_comm.h"
 
 namespace {
@@ -185,7 +187,7 @@ TEST_CASE("gpt over a mesh: a checkpoint per part, resumed on the same mesh and 
   fs::remove_all(root);
 }
 
-TEST_CASE("gpt over a mesh: dp x tp x pp = 2 x 2 x 2 exports the one-rank model's files") {
+TEST_CASE("gpt over a mesh: dp x tp x pp = 2 x 2 x 2 exports the one-rank model's files, and a mesh reads them back") {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / fmt::format("zest_test_gpt_mesh_export_{}", ::getpid());
   fs::remove_all(root);
@@ -207,6 +209,31 @@ TEST_CASE("gpt over a mesh: dp x tp x pp = 2 x 2 x 2 exports the one-rank model'
     // After two steps, within the training's tolerance (top of this file).
     check_close_files(one / "after.safetensors", mesh / "after.safetensors", 1e-5);
     check_close_hf_dirs(one / "after_hf", mesh / "after_hf", 1e-5);
+    // The one-rank directory read back into a mesh: c_attn's slices of
+    // stride 3 (each tp rank's heads of q, k and v) from the whole tensor.
+    Options o;
+    o.build = [tied](const examples::Placement& placement) {
+      gpt::Gpt model(tiny(tied), kSeed + 1, placement);
+      return Model{model.ptr(), model.get()};
+    };
+    o.wrap = [](zest::Engine& engine, const Model& m) {
+      return gpt::wrap(engine, gpt::Gpt(std::dynamic_pointer_cast<gpt::GptImpl>(m.module)));
+    };
+    const std::vector<Run> imported =
+        import_on_mesh((one / "after_hf").string(), zest::MeshShape{.dp = 1, .tp = 2, .pp = 2}, 3000, o);
+    const zest::SafetensorsFile whole = zest::SafetensorsFile::open((one / "after.safetensors").string());
+    for (const Run& r : imported) {
+      for (const auto& [name, value] : r.masters) {
+        CAPTURE(name);
+        const zest::SafetensorsTensor& t = whole.tensor(name);
+        int64_t n = 1;
+        for (const int64_t d : t.shape) n *= d;
+        std::vector<float> all(static_cast<size_t>(n));
+        whole.read_as(name, zest::DType::kFloat32, std::as_writable_bytes(std::span(all)));
+        const torch::Tensor w = torch::tensor(all).reshape(t.shape);
+        CHECK(torch::equal(value, gpt::part_of_whole(name, w, r.tp_rank, r.tp_size)));
+      }
+    }
     fs::remove_all(root);
   }
 }

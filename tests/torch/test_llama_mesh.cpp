@@ -153,3 +153,45 @@ TEST_CASE("llama over a mesh: dp x tp x pp = 2 x 2 x 2 exports the one-rank mode
   }
   fs::remove_all(root);
 }
+
+namespace {
+
+// import_hf(dir) into a model of `shape` built from another seed (so every
+// value checked comes from the checkpoint).
+std::vector<Run> import_on_mesh(const std::string& dir, const zest::MeshShape& shape, bool tied) {
+  Options o;
+  o.build = [tied](const examples::Placement& placement) {
+    llama::LlamaForCausalLM model(tiny(tied), kSeed + 1, placement);
+    return Model{model.ptr(), model.get()};
+  };
+  o.wrap = [](zest::Engine& engine, const Model& m) {
+    return llama::wrap(engine, llama::LlamaForCausalLM(std::dynamic_pointer_cast<llama::LlamaForCausalLMImpl>(m.module)));
+  };
+  return mesh_run::import_on_mesh(dir, shape, /*bucket=*/2000, o);
+}
+
+}  // namespace
+
+TEST_CASE("llama over a mesh: a Hugging Face checkpoint read as each rank's tp slices, extras named over the mesh") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / fmt::format("zest_test_llama_mesh_import_{}", ::getpid());
+  fs::remove_all(root);
+  fs::create_directories(root);
+  // The trained one-rank model's fp32 checkpoint, in several shards.
+  const Run one = train(std::nullopt, 0, {.export_dir = root.string()}).at(0);
+  const zest::MeshShape shape{.dp = 2, .tp = 2, .pp = 2};
+  const std::vector<Run> mesh = import_on_mesh((root / "after_hf").string(), shape, false);
+  for (size_t rank = 0; rank < mesh.size(); ++rank) {
+    CAPTURE(rank);
+    for (const auto& [name, value] : mesh[rank].masters) {
+      CAPTURE(name);
+      // fp32 to fp32: the bits of the one-rank model's slice.
+      CHECK(torch::equal(value, llama::part_of_whole(name, one.masters.at(name), mesh[rank].tp_rank, 2)));
+    }
+  }
+  // Every tensor is some stage's: none is extra on a pipeline. A tied model
+  // has no lm_head anywhere on the mesh: named on every rank.
+  CHECK_THROWS_WITH(import_on_mesh((root / "after_hf").string(), shape, true),
+                    doctest::Contains("extra: tensor 'lm_head.weight' is no registered parameter of any rank"));
+  fs::remove_all(root);
+}
