@@ -8,13 +8,13 @@
 #include <fmt/ranges.h>
 
 #include "zest/checkpoint/on_every_rank.h"
-#include "zest/comm/gather_scalars.h"
-#include "zest/memory/raw_allocator.h"
 #include "zest/checkpoint/weights_io.h"
+#include "zest/comm/gather_scalars.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/hf/hf_checkpoint.h"
 #include "zest/hf/hf_progress.h"
+#include "zest/memory/raw_allocator.h"
 
 namespace zest {
 namespace {
