@@ -1,5 +1,7 @@
 #include "zest/estimate/transformer_model.h"
 
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "zest/core/check.h"
@@ -11,25 +13,65 @@ namespace {
 // doubles before any product is formed in size_t.
 constexpr double kMaxNumel = static_cast<double>(size_t{1} << 48);
 
+// A layer's parameters in Megatron's order (ParallelTransformerLayer:
+// norm, QKV, projection, norm, fc1, fc2, each weight before its bias), on
+// one of t tensor-parallel ranks. T: size_t for the layout, double for the
+// overflow check.
+template <typename T>
+std::vector<T> layer_params(const TransformerShape& s, T t) {
+  const T h = static_cast<T>(s.hidden), f = static_cast<T>(s.ffn());
+  const T qkv = h + 2 * static_cast<T>(s.groups()) * (h / static_cast<T>(s.heads));
+  const T fc1 = s.swiglu ? 2 * f : f;
+  std::vector<T> out;
+  const auto norm = [&] {
+    out.push_back(h);
+    if (!s.rms_norm) out.push_back(h);
+  };
+  // Row-parallel biases are whole on every tp rank, column-parallel ones split.
+  const auto linear = [&](T weight, T bias) {
+    out.push_back(weight);
+    if (s.linear_bias) out.push_back(bias);
+  };
+  norm();
+  linear(qkv * h / t, qkv / t);
+  linear(h * h / t, h);
+  norm();
+  linear(fc1 * h / t, fc1 / t);
+  linear(h * f / t, h);
+  return out;
+}
+
+template <typename T>
+T sum(const std::vector<T>& v) {
+  T total = 0;
+  for (const T x : v) total += x;
+  return total;
+}
+
 double numel_of(const TransformerShape& s) {
-  const double h = static_cast<double>(s.hidden), f = static_cast<double>(s.ffn());
-  const double layer = 4 * h * h + 2 * h * f + 9 * h + f;
-  return static_cast<double>(s.layers) * layer + static_cast<double>(s.vocab) * h * (s.tied_head ? 1 : 2) +
-         static_cast<double>(s.positions) * h + 2 * h;
+  const double h = static_cast<double>(s.hidden);
+  return static_cast<double>(s.layers) * sum(layer_params<double>(s, 1.0)) +
+         static_cast<double>(s.vocab) * h * (s.tied_head ? 1 : 2) + static_cast<double>(s.positions) * h +
+         (s.rms_norm ? h : 2 * h);
 }
 
 }  // namespace
 
 size_t TransformerShape::numel() const {
-  const size_t h = hidden, f = ffn();
-  const size_t layer = 4 * h * h + 2 * h * f + 9 * h + f;
-  return layers * layer + vocab * h * (tied_head ? 1 : 2) + positions * h + 2 * h;
+  const size_t h = hidden;
+  return layers * sum(layer_params<size_t>(*this, 1)) + vocab * h * (tied_head ? 1 : 2) + positions * h +
+         (rms_norm ? h : 2 * h);
 }
 
 std::string TransformerShape::summary() const {
-  return fmt::format("{} layers, hidden {}, {} heads, vocab {}, {}, {}{}", layers, hidden, heads, vocab,
+  std::string forms;
+  if (query_groups != 0 && query_groups != heads) forms += fmt::format("{} query groups, ", query_groups);
+  if (swiglu) forms += "SwiGLU, ";
+  if (rms_norm) forms += "RMSNorm, ";
+  if (!linear_bias) forms += "no biases, ";
+  return fmt::format("{} layers, hidden {}, {} heads, vocab {}, {}, {}{}{}", layers, hidden, heads, vocab,
                      positions == 0 ? "no position embeddings" : fmt::format("{} positions", positions),
-                     ffn_hidden == 0 ? "" : fmt::format("ffn {}, ", ffn_hidden),
+                     ffn_hidden == 0 ? "" : fmt::format("ffn {}, ", ffn_hidden), forms,
                      tied_head ? "tied head" : "untied head");
 }
 
@@ -39,6 +81,9 @@ void check_transformer_split(const TransformerShape& s, int tp, int pp, const Tr
              s.hidden, n.heads, s.heads, n.vocab, s.vocab);
   ZEST_CHECK(s.hidden % s.heads == 0, "{} {} is not a multiple of {} {}: each head has hidden / heads channels",
              n.hidden, s.hidden, n.heads, s.heads);
+  ZEST_CHECK(s.groups() >= 1 && s.heads % s.groups() == 0,
+             "{} {} do not divide into {} {}: each key-value group serves the same number of query heads", n.heads,
+             s.heads, n.groups, s.groups());
   ZEST_CHECK(numel_of(s) <= kMaxNumel, "the transformer ({}) has {:.3g} parameters: at most 2^48 are supported",
              s.summary(), numel_of(s));
   ZEST_CHECK(tp >= 1, "{} is {}: it must be at least 1 (the tensor-parallel ranks a layer is split over)", n.tp, tp);
@@ -46,6 +91,8 @@ void check_transformer_split(const TransformerShape& s, int tp, int pp, const Tr
   const auto t = static_cast<size_t>(tp);
   ZEST_CHECK(s.heads % t == 0, "{} {} does not divide the {} attention heads ({}): Megatron gives each "
              "tensor-parallel rank whole heads", n.tp, tp, s.heads, n.heads);
+  ZEST_CHECK(s.groups() % t == 0, "{} {} does not divide the {} key-value groups ({}): Megatron gives each "
+             "tensor-parallel rank whole groups", n.tp, tp, s.groups(), n.groups);
   ZEST_CHECK(s.vocab % t == 0, "{} {} does not divide the vocabulary of {} ({}): pad it to a multiple of {}, as "
              "Megatron does (--make-vocab-size-divisible-by)", n.tp, tp, s.vocab, n.vocab, tp);
   ZEST_CHECK(s.ffn() % t == 0, "{} {} does not divide the MLP's width {} ({}): fc1's rows are split evenly", n.tp, tp,
@@ -60,7 +107,7 @@ void check_transformer_split(const TransformerShape& s, int tp, int pp, const Tr
 ModelDescription transformer_stage_model(const TransformerShape& s, int tp, int pp, int stage) {
   check_transformer_split(s, tp, pp);
   ZEST_CHECK(stage >= 0 && stage < pp, "pipeline stage {} of {}: stages are 0 to {}", stage, pp, pp - 1);
-  const size_t h = s.hidden, f = s.ffn(), t = static_cast<size_t>(tp);
+  const size_t h = s.hidden, t = static_cast<size_t>(tp);
   const size_t vocab_slice = s.vocab / t * h;
   ModelDescription m;
   if (stage == 0) {
@@ -68,13 +115,9 @@ ModelDescription transformer_stage_model(const TransformerShape& s, int tp, int 
     if (s.positions > 0) emb.param_numels.push_back(s.positions * h);
     m.units.push_back(std::move(emb));
   }
-  // Megatron's order within a layer (ParallelTransformerLayer): norm, QKV,
-  // projection, norm, fc1, fc2, each weight before its bias.
-  m.units.push_back({"layer",
-                     {h, h, 3 * h * h / t, 3 * h / t, h * h / t, h, h, h, f * h / t, f / t, h * f / t, h},
-                     s.layers / static_cast<size_t>(pp)});
+  m.units.push_back({"layer", layer_params<size_t>(s, t), s.layers / static_cast<size_t>(pp)});
   if (stage == pp - 1) {
-    UnitDescription head{"head", {h, h}, 1};
+    UnitDescription head{"head", s.rms_norm ? std::vector<size_t>{h} : std::vector<size_t>{h, h}, 1};
     if (pp > 1 || !s.tied_head) head.param_numels.push_back(vocab_slice);
     m.units.push_back(std::move(head));
   }

@@ -20,6 +20,17 @@
 //                 tied head the embeddings serve, and there is none
 //   layers        layers / pp per stage, in order
 //
+// Llama's shape, as Megatron's Llama scripts ask for it (--swiglu
+// --normalization RMSNorm --disable-bias-linear --group-query-attention
+// --num-query-groups g --position-embedding-type rope
+// --untie-embeddings-and-output-weights): fc1 is the gate and up
+// projections fused (2f·h/t), the norms have no bias (h each), no linear
+// layer has one, QKV is (h + 2g·h/heads)·h/t (g key-value groups, each of
+// h/heads channels; t divides g), and there are no position embeddings:
+//   per layer, on each tp rank: (h + 2g·h/heads)·h/t + h·h/t + 3f·h/t + 2h
+// (Llama-2 70B: 80 layers of 855,654,400, 68,976,648,192 parameters in all,
+// as Hugging Face counts them).
+//
 // A rank of stage p holds the same units whatever its tp rank: the split
 // parameters are sliced evenly, the rest whole.
 //
@@ -45,12 +56,21 @@ struct TransformerShape {
   size_t positions = 0;   // learned position embeddings (max_position_embeddings); 0: none (rotary)
   size_t ffn_hidden = 0;  // the MLP's width; 0: 4 x hidden
   bool tied_head = true;  // the output layer shares the word embeddings (Megatron's default)
+  // Llama's forms (Megatron's --swiglu, --normalization RMSNorm,
+  // --disable-bias-linear, --num-query-groups).
+  bool swiglu = false;       // fc1 holds the gate and up projections: 2 x ffn rows
+  bool rms_norm = false;     // the norms have a weight and no bias
+  bool linear_bias = true;   // the linear layers have biases
+  size_t query_groups = 0;   // key-value heads (grouped-query attention); 0: heads
 
   size_t ffn() const { return ffn_hidden == 0 ? 4 * hidden : ffn_hidden; }
+  size_t groups() const { return query_groups == 0 ? heads : query_groups; }
   // Every parameter of the whole model, the tied head counted once:
-  // layers (12h² + 13h at f = 4h) + V·h + s·h + 2h (+ V·h untied).
+  // layers (12h² + 13h at f = 4h for GPT) + V·h + s·h + the final norm
+  // (+ V·h untied).
   size_t numel() const;
   // "96 layers, hidden 12288, 96 heads, vocab 51200, 2048 positions, tied head"
+  // (and "8 query groups, SwiGLU, RMSNorm, no biases" where they apply)
   std::string summary() const;
 };
 
@@ -62,6 +82,7 @@ struct TransformerNames {
   const char* heads = "heads";
   const char* vocab = "vocab";
   const char* ffn = "ffn_hidden";
+  const char* groups = "query_groups";
   const char* tp = "tp_size";
   const char* pp = "pp_size";
 };
@@ -69,8 +90,9 @@ struct TransformerNames {
 // Throws a zest::Error naming the size at fault unless the shape is whole
 // (layers, hidden, heads, vocab >= 1; heads divide hidden) and tp x pp
 // splits it as Megatron does: tp divides the heads (each rank keeps whole
-// heads), the vocab and the MLP's width; pp divides the layers (so at most
-// one stage per layer).
+// heads) and the query groups, the vocab and the MLP's width; pp divides the
+// layers (so at most one stage per layer); the query groups divide the
+// heads.
 void check_transformer_split(const TransformerShape& shape, int tp, int pp, const TransformerNames& names = {});
 
 // The units of one rank of pipeline stage `stage` (0 to pp - 1) under

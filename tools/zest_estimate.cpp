@@ -46,6 +46,10 @@ model (one of):
                            N (default 4 x hidden) and --untie-embeddings-and-output-weights. Megatron's
                            names are aliases: --num-layers, --num-attention-heads, --vocab-size,
                            --max-position-embeddings
+                           Llama's forms, with Megatron's flags: --swiglu (fc1 the gate and up
+                           projections), --normalization RMSNorm (norms without bias),
+                           --disable-bias-linear, --group-query-attention --num-query-groups N (key-value
+                           heads), --position-embedding-type rope (no position embeddings)
 mesh (with --layers):
   --tp N                   tensor-parallel ranks (alias --tensor-model-parallel-size; default 1): attention,
                            MLP and word embeddings split over them, norms and row-parallel biases whole
@@ -168,7 +172,8 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
                                  "--offload-optimizer", "--offload-ratio", "--offload-param",
                                  "--host-memory", "--nvme-capacity", "--ranks-per-host", "--config", "--micro-batch",
                                  "--hidden-size", "--total-steps", "--mics-shard-size",
-                                 "--hpz-partition-size", "--hosts", "--algorithm", "--ffn-hidden-size"};
+                                 "--hpz-partition-size", "--hosts", "--algorithm", "--ffn-hidden-size",
+                                 "--normalization", "--num-query-groups", "--position-embedding-type"};
   // Megatron-LM's argument names, as aliases: the value is kept under the first.
   static const std::pair<const char*, const char*> kAliased[] = {
       {"--tp", "--tensor-model-parallel-size"}, {"--pp", "--pipeline-model-parallel-size"},
@@ -180,6 +185,10 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   for (const auto& [f, alias] : kAliased) app.add_option(fmt::format("{},{}", f, alias), values[f]);
   bool untied = false;
   app.add_flag("--untie-embeddings-and-output-weights", untied);
+  // Megatron's switches for Llama's forms.
+  static const char* kSwitches[] = {"--swiglu", "--disable-bias-linear", "--group-query-attention"};
+  std::map<std::string, bool> switches;
+  for (const char* f : kSwitches) app.add_flag(f, switches[f]);
   // --link, twice at most (intra and inter): kept as lines in one value.
   std::vector<std::string> links;
   bool traffic = false;
@@ -209,6 +218,9 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
     }
   }
   if (untied) flags["--untie-embeddings-and-output-weights"] = "";
+  for (const char* f : kSwitches) {
+    if (switches[f]) flags[f] = "";
+  }
   if (!links.empty()) flags["--link"] = fmt::format("{}", fmt::join(links, "\n"));
   if (traffic) flags["--traffic"] = "";
   return flags;
@@ -273,11 +285,28 @@ zest::TransformerShape transformer_args(std::map<std::string, std::string>& flag
   if (has("--seq")) t.positions = count("--seq", 0);
   if (has("--ffn-hidden-size")) t.ffn_hidden = count("--ffn-hidden-size", 1);
   t.tied_head = !has("--untie-embeddings-and-output-weights");
+  t.swiglu = has("--swiglu");
+  t.linear_bias = !has("--disable-bias-linear");
+  if (has("--normalization")) {
+    t.rms_norm = cli::choice("--normalization", flags["--normalization"], {"LayerNorm", "RMSNorm"}) == "RMSNorm";
+  }
+  // Rotary positions have no table, whatever --max-position-embeddings says.
+  if (has("--position-embedding-type") &&
+      cli::choice("--position-embedding-type", flags["--position-embedding-type"], {"learned_absolute", "rope"}) ==
+          "rope") {
+    t.positions = 0;
+  }
+  // Megatron reads --num-query-groups only with --group-query-attention.
+  if (has("--num-query-groups") != has("--group-query-attention")) {
+    usage_error("--num-query-groups and --group-query-attention go together (Megatron reads the groups only with "
+                "the switch)");
+  }
+  if (has("--num-query-groups")) t.query_groups = count("--num-query-groups", 1);
   const std::string names[] = {shown(flags, "--layers"), shown(flags, "--heads"), shown(flags, "--vocab"),
                                shown(flags, "--tp"), shown(flags, "--pp")};
   zest::check_transformer_split(t, tp, pp,
                                 {names[0].c_str(), "--hidden-size", names[1].c_str(), names[2].c_str(),
-                                 "--ffn-hidden-size", names[3].c_str(), names[4].c_str()});
+                                 "--ffn-hidden-size", "--num-query-groups", names[3].c_str(), names[4].c_str()});
   return t;
 }
 
@@ -390,7 +419,9 @@ int run(int argc, char** argv) {
   }
   if (has("--unit-numel") && !has("--params")) usage_error("--unit-numel goes with --params");
   for (const char* f : {"--tp", "--pp", "--heads", "--vocab", "--seq", "--ffn-hidden-size",
-                        "--untie-embeddings-and-output-weights"}) {
+                        "--untie-embeddings-and-output-weights", "--swiglu", "--disable-bias-linear",
+                        "--group-query-attention", "--num-query-groups", "--normalization",
+                        "--position-embedding-type"}) {
     if (has(f) && !has("--layers")) {
       usage_error("{} goes with a transformer given by --layers, --hidden-size, --heads and --vocab (a parameter "
                   "count or a units file does not say what it splits)", shown(flags, f));

@@ -167,3 +167,57 @@ TEST_CASE("a split Megatron would refuse is named") {
   bad.pp_size = 0;
   CHECK(test::error_of([&] { estimate_mesh_memory(kSmallGpt, bad); }).starts_with("tp_size is 1 and pp_size 0"));
 }
+
+TEST_CASE("Llama's shape as Megatron's flags give it: SwiGLU, RMSNorm, no biases, grouped-query attention, rope") {
+  // Llama-2 70B (Megatron's --swiglu --normalization RMSNorm
+  // --disable-bias-linear --group-query-attention --num-query-groups 8
+  // --position-embedding-type rope --untie-embeddings-and-output-weights):
+  // a layer is 2h (norms) + (h + 2 x 8 x 128) h (QKV) + h² + 3 f h =
+  // 16,384 + 83,886,080 + 67,108,864 + 704,643,072 = 855,654,400.
+  TransformerShape llama2{.layers = 80, .hidden = 8192, .heads = 64, .vocab = 32000, .ffn_hidden = 28672,
+                          .tied_head = false};
+  llama2.swiglu = true;
+  llama2.rms_norm = true;
+  llama2.linear_bias = false;
+  llama2.query_groups = 8;
+  // The count Hugging Face gives Llama-2-70b-hf: 80 x 855,654,400 + 2 x
+  // 32000 x 8192 + 8192.
+  CHECK(llama2.numel() == 68'976'648'192);
+  // Llama-3 8B: 32 layers, hidden 4096, 32 heads over 8 groups, ffn 14336,
+  // vocab 128256, untied: Meta-Llama-3-8B's 8,030,261,248.
+  TransformerShape llama3 = llama2;
+  llama3.layers = 32;
+  llama3.hidden = 4096;
+  llama3.heads = 32;
+  llama3.vocab = 128256;
+  llama3.ffn_hidden = 14336;
+  CHECK(llama3.numel() == 8'030'261'248);
+
+  // tp 8 x pp 4: a layer's tp rank holds the norms whole and an eighth of
+  // the rest: 8192, 10240 x 8192 / 8, 8192² / 8, 8192, 57344 x 8192 / 8,
+  // 8192 x 28672 / 8 = 106,971,136 (no biases).
+  const ModelDescription first = transformer_stage_model(llama2, 8, 4, 0);
+  REQUIRE(first.units.size() == 2);
+  CHECK(first.units[0].param_numels == std::vector<size_t>{4000 * 8192});  // no position embeddings
+  CHECK(first.units[1].param_numels ==
+        std::vector<size_t>{8192, 10'485'760, 8'388'608, 8192, 58'720'256, 29'360'128});
+  CHECK(first.units[1].count == 20);
+  CHECK(first.numel() == 2'172'190'720);  // 4000 x 8192 + 20 x 106,971,136
+  const ModelDescription last = transformer_stage_model(llama2, 8, 4, 3);
+  REQUIRE(last.units.size() == 2);
+  CHECK(last.units[1].param_numels == std::vector<size_t>{8192, 4000 * 8192});  // RMSNorm, the untied head's slice
+  CHECK(last.numel() == 2'172'198'912);
+  // Every rank of the mesh together holds the model once (tp x the stages'
+  // ranks, the norms counted tp times).
+  size_t all = 0;
+  for (int stage = 0; stage < 4; ++stage) all += transformer_stage_model(llama2, 1, 4, stage).numel();
+  CHECK(all == llama2.numel());
+
+  // tp must divide the key-value groups: 16 does not divide 8.
+  const std::string e = test::error_of([&] { transformer_stage_model(llama2, 16, 4, 0); });
+  CHECK(e.find("does not divide the 8 key-value groups") != std::string::npos);
+  TransformerShape odd = llama2;
+  odd.query_groups = 6;  // 64 heads do not divide into 6 groups
+  CHECK(test::error_of([&] { transformer_stage_model(odd, 1, 1, 0); }).find("do not divide into query_groups 6") !=
+        std::string::npos);
+}
