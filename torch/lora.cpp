@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zest/core/check.h"
+#include "zest/torch/tensor_parallel.h"
 
 namespace zest {
 namespace {
@@ -92,6 +93,12 @@ void LoraLinearImpl::enable_lora(const LoraOptions& lora, at::Generator generato
   kaiming_uniform(lora_A->weight, std::sqrt(5.0), std::move(generator));
 }
 
+torch::Tensor lora_A_initial(int64_t r, int64_t in_features, at::Generator generator) {
+  torch::Tensor a = torch::empty({r, in_features});
+  kaiming_uniform(a, std::sqrt(5.0), std::move(generator));
+  return a;
+}
+
 void LoraLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "zest::LoraLinear(in_features=" << options.in_features() << ", out_features=" << options.out_features()
          << ", bias=" << (options.bias() ? "true" : "false");
@@ -120,16 +127,21 @@ std::vector<std::string> enable_lora(torch::nn::Module& root, const std::vector<
   // its prefix's name, without the trailing '.').
   for (const auto& item : root.named_modules()) {
     auto* linear = item.value()->as<LoraLinearImpl>();
-    if (linear == nullptr) continue;
+    auto* column = item.value()->as<tp::ColumnParallelLinearImpl>();
+    auto* row = item.value()->as<tp::RowParallelLinearImpl>();
+    if (linear == nullptr && column == nullptr && row == nullptr) continue;
     std::string name = prefix + item.key();
     if (item.key().empty() && name.ends_with('.')) name.pop_back();
     if (!matches(name, targets)) continue;
-    linear->enable_lora(lora, at::detail::createCPUGenerator(adapter_seed(seed, name)));
+    at::Generator generator = at::detail::createCPUGenerator(adapter_seed(seed, name));
+    if (linear != nullptr) linear->enable_lora(lora, std::move(generator));
+    if (column != nullptr) column->enable_lora(lora, std::move(generator));
+    if (row != nullptr) row->enable_lora(lora, std::move(generator));
     adapted.push_back(std::move(name));
   }
   ZEST_CHECK(!adapted.empty(),
-             "none of the LoRA target modules [{}] is a zest::LoraLinear of this module: name LoraLinear modules "
-             "(their last name components, e.g. q_proj)",
+             "none of the LoRA target modules [{}] is a zest::LoraLinear or a tensor-parallel linear layer of this "
+             "module: name such modules (their last name components, e.g. q_proj)",
              fmt::join(targets, ", "));
   for (const auto& item : root.named_parameters()) item.value().set_requires_grad(is_lora_adapter(item.key()));
   return adapted;

@@ -84,10 +84,17 @@ class LoraLinearImpl : public torch::nn::Cloneable<LoraLinearImpl> {
 };
 TORCH_MODULE(LoraLinear);
 
+// Adapter A of a layer with `in_features` inputs, [r, in_features], drawn
+// as PEFT draws it (kaiming_uniform, a = sqrt(5)) from `generator`: what
+// LoraLinear::enable_lora draws, and what a tensor-parallel layer draws
+// whole before keeping its part (tensor_parallel.h).
+torch::Tensor lora_A_initial(int64_t r, int64_t in_features, at::Generator generator);
+
 // The PEFT projections of a Llama block.
 std::vector<std::string> llama_lora_targets();
 
-// Enables adapters on every LoraLinear in `root`'s tree whose name matches
+// Enables adapters on every LoraLinear (or tensor-parallel linear layer,
+// tensor_parallel.h) in `root`'s tree whose name matches
 // one of `targets` as PEFT's target_modules list matches (the full name, or
 // its last components: "q_proj" matches "model.layers.0.self_attn.q_proj"),
 // and sets requires_grad false on every other parameter of the tree.

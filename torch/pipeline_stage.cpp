@@ -24,7 +24,8 @@
 // after its last backward has sent its input's gradient on, so every stage
 // between can finish first: no stage waits on one that waits on it. The sum
 // is that of the whole model's gradient in another order: equal within
-// rounding, not bit for bit.
+// rounding, not bit for bit. A frozen weight (the base of a LoRA run) is
+// sent once, at the tie, and nothing moves per batch.
 namespace zest {
 namespace {
 
@@ -44,15 +45,19 @@ constexpr uint64_t kTiedShapeTag = 5;
 constexpr uint64_t kEvaluationTag = 6;
 
 // Two integers each way with `peer`, through the communicator's device.
-std::array<int64_t, 2> exchange(Communicator& group, int peer, const std::array<int64_t, 2>& mine) {
+// The tied weight's description: its element count, its dtype and whether
+// it trains (1) or is frozen (0: a LoRA run's base).
+using TiedDescription = std::array<int64_t, 3>;
+
+TiedDescription exchange(Communicator& group, int peer, const TiedDescription& mine) {
   const torch::Device device = torch_device(group.device());
-  torch::Tensor out = torch::tensor({mine[0], mine[1]}, torch::kLong).to(device);
-  torch::Tensor in = torch::empty({2}, torch::TensorOptions().dtype(torch::kLong).device(device));
-  std::vector<P2POp> ops = {P2POp::send(out.data_ptr(), 2, DType::kInt64, peer, kTiedShapeTag),
-                            P2POp::recv(in.data_ptr(), 2, DType::kInt64, peer, kTiedShapeTag)};
+  torch::Tensor out = torch::tensor({mine[0], mine[1], mine[2]}, torch::kLong).to(device);
+  torch::Tensor in = torch::empty({3}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  std::vector<P2POp> ops = {P2POp::send(out.data_ptr(), 3, DType::kInt64, peer, kTiedShapeTag),
+                            P2POp::recv(in.data_ptr(), 3, DType::kInt64, peer, kTiedShapeTag)};
   group.send_recv(ops, Stream::default_for(group.device()));
   in = in.cpu();
-  return {in[0].item<int64_t>(), in[1].item<int64_t>()};
+  return {in[0].item<int64_t>(), in[1].item<int64_t>(), in[2].item<int64_t>()};
 }
 
 // The tied weight's node (Note [tied weights]): x passes through; its
@@ -212,7 +217,7 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
       transfer(send, stage() - 1, kGradientTag, gets_input ? &inputs : nullptr, gets_input ? next->micro_batch : 0,
                stage() - 1, kActivationTag);
       const bool batch_done = ++backwards == options_.micro_batches;
-      if (batch_done && tied_copy_.defined()) send_tied_gradient();
+      if (batch_done && tied_trains_ && tied_copy_.defined()) send_tied_gradient();
       // The micro-step after the gradient has left: the batch's last one is
       // the optimizer step, collective over the model-parallel group (the
       // global norm), which the earlier stages reach only once they have
@@ -220,7 +225,7 @@ PipelineStage::Result PipelineStage::run(const Forward& forward, const Loss& los
       const auto t1 = std::chrono::steady_clock::now();
       result.step = zt_->step();
       result.step_seconds += seconds_since(t1);
-      if (batch_done && (tied_copy_.defined() || tied_weight_.defined())) sync_tied_values();
+      if (batch_done && tied_trains_ && (tied_copy_.defined() || tied_weight_.defined())) sync_tied_values();
     }
   }
   // Every stage reports the batch's loss, which only the last one computed.
@@ -246,13 +251,14 @@ void PipelineStage::tie_first(const torch::nn::Module& unit, const torch::Tensor
   // Both stages learn the other's element count and dtype before any values
   // move, so a mismatch is named on both instead of a receive that waits.
   // Its size while gathered: at stage 3 a released parameter is empty.
-  std::array<int64_t, 2> mine{};
+  tied_trains_ = weight.requires_grad();
+  TiedDescription mine{};
   zt_->call(tied_unit_, [&] {
-    mine = {weight.numel(), static_cast<int64_t>(weight.scalar_type())};
+    mine = {weight.numel(), static_cast<int64_t>(weight.scalar_type()), tied_trains_ ? 1 : 0};
     return torch::Tensor();
   });
-  const std::array<int64_t, 2> theirs = exchange(group, 1, mine);
-  ZEST_CHECK(mine == theirs,
+  const TiedDescription theirs = exchange(group, 1, mine);
+  ZEST_CHECK(mine[0] == theirs[0] && mine[1] == theirs[1],
              "tied weight: the first stage's has {} elements of {}, the last stage's copy {} of {}: give tie_last the "
              "weight's shape and dtype",
              mine[0], c10::toString(weight.scalar_type()), theirs[0],
@@ -265,21 +271,24 @@ torch::Tensor PipelineStage::tie_last(const std::vector<int64_t>& shape, torch::
              stage(), stages());
   Communicator& group = tied_group("tie_last");
   tied_copy_ = torch::zeros(shape, torch::TensorOptions().dtype(dtype).device(torch_device(pp_->device())));
-  const std::array<int64_t, 2> mine = {tied_copy_.numel(), static_cast<int64_t>(dtype)};
-  const std::array<int64_t, 2> theirs = exchange(group, 0, mine);
-  ZEST_CHECK(mine == theirs,
+  const TiedDescription mine = {tied_copy_.numel(), static_cast<int64_t>(dtype), 0};
+  const TiedDescription theirs = exchange(group, 0, mine);
+  ZEST_CHECK(mine[0] == theirs[0] && mine[1] == theirs[1],
              "tied weight: the last stage's copy is {} {} ({} elements), the first stage's weight has {} elements "
              "of {}: give tie_last the weight's shape and dtype",
              c10::str(c10::IntArrayRef(shape)), c10::toString(dtype), mine[0], theirs[0],
              c10::toString(static_cast<torch::ScalarType>(theirs[1])));
   sync_tied_values();
-  tied_copy_.requires_grad_();
+  // A frozen weight's copy is a constant: no gradient goes back and its
+  // values never change.
+  tied_trains_ = theirs[2] == 1;
+  if (tied_trains_) tied_copy_.requires_grad_();
   return tied_copy_;
 }
 
 torch::Tensor PipelineStage::tied(const torch::Tensor& x) {
   ZEST_CHECK(tied_weight_.defined(), "PipelineStage::tied before tie_first (stage {})", stage());
-  if (forward_mb_ < 0 || forward_mb_ != last_backward_mb_) return x;
+  if (!tied_trains_ || forward_mb_ < 0 || forward_mb_ != last_backward_mb_) return x;
   return ReceiveTiedGradient::apply(x, tied_weight_, options_.tied_group);
 }
 

@@ -103,7 +103,9 @@ class PipelineStage {
   // copy that is no parameter of its engine. Each batch the copy's gradient,
   // summed over the micro-batches, goes to the first stage and joins the
   // weight's own in that stage's last backward; after the step the new
-  // values come back to the copy.
+  // values come back to the copy. A frozen weight (requires_grad false: a
+  // LoRA run's base) gives a copy that requires no gradient, and nothing
+  // moves per batch.
   //
   // First stage: collective with tie_last over options.tied_group, which
   // both must have; sends the weight's values.
@@ -138,6 +140,7 @@ class PipelineStage {
   torch::Tensor tied_weight_;
   int tied_unit_ = -1;
   torch::Tensor tied_copy_;
+  bool tied_trains_ = false;  // the first stage's weight requires grad (else frozen: no per-batch exchange)
   // In run(): the micro-batch whose forward is running (-1 outside), and the
   // one whose backward comes last on this stage.
   int forward_mb_ = -1;

@@ -238,11 +238,61 @@ void ColumnParallelLinearImpl::reset_parameters() {
   if (options.bias()) assign(bias, partition(b, 0, tp_->rank(), tp_->size(), options.stride()));
 }
 
+// Note [LoRA on a split layer]: the adapters keep the one-rank arithmetic,
+// y += scale * (x A^T) B^T, and every replicated adapter's gradient equal on
+// every tp rank (NeMo's parallel adapters split them alike).
+// - Column-parallel: A [r, in] whole, B [out/tp, r] this rank's rows. h = x
+//   A^T is the same on every rank; each rank's B gives its slice of the
+//   output. h's gradient is a sum over the slices, so h passes through
+//   copy_to_region (backward: all-reduce): A's gradient comes out whole and
+//   equal on every rank, and the input's gradient through A whole too. The
+//   adapter reads the input before the base's copy_to_region, whose
+//   all-reduce would add that whole gradient tp times.
+// - Row-parallel: A [r, in/tp] this rank's columns, B [out, r] whole. The
+//   partial products x_r A_r^T are all-reduced (reduce_from_region) into h
+//   = x A^T, then B applies on every rank: B's gradient, from the output's
+//   (replicated) gradient and h, is equal on every rank; A_r's is this
+//   rank's columns of the whole one.
+namespace {
+
+void check_lora(const LoraOptions& lora, bool enabled, bool sequence_parallel, const char* layer) {
+  lora.validate();
+  ZEST_CHECK(!enabled, "this {}'s adapters are enabled already (r = {}): enable them once", layer, lora.r);
+  ZEST_CHECK(!sequence_parallel, "LoRA on a {} with sequence parallelism is not supported: turn one of them off",
+             layer);
+  ZEST_CHECK(lora.dropout == 0.0,
+             "LoRA dropout {} on a {}: each tensor-parallel rank would draw its own mask for the same input; set "
+             "dropout to 0",
+             lora.dropout, layer);
+}
+
+torch::nn::Linear adapter(torch::nn::Module& m, const char* name, int64_t in, int64_t out, const torch::Tensor& value) {
+  torch::nn::Linear l = m.register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
+  torch::NoGradGuard no_grad;
+  l->weight.copy_(value);
+  return l;
+}
+
+}  // namespace
+
+void ColumnParallelLinearImpl::enable_lora(const LoraOptions& lora, at::Generator generator) {
+  check_lora(lora, lora_enabled(), options.sequence_parallel(), "ColumnParallelLinear");
+  lora_ = lora;
+  const int64_t rows = weight.size(0);
+  lora_A = adapter(*this, "lora_A", options.in_features(), lora.r,
+                   lora_A_initial(lora.r, options.in_features(), std::move(generator)));
+  lora_B = adapter(*this, "lora_B", lora.r, rows, torch::zeros({rows, lora.r}));
+}
+
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& input) {
   const torch::Tensor x = options.sequence_parallel()
                               ? gather_from_sequence_region(input, *tp_, options.sequence_dim())
                               : copy_to_region(input, *tp_);
-  const torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  if (lora_enabled()) {
+    const torch::Tensor h = copy_to_region(lora_A->forward(input), *tp_);
+    y = y + lora_B->forward(h) * lora_.scale();
+  }
   return options.gather_output() ? gather_from_region(y, *tp_, -1) : y;
 }
 
@@ -262,12 +312,22 @@ void RowParallelLinearImpl::reset_parameters() {
   if (options.bias()) assign(bias, b);
 }
 
+void RowParallelLinearImpl::enable_lora(const LoraOptions& lora, at::Generator generator) {
+  check_lora(lora, lora_enabled(), options.sequence_parallel(), "RowParallelLinear");
+  lora_ = lora;
+  const torch::Tensor whole = lora_A_initial(lora.r, options.in_features(), std::move(generator));
+  lora_A = adapter(*this, "lora_A", weight.size(1), lora.r, split_part(whole, *tp_, 1));
+  lora_B = adapter(*this, "lora_B", lora.r, options.out_features(), torch::zeros({options.out_features(), lora.r}));
+}
+
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& input) {
   const torch::Tensor x = options.input_is_parallel() ? input : scatter_to_region(input, *tp_, -1);
   const torch::Tensor partial = torch::nn::functional::linear(x, weight);
   if (!options.sequence_parallel()) {
-    const torch::Tensor y = reduce_from_region(partial, *tp_);
-    return options.bias() ? y + bias : y;
+    torch::Tensor y = reduce_from_region(partial, *tp_);
+    if (options.bias()) y = y + bias;
+    if (lora_enabled()) y = y + lora_B->forward(reduce_from_region(lora_A->forward(x), *tp_)) * lora_.scale();
+    return y;
   }
   // Each rank adds the bias to its part of the sequence, so the bias's
   // gradient is a partial sum: copy_to_region all-reduces it.
@@ -338,8 +398,10 @@ std::vector<std::pair<std::string, TpSplit>> split_parameters(const torch::nn::M
       const TpSplit rows{0, static_cast<int>(c->options.stride())};
       out.emplace_back(prefix + "weight", rows);
       if (c->options.bias()) out.emplace_back(prefix + "bias", rows);
-    } else if (dynamic_cast<const RowParallelLinearImpl*>(m)) {
+      if (c->lora_enabled()) out.emplace_back(prefix + "lora_B.weight", rows);
+    } else if (const auto* r = dynamic_cast<const RowParallelLinearImpl*>(m)) {
       out.emplace_back(prefix + "weight", TpSplit{1, 1});
+      if (r->lora_enabled()) out.emplace_back(prefix + "lora_A.weight", TpSplit{1, 1});
     } else if (dynamic_cast<const VocabParallelEmbeddingImpl*>(m)) {
       out.emplace_back(prefix + "weight", TpSplit{0, 1});
     }

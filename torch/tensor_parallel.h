@@ -41,6 +41,12 @@
 //   rank's tokens) are all-reduced in backward and come out whole and equal
 //   on every tp rank, where Megatron all-reduces them after backward.
 //
+// - LoRA (torch/lora.h's enable_lora finds these layers by name as it finds
+//   LoraLinear): a column-parallel layer's lora_B is split with its rows and
+//   lora_A kept whole; a row-parallel layer's lora_A is split with its
+//   columns and lora_B kept whole, each adapter starting from the whole
+//   one-rank adapter's values (Note [LoRA on a split layer]).
+//
 // Initialization (Megatron's _initialize_affine_weight_cpu): each layer
 // draws the whole weight as torch::nn::Linear / Embedding would, from
 // torch's global generator, and keeps its part. With the same seed on every
@@ -72,6 +78,7 @@
 
 #include "zest/comm/communicator.h"
 #include "zest/engine/layout.h"
+#include "zest/torch/lora.h"
 
 namespace zest::tp {
 
@@ -115,13 +122,22 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   // [*, in] (the whole input; under sequence parallelism this rank's part of
   // the sequence) -> [*, out/tp], or [*, out] with gather_output.
   torch::Tensor forward(const torch::Tensor& input);
+  // LoRA adapters (Note [LoRA on a split layer] in tensor_parallel.cpp):
+  // lora_A [r, in] whole on every tp rank, drawn as PEFT draws it from
+  // `generator`; lora_B [out/tp, r], this rank's rows, zero. Throws a
+  // zest::Error when enabled already, with sequence parallelism, or with
+  // dropout (each rank would draw its own mask).
+  void enable_lora(const LoraOptions& lora, at::Generator generator);
+  bool lora_enabled() const { return !lora_A.is_empty(); }
 
   ParallelLinearOptions options;
   torch::Tensor weight;  // [out/tp, in]
   torch::Tensor bias;    // [out/tp], undefined without options.bias()
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  // with enable_lora
 
  private:
   Communicator* tp_;
+  LoraOptions lora_;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -133,13 +149,20 @@ class RowParallelLinearImpl : public torch::nn::Module {
   // every tp rank (under sequence parallelism: this rank's part of the
   // sequence).
   torch::Tensor forward(const torch::Tensor& input);
+  // LoRA adapters: lora_A [r, in/tp], this rank's columns of the whole
+  // adapter drawn from `generator`; lora_B [out, r] whole, zero. Refused
+  // as ColumnParallelLinear's.
+  void enable_lora(const LoraOptions& lora, at::Generator generator);
+  bool lora_enabled() const { return !lora_A.is_empty(); }
 
   ParallelLinearOptions options;
   torch::Tensor weight;  // [out, in/tp]
   torch::Tensor bias;    // [out], replicated
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  // with enable_lora
 
  private:
   Communicator* tp_;
+  LoraOptions lora_;
 };
 TORCH_MODULE(RowParallelLinear);
 

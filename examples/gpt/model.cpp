@@ -93,10 +93,18 @@ torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole,
   const auto part = [&](int64_t dim, int64_t stride) {
     return zest::tp::partition(whole, dim, tp_rank, tp_size, stride);
   };
-  if (name == "wte.weight" || name == "lm_head.weight" || name.find(".c_fc.") != std::string::npos) return part(0, 1);
-  if (name.find(".c_attn.") != std::string::npos) return part(0, 3);
-  if (name.ends_with("c_proj.weight")) return part(1, 1);
-  return whole;  // LayerNorms, wpe, the c_projs' biases
+  if (name == "wte.weight" || name == "lm_head.weight") return part(0, 1);
+  // Column-parallel: rows of the weight, the bias and the LoRA adapter B
+  // (c_attn's with stride 3); the adapter A whole (tensor_parallel.h).
+  const bool adapter_a = name.ends_with("lora_A.weight"), adapter_b = name.ends_with("lora_B.weight");
+  if (name.find(".c_fc.") != std::string::npos) return adapter_a ? whole : part(0, 1);
+  if (name.find(".c_attn.") != std::string::npos) return adapter_a ? whole : part(0, 3);
+  // Row-parallel: columns of the weight and the adapter A; the bias and the
+  // adapter B whole.
+  if (name.find(".c_proj.") != std::string::npos) {
+    return name.ends_with(".bias") || adapter_b ? whole : part(1, 1);
+  }
+  return whole;  // LayerNorms, wpe
 }
 
 std::vector<std::string> lora_targets() { return {"c_attn", "c_proj", "c_fc"}; }

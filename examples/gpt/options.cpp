@@ -95,17 +95,15 @@ Options parse_options(int argc, char** argv) {
       cli::usage_error("--pp {} is more stages than the {} layers (--layers): each stage needs a block", o.pp,
                        o.model.layers);
     }
-    // Each rank holds a part of the model: what adapts it or digests it does
-    // not know the mesh yet. (--hf reads each rank's tp slices, hf/hf_import.h;
+    // Each rank holds a part of the model: a digest of the weights does not
+    // know the mesh yet. (--hf reads each rank's tp slices, hf/hf_import.h;
+    // --lora puts the adapters on the split layers, torch/tensor_parallel.h;
     // --save and --load keep a part per tp x pp rank, checkpoint/
     // model_parallel_parts.h; --export and --export-hf write the whole
     // model, checkpoint/whole_model.h.)
-    for (const auto& [set, flag] : {std::pair{o.lora_r > 0, "--lora"}, {o.digest, "--digest"}}) {
-      if (set) {
-        cli::usage_error("{} with --tp/--pp: LoRA and digests of a model split over a mesh are not supported yet; "
-                         "run it with --tp 1 --pp 1",
-                         flag);
-      }
+    if (o.digest) {
+      cli::usage_error("--digest with --tp/--pp: digests of a model split over a mesh are not supported yet; run it "
+                       "with --tp 1 --pp 1");
     }
   }
   return o;

@@ -82,17 +82,20 @@ void validate(const Placement& placement, const Config& c) {
 torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole, int tp_rank, int tp_size) {
   if (tp_size == 1) return whole;
   const auto in = [&](const char* projection) { return name.find(projection) != std::string::npos; };
-  // Column-parallel (rows: output features, weight and bias alike) and the
-  // vocabulary's rows.
-  if (name.ends_with("embed_tokens.weight") || name == "lm_head.weight" || in("q_proj.") || in("k_proj.") ||
-      in("v_proj.") || in("gate_proj.") || in("up_proj.")) {
-    return zest::tp::partition(whole, 0, tp_rank, tp_size);
+  const auto rows = [&] { return zest::tp::partition(whole, 0, tp_rank, tp_size); };
+  const auto columns = [&] { return zest::tp::partition(whole, 1, tp_rank, tp_size); };
+  if (name.ends_with("embed_tokens.weight") || name == "lm_head.weight") return rows();  // the vocabulary's
+  // Column-parallel: rows (output features) of the weight, the bias and
+  // the adapter B; the adapter A whole (tensor_parallel.h).
+  if (in("q_proj.") || in("k_proj.") || in("v_proj.") || in("gate_proj.") || in("up_proj.")) {
+    return name.ends_with("lora_A.weight") ? whole : rows();
   }
-  // Row-parallel weights (columns: input features); their biases are whole.
-  if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight")) {
-    return zest::tp::partition(whole, 1, tp_rank, tp_size);
+  // Row-parallel: columns (input features) of the weight and the adapter A;
+  // the bias and the adapter B whole.
+  if (in("o_proj.") || in("down_proj.")) {
+    return name.ends_with(".bias") || name.ends_with("lora_B.weight") ? whole : columns();
   }
-  return whole;  // the RMSNorms, the row-parallel biases
+  return whole;  // the RMSNorms
 }
 
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {

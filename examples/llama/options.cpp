@@ -70,14 +70,11 @@ Options parse_options(int argc, char** argv) {
       cli::usage_error("--pp {} is more stages than the model's {} layers: each stage needs a layer", o.pp,
                        m.num_hidden_layers);
     }
-    // Adapters do not know the mesh yet (there are no tensor-parallel LoRA
-    // layers). (--hf reads each rank's tp slices, hf/hf_import.h; --save and
-    // --load keep a part per tp x pp rank, checkpoint/model_parallel_parts.h;
-    // --export-hf writes the whole model, checkpoint/whole_model.h.)
-    if (o.lora_r > 0) {
-      cli::usage_error("--lora with --tp/--pp: LoRA on a model split over a mesh is not supported yet; run it with "
-                       "--tp 1 --pp 1");
-    }
+    // Everything else knows the mesh: --hf reads each rank's tp slices
+    // (hf/hf_import.h), --lora puts the adapters on the split layers
+    // (torch/tensor_parallel.h), --save and --load keep a part per tp x pp
+    // rank (checkpoint/model_parallel_parts.h), --export-hf writes the whole
+    // model (checkpoint/whole_model.h).
   }
   return o;
 }

@@ -67,10 +67,17 @@ struct Span {
 // Every rank's run on `shape` (a mesh; none for the plain one-rank path),
 // with a greedy sample of 12 bytes after "Look ".
 std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, bool tied,
-                       zest::PipelineKind schedule = zest::PipelineKind::k1F1B, const Span& span = {}) {
+                       zest::PipelineKind schedule = zest::PipelineKind::k1F1B, const Span& span = {},
+                       int64_t lora_r = 0) {
   Options o;
-  o.build = [tied](const examples::Placement& placement) {
+  o.build = [tied, lora_r](const examples::Placement& placement) {
     gpt::Gpt model(tiny(tied), kSeed, placement);
+    if (lora_r > 0) {
+      zest::LoraOptions lora;
+      lora.r = lora_r;
+      lora.alpha = 16;
+      zest::enable_lora(*model, gpt::lora_targets(), lora, kSeed);
+    }
     return Model{model.ptr(), model.get()};
   };
   o.wrap = [](zest::Engine& engine, const Model& m) {
@@ -123,6 +130,17 @@ TEST_CASE("gpt over a mesh: an untied head split by vocabulary, and GPipe with 1
   // gradient joins the same micro-step: the bits of 1F1B.
   const zest::MeshShape shape{.dp = 2, .tp = 1, .pp = 2};
   check_same_bits(train(shape, 2, true, zest::PipelineKind::kGPipe), train(shape, 2, true));
+}
+
+TEST_CASE("gpt over a mesh: LoRA on the split layers (c_attn's stride 3 too) trains the one-rank adapters") {
+  const Run one = train(std::nullopt, 0, true, zest::PipelineKind::k1F1B, {}, /*lora_r=*/4).at(0);
+  CHECK(one.losses.back() < one.losses.front());
+  const zest::MeshShape shape{.dp = 2, .tp = 2, .pp = 2};
+  const std::vector<Run> stage0 = train(shape, 0, true, zest::PipelineKind::k1F1B, {}, 4);
+  check_against_whole(stage0, one, 2);
+  // c_attn's B: this rank's rows of q, k and v (3 x 16 of 3 x 32).
+  CHECK(stage0[0].masters.at("h.0.attn.c_attn.lora_B.weight").sizes() == torch::IntArrayRef{48, 4});
+  check_same_bits(stage0, train(shape, 3, true, zest::PipelineKind::k1F1B, {}, 4));
 }
 
 TEST_CASE("gpt placement: each part starts from the whole model's values, and bad sizes are named") {
