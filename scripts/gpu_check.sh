@@ -212,9 +212,10 @@ gpu_tests() {
 }
 
 # The GPT example through zest::TorchModule on the GPU, with the image's
-# libtorch: one rank (the default on a GPU) at stages 0-3, on deterministic kernels (the example
-# asks for them on CUDA; cuBLAS needs the workspace setting), so the final
-# validation loss must be the same bits at every stage; and 2 in-process
+# libtorch: one rank (the default on a GPU) at stages 0-3, on deterministic
+# kernels (the example asks for them on CUDA; cuBLAS needs the workspace
+# setting), so the final validation loss must be the same bits at every
+# stage; and 2 in-process
 # ranks on the one GPU refused by name (libtorch's one autograd thread for
 # the GPU would deadlock them: backward_thread_conflict in torch_module.h).
 # Its output goes to gpu_tests.log (no more files come back from $OUT).

@@ -1,5 +1,7 @@
 #include "model.h"
 
+#include "common/vocab_head.h"
+
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -285,10 +287,7 @@ torch::Tensor GptImpl::head(const torch::Tensor& x) {
   const torch::Tensor y = ln_f->forward(x);
   if (lm_head) return lm_head->forward(y);
   if (lm_head_tp) return lm_head_tp->forward(y);
-  const torch::Tensor& w = head_weight_.defined() ? head_weight_ : embedding_weight();
-  // Megatron's parallel_lm_logits: y is whole on every tp rank, so its
-  // gradient, a sum over the vocabulary slices, is all-reduced.
-  return torch::matmul(placement_.tp != nullptr ? zest::tp::copy_to_region(y, *placement_.tp) : y, w.t());
+  return examples::tied_head_logits(y, head_weight_.defined() ? head_weight_ : embedding_weight(), placement_.tp);
 }
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens, const UnitRunner& run) {
@@ -308,21 +307,15 @@ torch::Tensor GptImpl::forward_stage(const torch::Tensor& input, const UnitRunne
 }
 
 torch::Tensor GptImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  if (placement_.tp == nullptr) return lm_loss(logits, targets);
-  return zest::tp::vocab_parallel_cross_entropy(logits, targets, *placement_.tp).mean();
+  return examples::vocab_loss_mean(logits, targets, placement_.tp);
 }
 
 torch::Tensor GptImpl::loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
-  if (placement_.tp == nullptr) {
-    return torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-  }
-  return zest::tp::vocab_parallel_cross_entropy(logits, targets, *placement_.tp).sum();
+  return examples::vocab_loss_sum(logits, targets, placement_.tp);
 }
 
 torch::Tensor GptImpl::whole_logits(const torch::Tensor& logits) {
-  return placement_.tp == nullptr ? logits : zest::tp::gather_from_region(logits, *placement_.tp, -1);
+  return examples::whole_vocab_logits(logits, placement_.tp);
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> GptImpl::blocks() const { return h->values(); }
@@ -332,7 +325,7 @@ torch::Tensor run_directly(const torch::nn::Module&, const std::function<torch::
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  return examples::vocab_loss_mean(logits, targets, nullptr);
 }
 
 }  // namespace gpt

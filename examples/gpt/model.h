@@ -17,9 +17,10 @@
 //
 // A Placement builds one rank's part of the model instead (common/
 // mesh_trainer.h trains it through examples::StagedLm): the layers split
-// over a tensor-parallel group as Megatron-LM splits GPT (the token embedding and the head by vocabulary, c_attn and
-// c_fc by output rows, c_attn's queries, keys and values each by heads, the
-// c_projs by input columns; LayerNorms, wpe and the c_projs' biases whole),
+// over a tensor-parallel group as Megatron-LM splits GPT (the token
+// embedding and the head by vocabulary, c_attn and c_fc by output rows,
+// c_attn's queries, keys and values each by heads, the c_projs by input
+// columns; LayerNorms, wpe and the c_projs' biases whole),
 // and the blocks cut into consecutive pipeline stages, the embeddings on the
 // first, ln_f and the head on the last. Every part starts from the values of
 // the whole model with the same seed, under the whole model's names.

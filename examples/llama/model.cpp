@@ -1,5 +1,7 @@
 #include "model.h"
 
+#include "common/vocab_head.h"
+
 #include "zest/torch/module_construction.h"
 
 #include <cmath>
@@ -285,10 +287,7 @@ torch::Tensor LlamaForCausalLMImpl::embed(const torch::Tensor& tokens) {
 torch::Tensor LlamaForCausalLMImpl::head(const torch::Tensor& x) {
   if (lm_head) return lm_head->forward(x);
   if (lm_head_tp) return lm_head_tp->forward(x);
-  const torch::Tensor& w = head_weight_.defined() ? head_weight_ : embedding_weight();
-  // Megatron's parallel_lm_logits: x is whole on every tp rank, so its
-  // gradient, a sum over the vocabulary slices, is all-reduced.
-  return torch::matmul(placement_.tp != nullptr ? zest::tp::copy_to_region(x, *placement_.tp) : x, w.t());
+  return examples::tied_head_logits(x, head_weight_.defined() ? head_weight_ : embedding_weight(), placement_.tp);
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens, const UnitRunner& run,
@@ -324,21 +323,15 @@ torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, con
 }
 
 torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  if (placement_.tp == nullptr) return lm_loss(logits, targets);
-  return zest::tp::vocab_parallel_cross_entropy(logits.to(torch::kFloat), targets, *placement_.tp).mean();
+  return examples::vocab_loss_mean(logits.to(torch::kFloat), targets, placement_.tp);
 }
 
 torch::Tensor LlamaForCausalLMImpl::loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
-  if (placement_.tp == nullptr) {
-    return torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-  }
-  return zest::tp::vocab_parallel_cross_entropy(logits.to(torch::kFloat), targets, *placement_.tp).sum();
+  return examples::vocab_loss_sum(logits.to(torch::kFloat), targets, placement_.tp);
 }
 
 torch::Tensor LlamaForCausalLMImpl::whole_logits(const torch::Tensor& logits) {
-  return placement_.tp == nullptr ? logits : zest::tp::gather_from_region(logits, *placement_.tp, -1);
+  return examples::whole_vocab_logits(logits, placement_.tp);
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> LlamaForCausalLMImpl::units() const {
@@ -376,8 +369,7 @@ std::vector<LlamaDecoderLayer> LlamaForCausalLMImpl::layers() const {
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                              targets.reshape({-1}));
+  return examples::vocab_loss_mean(logits.to(torch::kFloat), targets, nullptr);
 }
 
 }  // namespace llama
