@@ -18,13 +18,15 @@ namespace {
 
 // Note [a warp per chunk], the GPU's order, so the host and the GPU give a
 // chunk the same bits. Whole chunks at a time: fp32 straight from the
-// gradients, fp16 and bf16 widened first (exactly) into a float block of at
-// least one chunk.
+// gradients and bf16 widened in the loop, fp16 widened first (exactly) into
+// a float block of at least one chunk.
 template <typename T>
 void chunk_sums(const T* g, size_t numel, size_t chunk, float scale, double* out) {
   const detail::HostKernels& k = detail::host_kernels();
   if constexpr (std::is_same_v<T, float>) {
     k.chunk_squares(g, numel, chunk, scale, out);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    k.chunk_squares_bf16(g, numel, chunk, scale, out);
   } else {
     const size_t per = std::max<size_t>(1, detail::kHostBlock / chunk) * chunk;
     thread_local std::vector<float> block;  // reused: this runs for every unit at every step

@@ -75,11 +75,11 @@ ZEST_TARGET_AVX2 void narrow_f16c(const float* in, fp16* out, size_t n) {
 bool cpu_has_f16c() { return false; }
 #endif
 
-#define ZEST_KERNEL_TABLE(ns, isa_value)                                                        \
-  HostKernels {                                                                                 \
-    isa_value, ns::adam<true>, ns::adam<false>, ns::sgd, ns::widen<fp16>, ns::narrow<fp16>,     \
-        ns::widen<bf16>, ns::narrow<bf16>, ns::chunk_squares, ns::any_non_finite16,             \
-        ns::any_non_finite32                                                                    \
+#define ZEST_KERNEL_TABLE(ns, isa_value)                                                           \
+  HostKernels {                                                                                    \
+    isa_value, ns::adam<true>, ns::adam<false>, ns::sgd, ns::widen<fp16>, ns::narrow<fp16>,        \
+        ns::widen<bf16>, ns::narrow<bf16>, ns::chunk_squares, ns::chunk_squares_bf16,              \
+        ns::any_non_finite16, ns::any_non_finite32                                                 \
   }
 
 HostKernels make_table(CpuIsa isa) {

@@ -30,6 +30,8 @@ struct HostKernels {
   // The sums of squares of x * scale over chunks of `chunk` elements (the
   // last may be shorter), each in the GPU's order (chunk_sum_order.h).
   void (*chunk_squares)(const float* x, size_t n, size_t chunk, float scale, double* out) = nullptr;
+  // The same of bf16 elements, each widened exactly.
+  void (*chunk_squares_bf16)(const bf16* x, size_t n, size_t chunk, float scale, double* out) = nullptr;
   // Whether any of n IEEE values is a NaN or an Inf: 16-bit ones (fp16 or
   // bf16, told apart by their exponent mask) or fp32.
   bool (*any_non_finite16)(const uint16_t* bits, size_t n, uint16_t exponent) = nullptr;

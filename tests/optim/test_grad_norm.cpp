@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "zest/core/check.h"
@@ -106,17 +107,22 @@ TEST_CASE("a chunk in the GPU's order (a warp per chunk): its tree, exact small 
     ScopedCpuIsa force(isa);
     const std::string_view isa_name = cpu_isa_name(isa);
     CAPTURE(isa_name);
-    for (size_t chunk : {size_t{256}, size_t{3000}, size_t{45}, size_t{1}}) {
+    // A scale of 1 takes the loop without the multiply (Note [the tree on
+    // vectors]); 0.5 the one with it.
+    for (const auto& [chunk, scale] : {std::pair<size_t, float>{256, 0.5f}, {256, 1.0f}, {3000, 0.5f}, {3000, 1.0f},
+                                       {45, 0.5f}, {1, 1.0f}}) {
       CAPTURE(chunk);
+      CAPTURE(scale);
       const size_t chunks = (f.size() + chunk - 1) / chunk;
       const auto check = [&](DType dtype, const void* data, auto load) {
         const std::string_view dtype_text = dtype_name(dtype);
         CAPTURE(dtype_text);
         std::vector<double> host(chunks);
-        chunk_sums_of_squares(Stream::default_for(Device::host()), data, dtype, f.size(), chunk, 0.5f, host.data());
+        chunk_sums_of_squares(Stream::default_for(Device::host()), data, dtype, f.size(), chunk, scale, host.data());
         for (size_t c = 0; c < chunks; ++c) {
           CAPTURE(c);
-          const double want = warp_order_sum_of_squares(load, c * chunk, std::min(f.size(), c * chunk + chunk), 0.5f);
+          const double want =
+              warp_order_sum_of_squares(load, c * chunk, std::min(f.size(), c * chunk + chunk), scale);
           CHECK(host[c] == want);
         }
       };
