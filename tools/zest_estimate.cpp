@@ -183,16 +183,14 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
   std::map<std::string, std::string> values;
   for (const char* f : kFlags) app.add_option(f, values[f]);
   for (const auto& [f, alias] : kAliased) app.add_option(fmt::format("{},{}", f, alias), values[f]);
-  bool untied = false;
-  app.add_flag("--untie-embeddings-and-output-weights", untied);
-  // Megatron's switches for Llama's forms.
-  static const char* kSwitches[] = {"--swiglu", "--disable-bias-linear", "--group-query-attention"};
+  // Flags without a value, kept as "" when given: Megatron's switches (an
+  // untied head; Llama's forms) and --traffic.
+  static const char* kSwitches[] = {"--untie-embeddings-and-output-weights", "--swiglu", "--disable-bias-linear",
+                                    "--group-query-attention", "--traffic"};
   std::map<std::string, bool> switches;
   for (const char* f : kSwitches) app.add_flag(f, switches[f]);
   // --link, twice at most (intra and inter): kept as lines in one value.
   std::vector<std::string> links;
-  bool traffic = false;
-  app.add_flag("--traffic", traffic);
   app.add_option("--link", links)->allow_extra_args(false);
   std::map<std::string, std::string> flags;
   try {
@@ -217,12 +215,10 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
       }
     }
   }
-  if (untied) flags["--untie-embeddings-and-output-weights"] = "";
   for (const char* f : kSwitches) {
     if (switches[f]) flags[f] = "";
   }
   if (!links.empty()) flags["--link"] = fmt::format("{}", fmt::join(links, "\n"));
-  if (traffic) flags["--traffic"] = "";
   return flags;
 }
 
