@@ -21,6 +21,12 @@ namespace examples {
 // tensor-parallel group `tp` (whole layers without one), and the blocks of
 // pipeline stage `stage` of `stages`, the embeddings on the first and the
 // final norm and head on the last.
+// The group a model's layers are split over: `tp`, or null when they are
+// whole (no group, or a group of one).
+inline zest::Communicator* split_group(zest::Communicator* tp) {
+  return tp != nullptr && tp->size() > 1 ? tp : nullptr;
+}
+
 struct Placement {
   zest::Communicator* tp = nullptr;
   int stage = 0;
@@ -28,6 +34,7 @@ struct Placement {
 
   int tp_size() const { return tp != nullptr ? tp->size() : 1; }
   int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
+  zest::Communicator* split_group() const;  // examples::split_group(tp)
   bool first() const { return stage == 0; }
   bool last() const { return stage == stages - 1; }
   // This stage's blocks of `layers`, [begin, end): layers / stages each, the
@@ -37,6 +44,8 @@ struct Placement {
   // stages than layers or the stage is not one of them.
   void validate_stages(int64_t layers) const;
 };
+
+inline zest::Communicator* Placement::split_group() const { return examples::split_group(tp); }
 
 // The part of the model this rank of `mesh` builds; the whole model without
 // a mesh.

@@ -1,12 +1,12 @@
 #include "model.h"
 
+#include "common/projection.h"
 #include "common/vocab_head.h"
 
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
-#include <type_traits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -111,27 +111,12 @@ torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole,
 
 std::vector<std::string> lora_targets() { return {"c_attn", "c_proj", "c_fc"}; }
 
-namespace {
-
-// A projection whole (LoraLinear) or split over tp, registered under `name`.
-template <typename Parallel>
-void make_projection(torch::nn::Module& m, const char* name, int64_t in, int64_t out, zest::Communicator* tp,
-                     zest::LoraLinear& whole, Parallel& split, int64_t stride = 1) {
-  if (tp == nullptr) {
-    whole = m.register_module(name, zest::LoraLinear(in, out));
-  } else if constexpr (std::is_same_v<Parallel, zest::tp::ColumnParallelLinear>) {
-    split = m.register_module(name, Parallel(*tp, zest::tp::ParallelLinearOptions(in, out).stride(stride)));
-  } else {
-    split = m.register_module(name, Parallel(*tp, zest::tp::ParallelLinearOptions(in, out)));
-  }
-}
-
-}  // namespace
-
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const Config& c, zest::Communicator* tp)
     : heads_(c.heads / (tp != nullptr ? tp->size() : 1)) {
-  make_projection(*this, "c_attn", c.d_model, 3 * c.d_model, tp, c_attn, c_attn_tp, /*stride=*/3);
-  make_projection(*this, "c_proj", c.d_model, c.d_model, tp, c_proj, c_proj_tp);
+  using zest::tp::ParallelLinearOptions;
+  examples::make_projection(*this, "c_attn", ParallelLinearOptions(c.d_model, 3 * c.d_model).stride(3), tp, c_attn,
+                            c_attn_tp);
+  examples::make_projection(*this, "c_proj", ParallelLinearOptions(c.d_model, c.d_model), tp, c_proj, c_proj_tp);
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -154,8 +139,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 MlpImpl::MlpImpl(const Config& c, zest::Communicator* tp) {
-  make_projection(*this, "c_fc", c.d_model, 4 * c.d_model, tp, c_fc, c_fc_tp);
-  make_projection(*this, "c_proj", 4 * c.d_model, c.d_model, tp, c_proj, c_proj_tp);
+  using zest::tp::ParallelLinearOptions;
+  examples::make_projection(*this, "c_fc", ParallelLinearOptions(c.d_model, 4 * c.d_model), tp, c_fc, c_fc_tp);
+  examples::make_projection(*this, "c_proj", ParallelLinearOptions(4 * c.d_model, c.d_model), tp, c_proj, c_proj_tp);
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -204,7 +190,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> whole_parameters(const
 GptImpl::GptImpl(const Config& c, uint64_t seed, Placement placement) : config_(c), placement_(placement) {
   c.validate();
   validate(placement, c);
-  zest::Communicator* tp = placement.tp != nullptr && placement.tp->size() > 1 ? placement.tp : nullptr;
+  zest::Communicator* tp = placement.split_group();
   placement_.tp = tp;
   if (placement.first()) {
     if (tp == nullptr) {

@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include "common/projection.h"
 #include "common/vocab_head.h"
 
 #include "zest/torch/module_construction.h"
@@ -12,25 +13,6 @@
 
 namespace llama {
 namespace {
-
-zest::LoraLinear projection(int64_t in, int64_t out, bool bias) {
-  return zest::LoraLinear(zest::LoraLinearOptions(in, out).bias(bias));
-}
-
-// A projection whole (LoraLinear) or split over tp (Parallel: column- or
-// row-parallel), registered under `name`.
-template <typename Parallel>
-void make_projection(torch::nn::Module& m, const char* name, int64_t in, int64_t out, bool bias,
-                     zest::Communicator* tp, zest::LoraLinear& whole, Parallel& split) {
-  if (tp == nullptr) {
-    whole = m.register_module(name, projection(in, out, bias));
-  } else {
-    split = m.register_module(name, Parallel(*tp, zest::tp::ParallelLinearOptions(in, out).bias(bias)));
-  }
-}
-
-// The split's group, or null for whole layers (no group, or a group of one).
-zest::Communicator* split_group(zest::Communicator* tp) { return tp != nullptr && tp->size() > 1 ? tp : nullptr; }
 
 int tp_size_of(zest::Communicator* tp) { return tp != nullptr ? tp->size() : 1; }
 
@@ -125,14 +107,16 @@ LlamaAttentionImpl::LlamaAttentionImpl(const Config& c, zest::Communicator* tp)
       kv_heads_(c.num_key_value_heads / tp_size_of(tp)),
       head_dim_(c.resolved_head_dim()) {
   const int64_t h = c.hidden_size, q = c.num_attention_heads * head_dim_, kv = c.num_key_value_heads * head_dim_;
-  tp = split_group(tp);
+  tp = examples::split_group(tp);
   // q_proj's rows are heads, k_proj's and v_proj's kv heads, each split
   // evenly: rank r's query heads [r H/tp, (r+1) H/tp) read the kv heads
   // [r KV/tp, (r+1) KV/tp), which are the ones it holds (repeat_kv).
-  make_projection(*this, "q_proj", h, q, c.attention_bias, tp, q_proj, q_proj_tp);
-  make_projection(*this, "k_proj", h, kv, c.attention_bias, tp, k_proj, k_proj_tp);
-  make_projection(*this, "v_proj", h, kv, c.attention_bias, tp, v_proj, v_proj_tp);
-  make_projection(*this, "o_proj", q, h, c.attention_bias, tp, o_proj, o_proj_tp);
+  using zest::tp::ParallelLinearOptions;
+  const bool bias = c.attention_bias;
+  examples::make_projection(*this, "q_proj", ParallelLinearOptions(h, q).bias(bias), tp, q_proj, q_proj_tp);
+  examples::make_projection(*this, "k_proj", ParallelLinearOptions(h, kv).bias(bias), tp, k_proj, k_proj_tp);
+  examples::make_projection(*this, "v_proj", ParallelLinearOptions(h, kv).bias(bias), tp, v_proj, v_proj_tp);
+  examples::make_projection(*this, "o_proj", ParallelLinearOptions(q, h).bias(bias), tp, o_proj, o_proj_tp);
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Rotary& rope) {
@@ -158,12 +142,14 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Rotary& 
 }
 
 LlamaMlpImpl::LlamaMlpImpl(const Config& c, zest::Communicator* tp) {
-  tp = split_group(tp);
+  tp = examples::split_group(tp);
   const int64_t h = c.hidden_size, i = c.intermediate_size;
   // gate and up split alike, so silu(gate) * up pairs this rank's columns.
-  make_projection(*this, "gate_proj", h, i, c.mlp_bias, tp, gate_proj, gate_proj_tp);
-  make_projection(*this, "up_proj", h, i, c.mlp_bias, tp, up_proj, up_proj_tp);
-  make_projection(*this, "down_proj", i, h, c.mlp_bias, tp, down_proj, down_proj_tp);
+  using zest::tp::ParallelLinearOptions;
+  const bool bias = c.mlp_bias;
+  examples::make_projection(*this, "gate_proj", ParallelLinearOptions(h, i).bias(bias), tp, gate_proj, gate_proj_tp);
+  examples::make_projection(*this, "up_proj", ParallelLinearOptions(h, i).bias(bias), tp, up_proj, up_proj_tp);
+  examples::make_projection(*this, "down_proj", ParallelLinearOptions(i, h).bias(bias), tp, down_proj, down_proj_tp);
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
@@ -190,7 +176,7 @@ LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed, zest::Co
   // Seed 0 of the stream is the embeddings' and the head's (the model's).
   init_parameters(*whole, c.initializer_range,
                   at::detail::createCPUGenerator(seed * kSeedStride + static_cast<uint64_t>(i) + 1));
-  tp = split_group(tp);
+  tp = examples::split_group(tp);
   if (tp == nullptr) return whole;
   LlamaDecoderLayer part(c, tp);
   torch::NoGradGuard no_grad;
@@ -203,7 +189,7 @@ LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed, zest::Co
 
 LlamaModelImpl::LlamaModelImpl(const Config& c, const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
                                bool placeholders, const Placement& placement) {
-  zest::Communicator* tp = split_group(placement.tp);
+  zest::Communicator* tp = placement.split_group();
   if (placement.first()) {
     if (tp == nullptr) {
       embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
@@ -235,7 +221,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, uint64_t seed,
     : config_(c), placement_(placement) {
   c.validate();
   validate(placement, c);
-  placement_.tp = split_group(placement.tp);
+  placement_.tp = placement.split_group();
   zest::Communicator* tp = placement_.tp;
   model = register_module("model", LlamaModel(c, make_layer, placeholders, placement_));
   if (!c.tie_word_embeddings && placement_.last()) {
