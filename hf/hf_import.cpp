@@ -32,10 +32,10 @@ std::vector<int64_t> whole_shape(const ParamLayout& p, const ModelParallel& mp) 
 }
 
 // engine name -> checkpoint name of every registered parameter the
-// checkpoint has; every mismatch between the two goes to `problems`. On a
-// mesh (mp.size() > 1) a tensor this rank does not register may be another
-// stage's: `registered` marks, in ckpt.names()'s order, those it does, and
-// extra_tensors() decides over the model-parallel group.
+// checkpoint has; every mismatch between the two goes to `problems`, except
+// tensors no parameter takes: `registered` marks, in ckpt.names()'s order,
+// those this rank registers, and extra_problems() decides the others (on a
+// mesh a tensor this rank does not register may be another stage's).
 std::map<std::string, std::string> match(const ModelLayout& layout, const HfCheckpoint& ckpt,
                                          const HfImportOptions& options, const ModelParallel& mp,
                                          std::vector<std::string>& problems, std::vector<bool>& registered) {
@@ -46,14 +46,7 @@ std::map<std::string, std::string> match(const ModelLayout& layout, const HfChec
     const std::string e = options.names.engine_name(name);
     const bool here = layout.contains(e);
     registered[index++] = here;
-    if (!here) {
-      if (!options.ignore_extra && mp.size() == 1) {
-        problems.push_back(fmt::format("extra: tensor '{}'{} is not a registered parameter (set ignore_extra to "
-                                       "skip such tensors)",
-                                       name, e == name ? "" : fmt::format(" (mapped to '{}')", e)));
-      }
-      continue;
-    }
+    if (!here) continue;
     // Export maps back: a map that does not is refused here already.
     if (const std::string back = options.names.checkpoint_name(e); back != name) {
       problems.push_back(fmt::format("the name map takes tensor '{}' to '{}', which maps back to '{}'; give it a "
@@ -102,26 +95,31 @@ std::vector<int64_t> gather_over(Communicator& group, std::span<const int64_t> m
   return all_gather_int64(group, alloc, Stream::default_for(group.device()), mine);
 }
 
-// The checkpoint's tensors that no rank of the model-parallel group
-// registers (every rank gets the same list). Collective over the group.
-std::vector<std::string> extra_tensors(const HfCheckpoint& ckpt, const ModelParallel& mp,
-                                       const std::vector<bool>& registered) {
+// An "extra" problem for each of the checkpoint's tensors that no rank of
+// the model-parallel group registers (`registered`: this rank's, as match()
+// marks them), the same list on every rank. Collective over the group on a
+// mesh; alone on one rank.
+void extra_problems(const HfCheckpoint& ckpt, const HfImportOptions& options, const ModelParallel& mp,
+                    const std::vector<bool>& registered, std::vector<std::string>& problems) {
   const std::vector<std::string> names = ckpt.names();
   const size_t words = (registered.size() + 63) / 64;
   std::vector<int64_t> mine(words, 0);
   for (size_t i = 0; i < registered.size(); ++i) {
     if (registered[i]) mine[i / 64] |= int64_t{1} << (i % 64);
   }
-  const std::vector<int64_t> all = gather_over(*mp.group, mine);
-  std::vector<std::string> extra;
+  const std::vector<int64_t> all = mp.size() == 1 ? mine : gather_over(*mp.group, mine);
   for (size_t i = 0; i < registered.size(); ++i) {
     bool anywhere = false;
     for (size_t r = 0; r < all.size() / std::max<size_t>(words, 1); ++r) {
       anywhere = anywhere || ((all[r * words + i / 64] >> (i % 64)) & 1) != 0;
     }
-    if (!anywhere) extra.push_back(names[i]);
+    if (anywhere) continue;
+    const std::string e = options.names.engine_name(names[i]);
+    problems.push_back(fmt::format("extra: tensor '{}'{} is not a registered parameter{} (set ignore_extra to "
+                                   "skip such tensors)",
+                                   names[i], e == names[i] ? "" : fmt::format(" (mapped to '{}')", e),
+                                   mp.size() == 1 ? "" : " of any rank of the mesh's tp x pp"));
   }
-  return extra;
 }
 
 }  // namespace
@@ -143,6 +141,9 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
     ckpt.emplace(HfCheckpoint::open(dir));
     std::vector<std::string> problems;
     source = match(layout, *ckpt, options, mp, problems, registered);
+    // One rank decides alone what is extra, listed with the rest; a mesh
+    // decides once every rank's match is agreed (below).
+    if (mp.size() == 1 && !options.ignore_extra) extra_problems(*ckpt, options, mp, registered, problems);
     if (!problems.empty()) detail::fail_with_problems(misfit, problems, fixes);
   };
   const char* opening = "opening the Hugging Face checkpoint";
@@ -158,11 +159,7 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
                      opening, [&] { on_every_rank(engine, opening, open); });
     if (!options.ignore_extra) {
       std::vector<std::string> problems;
-      for (const std::string& name : extra_tensors(*ckpt, mp, registered)) {
-        problems.push_back(fmt::format("extra: tensor '{}' is no registered parameter of any rank of the mesh's "
-                                       "tp x pp (set ignore_extra to skip such tensors)",
-                                       name));
-      }
+      extra_problems(*ckpt, options, mp, registered, problems);
       if (!problems.empty()) detail::fail_with_problems(misfit, problems, fixes);
     }
   }

@@ -199,7 +199,7 @@ TEST_CASE("llama over a mesh: a Hugging Face checkpoint read as each rank's tp s
   // Every tensor is some stage's: none is extra on a pipeline. A tied model
   // has no lm_head anywhere on the mesh: named on every rank.
   CHECK_THROWS_WITH(import_on_mesh((root / "after_hf").string(), shape, true),
-                    doctest::Contains("extra: tensor 'lm_head.weight' is no registered parameter of any rank"));
+                    doctest::Contains("extra: tensor 'lm_head.weight' is not a registered parameter of any rank"));
   fs::remove_all(root);
 }
 
