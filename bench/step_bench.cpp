@@ -216,10 +216,16 @@ Phases run_stage(const Options& opt, int stage) {
   std::vector<std::vector<double>> ms(5);
   int64_t peak_allocated = 0, params_peak = 0;
   zest::run_inprocess(opt.ranks, [&](zest::Communicator& comm) {
-    zest::CachingAllocator alloc(opt.device.is_cuda() ? zest::make_cuda_allocator(opt.device.index())
-                                                      : zest::make_host_allocator());
+    const auto make_allocator = [&] {
+      return zest::CachingAllocator(opt.device.is_cuda() ? zest::make_cuda_allocator(opt.device.index())
+                                                         : zest::make_host_allocator());
+    };
+    zest::CachingAllocator alloc = make_allocator();
     const zest::OwnedStream stream(opt.device);
-    const zest::Buffer source = grad_source(alloc, stream, opt.dtype, per_unit);
+    // From an allocator of its own, so that the engine's memory report
+    // counts the engine's buffers alone.
+    zest::CachingAllocator source_alloc = make_allocator();
+    const zest::Buffer source = grad_source(source_alloc, stream, opt.dtype, per_unit);
     zest::Engine engine(config, comm, alloc, stream);
     for (int u = 0; u < opt.units; ++u) {
       engine.add_unit(fmt::format("u{}", u), {{fmt::format("u{}.w", u), {static_cast<int64_t>(per_unit)}}});

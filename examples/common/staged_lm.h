@@ -17,16 +17,16 @@
 
 namespace examples {
 
-// Which part of the model a rank builds: each layer split over the
-// tensor-parallel group `tp` (whole layers without one), and the blocks of
-// pipeline stage `stage` of `stages`, the embeddings on the first and the
-// final norm and head on the last.
 // The group a model's layers are split over: `tp`, or null when they are
 // whole (no group, or a group of one).
 inline zest::Communicator* split_group(zest::Communicator* tp) {
   return tp != nullptr && tp->size() > 1 ? tp : nullptr;
 }
 
+// Which part of the model a rank builds: each layer split over the
+// tensor-parallel group `tp` (whole layers without one), and the blocks of
+// pipeline stage `stage` of `stages`, the embeddings on the first and the
+// final norm and head on the last.
 struct Placement {
   zest::Communicator* tp = nullptr;
   int stage = 0;
