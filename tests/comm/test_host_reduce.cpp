@@ -1,7 +1,8 @@
 // host_reduce's blocked, vectorized loops against one element at a time
 // through reduction:: (the order the CUDA kernel uses), bit for bit, for
-// every dtype, op, a few input counts, in place and not, on every
-// instruction set this CPU has (Note [ISA dispatch] in core/cpu_isa.h).
+// every dtype, op, a few input counts, one output and two, in place and
+// not, on every instruction set this CPU has (Note [ISA dispatch] in
+// core/cpu_isa.h).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -89,6 +90,22 @@ void check_dtype(DType dtype, std::initializer_list<ReduceOp> ops) {
       }
       INFO(dtype_name(dtype), " op ", static_cast<int>(op), " inputs ", n, ": first differing element ", first);
       CHECK(differing == 0);
+      // One output (a reduce-scatter's; two inputs take their own loop):
+      // apart, and in place of each input in turn.
+      for (int into = -1; into < n; ++into) {
+        std::vector<std::vector<T>> one = in;
+        std::vector<const void*> from;
+        for (const auto& v : one) from.push_back(v.data());
+        std::vector<T> apart(kN);
+        void* to[] = {into < 0 ? apart.data() : one[static_cast<size_t>(into)].data()};
+        host_reduce(from.data(), n, to, 1, kN, dtype, op);
+        const T* got = static_cast<const T*>(to[0]);
+        size_t wrong = 0;
+        for (size_t i = 0; i < kN; ++i) wrong += same(got[i], reference(in, i, op)) ? 0 : 1;
+        INFO(dtype_name(dtype), " op ", static_cast<int>(op), " inputs ", n, ", one output, in place of input ",
+             into);
+        CHECK(wrong == 0);
+      }
     }
   }
 }
