@@ -64,25 +64,32 @@ struct Span {
   std::string export_dir{};
 };
 
-// Every rank's run on `shape` (a mesh; none for the plain one-rank path),
-// with a greedy sample of 12 bytes after "Look ".
-std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, bool tied,
-                       zest::PipelineKind schedule = zest::PipelineKind::k1F1B, const Span& span = {},
-                       int64_t lora_r = 0) {
+// The GPT of `placement`, its parameters drawn from `model_seed`, with
+// adapters of rank lora_r (the base frozen) when lora_r > 0, and its wrap.
+Options model_options(bool tied, int64_t lora_r, uint64_t model_seed) {
   Options o;
-  o.build = [tied, lora_r](const examples::Placement& placement) {
-    gpt::Gpt model(tiny(tied), kSeed, placement);
+  o.build = [tied, lora_r, model_seed](const examples::Placement& placement) {
+    gpt::Gpt model(tiny(tied), model_seed, placement);
     if (lora_r > 0) {
       zest::LoraOptions lora;
       lora.r = lora_r;
       lora.alpha = 16;
-      zest::enable_lora(*model, gpt::lora_targets(), lora, kSeed);
+      zest::enable_lora(*model, gpt::lora_targets(), lora, model_seed);
     }
     return Model{model.ptr(), model.get()};
   };
   o.wrap = [](zest::Engine& engine, const Model& m) {
     return gpt::wrap(engine, gpt::Gpt(std::dynamic_pointer_cast<gpt::GptImpl>(m.module)));
   };
+  return o;
+}
+
+// Every rank's run on `shape` (a mesh; none for the plain one-rank path),
+// with a greedy sample of 12 bytes after "Look ".
+std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, bool tied,
+                       zest::PipelineKind schedule = zest::PipelineKind::k1F1B, const Span& span = {},
+                       int64_t lora_r = 0) {
+  Options o = model_options(tied, lora_r, kSeed);
   o.seed = kSeed;
   o.schedule = schedule;
   o.first = span.first;
@@ -229,16 +236,9 @@ TEST_CASE("gpt over a mesh: dp x tp x pp = 2 x 2 x 2 exports the one-rank model'
     check_close_hf_dirs(one / "after_hf", mesh / "after_hf", 1e-5);
     // The one-rank directory read back into a mesh: c_attn's slices of
     // stride 3 (each tp rank's heads of q, k and v) from the whole tensor.
-    Options o;
-    o.build = [tied](const examples::Placement& placement) {
-      gpt::Gpt model(tiny(tied), kSeed + 1, placement);
-      return Model{model.ptr(), model.get()};
-    };
-    o.wrap = [](zest::Engine& engine, const Model& m) {
-      return gpt::wrap(engine, gpt::Gpt(std::dynamic_pointer_cast<gpt::GptImpl>(m.module)));
-    };
+    const zest::MeshShape shape{.dp = 1, .tp = 2, .pp = 2};
     const std::vector<Run> imported =
-        import_on_mesh((one / "after_hf").string(), zest::MeshShape{.dp = 1, .tp = 2, .pp = 2}, 3000, o);
+        import_on_mesh((one / "after_hf").string(), shape, 3000, model_options(tied, 0, kSeed + 1));
     const zest::SafetensorsFile whole = zest::SafetensorsFile::open((one / "after.safetensors").string());
     for (const Run& r : imported) {
       for (const auto& [name, value] : r.masters) {

@@ -49,22 +49,29 @@ struct RunOptions {
   std::string export_dir{};  // before and after training: before_hf, after_hf (fp32, several shards)
 };
 
-// Every rank's run on `shape` (a mesh; none for the plain one-rank path).
-std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, const RunOptions& opt = {}) {
+// The Llama of `placement`, its parameters drawn from `model_seed`, with
+// adapters of rank lora_r (the base frozen) when lora_r > 0, and its wrap.
+Options model_options(bool tied, int64_t lora_r, uint64_t model_seed) {
   Options o;
-  o.build = [tied = opt.tied, r = opt.lora_r](const examples::Placement& placement) {
-    llama::LlamaForCausalLM model(tiny(tied), kSeed, placement);
-    if (r > 0) {
+  o.build = [tied, lora_r, model_seed](const examples::Placement& placement) {
+    llama::LlamaForCausalLM model(tiny(tied), model_seed, placement);
+    if (lora_r > 0) {
       zest::LoraOptions lora;
-      lora.r = r;
+      lora.r = lora_r;
       lora.alpha = 16;
-      llama::enable_lora(*model, lora, kSeed);
+      llama::enable_lora(*model, lora, model_seed);
     }
     return Model{model.ptr(), model.get()};
   };
   o.wrap = [](zest::Engine& engine, const Model& m) {
     return llama::wrap(engine, llama::LlamaForCausalLM(std::dynamic_pointer_cast<llama::LlamaForCausalLMImpl>(m.module)));
   };
+  return o;
+}
+
+// Every rank's run on `shape` (a mesh; none for the plain one-rank path).
+std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, const RunOptions& opt = {}) {
+  Options o = model_options(opt.tied, opt.lora_r, kSeed);
   if (opt.recompute) {
     o.after_wrap = [](zest::TorchModule& zt, Model& m) {
       std::dynamic_pointer_cast<llama::LlamaForCausalLMImpl>(m.module)->set_layer_runner(llama::checkpointing(zt));
@@ -166,15 +173,7 @@ namespace {
 // import_hf(dir) into a model of `shape` built from another seed (so every
 // value checked comes from the checkpoint).
 std::vector<Run> import_on_mesh(const std::string& dir, const zest::MeshShape& shape, bool tied) {
-  Options o;
-  o.build = [tied](const examples::Placement& placement) {
-    llama::LlamaForCausalLM model(tiny(tied), kSeed + 1, placement);
-    return Model{model.ptr(), model.get()};
-  };
-  o.wrap = [](zest::Engine& engine, const Model& m) {
-    return llama::wrap(engine, llama::LlamaForCausalLM(std::dynamic_pointer_cast<llama::LlamaForCausalLMImpl>(m.module)));
-  };
-  return mesh_run::import_on_mesh(dir, shape, /*bucket=*/2000, o);
+  return mesh_run::import_on_mesh(dir, shape, /*bucket=*/2000, model_options(tied, 0, kSeed + 1));
 }
 
 }  // namespace
