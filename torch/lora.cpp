@@ -90,7 +90,7 @@ void LoraLinearImpl::enable_lora(const LoraOptions& lora, at::Generator generato
   lora_ = lora;
   make_adapters();
   torch::NoGradGuard no_grad;
-  kaiming_uniform(lora_A->weight, std::sqrt(5.0), std::move(generator));
+  lora_A->weight.copy_(lora_A_initial(lora_.r, options.in_features(), std::move(generator)));
 }
 
 torch::Tensor lora_A_initial(int64_t r, int64_t in_features, at::Generator generator) {
