@@ -215,10 +215,10 @@ gpu_tests() {
 # libtorch: one rank (the default on a GPU) at stages 0-3, on deterministic
 # kernels (the example asks for them on CUDA; cuBLAS needs the workspace
 # setting), so the final validation loss must be the same bits at every
-# stage; and 2 in-process
-# ranks on the one GPU refused by name (libtorch's one autograd thread for
-# the GPU would deadlock them: backward_thread_conflict in torch_module.h).
-# Its output goes to gpu_tests.log (no more files come back from $OUT).
+# stage; and 2 in-process ranks on the one GPU refused by name (libtorch's
+# one autograd thread for the GPU would deadlock them:
+# backward_thread_conflict in torch_module.h). Its output goes to
+# gpu_tests.log (no more files come back from $OUT).
 gpt_cuda() {
   [ -x "$build/examples/gpt/gpt" ] || { note "FAIL     gpt example, cuda: not built (see build.log)"; status=1; return; }
   # The corpus from the kit where the image has no fortunes.
