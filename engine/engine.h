@@ -22,10 +22,11 @@
 //      micro-steps
 //   3  as 2, and parameters too are sharded: gather() all-gathers a unit
 //      (prefetching the next one in the order recorded on the first
-//      iteration) and the handle's end releases it, unless the recorded
-//      order uses it again within zero.stage3_max_reuse_distance parameters
-//      in this micro-step (Note [stage-3 reuse distance],
-//      engine_gather.cpp)
+//      iteration, one order for training and one for inference) and the
+//      handle's end releases it, unless the recorded order uses it again
+//      within zero.stage3_max_reuse_distance parameters in this micro-step
+//      (Notes [stage-3 reuse distance] and [a gather order per kind of
+//      pass], engine_gather.cpp)
 // At stage 3, zero.mics_shard_size (MiCS, FSDP2's HSDP) shards the model
 // states within groups of ranks and replicates them across the groups, and
 // zero.zero_hpz_partition_size (ZeRO++'s hpZ) keeps a secondary copy of the
@@ -156,6 +157,15 @@ enum class InitFrom {
   kEveryRank,  // every rank runs the initializer (it must be deterministic)
   kZeros       // no initializer runs: zeros, for weights a load overwrites
                // (no host copy of a unit, nothing broadcast)
+};
+
+// What a gather is for, which picks the stage-3 gather order it follows
+// (Note [a gather order per kind of pass], engine_gather.cpp).
+enum class Pass {
+  kTraining,   // a forward whose backward follows, and that backward
+  kInference,  // a forward alone (evaluation, generation): no gradients
+  kNone,       // neither (reading a weight between steps, as DeepSpeed's
+               // GatheredParameters does): follows no order
 };
 
 // Bytes by category, now and at their peak, from the allocator's tags.
@@ -291,7 +301,19 @@ class Engine {
 
   // --- forward and backward ---
 
-  UnitHandle gather(int unit);
+  // At stage 3 `pass` chooses the recorded order the gather follows, as
+  // DeepSpeed keeps a parameter coordinator for training and one for
+  // evaluation: an evaluation pass given Pass::kInference neither disturbs
+  // training's prefetching nor leaves a unit gathered after it, and a
+  // gather outside forward and backward (Pass::kNone) follows neither.
+  UnitHandle gather(int unit, Pass pass = Pass::kTraining);
+  // The end of a forward pass with no backward (Pass::kInference), as
+  // DeepSpeed's end-of-forward hook ends one run with grad off: the next
+  // inference gather starts a new pass of the recorded order, and the units
+  // gathered for this one that no handle holds are released. Without it an
+  // inference pass ends at the next training gather. Nothing to do at
+  // stages 0-2.
+  void end_forward();
   // The unit must be gathered (a UnitHandle alive), at every stage, so a
   // loop that runs at stage 0 also runs at stage 3.
   // A frozen unit has none (and needs no done()).
@@ -572,9 +594,11 @@ class Engine {
   void materialize(int unit);
   void drop(int unit);
   bool reused_soon(int unit) const;
-  size_t micro_step_end() const;
-  void prefetch_after(size_t trace_pos);
-  void read_ahead(size_t trace_pos, size_t end);
+  size_t pass_part_end() const;
+  void prefetch_after(size_t pos);
+  void read_ahead(size_t pos, size_t end);
+  void enter_pass(Pass pass);
+  void end_inference_pass();
   void follow_trace(int unit);
   // engine_grads.cpp
   void flush_reductions();

@@ -28,6 +28,29 @@
 // other rule, keeping a parameter whose later use a prefetch skipped, never
 // applies here: prefetch_after() stops at a gathered unit instead of
 // skipping it.
+//
+// Note [a gather order per kind of pass]. DeepSpeed keeps two parameter
+// coordinators, each with its own trace: one for training and one for
+// evaluation (get_param_coordinator, chosen by module.training), and a
+// forward run with grad off ends in its coordinator's reset_step (the
+// end-of-forward hook). So an evaluation pass between steps neither breaks
+// training's trace (which would pause its prefetching for an iteration) nor
+// leaves a unit gathered after it: its trace is one forward, and the reuse
+// distance finds nothing after the forward's last unit. The engine keeps an
+// order per Pass likewise, each gather naming its pass (TorchModule names
+// kInference for a unit's forward under torch's no-grad mode, the run that
+// DeepSpeed's hook ends, since a libtorch module has no forward hook of its
+// own to end it with); a gather of Pass::kNone, which reads parameters
+// outside forward and backward as DeepSpeed's GatheredParameters does
+// outside its coordinators, follows no order. An inference pass ends at end_forward() (reset_step)
+// or, without one, at the next training gather, so a validation loop of
+// several forwards between two steps is one pass, replayed as one by the
+// next. Its end releases what it gathered and no handle holds (units kept
+// for a reuse that did not come, unused prefetches). Recording, replaying,
+// keeping and straying are as for training, with the pass for the
+// micro-step. A generation loop that never calls end_forward() would record
+// without end: past kInferenceOrderLimit gathers its recording stops, and
+// its units go with their handles until a pass ends.
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -40,6 +63,10 @@
 
 namespace zest {
 namespace {
+
+// Note [a gather order per kind of pass]: the longest inference order
+// recorded without a pass's end (256 KiB of unit numbers).
+constexpr size_t kInferenceOrderLimit = size_t{1} << 16;
 
 // A stage-3 gather's collective tag (CollectiveDesc::tag): its unit, so that
 // ranks gathering different units of one size fail as diverged instead of
@@ -154,17 +181,18 @@ void Engine::drop(int unit) {
 // Gathers the units that come next in the recorded order, up to
 // stage3_prefetch_bucket_size elements ahead, while the gathered units (the
 // kept ones too) stay under stage3_max_live_parameters, not past a unit
-// that is already gathered, and not past the micro-step's end (whose
-// end_micro_step() would drop them unused).
-void Engine::prefetch_after(size_t trace_pos) {
+// that is already gathered, and not past the micro-step's (or inference
+// pass's) end, which would drop them unused.
+void Engine::prefetch_after(size_t pos) {
   Impl& im = *impl_;
+  const RecordedOrder& order = im.order();
   size_t ahead = 0;
-  const size_t end = micro_step_end();
+  const size_t end = pass_part_end();
   // The reads of the units about to be gathered go out together, so that
   // the drive works on them at once rather than one gather after another.
-  if (im.param_swap) read_ahead(trace_pos, end);
-  for (size_t i = trace_pos; i < end; ++i) {
-    const int v = im.trace[i];
+  if (im.param_swap) read_ahead(pos, end);
+  for (size_t i = pos; i < end; ++i) {
+    const int v = order.units[i];
     UnitState& st = im.units[static_cast<size_t>(v)];
     if (st.resident) continue;
     // A unit already there is where an earlier prefetch stopped, the one in
@@ -177,7 +205,7 @@ void Engine::prefetch_after(size_t trace_pos) {
     if (static_cast<int64_t>(im.live_numel + n) > config_.zero.stage3_max_live_parameters) break;
     materialize(v);
   }
-  if (im.param_swap) read_ahead(trace_pos, end);
+  if (im.param_swap) read_ahead(pos, end);
 }
 
 // offload_param nvme: the shards in the swap file of the units next in the
@@ -185,77 +213,121 @@ void Engine::prefetch_after(size_t trace_pos) {
 // buffers (at most buffer_count reads at once, DeepSpeed's bound), so that
 // their gathers (the prefetch's, or the caller's past the prefetch window)
 // find them in host memory or on their way.
-void Engine::read_ahead(size_t trace_pos, size_t end) {
+void Engine::read_ahead(size_t pos, size_t end) {
   Impl& im = *impl_;
+  const RecordedOrder& order = im.order();
   int started = 0;
-  for (size_t i = trace_pos; i < end && started < im.param_swap->buffer_count(); ++i) {
-    const int v = im.trace[i];
+  for (size_t i = pos; i < end && started < im.param_swap->buffer_count(); ++i) {
+    const int v = order.units[i];
     if (!shard_in_swap(v) || im.units[static_cast<size_t>(v)].params_full) continue;
     if (!im.param_swap->start_read(v)) break;
     ++started;
   }
 }
 
-void Engine::follow_trace(int unit) {
+// Note [a gather order per kind of pass]: a training gather ends an
+// inference pass.
+void Engine::enter_pass(Pass pass) {
   Impl& im = *impl_;
-  if (im.recording) {
-    im.trace.push_back(unit);
-    return;
+  if (pass == Pass::kInference) {
+    im.inference_open = true;
+  } else if (im.inference_open) {
+    end_inference_pass();
   }
-  if (!im.trace_valid) return;
-  if (im.trace_pos < im.trace.size() && im.trace[im.trace_pos] == unit) {
-    ++im.trace_pos;
-    prefetch_after(im.trace_pos);
-    return;
-  }
-  im.trace_valid = false;
-  // Once per engine: an order that keeps changing would otherwise log every
-  // iteration.
-  if (im.warned_trace) return;
-  im.warned_trace = true;
-  // Benign (an evaluation pass before training does it), hence info.
-  ZEST_LOG_INFO(
-      "stage 3: gather #{} of this iteration is unit '{}', not '{}' as in the recorded order; "
-      "prefetching pauses until the order is recorded again over the next iteration",
-      im.trace_pos + 1, im.layout->unit(unit).name,
-      im.trace_pos < im.trace.size() ? im.layout->unit(im.trace[im.trace_pos]).name : "none");
+  im.pass = pass;
 }
 
-UnitHandle Engine::gather(int unit) {
+void Engine::end_inference_pass() {
+  Impl& im = *impl_;
+  im.inference_open = false;
+  im.orders[static_cast<int>(Pass::kInference)].end_pass();
+  for (int u = 0; u < im.layout->num_units(); ++u) {
+    if (im.units[static_cast<size_t>(u)].gathered == 0) drop(u);
+  }
+}
+
+void Engine::end_forward() {
+  check_finalized("end_forward()");
+  if (impl_->inference_open) end_inference_pass();
+}
+
+void Engine::follow_trace(int unit) {
+  Impl& im = *impl_;
+  RecordedOrder& order = im.order();
+  const bool inference = im.pass == Pass::kInference;
+  if (!order.valid) return;
+  if (order.recording) {
+    if (!inference || order.units.size() < kInferenceOrderLimit) {
+      order.units.push_back(unit);
+      return;
+    }
+    order.valid = false;
+    order.units = {};
+    if (std::exchange(order.warned, true)) return;
+    ZEST_LOG_INFO("stage 3: {} inference gathers without an end_forward() or a training gather: the inference "
+                  "order is not recorded (no prefetching; each unit is released with its handle) until a pass "
+                  "ends; call engine.end_forward() after each forward that has no backward",
+                  kInferenceOrderLimit);
+    return;
+  }
+  if (order.pos < order.units.size() && order.units[order.pos] == unit) {
+    ++order.pos;
+    prefetch_after(order.pos);
+    return;
+  }
+  order.valid = false;
+  // Once per engine and order: an order that keeps changing would otherwise
+  // log every iteration.
+  if (std::exchange(order.warned, true)) return;
+  // Benign (a loop whose passes differ does it), hence info.
+  ZEST_LOG_INFO("stage 3: {} gather #{} is unit '{}', not '{}' as in the recorded order; prefetching pauses until "
+                "the order is recorded again over the next {}",
+                inference ? "inference" : "training", order.pos + 1, im.layout->unit(unit).name,
+                order.pos < order.units.size() ? im.layout->unit(order.units[order.pos]).name : "none",
+                inference ? "inference pass" : "iteration");
+}
+
+UnitHandle Engine::gather(int unit, Pass pass) {
   UnitState& st = state(unit);
-  start_step_clock();
+  // An evaluation between steps is not the step's work (its throughput).
+  if (pass == Pass::kTraining) start_step_clock();
+  // Persistent units are in the order too: DeepSpeed's trace holds every
+  // module, and their parameters count in the reuse distance.
+  const bool ordered = config_.zero.stage == 3 && pass != Pass::kNone;
+  if (ordered) enter_pass(pass);
   if (!st.resident) {
     const bool fresh = !st.params_full;
     if (fresh) materialize(unit);
-    follow_trace(unit);
+    if (ordered) follow_trace(unit);
     stream_.wait(*st.ready);
-  } else if (config_.zero.stage == 3) {
-    // Persistent units are in the order too: DeepSpeed's trace holds every
-    // module, and their parameters count in the reuse distance.
+  } else if (ordered) {
     follow_trace(unit);
   }
   ++st.gathered;
+  st.last_pass = pass;
   return UnitHandle(this, lifetime_.watch(), unit);
 }
 
-// Where this micro-step's part of the recorded order ends.
-size_t Engine::micro_step_end() const {
-  const Impl& im = *impl_;
-  const auto end = std::lower_bound(im.trace_ends.begin(), im.trace_ends.end(), im.trace_pos);
-  return end == im.trace_ends.end() ? im.trace.size() : *end;
+// Where this micro-step's part of the recorded order ends (an inference
+// pass is one part).
+size_t Engine::pass_part_end() const {
+  const RecordedOrder& order = impl_->order();
+  const auto end = std::lower_bound(order.ends.begin(), order.ends.end(), order.pos);
+  return end == order.ends.end() ? order.units.size() : *end;
 }
 
 // Note [stage-3 reuse distance].
 bool Engine::reused_soon(int unit) const {
   const Impl& im = *impl_;
+  const RecordedOrder& order = im.order();
   const int64_t distance = config_.zero.stage3_max_reuse_distance;
-  if (distance <= 0 || im.recording || !im.trace_valid) return false;
-  const size_t end = micro_step_end();
+  if (distance <= 0 || order.recording || !order.valid) return false;
+  const size_t end = pass_part_end();
   int64_t traversed = 0;
-  for (size_t i = im.trace_pos; i < end; ++i) {
+  for (size_t i = order.pos; i < end; ++i) {
     if (traversed >= distance) break;
-    if (im.trace[i] == unit) return true;
-    traversed += static_cast<int64_t>(im.layout->unit(im.trace[i]).numel);
+    if (order.units[i] == unit) return true;
+    traversed += static_cast<int64_t>(im.layout->unit(order.units[i]).numel);
   }
   return false;
 }
@@ -263,7 +335,7 @@ bool Engine::reused_soon(int unit) const {
 void Engine::release(int unit) {
   UnitState& st = impl_->units[static_cast<size_t>(unit)];
   ZEST_INTERNAL_ASSERT(st.gathered > 0, "release of unit {} that is not gathered", unit);
-  if (--st.gathered == 0 && !st.resident && !reused_soon(unit)) drop(unit);
+  if (--st.gathered == 0 && !st.resident && (st.last_pass == Pass::kNone || !reused_soon(unit))) drop(unit);
 }
 
 const ParamLayout& Engine::view_param(int unit, const std::string& name, DType dtype,

@@ -54,6 +54,7 @@ struct Engine::UnitState {
 
   bool resident = true;
   int gathered = 0;     // live UnitHandles
+  Pass last_pass = Pass::kTraining;  // of the latest gather(): kNone keeps nothing
   Grads grads = Grads::kIdle;
   std::optional<Event> ready;  // the unit's last gather is complete
 };
@@ -71,6 +72,34 @@ class PhaseTimer {
  private:
   double& into_;
   std::chrono::steady_clock::time_point start_;
+};
+
+// Stage 3's gather order of one kind of pass (Note [stage-3 reuse distance]
+// and Note [a gather order per kind of pass], engine_gather.cpp): recorded
+// over its first pass (persistent units too), then replayed. `ends` are
+// where a training pass's micro-steps end (positions in `units`,
+// ascending); an inference pass is a single forward.
+struct RecordedOrder {
+  std::vector<int> units;
+  std::vector<size_t> ends;
+  bool recording = true;
+  bool valid = true;  // false: a pass strayed from it (or, recording, outgrew the limit)
+  bool warned = false;
+  size_t pos = 0;
+
+  // A pass ends: a recording is complete, an order strayed from is recorded
+  // again over the next pass, and the next pass starts from the beginning.
+  void end_pass() {
+    if (!valid) {
+      units.clear();
+      ends.clear();
+      recording = true;
+      valid = true;
+    } else if (recording) {
+      recording = false;
+    }
+    pos = 0;
+  }
 };
 
 // LAMB's pieces of this rank's owned shards (optim/lamb.h), fixed by the
@@ -138,15 +167,12 @@ struct Engine::Impl {
   std::vector<int> pending;
   size_t pending_numel = 0;
 
-  // Stage 3 prefetch and reuse: the gather order of the first iteration
-  // (persistent units too), replayed, and where each of its micro-steps
-  // ends (positions in `trace`, ascending).
-  std::vector<int> trace;
-  std::vector<size_t> trace_ends;
-  bool recording = true;
-  bool trace_valid = true;
-  bool warned_trace = false;
-  size_t trace_pos = 0;
+  // Stage 3 prefetch and reuse: a recorded order per kind of pass, the one
+  // of the latest gather, and whether an inference pass has begun and not
+  // ended (Note [a gather order per kind of pass], engine_gather.cpp).
+  RecordedOrder orders[2];
+  Pass pass = Pass::kTraining;
+  bool inference_open = false;
   size_t live_numel = 0;
 
   std::unique_ptr<LambPlan> lamb;  // the first LAMB step builds it
@@ -160,6 +186,8 @@ struct Engine::Impl {
   explicit Impl(LossScalerConfig scaler_config) : scaler(scaler_config) {}
 
   Stream comm() const { return comm_stream->get(); }
+  RecordedOrder& order() { return orders[static_cast<int>(pass)]; }
+  const RecordedOrder& order() const { return orders[static_cast<int>(pass)]; }
 };
 
 }  // namespace zest

@@ -56,7 +56,9 @@ void Engine::end_micro_step() {
   // [stage-3 reuse distance]). Nothing gathered outlives the micro-step, so
   // no copy from before an optimizer step is used after it.
   for (int u = 0; u < L.num_units(); ++u) drop(u);
-  if (im.recording) im.trace_ends.push_back(im.trace.size());
+  if (im.inference_open) end_inference_pass();
+  RecordedOrder& training = im.orders[static_cast<int>(Pass::kTraining)];
+  if (training.recording) training.ends.push_back(training.units.size());
   ++im.micro;
 }
 
@@ -220,18 +222,10 @@ StepResult Engine::step() {
   result.loss_scale = loss_scale();
   if (im.micro < config_.accumulation_steps()) return result;
   im.micro = 0;
-  // The gather order: recorded over the first iteration, replayed after.
-  // When an iteration departed from it (an evaluation pass before training,
-  // say), the next iteration records it afresh.
-  if (im.recording) {
-    im.recording = false;
-  } else if (!im.trace_valid) {
-    im.trace.clear();
-    im.trace_ends.clear();
-    im.recording = true;
-    im.trace_valid = true;
-  }
-  im.trace_pos = 0;
+  // Training's gather order: recorded over the first iteration, replayed
+  // after. When an iteration departed from it (a loop whose iterations
+  // differ), the next iteration records it afresh.
+  im.orders[static_cast<int>(Pass::kTraining)].end_pass();
   result.boundary = true;
   // The update reads the master weights: a load's deferred ones (Note [a
   // master widened when first read]) are widened first, once.

@@ -473,7 +473,8 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
     if (unit->sharded) {
       for (Unit::Param& q : unit->params) q.tensor.set_data(q.view);  // over a null storage for now
     } else {
-      const UnitHandle h = engine_.gather(u);
+      // Not part of a forward: the training order starts with the first.
+      const UnitHandle h = engine_.gather(u, Pass::kNone);
       point_params(*unit, h.data());
     }
     units_.push_back(std::move(unit));
@@ -592,7 +593,9 @@ TorchModule::Gathered::~Gathered() {
 void TorchModule::enter_forward(int unit) {
   Unit& u = this->unit(unit);
   if (u.forward_depth++ == 0) {
-    u.fwd.emplace(engine_.gather(unit));
+    // A forward with no backward to follow follows the engine's inference
+    // order (Note [a gather order per kind of pass], engine_gather.cpp).
+    u.fwd.emplace(engine_.gather(unit, torch::GradMode::is_enabled() ? Pass::kTraining : Pass::kInference));
     if (u.sharded) point_params(u, u.fwd->data());
   }
 }

@@ -46,6 +46,12 @@
 //   on. A unit whose parameters got no gradient (unused in this micro-step)
 //   contributes zeros at step(). Outside backward, param.grad() is
 //   undefined: the engine owns the gradients, reduced and sharded.
+// - Evaluation: at stage 3 a unit called under torch's no-grad mode
+//   (torch::NoGradGuard) is gathered for the engine's inference order, not
+//   training's (Pass::kInference, engine.h), as DeepSpeed keeps a parameter
+//   coordinator for each; call engine.end_forward() after each such forward
+//   to replay one forward's order (DeepSpeed's end-of-forward hook), or let
+//   the next training forward end it.
 // - step() is the engine's micro-step: once after every backward, and with
 //   gradient_accumulation_steps = k the optimizer steps every k-th call. The
 //   engine averages gradients over ranks and micro-steps, so each rank's loss

@@ -70,6 +70,7 @@ double validation_loss(zest::Engine& engine, const LossSumFn& loss_sum, const Co
     for (int64_t w = first; w < last; w += kChunk) {
       const Batch b = corpus.validation_windows(w, std::min(kChunk, last - w), context);
       sum += loss_sum(b.inputs.to(device), b.targets.to(device));
+      engine.end_forward();  // stage 3: each chunk's forward replays the inference order
     }
   }
   const std::array<int64_t, 1> mine = {std::bit_cast<int64_t>(sum)};

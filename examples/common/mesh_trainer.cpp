@@ -50,11 +50,16 @@ MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batche
 
 torch::Tensor MeshTrainer::forward_only(const torch::Tensor& tokens) {
   const UnitRunner run = runner(zt_);
-  if (!pipe_) return model_.forward_stage(tokens, run);
-  return zest::pipeline_forward(mesh_->pp(), {tokens.size(0), tokens.size(1), model_.hidden_size()}, dtype_,
-                                [&](const torch::Tensor& in) {
-                                  return model_.forward_stage(in.defined() ? in : tokens, run);
-                                });
+  torch::Tensor out = pipe_ ? zest::pipeline_forward(mesh_->pp(), {tokens.size(0), tokens.size(1), model_.hidden_size()},
+                                                     dtype_,
+                                                     [&](const torch::Tensor& in) {
+                                                       return model_.forward_stage(in.defined() ? in : tokens, run);
+                                                     })
+                            : model_.forward_stage(tokens, run);
+  // At stage 3 the engine's inference order is then one forward, as
+  // DeepSpeed's is: each pass of a generation replays it.
+  zt_.engine().end_forward();
+  return out;
 }
 
 double MeshTrainer::validation_loss(const Corpus& corpus, int64_t windows) {

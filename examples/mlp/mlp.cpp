@@ -19,7 +19,8 @@ float run(zest::Engine& engine, const Shape& shape, const Batch& batch, bool bac
   acts[0] = batch.x;
   for (int l = 0; l < shape.layers; ++l) {
     const int in = shape.in_of(l), out = shape.out_of(l);
-    zest::UnitHandle unit = engine.gather(l);
+    // Without backward, an evaluation: stage 3 follows its own order.
+    zest::UnitHandle unit = engine.gather(l, backward ? zest::Pass::kTraining : zest::Pass::kInference);
     std::span<const T> w = unit.param<T>(weight_name(l));
     std::span<const T> b = unit.param<T>(bias_name(l));
     const std::vector<float>& x = acts[static_cast<size_t>(l)];
@@ -44,7 +45,10 @@ float run(zest::Engine& engine, const Shape& shape, const Batch& batch, bool bac
     loss += static_cast<double>(diff) * diff;
     delta[k] = 2.0f * diff / static_cast<float>(n) * scale;
   }
-  if (!backward) return static_cast<float>(loss / static_cast<double>(n));
+  if (!backward) {
+    engine.end_forward();
+    return static_cast<float>(loss / static_cast<double>(n));
+  }
 
   for (int l = shape.layers - 1; l >= 0; --l) {
     const int in = shape.in_of(l), out = shape.out_of(l);

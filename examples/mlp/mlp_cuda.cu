@@ -238,7 +238,8 @@ float run_on_device(DeviceContext& device, zest::Engine& engine, const Shape& sh
   for (int l = 0; l < shape.layers; ++l) {
     const int in = shape.in_of(l), out = shape.out_of(l);
     const size_t cells = static_cast<size_t>(rows) * out;
-    zest::UnitHandle unit = engine.gather(l);
+    // Without backward, an evaluation: stage 3 follows its own order.
+    zest::UnitHandle unit = engine.gather(l, backward ? zest::Pass::kTraining : zest::Pass::kInference);
     const T* w = unit.param<T>(weight_name(l)).data();
     const T* b = unit.param<T>(bias_name(l)).data();
     gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, acts[static_cast<size_t>(l)].data(), in, kT,
@@ -254,6 +255,7 @@ float run_on_device(DeviceContext& device, zest::Engine& engine, const Shape& sh
     }
     ZEST_CUDA_KERNEL_CHECK();
   }  // at stage 3 each unit is released here; its memory is reused in stream order, after these reads
+  if (!backward) engine.end_forward();
 
   zest::Buffer delta = backward ? scratch(n, sizeof(T)) : zest::Buffer();
   zest::Buffer sum_sq = scratch(1, sizeof(double));

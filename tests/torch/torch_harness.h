@@ -194,19 +194,35 @@ inline EngineConfig zest_config(const TrainSpec& spec, int stage) {
   return c;
 }
 
+// A model of kind `m` wrapped by a TorchModule on `engine` (units: its
+// units()), and the runner that calls its pieces through it.
+struct Wrapped {
+  std::shared_ptr<TestModel> model;
+  std::unique_ptr<TorchModule> zt;
+  UnitRunner run;
+};
+
+inline Wrapped wrap_model(Engine& engine, Model m) {
+  Wrapped w;
+  w.model = make_model(m);
+  TorchModuleOptions options;
+  options.units = w.model->units();
+  w.zt = std::make_unique<TorchModule>(engine, w.model, options);
+  TorchModule* zt = w.zt.get();
+  w.run = [zt](const torch::nn::Module& unit, const std::function<torch::Tensor()>& f) { return zt->call(unit, f); };
+  return w;
+}
+
 // (b) one rank of a ZEST run: this rank's slice of each global batch.
 // Returns the rank's trace: losses are this rank's local means (the caller
 // averages them over ranks), parameters the engine's fp32 masters.
 inline Trace train_zest_rank(const TrainSpec& spec, int stage, Communicator& comm) {
   CachingAllocator alloc(make_host_allocator());
   Engine engine(zest_config(spec, stage), comm, alloc, Stream::default_for(Device::host()));
-  std::shared_ptr<TestModel> model = make_model(spec.model);
-  TorchModuleOptions options;
-  options.units = model->units();
-  TorchModule zt(engine, model, options);
-  const UnitRunner run = [&](const torch::nn::Module& m, const std::function<torch::Tensor()>& f) {
-    return zt.call(m, f);
-  };
+  const Wrapped w = wrap_model(engine, spec.model);
+  TestModel* model = w.model.get();
+  TorchModule& zt = *w.zt;
+  const UnitRunner& run = w.run;
   const int64_t per_rank = kGlobalBatch / comm.size();
   Trace out;
   for (int s = 0; s < spec.steps; ++s) {
