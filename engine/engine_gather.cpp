@@ -37,16 +37,17 @@
 // training's trace (which would pause its prefetching for an iteration) nor
 // leaves a unit gathered after it: its trace is one forward, and the reuse
 // distance finds nothing after the forward's last unit. The engine keeps an
-// order per Pass likewise, each gather naming its pass (TorchModule names
+// order per Pass likewise, each gather naming its pass. TorchModule names
 // kInference for a unit's forward under torch's no-grad mode, the run that
 // DeepSpeed's hook ends, since a libtorch module has no forward hook of its
-// own to end it with); a gather of Pass::kNone, which reads parameters
+// own to end it with. A gather of Pass::kNone, which reads parameters
 // outside forward and backward as DeepSpeed's GatheredParameters does
-// outside its coordinators, follows no order. An inference pass ends at end_forward() (reset_step)
-// or, without one, at the next training gather, so a validation loop of
-// several forwards between two steps is one pass, replayed as one by the
-// next. Its end releases what it gathered and no handle holds (units kept
-// for a reuse that did not come, unused prefetches). Recording, replaying,
+// outside its coordinators (TorchModule::read), follows no order and keeps
+// nothing. An inference pass ends at end_forward() (reset_step) or, without
+// one, at the next training gather, so a validation loop of several
+// forwards between two steps is one pass, replayed as one by the next. Its
+// end releases what it gathered and no handle holds (units kept for a
+// reuse that did not come, unused prefetches). Recording, replaying,
 // keeping and straying are as for training, with the pass for the
 // micro-step. A generation loop that never calls end_forward() would record
 // without end: past kInferenceOrderLimit gathers its recording stops, and

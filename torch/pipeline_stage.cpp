@@ -253,10 +253,7 @@ void PipelineStage::tie_first(const torch::nn::Module& unit, const torch::Tensor
   // Its size while gathered: at stage 3 a released parameter is empty.
   tied_trains_ = weight.requires_grad();
   TiedDescription mine{};
-  zt_->call(tied_unit_, [&] {
-    mine = {weight.numel(), static_cast<int64_t>(weight.scalar_type()), tied_trains_ ? 1 : 0};
-    return torch::Tensor();
-  });
+  zt_->read(tied_unit_, [&] { mine = {weight.numel(), static_cast<int64_t>(weight.scalar_type()), tied_trains_ ? 1 : 0}; });
   const TiedDescription theirs = exchange(group, 1, mine);
   ZEST_CHECK(mine[0] == theirs[0] && mine[1] == theirs[1],
              "tied weight: the first stage's has {} elements of {}, the last stage's copy {} of {}: give tie_last the "
@@ -307,11 +304,10 @@ void PipelineStage::sync_tied_values() {
   const Stream stream = Stream::default_for(group.device());
   if (tied_weight_.defined()) {
     // The weight is whole only while its unit is gathered (stage 3).
-    zt_->call(tied_unit_, [&] {
+    zt_->read(tied_unit_, [&] {
       const torch::Tensor w = tied_weight_.detach().contiguous();
       group.send(w.data_ptr(), static_cast<size_t>(w.numel()), zest_dtype(w.scalar_type()), 1, stream,
                  kTiedValuesTag);
-      return torch::Tensor();
     });
   } else {
     torch::NoGradGuard no_grad;

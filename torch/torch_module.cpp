@@ -580,9 +580,9 @@ TorchModule::Unit& TorchModule::unit(int u) {
   return *units_[static_cast<size_t>(u)];
 }
 
-TorchModule::Gathered::Gathered(TorchModule& tm, int unit) : tm_(tm), unit_(unit) {
-  tm.enter_forward(unit);
-  if (const int c = tm.unit(unit).companion; c >= 0) tm.enter_forward(c);
+TorchModule::Gathered::Gathered(TorchModule& tm, int unit, std::optional<Pass> pass) : tm_(tm), unit_(unit) {
+  tm.enter_forward(unit, pass);
+  if (const int c = tm.unit(unit).companion; c >= 0) tm.enter_forward(c, pass);
 }
 
 TorchModule::Gathered::~Gathered() {
@@ -590,12 +590,13 @@ TorchModule::Gathered::~Gathered() {
   tm_.leave_forward(unit_);
 }
 
-void TorchModule::enter_forward(int unit) {
+void TorchModule::enter_forward(int unit, std::optional<Pass> pass) {
   Unit& u = this->unit(unit);
   if (u.forward_depth++ == 0) {
     // A forward with no backward to follow follows the engine's inference
     // order (Note [a gather order per kind of pass], engine_gather.cpp).
-    u.fwd.emplace(engine_.gather(unit, torch::GradMode::is_enabled() ? Pass::kTraining : Pass::kInference));
+    u.fwd.emplace(engine_.gather(
+        unit, pass.value_or(torch::GradMode::is_enabled() ? Pass::kTraining : Pass::kInference)));
     if (u.sharded) point_params(u, u.fwd->data());
   }
 }

@@ -51,7 +51,8 @@
 //   training's (Pass::kInference, engine.h), as DeepSpeed keeps a parameter
 //   coordinator for each; call engine.end_forward() after each such forward
 //   to replay one forward's order (DeepSpeed's end-of-forward hook), or let
-//   the next training forward end it.
+//   the next training forward end it. zt.read gathers a unit outside
+//   forward and backward, in no order.
 // - step() is the engine's micro-step: once after every backward, and with
 //   gradient_accumulation_steps = k the optimizer steps every k-th call. The
 //   engine averages gradients over ranks and micro-steps, so each rank's loss
@@ -94,6 +95,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -193,6 +195,25 @@ class TorchModule {
     return call(*module, [&] { return module->forward(std::forward<Args>(args)...); });
   }
 
+  // Runs fn with unit `unit` gathered, under torch::NoGradGuard, to read or
+  // send its values outside forward and backward (DeepSpeed's
+  // GatheredParameters): nothing backward reaches, and at stage 3 no part of
+  // the engine's recorded gather orders (Pass::kNone). Returns what fn
+  // returns.
+  //
+  //   // zest-example: prelude=torch_module
+  //   const double norm = zt.read(*head, [&] { return head->weight.norm().item<double>(); });
+  template <typename F>
+  auto read(int unit, F&& fn) -> std::invoke_result_t<F> {
+    const torch::NoGradGuard no_grad;
+    Gathered scope(*this, unit, Pass::kNone);
+    return std::forward<F>(fn)();
+  }
+  template <typename F>
+  auto read(const torch::nn::Module& unit_module, F&& fn) -> std::invoke_result_t<F> {
+    return read(unit_of(unit_module), std::forward<F>(fn));
+  }
+
   // Activation checkpointing (DeepSpeed's checkpointing.checkpoint, torch's
   // checkpoint with use_reentrant): runs the unit as forward()/call() do
   // but keeps only its tensor inputs for backward, not what autograd would
@@ -252,7 +273,9 @@ class TorchModule {
   struct Unit;
   class Gathered {
    public:
-    Gathered(TorchModule& tm, int unit);
+    // `pass`: unset, a forward's (Pass::kTraining, or kInference under
+    // torch's no-grad mode).
+    Gathered(TorchModule& tm, int unit, std::optional<Pass> pass = std::nullopt);
     ~Gathered();
     Gathered(const Gathered&) = delete;
     Gathered& operator=(const Gathered&) = delete;
@@ -292,7 +315,7 @@ class TorchModule {
   void finish_grads(Unit& u);
   void point_params(Unit& u, const void* data);
   // Gathered's work for one unit (a unit and its frozen companion).
-  void enter_forward(int unit);
+  void enter_forward(int unit, std::optional<Pass> pass);
   void leave_forward(int unit);
   void release_backward(Unit& u);
   void unpoint_params(Unit& u);

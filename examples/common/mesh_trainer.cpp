@@ -50,12 +50,12 @@ MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batche
 
 torch::Tensor MeshTrainer::forward_only(const torch::Tensor& tokens) {
   const UnitRunner run = runner(zt_);
-  torch::Tensor out = pipe_ ? zest::pipeline_forward(mesh_->pp(), {tokens.size(0), tokens.size(1), model_.hidden_size()},
-                                                     dtype_,
-                                                     [&](const torch::Tensor& in) {
-                                                       return model_.forward_stage(in.defined() ? in : tokens, run);
-                                                     })
-                            : model_.forward_stage(tokens, run);
+  // A stage's forward: from the previous stage's activations, or on the
+  // first from the tokens.
+  const auto stage = [&](const torch::Tensor& in) { return model_.forward_stage(in.defined() ? in : tokens, run); };
+  const torch::Tensor out =
+      pipe_ ? zest::pipeline_forward(mesh_->pp(), {tokens.size(0), tokens.size(1), model_.hidden_size()}, dtype_, stage)
+            : stage(torch::Tensor());
   // At stage 3 the engine's inference order is then one forward, as
   // DeepSpeed's is: each pass of a generation replays it.
   zt_.engine().end_forward();

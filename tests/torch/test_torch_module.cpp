@@ -113,19 +113,21 @@ TEST_CASE("reductions start during backward, and .grad is the engine's outside n
   });
 }
 
-TEST_CASE("stage 3: an evaluation under no_grad between steps changes no bit and no training gather, and keeps nothing") {
+TEST_CASE("stage 3: an evaluation or a read between steps changes no bit and no training gather, and keeps nothing") {
   // TinyTransformer's units: <root> (used first and last), b0, b1. A reuse
   // distance that keeps whatever the order uses again, no prefetch: every
-  // all-gather is a gather's. The evaluation forward follows the engine's
-  // inference order (recorded: 4 gathers; replayed, <root> kept for its
-  // second use: 3) and ends at the next training gather; training records
-  // and replays its own order as if there were no evaluation.
+  // all-gather is a gather's. An evaluation forward under no_grad follows
+  // the engine's inference order (recorded: 4 gathers; replayed, <root>
+  // kept for its second use: 3) and ends at the next training gather; a
+  // zt.read of b1 gathers it once and follows no order. Training records
+  // and replays its own order as if neither were there.
+  enum Between { kNothing, kEvaluation, kRead };
   const TrainSpec spec{Model::kTransformer, Optim::kAdamW, 4};
-  std::vector<std::map<std::string, std::vector<float>>> params[2];
-  std::vector<uint64_t> training[2];
-  for (bool evaluate : {false, true}) {
-    CAPTURE(evaluate);
-    params[evaluate].resize(2);
+  std::vector<std::map<std::string, std::vector<float>>> params[3];
+  std::vector<uint64_t> training[3];
+  for (Between between : {kNothing, kEvaluation, kRead}) {
+    CAPTURE(between);
+    params[between].resize(2);
     run_inprocess(2, [&](Communicator& comm) {
       CachingAllocator alloc(make_host_allocator());
       EngineConfig config = zest_config(spec, 3);
@@ -133,42 +135,50 @@ TEST_CASE("stage 3: an evaluation under no_grad between steps changes no bit and
       config.zero.stage3_prefetch_bucket_size = 0;
       Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
       const Wrapped w = wrap_model(engine, spec.model);
+      const auto& model = static_cast<const TinyTransformer&>(*w.model);
       size_t shards = 0;
       for (const UnitLayout& U : engine.layout().units()) shards += U.shard;
       const auto all_gathers = [&] { return comm.counters()[CollectiveKind::kAllGather].calls; };
-      std::vector<uint64_t> inference, trained;
+      std::vector<uint64_t> others, trained;
       for (int s = 0; s < spec.steps; ++s) {
         const auto [x, y] = batch(spec.model, s);
         const torch::Tensor lx = x.narrow(0, 4 * comm.rank(), 4), ly = y.narrow(0, 4 * comm.rank(), 4);
-        if (evaluate) {
-          comm.reset_counters();
-          {
-            const torch::NoGradGuard no_grad;
-            (void)w.model->loss(lx, ly, w.run);
-          }
-          inference.push_back(all_gathers());
-          CHECK(engine.memory_report()[MemoryCategory::kParameters].current == static_cast<int64_t>(shards * 4));
+        comm.reset_counters();
+        if (between == kEvaluation) {
+          const torch::NoGradGuard no_grad;
+          (void)w.model->loss(lx, ly, w.run);
+        } else if (between == kRead) {
+          // The values are there, the fp32 masters' bits.
+          const std::vector<float> read = w.zt->read(*model.b1, [&] { return values(model.b1->down->weight); });
+          CHECK(read == engine.param_master("b1.down.weight"));
+          CHECK(model.b1->down->weight.numel() == 0);  // released after
         }
+        others.push_back(all_gathers());
+        CHECK(engine.memory_report()[MemoryCategory::kParameters].current == static_cast<int64_t>(shards * 4));
         comm.reset_counters();
         w.zt->scale(w.model->loss(lx, ly, w.run)).backward();
         CHECK(w.zt->step().applied);
         trained.push_back(all_gathers());
       }
-      if (evaluate) CHECK(inference == std::vector<uint64_t>{4, 3, 3, 3});
-      if (comm.rank() == 0) training[evaluate] = trained;
+      if (between == kEvaluation) CHECK(others == std::vector<uint64_t>{4, 3, 3, 3});
+      if (between == kRead) CHECK(others == std::vector<uint64_t>{1, 1, 1, 1});
+      if (comm.rank() == 0) training[between] = trained;
       for (const UnitLayout& u : engine.layout().units()) {
-        for (const ParamLayout& q : u.params) params[evaluate][comm.rank()][q.name] = engine.param_master(q.name);
+        for (const ParamLayout& q : u.params) params[between][comm.rank()][q.name] = engine.param_master(q.name);
       }
     });
   }
-  CHECK(training[1] == training[0]);
-  CHECK(training[0].at(1) < training[0].at(0));  // the replay keeps units for their reuse
-  for (size_t r = 0; r < 2; ++r) {
-    REQUIRE(params[1][r].size() == params[0][r].size());
-    for (const auto& [name, v] : params[0][r]) {
-      CAPTURE(name);
-      const std::vector<float>& w = params[1][r].at(name);
-      CHECK((w.size() == v.size() && std::memcmp(w.data(), v.data(), v.size() * sizeof(float)) == 0));
+  CHECK(training[kNothing].at(1) < training[kNothing].at(0));  // the replay keeps units for their reuse
+  for (Between between : {kEvaluation, kRead}) {
+    CAPTURE(between);
+    CHECK(training[between] == training[kNothing]);
+    for (size_t r = 0; r < 2; ++r) {
+      REQUIRE(params[between][r].size() == params[kNothing][r].size());
+      for (const auto& [name, v] : params[kNothing][r]) {
+        CAPTURE(name);
+        const std::vector<float>& w = params[between][r].at(name);
+        CHECK((w.size() == v.size() && std::memcmp(w.data(), v.data(), v.size() * sizeof(float)) == 0));
+      }
     }
   }
 }
