@@ -253,7 +253,9 @@ void PipelineStage::tie_first(const torch::nn::Module& unit, const torch::Tensor
   // Its size while gathered: at stage 3 a released parameter is empty.
   tied_trains_ = weight.requires_grad();
   TiedDescription mine{};
-  zt_->read(tied_unit_, [&] { mine = {weight.numel(), static_cast<int64_t>(weight.scalar_type()), tied_trains_ ? 1 : 0}; });
+  zt_->read(tied_unit_, [&] {
+    mine = {weight.numel(), static_cast<int64_t>(weight.scalar_type()), tied_trains_ ? 1 : 0};
+  });
   const TiedDescription theirs = exchange(group, 1, mine);
   ZEST_CHECK(mine[0] == theirs[0] && mine[1] == theirs[1],
              "tied weight: the first stage's has {} elements of {}, the last stage's copy {} of {}: give tie_last the "
