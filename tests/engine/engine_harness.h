@@ -247,6 +247,14 @@ inline EngineConfig base_config(int stage) {
   return c;
 }
 
+// Stage 3: no unit is gathered, the parameters' memory is the fp32 shards
+// alone.
+inline bool nothing_gathered(Engine& engine) {
+  size_t shards = 0;
+  for (const UnitLayout& U : engine.layout().units()) shards += U.shard;
+  return engine.memory_report()[MemoryCategory::kParameters].current == static_cast<int64_t>(shards * 4);
+}
+
 // The checks below use doctest's macros: include this after doctest.h.
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -36,13 +36,6 @@ void training_iteration(Engine& engine, Communicator& comm, int64_t step) {
 
 uint64_t gathers(Communicator& comm) { return comm.counters()[CollectiveKind::kAllGather].calls; }
 
-// The shards alone: no unit is gathered.
-bool nothing_gathered(Engine& engine) {
-  size_t shards = 0;
-  for (const UnitLayout& U : engine.layout().units()) shards += U.shard;
-  return engine.memory_report()[MemoryCategory::kParameters].current == static_cast<int64_t>(shards * 4);
-}
-
 }  // namespace
 
 TEST_CASE("an inference pass between steps neither breaks training's order nor leaves a unit gathered") {
