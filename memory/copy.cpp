@@ -1,4 +1,5 @@
-// Byte copies and zero fills, on the host or queued on a CUDA stream. The CUDA
+// Byte copies and zero fills, on the host (queued on a host stream's own
+// thread, if it has one) or queued on a CUDA stream. The CUDA
 // half is compiled only with the CUDA backend; without it a CUDA stream cannot
 // be created (Stream::default_for and OwnedStream check the device first), so
 // the branch that would need it reports the build instead.
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "zest/core/check.h"
+#include "zest/core/host_queue.h"
 #include "zest/core/platform.h"
 
 #if ZEST_WITH_CUDA
@@ -46,7 +48,7 @@ void copy_bytes(const Stream& stream, void* dst, const void* src, size_t bytes) 
              "copy_bytes: source {} and destination {} overlap in a copy of {} bytes; copy "
              "through a separate buffer", src, dst, bytes);
   if (stream.device().is_host()) {
-    std::memcpy(dst, src, bytes);
+    host_launch(stream, [=] { std::memcpy(dst, src, bytes); });
     return;
   }
 #if ZEST_WITH_CUDA
@@ -63,7 +65,7 @@ void fill_zero(const Stream& stream, void* dst, size_t bytes) {
   ZEST_CHECK(dst != nullptr, "fill_zero: the destination pointer is null for {} bytes on {}", bytes,
              stream.device().str());
   if (stream.device().is_host()) {
-    std::memset(dst, 0, bytes);
+    host_launch(stream, [=] { std::memset(dst, 0, bytes); });
     return;
   }
 #if ZEST_WITH_CUDA

@@ -3,7 +3,8 @@
 //
 // On a CUDA stream the work is queued (cudaMemcpyAsync / cudaMemsetAsync) and
 // ordered after everything queued on that stream before it; on a host stream
-// it runs now, as all host-stream work does (see core/stream.h).
+// it runs now, or is queued on the stream's own thread where it has one
+// (see core/stream.h).
 //
 //   // zest-example: prelude=buffers
 //   copy_bytes(stream, shard, host_weights.data(), numel * sizeof(float));

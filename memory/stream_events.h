@@ -5,7 +5,8 @@
 // The allocator owns one StreamEvents. The device implementation records real
 // events on the stream's own device (pooled, since creating CUDA events is not
 // free), so pinned host memory used by CUDA copies is tracked by CUDA events;
-// on a host stream every event is complete when recorded. Tests substitute an implementation whose
+// on an inline host stream every event is complete when recorded, and on a
+// host stream with its own thread once the thread gets to it. Tests substitute an implementation whose
 // events complete when the test says so, to check the deferral on any machine.
 #pragma once
 

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "zest/core/check.h"
+#include "zest/core/host_queue.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/host_convert.h"
@@ -102,11 +103,13 @@ void accumulate(const Stream& stream, void* dst, DType dst_dtype, const void* sr
              dst == nullptr ? "the destination" : "the source", n, dtype_name(src_dtype), dtype_name(dst_dtype),
              stream.device().str());
   if (stream.device().is_cuda()) return detail::accumulate_cuda(stream, dst, dst_dtype, src, src_dtype, n);
-  detail::visit_float_dtype(dst_dtype, "accumulate", "destinations", [&](auto to) {
-    detail::visit_float_dtype(src_dtype, "accumulate", "sources", [&](auto from) {
-      using TD = typename decltype(to)::type;
-      using TS = typename decltype(from)::type;
-      accumulate_loop(static_cast<TD*>(dst), static_cast<const TS*>(src), n);
+  host_launch(stream, [=] {
+    detail::visit_float_dtype(dst_dtype, "accumulate", "destinations", [&](auto to) {
+      detail::visit_float_dtype(src_dtype, "accumulate", "sources", [&](auto from) {
+        using TD = typename decltype(to)::type;
+        using TS = typename decltype(from)::type;
+        accumulate_loop(static_cast<TD*>(dst), static_cast<const TS*>(src), n);
+      });
     });
   });
 }
@@ -125,11 +128,13 @@ void convert(const Stream& stream, const void* src, DType src_dtype, void* dst, 
   if (stream.device().is_cuda()) {
     return detail::convert_cuda(stream, src, src_dtype, dst, dst_dtype, n);
   }
-  detail::visit_float_dtype(src_dtype, "convert", "sources", [&](auto from) {
-    detail::visit_float_dtype(dst_dtype, "convert", "destinations", [&](auto to) {
-      using TS = typename decltype(from)::type;
-      using TD = typename decltype(to)::type;
-      convert_loop(static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+  host_launch(stream, [=] {
+    detail::visit_float_dtype(src_dtype, "convert", "sources", [&](auto from) {
+      detail::visit_float_dtype(dst_dtype, "convert", "destinations", [&](auto to) {
+        using TS = typename decltype(from)::type;
+        using TD = typename decltype(to)::type;
+        convert_loop(static_cast<const TS*>(src), static_cast<TD*>(dst), n);
+      });
     });
   });
 }
@@ -140,9 +145,11 @@ void scale(const Stream& stream, void* buf, DType dtype, float factor, size_t n)
   ZEST_CHECK(buf != nullptr, "scale: the buffer is null for {} elements ({}) on {}", n, dtype_name(dtype),
              stream.device().str());
   if (stream.device().is_cuda()) return detail::scale_cuda(stream, buf, dtype, factor, n);
-  detail::visit_float_dtype(dtype, "scale", "buffers", [&](auto type) {
-    using T = typename decltype(type)::type;
-    scale_loop(static_cast<T*>(buf), factor, n);
+  host_launch(stream, [=] {
+    detail::visit_float_dtype(dtype, "scale", "buffers", [&](auto type) {
+      using T = typename decltype(type)::type;
+      scale_loop(static_cast<T*>(buf), factor, n);
+    });
   });
 }
 

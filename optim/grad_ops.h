@@ -16,7 +16,8 @@
 // n counts elements, not bytes. n == 0 is a no-op; a null pointer with n > 0
 // and a dtype other than fp32, fp16 or bf16 are zest::Errors. On a CUDA
 // stream the buffers are memory of the stream's device and the work is queued
-// there; on a host stream it runs now.
+// there; on a host stream it runs now, or is queued on the stream's own
+// thread where it has one (HostWork::kOwnThread).
 #pragma once
 
 #include <cstddef>
