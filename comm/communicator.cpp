@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "zest/core/host_queue.h"
+
 namespace zest {
 namespace {
 
@@ -75,8 +77,33 @@ Communicator::Communicator(int rank, int size, Device device, CommOptions option
   received_seq_.assign(static_cast<size_t>(size), 0);
 }
 
+Communicator::~Communicator() { finish_queued(); }
+
 void Communicator::mark_aborted(const std::string& reason) {
-  if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "unknown failure" : reason;
+  const std::lock_guard<std::mutex> lock(abort_mutex_);
+  if (aborted_.load(std::memory_order_relaxed)) return;
+  abort_reason_ = reason.empty() ? "unknown failure" : reason;
+  aborted_.store(true, std::memory_order_release);
+}
+
+// Note [issue order across threads]. A collective issued on a host stream
+// with its own thread (HostWork::kOwnThread) is numbered and counted when it
+// is issued and runs later, on that thread. Every rank must still run a
+// communicator's collectives in the order it numbered them, and no backend
+// serves two threads at once on one communicator. So a call on any other
+// stream (the caller's own thread, or another host stream's) first waits
+// until the last queued collective has run; one on the same stream is queued
+// behind it. That is the order NCCL keeps for one communicator across
+// streams, and it costs a caller that mixes streams the wait a GPU's host
+// would spend in the same place.
+void Communicator::wait_for_queued(const Stream& stream) {
+  if (!queued_on_ || queued_on_.get() == stream.host_queue() || queued_on_->on_own_thread()) return;
+  const std::shared_ptr<HostQueue> queue = std::move(queued_on_);
+  queue->wait(queued_ticket_);
+}
+
+void Communicator::finish_queued() noexcept {
+  if (queued_on_) queued_on_->wait_quietly(queued_ticket_);
 }
 
 std::string Communicator::current_exception_message() { return current_exception_text(); }
@@ -116,6 +143,7 @@ void Communicator::close_group_after_abort() noexcept {
 
 CollectiveDesc Communicator::begin(CollectiveKind kind, DType dtype, ReduceOp op, int root,
                                    size_t count, const Stream& stream, uint64_t tag) {
+  wait_for_queued(stream);
   refuse_if_aborted(collective_name(kind));
   ZEST_CHECK(stream.device() == device_,
              "{}: the stream is on {} but the communicator is on {}; pass a stream of {}",
@@ -140,8 +168,24 @@ CollectiveDesc Communicator::begin(CollectiveKind kind, DType dtype, ReduceOp op
 }
 
 template <typename Fn>
-void Communicator::run(const CollectiveDesc& desc, Fn&& fn) {
+void Communicator::run(const CollectiveDesc& desc, const Stream& stream, Fn&& fn) {
   seq_ = desc.seq;
+  if (HostQueue* queue = queue_for(stream)) {
+    // Counted when issued, as a device backend's are. A failure there aborts
+    // the communicator as one here does; a group left open by it is closed
+    // by the issuing thread's group_end.
+    counters_.record(desc, rank_, size_);
+    queued_ticket_ = queue->submit([this, fn = std::forward<Fn>(fn)]() mutable {
+      try {
+        fn();
+      } catch (const CommError& e) {
+        mark_aborted(e.message());
+        throw;
+      }
+    });
+    queued_on_ = queue->shared_from_this();
+    return;
+  }
   try {
     fn();
   } catch (const CommError& e) {
@@ -164,7 +208,7 @@ void Communicator::all_reduce(const void* send, void* recv, size_t count, DType 
   ZEST_CHECK(send == recv || !range(send, bytes).overlaps(range(recv, bytes)),
              "{}: send and recv overlap without being the same buffer; use one buffer for an "
              "in-place all_reduce or two that do not overlap", desc.str());
-  run(desc, [&] { do_all_reduce(desc, send, recv, stream); });
+  run(desc, stream, [=, this] { do_all_reduce(desc, send, recv, stream); });
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype,
@@ -178,7 +222,7 @@ void Communicator::reduce_scatter(const void* send, void* recv, size_t recv_coun
   ZEST_CHECK(in_place || !range(send, part * static_cast<size_t>(size_)).overlaps(range(recv, part)),
              "{}: recv overlaps send without being this rank's part of it (send + rank x "
              "recv_count); use that for in-place, or buffers that do not overlap", desc.str());
-  run(desc, [&] { do_reduce_scatter(desc, send, recv, stream); });
+  run(desc, stream, [=, this] { do_reduce_scatter(desc, send, recv, stream); });
 }
 
 void Communicator::all_gather(const void* send, void* recv, size_t send_count, DType dtype,
@@ -192,7 +236,7 @@ void Communicator::all_gather(const void* send, void* recv, size_t send_count, D
   ZEST_CHECK(in_place || !range(send, part).overlaps(range(recv, part * static_cast<size_t>(size_))),
              "{}: send overlaps recv without being this rank's part of it (recv + rank x "
              "send_count); use that for in-place, or buffers that do not overlap", desc.str());
-  run(desc, [&] { do_all_gather(desc, send, recv, stream); });
+  run(desc, stream, [=, this] { do_all_gather(desc, send, recv, stream); });
 }
 
 void Communicator::broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
@@ -207,12 +251,12 @@ void Communicator::broadcast(const void* send, void* recv, size_t count, DType d
              "{}: recv (and send on the root) must not be null", desc.str());
   ZEST_CHECK(rank_ != root || send == recv || !range(send, bytes).overlaps(range(recv, bytes)),
              "{}: send and recv overlap without being the same buffer", desc.str());
-  run(desc, [&] { do_broadcast(desc, send, recv, stream); });
+  run(desc, stream, [=, this] { do_broadcast(desc, send, recv, stream); });
 }
 
 void Communicator::barrier(const Stream& stream) {
   const CollectiveDesc desc = begin(CollectiveKind::kBarrier, DType::kUInt8, ReduceOp::kSum, -1, 0, stream);
-  run(desc, [&] { do_barrier(desc, stream); });
+  run(desc, stream, [=, this] { do_barrier(desc, stream); });
 }
 
 void Communicator::send(const void* buffer, size_t count, DType dtype, int peer, const Stream& stream,
@@ -228,6 +272,10 @@ void Communicator::recv(void* buffer, size_t count, DType dtype, int peer, const
 }
 
 void Communicator::send_recv(std::span<const P2POp> ops, const Stream& stream) {
+  // Transfers run in the caller's thread whatever the stream: a pipeline
+  // stage's host code waits for each anyway.
+  if (HostQueue* queue = queue_for(stream)) queue->wait(queue->last_ticket());
+  wait_for_queued(Stream::default_for(device_));
   refuse_if_aborted(ops.size() == 1 ? (ops[0].is_send ? "send" : "recv") : "send_recv");
   ZEST_CHECK(group_depth_ == 0,
              "send/recv inside a group_start/group_end block: pass the transfers that must start "
@@ -320,7 +368,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, bool share
   const CollectiveDesc desc =
       begin(CollectiveKind::kSplit, DType::kUInt8, ReduceOp::kSum, -1, 0, Stream::default_for(device_));
   std::unique_ptr<Communicator> child;
-  run(desc, [&] { child = do_split(desc, color, key, share_resources); });
+  run(desc, Stream::default_for(device_), [&] { child = do_split(desc, color, key, share_resources); });
   return child;
 }
 

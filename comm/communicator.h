@@ -8,8 +8,9 @@
 //
 // Buffers are untyped pointers with a DType and an element count, on the
 // communicator's device, ordered on `stream` (device backends queue the work
-// there; host backends finish it before returning). In-place use follows
-// NCCL's convention:
+// there; host backends finish it before returning, or, on a host stream with
+// its own thread, queue it there: Note [issue order across threads]).
+// In-place use follows NCCL's convention:
 //   all_reduce      send == recv
 //   reduce_scatter  send == recv - rank * recv_count   (recv is this rank's part of send)
 //   all_gather      send == recv + rank * send_count   (send is this rank's part of recv)
@@ -27,8 +28,11 @@
 // the timeout: at once in-process, within 2 s over MPI.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -98,7 +102,7 @@ class CommError : public Error {
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -223,8 +227,14 @@ class Communicator {
   void abort(std::string_view reason) noexcept;
 
   // True once a failure (here or on another rank) aborted the communicator.
-  bool aborted() const { return !abort_reason_.empty(); }
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  // Set once, before aborted() turns true; empty until then.
   const std::string& abort_reason() const { return abort_reason_; }
+
+  // Whether collectives may be queued on a host stream's own thread
+  // (HostWork::kOwnThread), which runs them while the issuing thread uses
+  // other communicators: MPI only when it runs at MPI_THREAD_MULTIPLE.
+  virtual bool supports_host_streams() const { return !device_.is_cuda(); }
 
   // Expires when this communicator is destroyed, for what borrows it (an
   // Engine) to refuse its use afterwards with an error instead of a crash.
@@ -265,6 +275,11 @@ class Communicator {
 
   void mark_aborted(const std::string& reason);
 
+  // Waits for the collectives this communicator queued on a host stream's
+  // thread. Backends call it first in their destructors: the queued work
+  // uses them.
+  void finish_queued() noexcept;
+
   // The message of the exception being handled (Error::message() for ZEST's
   // own, without rank and location), for abort reasons. Call in a catch block.
   static std::string current_exception_message();
@@ -273,7 +288,10 @@ class Communicator {
   CollectiveDesc begin(CollectiveKind kind, DType dtype, ReduceOp op, int root, size_t count,
                        const Stream& stream, uint64_t tag = 0);
   template <typename Fn>
-  void run(const CollectiveDesc& desc, Fn&& fn);
+  void run(const CollectiveDesc& desc, const Stream& stream, Fn&& fn);
+  // Note [issue order across threads]: before a call that is not queued
+  // behind the last queued collective, on the same host stream, waits for it.
+  void wait_for_queued(const Stream& stream);
   // Throws CommError (kAborted) naming `what` and the abort reason, if aborted.
   void refuse_if_aborted(std::string_view what) const;
   // Once aborted: ends the backend's side of an open group, which can no
@@ -291,7 +309,14 @@ class Communicator {
   std::vector<P2PCall> p2p_calls_;  // send_recv's, kept to allocate nothing per call
   int group_depth_ = 0;
   CommCounters counters_;
+  // Set by whichever thread meets the failure (a host stream's too).
+  std::mutex abort_mutex_;
   std::string abort_reason_;
+  std::atomic<bool> aborted_{false};
+  // The host stream's queue holding the last collective queued there, and
+  // its ticket.
+  std::shared_ptr<HostQueue> queued_on_;
+  uint64_t queued_ticket_ = 0;
   Lifetime lifetime_;
 };
 

@@ -469,6 +469,7 @@ class InProcessCommunicator final : public Communicator {
         group_(std::move(group)),
         in_(static_cast<size_t>(size())),
         out_(static_cast<size_t>(size())) {}
+  ~InProcessCommunicator() override { finish_queued(); }
 
   std::string_view backend_name() const override { return "in-process"; }
 

@@ -164,7 +164,13 @@ MpiCommunicator::MpiCommunicator(Owned owned, CommOptions options)
       exchange_(std::make_shared<mpi::Exchange>(rank(), size())),
       scratch_(std::make_shared<ReduceScratch>(size())) {}
 
+bool MpiCommunicator::supports_host_streams() const {
+  int level = MPI_THREAD_SINGLE;
+  return MPI_Query_thread(&level) == MPI_SUCCESS && level == MPI_THREAD_MULTIPLE;
+}
+
 MpiCommunicator::~MpiCommunicator() {
+  finish_queued();
   // A broadcast's root may have left its last exchanges pending (Note [the
   // broadcast root does not wait] in mpi_exchange.h): their check is still
   // owed, and MPI must be done with their buffers before they go. A failure

@@ -165,6 +165,9 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override;
 
   std::string_view backend_name() const override { return "mpi"; }
+  // At MPI_THREAD_MULTIPLE only: a host stream's thread calls MPI while the
+  // issuing thread calls it on other communicators.
+  bool supports_host_streams() const override;
   // The owned MPI communicator, for the application's own MPI calls.
   MPI_Comm native() const { return owned_.comm; }
 
