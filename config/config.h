@@ -83,8 +83,17 @@ struct ZeroConfig {
   // DeepSpeed's overlap_comm: gradient reductions on the engine's
   // communication stream, so they run while backward goes on (true), or on
   // the compute stream, in line with backward (false). The bits are the same
-  // either way.
+  // either way. On the host the communication stream then has a thread of
+  // its own where a core is free for it (host_comm_thread), which also runs
+  // stage 3's gathers and prefetches.
   bool overlap() const { return overlap_comm.value_or(stage == 3); }
+  // ZEST's own, not a DeepSpeed key: whether overlap_comm on the host gives
+  // the communication stream a thread of its own. Unset: as the
+  // environment's ZEST_HOST_COMM_THREAD (1 or 0) says, or, unset too, where
+  // each rank has a core to spare for it (Note [the host's communication
+  // thread] in engine/host_comm_thread.cpp says why and how that is
+  // counted).
+  std::optional<bool> host_comm_thread;
 
   // Note [the reduce bucket rule]. The elements of done gradients collected
   // before a reduction is launched, for a model of `padded_numel` flat

@@ -13,6 +13,7 @@
 #include "zest/core/logging.h"
 #include "zest/core/process_memory.h"
 #include "zest/engine/engine_state.h"
+#include "zest/engine/host_comm_thread.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/engine/master_precision.h"
 #include "zest/engine/shard_groups.h"
@@ -444,10 +445,12 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   // parent's connections and buffers rather than setting up its own.
   im.control = comm_.split(0, comm_.rank(), /*share_resources=*/true);
   if (im.mics.shard) im.mics_control = im.mics.shard->split(0, im.mics.shard->rank(), /*share_resources=*/true);
-  im.comm_stream.emplace(comm_.device());
   im.handoff.emplace(comm_.device());
   check_same_model(*im.control, layout->describe() + describe_hyperparameters(config_), allocator_,
                    stream_);
+  // Note [the host's communication thread] (host_comm_thread.cpp).
+  const bool comm_thread = use_host_comm_thread(config_, comm_, *im.control, allocator_, stream_);
+  im.comm_stream.emplace(comm_.device(), comm_thread ? HostWork::kOwnThread : HostWork::kInline);
   im.layout = std::move(layout);
   const ModelLayout& L = *im.layout;
   if (im.mp.tp_rank != 0) find_tp_duplicates();

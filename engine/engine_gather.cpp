@@ -99,6 +99,18 @@ std::string tag_legend(std::string_view message, const ModelLayout& layout) {
   return legend;
 }
 
+// A gather's mismatch, met where it was issued or, on the host's
+// communication thread, where its unit was waited for: with the units the
+// ranks' tags name.
+[[noreturn]] void rethrow_named(const CommError& e, const ModelLayout& layout) {
+  if (e.reason() != CommError::Reason::kMismatch) throw;
+  throw CommError(e.reason(),
+                  fmt::format("stage 3: the ranks gathered different units ({}): {} Every rank "
+                              "must gather the same units in the same order",
+                              tag_legend(e.message(), layout), e.message()),
+                  e.file(), e.line());
+}
+
 }  // namespace
 
 // Queues the all-gather of a non-resident unit into a new full buffer.
@@ -160,12 +172,7 @@ void Engine::materialize(int unit) {
       }
     }
   } catch (const CommError& e) {
-    if (e.reason() != CommError::Reason::kMismatch) throw;
-    throw CommError(e.reason(),
-                    fmt::format("stage 3: the ranks gathered different units ({}): {} Every rank "
-                                "must gather the same units in the same order",
-                                tag_legend(e.message(), *im.layout), e.message()),
-                    e.file(), e.line());
+    rethrow_named(e, *im.layout);
   }
   st.ready->record(im.comm());
   im.live_numel += U.padded;
@@ -300,7 +307,12 @@ UnitHandle Engine::gather(int unit, Pass pass) {
     const bool fresh = !st.params_full;
     if (fresh) materialize(unit);
     if (ordered) follow_trace(unit);
-    stream_.wait(*st.ready);
+    const PhaseTimer timer(impl_->times.gather_ms);
+    try {
+      stream_.wait(*st.ready);
+    } catch (const CommError& e) {
+      rethrow_named(e, *impl_->layout);
+    }
   } else if (ordered) {
     follow_trace(unit);
   }

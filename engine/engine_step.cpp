@@ -50,7 +50,12 @@ void Engine::end_micro_step() {
   // Everything after (the next micro-step's zeroing, the optimizer) reads
   // what the reductions wrote.
   im.handoff->record(im.comm());
-  stream_.wait(*im.handoff);
+  {
+    // On the host's communication thread, what of the reductions backward
+    // did not hide.
+    const PhaseTimer timer(im.times.reduce_ms);
+    stream_.wait(*im.handoff);
+  }
   for (UnitState& st : im.units) st.grads = UnitState::Grads::kIdle;
   // Unused prefetches (a kept unit was released at its last use: Note
   // [stage-3 reuse distance]). Nothing gathered outlives the micro-step, so
