@@ -593,6 +593,9 @@ class Engine {
   // engine_gather.cpp
   void materialize(int unit);
   void drop(int unit);
+  // Drops every gathered copy no handle holds (prefetches, units kept for
+  // their reuse).
+  void drop_unheld();
   bool reused_soon(int unit) const;
   size_t pass_part_end() const;
   void prefetch_after(size_t pos);

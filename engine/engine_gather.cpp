@@ -249,8 +249,12 @@ void Engine::end_inference_pass() {
   Impl& im = *impl_;
   im.inference_open = false;
   im.orders[static_cast<int>(Pass::kInference)].end_pass();
-  for (int u = 0; u < im.layout->num_units(); ++u) {
-    if (im.units[static_cast<size_t>(u)].gathered == 0) drop(u);
+  drop_unheld();
+}
+
+void Engine::drop_unheld() {
+  for (int u = 0; u < impl_->layout->num_units(); ++u) {
+    if (impl_->units[static_cast<size_t>(u)].gathered == 0) drop(u);
   }
 }
 

@@ -59,9 +59,13 @@ void Engine::end_micro_step() {
   for (UnitState& st : im.units) st.grads = UnitState::Grads::kIdle;
   // Unused prefetches (a kept unit was released at its last use: Note
   // [stage-3 reuse distance]). Nothing gathered outlives the micro-step, so
-  // no copy from before an optimizer step is used after it.
-  for (int u = 0; u < L.num_units(); ++u) drop(u);
-  if (im.inference_open) end_inference_pass();
+  // no copy from before an optimizer step is used after it. No unit is held
+  // (checked above), so ending an inference pass left open drops them all.
+  if (im.inference_open) {
+    end_inference_pass();
+  } else {
+    drop_unheld();
+  }
   RecordedOrder& training = im.orders[static_cast<int>(Pass::kTraining)];
   if (training.recording) training.ends.push_back(training.units.size());
   ++im.micro;
@@ -467,9 +471,7 @@ void Engine::gather_updated_params(bool frozen_too) {
   // reuse) holds the parameters from before: gone, so the next gather
   // brings the new ones. (After a step there is none: end_micro_step()
   // dropped them; after a load there may be.)
-  for (int u = 0; u < L.num_units(); ++u) {
-    if (im.units[static_cast<size_t>(u)].gathered == 0) drop(u);
-  }
+  drop_unheld();
   if (L.partitions() == 1) return;
   const PhaseTimer timer(im.times.gather_ms);
   Communicator& shards = shard_group();
