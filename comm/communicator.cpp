@@ -274,7 +274,7 @@ void Communicator::recv(void* buffer, size_t count, DType dtype, int peer, const
 void Communicator::send_recv(std::span<const P2POp> ops, const Stream& stream) {
   // Transfers run in the caller's thread whatever the stream: a pipeline
   // stage's host code waits for each anyway.
-  if (HostQueue* queue = queue_for(stream)) queue->wait(queue->last_ticket());
+  if (queue_for(stream) != nullptr) stream.synchronize();
   wait_for_queued(Stream::default_for(device_));
   refuse_if_aborted(ops.size() == 1 ? (ops[0].is_send ? "send" : "recv") : "send_recv");
   ZEST_CHECK(group_depth_ == 0,
