@@ -255,12 +255,16 @@ def compile_alone(build_dir, out_dir):
             sys.exit(f"doc_examples: no compile command for {unit} in compile_commands.json")
         args = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
         cmd, skip = [], False
-        for a in args:
+        for i, a in enumerate(args):
             if skip:
                 skip = False
             elif a in ("-o", "-MF", "-MT", "-c"):
                 skip = True
-            elif a != "-MD" and a != entry["file"]:
+            elif a == "-include" and i + 1 < len(args) and args[i + 1].endswith("cmake_pch.hxx"):
+                # The unit's precompiled torch.h (cmake/ZestTorchPch.cmake) would
+                # stand in for an #include the program forgot.
+                skip = True
+            elif a != "-MD" and a != entry["file"] and a != "-Winvalid-pch":
                 cmd.append(a)
         jobs.append((name, cmd + ["-fsyntax-only", os.path.join(alone, name)], entry["directory"]))
 
