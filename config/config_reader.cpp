@@ -34,8 +34,7 @@ std::string show(double v) { return fmt::format("{}", v); }
 // Optimal string alignment distance: edits, with a swap of two neighbours
 // counting as one (the commonest typo).
 size_t edit_distance(const std::string& a, const std::string& b) {
-  // Optimal string alignment over one flat table: three rows of it would
-  // do, but keys are short and this runs only for keys nobody knows.
+  // One flat table (three rows would do; keys are short).
   const size_t n = a.size(), m = b.size(), w = m + 1;
   std::vector<size_t> d((n + 1) * w);
   for (size_t i = 0; i <= n; ++i) d[i * w] = i;
