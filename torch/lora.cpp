@@ -107,7 +107,11 @@ void LoraLinearImpl::pretty_print(std::ostream& stream) const {
 }
 
 torch::Tensor LoraLinearImpl::forward(const torch::Tensor& input) {
-  torch::Tensor out = torch::nn::functional::linear(input, weight, bias);
+  // at::linear, as Python's F.linear calls it: a contiguous 3-D input's bias
+  // goes into the product (addmm), where libtorch 1.13's
+  // torch::nn::functional::linear does that for 2-D input only and otherwise
+  // multiplies into a zeroed output and adds the bias in a second pass.
+  torch::Tensor out = torch::linear(input, weight, bias);
   if (!lora_enabled()) return out;
   // peft.tuners.lora.Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling.
   const torch::Tensor x = lora_.dropout > 0.0 ? torch::dropout(input, lora_.dropout, is_training()) : input;

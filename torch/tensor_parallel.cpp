@@ -288,7 +288,7 @@ torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& input) {
   const torch::Tensor x = options.sequence_parallel()
                               ? gather_from_sequence_region(input, *tp_, options.sequence_dim())
                               : copy_to_region(input, *tp_);
-  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  torch::Tensor y = torch::linear(x, weight, bias);  // as LoraLinear's (lora.cpp says why)
   if (lora_enabled()) {
     const torch::Tensor h = copy_to_region(lora_A->forward(input), *tp_);
     y = y + lora_B->forward(h) * lora_.scale();
@@ -322,7 +322,7 @@ void RowParallelLinearImpl::enable_lora(const LoraOptions& lora, at::Generator g
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& input) {
   const torch::Tensor x = options.input_is_parallel() ? input : scatter_to_region(input, *tp_, -1);
-  const torch::Tensor partial = torch::nn::functional::linear(x, weight);
+  const torch::Tensor partial = torch::linear(x, weight);
   if (!options.sequence_parallel()) {
     torch::Tensor y = reduce_from_region(partial, *tp_);
     if (options.bias()) y = y + bias;
