@@ -24,7 +24,7 @@ bool detect(CpuIsa isa) {
       unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
       const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
       // __builtin_cpu_supports also checks that the OS saves the registers.
-      return f16c && __builtin_cpu_supports("avx2");
+      return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     case CpuIsa::kAvx512:
       return detect(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&

@@ -11,7 +11,8 @@
 // out-of-line copy built for a wider set can be picked by the linker for a
 // baseline caller. Every path gives the same bits: the loops perform the
 // same IEEE operations per element, no contraction into FMA
-// (-ffp-contract=off on those files), and test_optimizer_bits and
+// (-ffp-contract=off on those files; an FMA is written out where the
+// element function calls std::fma), and test_optimizer_bits and
 // test_host_reduce run every path the CPU has.
 //
 // ZEST_CPU_ISA=baseline|avx2|avx512 caps the choice (for tests and for
@@ -28,7 +29,7 @@ enum class CpuIsa { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 std::string_view cpu_isa_name(CpuIsa isa);
 
 // Whether this CPU (and the OS, for the wider registers) can run `isa`'s
-// loops: kAvx2 needs AVX2 and F16C, kAvx512 needs AVX-512 F, BW and VL too.
+// loops: kAvx2 needs AVX2, FMA and F16C, kAvx512 needs AVX-512 F, BW and VL too.
 bool cpu_supports(CpuIsa isa);
 
 // The widest supported set, capped by ZEST_CPU_ISA and by a ScopedCpuIsa.
@@ -55,9 +56,9 @@ class ScopedCpuIsa {
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define ZEST_X86_DISPATCH 1
-#define ZEST_TARGET_AVX2 __attribute__((target("avx2,f16c")))
+#define ZEST_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define ZEST_TARGET_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #else
 #define ZEST_X86_DISPATCH 0
 #endif

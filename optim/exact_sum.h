@@ -3,13 +3,18 @@
 // order. Compiled for the host and the GPU, so both add the same way.
 //
 // Note: the range argument. What is summed are the gradient-norm chunk sums
-// (optim/grad_norm.h): sums, in double, of squares x*x of finite floats x.
+// (optim/grad_norm.h): double sums of 32 finite float lane sums, or, where
+// those would not do (Note [float lanes, double fallback]), double sums of
+// squares x*x of finite floats x.
 //   - Every finite float is a multiple of 2^-149 (the smallest subnormal), so
 //     every square is a multiple of 2^-298 and exact in double (at most 48
 //     significant bits). A double sum of such values, rounded at every step,
 //     stays a multiple of 2^-298: rounding to 53 bits only clears low bits.
+//     A float lane sum is a float, so a multiple of 2^-149, and so is the
+//     double sum of 32 of them.
 //   - |x| < 2^128, so a square is < 2^256, a chunk of 256 squares sums to
-//     less than 2^264, and 2^56 chunks (2^64 elements) to less than 2^320.
+//     less than 2^264 (32 float lanes: less than 2^133), and 2^56 chunks
+//     (2^64 elements) to less than 2^320.
 // So every chunk sum, and every total of them, is an integer multiple of
 // 2^-320 below 2^320: 640 bits of fixed point represent all of them exactly,
 // and integer addition of those is associative. The limbs hold 32 bits each

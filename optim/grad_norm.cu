@@ -3,9 +3,10 @@
 // host-and-device functions the host tests run too; the host's loop
 // (host_kernels.inc) adds in the same order, so the two give the same bits
 // (tests/cuda/test_cuda_optim.cu checks them against
-// warp_order_sum_of_squares). Each square of a float is exact in
-// double, so fusing `acc + x * x` into an FMA changes nothing and this file
-// needs no -fmad=false.
+// warp_order_sum_of_squares). The lanes' FMAs are written out
+// (fused_square_add) and the double fallback's squares are exact, so no
+// contraction the compiler might do changes a bit: this file needs no
+// -fmad=false.
 #include <algorithm>
 
 #include "zest/core/cuda_check.h"
@@ -39,6 +40,14 @@ __global__ void chunk_sums_kernel(const T* g, size_t numel, size_t chunk, size_t
     double acc = lane_sum_of_squares(load, begin, end, lane, scale);
     for (unsigned offset = kNormWarp / 2; offset > 0; offset /= 2) {
       acc += __shfl_down_sync(0xffffffffu, acc, offset);  // warp_tree's additions
+    }
+    // Note [float lanes, double fallback]: lane 0's sum decides for the
+    // whole warp, so the shuffles below see every lane.
+    if (!float_lanes_hold(__shfl_sync(0xffffffffu, acc, 0))) {
+      acc = lane_sum_of_squares_double(load, begin, end, lane, scale);
+      for (unsigned offset = kNormWarp / 2; offset > 0; offset /= 2) {
+        acc += __shfl_down_sync(0xffffffffu, acc, offset);
+      }
     }
     if (lane == 0) out[c] = acc;
   }

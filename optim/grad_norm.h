@@ -5,9 +5,10 @@
 // would change in its last bits with the number of ranks, and with it the
 // clipping factor and every parameter after it. Instead each chunk of
 // `chunk_numel` consecutive elements (counted in the unsharded buffer) is
-// summed on its own, in index order, in double. Shard boundaries are
-// kept at multiples of the chunk size, so each chunk lies in one shard and is
-// summed the same way whatever the world size.
+// summed on its own, in an order fixed by the chunk alone (Note [a warp per
+// chunk], chunk_sum_order.h: 32 lanes in float, their tree in double).
+// Shard boundaries are kept at multiples of the chunk size, so each chunk
+// lies in one shard and is summed the same way whatever the world size.
 //
 // The chunk sums are then added exactly (optim/exact_sum.h): each rank adds
 // its own chunks into kExactWords integers, and an int64 sum all-reduce adds
@@ -16,15 +17,12 @@
 // and no rank holds more than its own shard's chunk sums: memory and work
 // O(shard / chunk_numel), communication O(1).
 //
-// Squares of fp32, fp16 and bf16 values are exact in double, and an Inf or
-// NaN gradient makes its chunk's sum non-finite, so the same pass detects
-// overflow.
+// An Inf or NaN gradient makes its chunk's sum non-finite, so the same pass
+// detects overflow; a finite chunk whose squares overflow float is summed in
+// double instead (Note [float lanes, double fallback]), so it stays finite.
 //
-// On a CUDA stream one thread block sums each chunk, in an order fixed by the
-// chunk alone (grad_norm.cu), so the sums are just as independent of
-// sharding, but they are not the host's bits: they agree with the host's to
-// about 1e-15 relative. All ranks of a job must therefore sum on the same kind
-// of device for the norm to agree bit for bit.
+// On a CUDA stream one warp sums each chunk in the same order, with the same
+// operations, so the host and the GPU give each chunk the same bits.
 #pragma once
 
 #include <cstddef>

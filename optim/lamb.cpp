@@ -44,7 +44,8 @@ void moments_host(const detail::LambStep& l, const ShardBuffers& s, const LambPi
     ZEST_CHECK(piece.numel <= kLambPieceMax && piece.begin + piece.numel <= s.numel,
                "lamb_moments: piece {} [{}, +{}) is not within a shard of {} elements in at most {}", p,
                piece.begin, piece.numel, s.numel, kLambPieceMax);
-    // Note [a warp per chunk]: lane l adds elements l, l + 32, ... in order.
+    // Note [a warp per chunk]'s lanes in double (lamb.h): lane l adds
+    // elements l, l + 32, ... in order.
     double w_lanes[kNormWarp] = {};
     double u_lanes[kNormWarp] = {};
     for (size_t j = 0; j < piece.numel; ++j) {

@@ -18,8 +18,11 @@
 // unit's flat buffer, counted from the buffer's start. Shards start at
 // multiples of 256, so a piece is whole in one shard whatever the world size
 // and stage, and lamb_pieces cuts the same pieces from any shard. Each piece
-// is summed in Note [a warp per chunk]'s order (chunk_sum_order.h) on the
-// host and on the GPU, and the pieces are added exactly, so every parameter's
+// is summed in Note [a warp per chunk]'s lanes and tree (chunk_sum_order.h),
+// the lanes in double as its fallback's are (lane l adds elements l, l + 32,
+// ... in order; this pass computes each element's update anyway, so the
+// widening is not what bounds it), on the host and on the GPU, and the
+// pieces are added exactly, so every parameter's
 // norms, its ratio and the weights after the step have the same bits at every
 // stage and world size, as the global gradient norm does (grad_norm.h).
 //

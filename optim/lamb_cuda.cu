@@ -1,6 +1,6 @@
 // CUDA implementation of LAMB's step (lamb.h): a warp per piece for both
-// passes, the lanes walking the piece as Note [a warp per chunk]
-// (chunk_sum_order.h) orders its sums, so a piece's sums of w^2 and u^2 are
+// passes, the lanes walking the piece as Note [a warp per chunk]'s double
+// lanes do (chunk_sum_order.h, lamb.h), so a piece's sums of w^2 and u^2 are
 // the host's bits; every element runs lamb_impl.h's functions, the host's
 // very code, and this file is compiled with -fmad=false (optim/
 // CMakeLists.txt), so the moments and weights are the host's bits too (Note

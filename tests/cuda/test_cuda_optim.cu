@@ -340,7 +340,7 @@ TEST_CASE("CUDA optimizer steps with bf16 master weights and bf16 or fp32 state 
   }
 }
 
-TEST_CASE("CUDA chunk sums of squares match the host to 1e-12 and do not depend on the shard") {
+TEST_CASE("CUDA chunk sums of squares match the host and do not depend on the shard") {
   compare_chunk_sums<float>();
   compare_chunk_sums<fp16>();
   compare_chunk_sums<bf16>();
@@ -359,6 +359,37 @@ TEST_CASE("CUDA chunk sums flag Inf and NaN in their chunk") {
   CHECK(got[1] == 250.0);
   CHECK(std::isinf(got[2]));
   CHECK(std::isnan(got[3]));
+}
+
+TEST_CASE("CUDA chunk sums take the double fallback where the host does, with its bits") {
+  // Note [float lanes, double fallback]: chunks of 256 bf16 whose squares
+  // overflow float (2^70), underflow it ((1 + 2^-7) 2^-75), are all zero, are
+  // ordinary, or hold an Inf or a NaN; a warp decides for all its lanes.
+  const size_t chunk = 256;
+  const float values[] = {std::ldexp(1.0f, 70), std::ldexp(1.0f + std::ldexp(1.0f, -7), -75), 0.0f, 0.75f};
+  std::vector<bf16> g;
+  for (float v : values) g.insert(g.end(), chunk, bf16(v));
+  g.insert(g.end(), 2 * chunk, bf16(1.0f));
+  g[4 * chunk + 3] = bf16::from_bits(0x7f80);    // Inf
+  g[5 * chunk + 100] = bf16::from_bits(0x7fc0);  // NaN
+  const size_t chunks = g.size() / chunk;
+  Gpu gpu;
+  Buffer dg = gpu.upload(g);
+  for (const float scale : {1.0f, 0.5f}) {
+    CAPTURE(scale);
+    std::vector<double> want(chunks);
+    chunk_sums_of_squares(host(), g.data(), DType::kBFloat16, g.size(), chunk, scale, want.data());
+    Buffer dout = gpu.alloc.allocate_buffer(chunks * sizeof(double), gpu.stream);
+    chunk_sums_of_squares(gpu.stream, dg.data(), DType::kBFloat16, g.size(), chunk, scale, dout.as<double>());
+    const std::vector<double> got = gpu.download<double>(dout, chunks);
+    for (size_t c = 0; c < 4; ++c) {
+      CAPTURE(c);
+      CHECK(std::memcmp(&got[c], &want[c], sizeof(double)) == 0);
+    }
+    CHECK(got[0] == 256.0 * std::ldexp(1.0, 140) * scale * scale);
+    CHECK(std::isinf(got[4]));
+    CHECK(std::isnan(got[5]));
+  }
 }
 
 TEST_CASE("CUDA step decisions have the host's bits, and the optimizer follows one") {

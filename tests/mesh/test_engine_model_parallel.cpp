@@ -15,18 +15,22 @@
 // have the bits of the one-rank run, which the first test asserts.
 //
 // A column split of a row-major weight is not a run of chunks: a chunk of
-// the one-rank run holds elements of both halves, so its double sum rounds
+// the one-rank run holds elements of both halves, so its sum rounds
 // differently from the halves' sums. Each chunk sum of n <= 256 squares
-// (exact in double) has a relative error of at most (n - 1) 2^-53 < 2.9e-14,
-// and all terms are positive, so each run's total is within 2.9e-14
-// relative of the exact sum of squares: the two squared norms differ by at
-// most 5.7e-14 relative, the norms by 2.9e-14, asserted as 1e-13. The clip
-// coefficient is rounded once to fp32 (optim/step_decision.h), so it can
-// differ by one fp32 ulp (2^-23 relative) when the exact value lies that
-// close to a rounding boundary; with SGD a parameter then moves by lr x
-// coefficient x gradient within 2^-23 of the one-rank step, and each update
-// rounds once more to fp32: after 3 steps of |lr x c x g| <= 0.1 x 1 x 2 and
-// |w| <= 1, at most 3 x (0.2 x 2^-23 + 2^-24) < 2.6e-7, asserted as 3e-7.
+// (Note [float lanes, double fallback], optim/chunk_sum_order.h: a lane adds
+// at most 4 squares into each of two floats, then the two, and the tree is
+// in double) is within 5u of its exact value (u = 2^-24; the terms are not
+// negative, and the tree's 2^-48 is below the last digit), so each run's
+// total is within 5u of the exact sum of squares: the two squared norms
+// differ by at most 10u relative, the norms by 5u = 2.98e-7, asserted as
+// 3e-7. The clip coefficient is rounded once to fp32
+// (optim/step_decision.h), so the two coefficients differ by at most 5u plus
+// one fp32 ulp (2u), 7u; with SGD a parameter then moves by lr x coefficient
+// x gradient within 7u of the one-rank step, and each update rounds once
+// more to fp32: after 3 steps of |lr x c x g| <= 0.1 x 1 x 2 and |w| <= 1,
+// at most 3 x (0.2 x 7u + u) = 7.2u < 4.3e-7, asserted as 4.5e-7. (The
+// gradients here are quarter integers, whose sums floats hold exactly, so
+// this data meets the bounds with room.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -236,7 +240,7 @@ TEST_CASE("dp x tp x pp with whole-chunk tp slices gives the one-rank norms and 
   }
 }
 
-TEST_CASE("column-split slices give the one-rank norm within 1e-13 and parameters within 3e-7") {
+TEST_CASE("column-split slices give the one-rank norm within 3e-7 and parameters within 4.5e-7") {
   // The tolerances: the top of this file.
   const std::vector<Param> model = column_model();
   const Outcome reference = run({1, 1, 1}, model, config_for(0, OptimizerKind::kSgd));
@@ -245,7 +249,7 @@ TEST_CASE("column-split slices give the one-rank norm within 1e-13 and parameter
     const Outcome got = run(shape, model, config_for(1, OptimizerKind::kSgd));
     REQUIRE(got.norms.size() == reference.norms.size());
     for (size_t k = 0; k < got.norms.size(); ++k) {
-      CHECK(std::fabs(got.norms[k] - reference.norms[k]) <= 1e-13 * reference.norms[k]);
+      CHECK(std::fabs(got.norms[k] - reference.norms[k]) <= 3e-7 * reference.norms[k]);
     }
     for (const auto& [name, want] : reference.whole) {
       CAPTURE(name);
@@ -253,7 +257,7 @@ TEST_CASE("column-split slices give the one-rank norm within 1e-13 and parameter
       double worst = 0.0;
       for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(double(have[i]) - want[i]));
       CAPTURE(worst);
-      CHECK(worst <= 3e-7);
+      CHECK(worst <= 4.5e-7);
     }
   }
 }

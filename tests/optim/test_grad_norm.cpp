@@ -50,7 +50,10 @@ TEST_CASE("the norm does not change with the number of shards") {
   }
   double naive = 0;
   for (const bf16& x : g) naive += std::pow(static_cast<double>(static_cast<float>(x) / 1024), 2);
-  CHECK(reference == doctest::Approx(naive).epsilon(1e-12));
+  // Each square is exact in float (a bf16 times 2^-10 squared has 16
+  // significant bits); a lane of a 64-element chunk adds its even and odd
+  // rows' squares once, in float: 2^-24 relative at most.
+  CHECK(reference == doctest::Approx(naive).epsilon(0x1p-24));
 }
 
 TEST_CASE("an Inf or NaN gradient makes its chunk non-finite") {
@@ -130,5 +133,79 @@ TEST_CASE("a chunk in the GPU's order (a warp per chunk): its tree, exact small 
       check(DType::kBFloat16, b.data(), [&](size_t i) { return static_cast<float>(b[i]); });
       check(DType::kFloat16, h.data(), [&](size_t i) { return static_cast<float>(h[i]); });
     }
+  }
+}
+
+// Note [float lanes, double fallback]: the float lanes' error bound, and the
+// chunks they cannot sum, on every path (the vector loops of each
+// instruction set for whole chunks of 256, the element loop for the rest).
+TEST_CASE("float lanes: within their bound, and chunks that overflow or underflow float summed in double") {
+  const Stream host = Stream::default_for(Device::host());
+  const size_t chunk = 256;
+  // A chunk's sum against its exact value: squares exact in double, added in
+  // long double (64 significant bits; 256 terms of at most 48 bits whose
+  // exponents span less than 2^16 lose nothing a float could see).
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> f(chunk * 7 + 100);
+  for (float& x : f) x = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 16) - 8);
+  std::vector<bf16> b(f.size());
+  for (size_t i = 0; i < f.size(); ++i) b[i] = bf16(f[i]);
+  for (CpuIsa isa : supported_cpu_isas()) {
+    ScopedCpuIsa force(isa);
+    const std::string_view isa_name = cpu_isa_name(isa);
+    CAPTURE(isa_name);
+    for (float scale : {1.0f, 0.375f}) {
+      CAPTURE(scale);
+      const size_t chunks = (f.size() + chunk - 1) / chunk;
+      std::vector<double> fs(chunks), bs(chunks);
+      chunk_sums_of_squares(host, f.data(), DType::kFloat32, f.size(), chunk, scale, fs.data());
+      chunk_sums_of_squares(host, b.data(), DType::kBFloat16, b.size(), chunk, scale, bs.data());
+      for (size_t c = 0; c < chunks; ++c) {
+        CAPTURE(c);
+        long double want_f = 0, want_b = 0;
+        for (size_t i = c * chunk; i < std::min(f.size(), c * chunk + chunk); ++i) {
+          const double x = static_cast<double>(f[i] * scale), y = static_cast<double>(static_cast<float>(b[i]) * scale);
+          want_f += x * x;
+          want_b += y * y;
+        }
+        // A lane of a 256-element chunk adds 4 squares into each of its two
+        // floats, then the two: at most 4 + 1 roundings of 2^-24 each, all
+        // of non-negative terms, plus the tree's in double.
+        const double bound = 5 * 0x1p-24 + 0x1p-48;
+        CHECK(std::fabs(fs[c] - static_cast<double>(want_f)) <= bound * static_cast<double>(want_f));
+        CHECK(std::fabs(bs[c] - static_cast<double>(want_b)) <= bound * static_cast<double>(want_b));
+      }
+    }
+
+    // Squares above float's range: 2^70 squared is 2^140. The double lanes
+    // give the exact 256 * 2^140; float lanes would give Inf.
+    std::vector<bf16> huge(chunk * 3, bf16(std::ldexp(1.0f, 70)));
+    std::vector<double> out(3);
+    chunk_sums_of_squares(host, huge.data(), DType::kBFloat16, huge.size(), chunk, 1.0f, out.data());
+    CHECK(out == std::vector<double>(3, std::ldexp(1.0, 148)));
+    // Squares below float's smallest subnormal: (1 + 2^-7) * 2^-75 squared is
+    // (1 + 2^-6 + 2^-14) * 2^-150, which float rounds to 2^-149 (or, scaled,
+    // to nothing); the double lanes keep every bit.
+    const float tiny = std::ldexp(1.0f + std::ldexp(1.0f, -7), -75);
+    std::vector<bf16> small(chunk * 3, bf16(tiny));
+    REQUIRE(static_cast<float>(small[0]) == tiny);
+    chunk_sums_of_squares(host, small.data(), DType::kBFloat16, small.size(), chunk, 1.0f, out.data());
+    const double exact_small = 256.0 * (1.0 + std::ldexp(1.0, -6) + std::ldexp(1.0, -14)) * std::ldexp(1.0, -150);
+    CHECK(out == std::vector<double>(3, exact_small));
+    // All zeros take the fallback too (0 is below its floor) and stay 0.
+    std::vector<float> zeros(chunk * 2, 0.0f);
+    chunk_sums_of_squares(host, zeros.data(), DType::kFloat32, zeros.size(), chunk, 1.0f, out.data());
+    CHECK(out[0] == 0.0);
+    CHECK(out[1] == 0.0);
+    // Inf and NaN in a whole chunk of the vector loop: non-finite, as double
+    // lanes keep them, and the chunks beside them untouched.
+    std::vector<bf16> bad(chunk * 3, bf16(1.0f));
+    bad[chunk + 17] = bf16::from_bits(0x7f80);  // Inf
+    bad[2 * chunk + 200] = bf16::from_bits(0x7fc0);  // NaN
+    chunk_sums_of_squares(host, bad.data(), DType::kBFloat16, bad.size(), chunk, 1.0f, out.data());
+    CHECK(out[0] == 256.0);
+    CHECK(std::isinf(out[1]));
+    CHECK(std::isnan(out[2]));
   }
 }
