@@ -8,29 +8,30 @@
 // add one fused multiply-add, and its sum is the two floats' sum
 // (lane_sum_of_squares). Two sums a lane halve the chain of FMAs each waits
 // on, which bounded the host's loop. Then the lanes' sums, widened to double,
-// meet in a shuffle tree: at offsets
-// 16, 8, 4, 2, 1 lane l adds lane l + offset's value (__shfl_down_sync), and
-// lane 0 holds the chunk's sum. warp_tree does the same additions on an
-// array. The order depends on the chunk's values alone, not on where the
-// chunk lies, which warp takes it or how many chunks there are, so the sums
-// are independent of sharding. The host runs the same order (host_kernels.inc:
-// the 32 lanes being adjacent elements, so one row of vector FMAs), so a
-// chunk has the same bits on both.
+// meet in a shuffle tree: at offsets 16, 8, 4, 2, 1 lane l adds lane l +
+// offset's value (__shfl_down_sync), and lane 0 holds the chunk's sum.
+// warp_tree does the same additions on an array. The order depends on the
+// chunk's values alone, not on where the chunk lies, which warp takes it or
+// how many chunks there are, so the sums are independent of sharding. The
+// host runs the same order (host_kernels.inc: the 32 lanes being adjacent
+// elements, so one row of vector FMAs), so a chunk has the same bits on both.
 //
 // Note [float lanes, double fallback]. The lanes add in float because a
 // double per element costs a widening each: on AVX2 the conversions alone
 // took 2.3x a read of a bf16 shard, and the norm is a pass over every
-// gradient at every step. A lane of k terms is within about k * 2^-24 of its
-// exact sum (each FMA, and the add of its two sums, rounds once; the terms
-// are not negative), so a chunk of the engine's 256 elements (8 terms a
-// lane) is within 5e-7 relative, half that for the norm: the precision of the fp32 norm DeepSpeed and PyTorch
-// compute. Two things float cannot hold are summed again in double lanes,
-// where every square of a float is exact (lane_sum_of_squares_double): a
-// chunk whose float result is not finite (a square or a lane above 3.4e38,
-// or an Inf or NaN gradient, which the double sum keeps as Inf or NaN), and
-// one below 2^-100, where squares under 2^-126 lose bits as subnormals or
-// vanish. The test (float_lanes_hold) reads the chunk's result alone, so the
-// host and the GPU take the same branch for the same values.
+// gradient at every step. A lane's float is within one rounding of 2^-24 a
+// term of its exact sum, and the add of the two floats rounds once more (the
+// terms are not negative, so the bounds add up): a chunk of the engine's 256
+// elements (4 terms a float) is within 5 * 2^-24 = 3.0e-7 relative of its
+// exact sum, the squared norm too, and the norm within half that, the
+// precision of the fp32 norm DeepSpeed and PyTorch compute. Two things float
+// cannot hold are summed again in double lanes, where every square of a
+// float is exact (lane_sum_of_squares_double): a chunk whose float result is
+// not finite (a square or a lane above 3.4e38, or an Inf or NaN gradient,
+// which the double sum keeps as Inf or NaN), and one below 2^-100, where
+// squares under 2^-126 lose bits as subnormals or vanish. The test
+// (float_lanes_hold) reads the chunk's result alone, so the host and the GPU
+// take the same branch for the same values.
 #pragma once
 
 #include <cfloat>
