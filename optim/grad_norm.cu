@@ -25,6 +25,12 @@ namespace {
 
 constexpr unsigned kWarpsPerBlock = 8;
 
+// warp_tree's additions across the warp's lanes: lane 0 gets the sum.
+__device__ double warp_tree_sum(double acc) {
+  for (unsigned offset = kNormWarp / 2; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffffu, acc, offset);
+  return acc;
+}
+
 template <typename T>
 __global__ void chunk_sums_kernel(const T* g, size_t numel, size_t chunk, size_t chunks, float scale,
                                   double* out) {
@@ -37,17 +43,11 @@ __global__ void chunk_sums_kernel(const T* g, size_t numel, size_t chunk, size_t
        c += stride) {
     const size_t begin = c * chunk;
     const size_t end = numel - begin < chunk ? numel : begin + chunk;  // the last may be short
-    double acc = lane_sum_of_squares(load, begin, end, lane, scale);
-    for (unsigned offset = kNormWarp / 2; offset > 0; offset /= 2) {
-      acc += __shfl_down_sync(0xffffffffu, acc, offset);  // warp_tree's additions
-    }
+    double acc = warp_tree_sum(lane_sum_of_squares(load, begin, end, lane, scale));
     // Note [float lanes, double fallback]: lane 0's sum decides for the
-    // whole warp, so the shuffles below see every lane.
+    // whole warp, so the shuffles of the fallback's tree see every lane.
     if (!float_lanes_hold(__shfl_sync(0xffffffffu, acc, 0))) {
-      acc = lane_sum_of_squares_double(load, begin, end, lane, scale);
-      for (unsigned offset = kNormWarp / 2; offset > 0; offset /= 2) {
-        acc += __shfl_down_sync(0xffffffffu, acc, offset);
-      }
+      acc = warp_tree_sum(lane_sum_of_squares_double(load, begin, end, lane, scale));
     }
     if (lane == 0) out[c] = acc;
   }
