@@ -27,13 +27,13 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
-#include <string_view>
 #include <thread>
 
 #include "zest/comm/gather_scalars.h"
+#include "zest/core/env_flag.h"
 
 namespace zest {
 namespace {
@@ -63,13 +63,10 @@ bool use_host_comm_thread(const EngineConfig& config, const Communicator& comm, 
   const int64_t mine[2] = {host_id(), static_cast<int64_t>(::getpid())};
   const std::vector<int64_t> all = all_gather_int64(control, alloc, stream, mine);
   if (config.zero.host_comm_thread) return *config.zero.host_comm_thread;
-  if (const char* env = std::getenv("ZEST_HOST_COMM_THREAD"); env != nullptr && *env != '\0') {
-    const std::string_view value(env);
-    ZEST_CHECK(value == "0" || value == "1",
-               "ZEST_HOST_COMM_THREAD is '{}', not 0 or 1: set 1 for a communication thread on the host, 0 for "
-               "none, or unset it for one only where each rank has a core to spare",
-               value);
-    return value == "1";
+  if (const std::optional<bool> env =
+          env_flag("ZEST_HOST_COMM_THREAD", "set 1 for a communication thread on the host, 0 for none, or unset "
+                                            "it for one only where each rank has a core to spare")) {
+    return *env;
   }
   int on_host = 0;
   int in_process = 0;

@@ -116,6 +116,15 @@ std::string format_process_memory(const std::vector<zest::MemoryReport>& ranks, 
   return out;
 }
 
+std::string format_host_tensor_cache(const zest::HugePageCache::Stats& cache, const std::string& who) {
+  if (cache.hits + cache.misses == 0) return {};
+  const auto mib = [](size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0); };
+  return fmt::format("{}: of what is not accounted, libtorch's host tensors of 2 MiB and more took {} at their peak, "
+                     "in huge pages ({} held now; {} of {} allocations reused a block, {} blocks given back)\n",
+                     who, mib(cache.peak_in_use_bytes), mib(cache.in_use_bytes + cache.idle_bytes), cache.hits,
+                     cache.hits + cache.misses, cache.evictions);
+}
+
 std::string format_parameter_split(const std::vector<zest::MemoryReport>& ranks, const zest::MemoryEstimate& e) {
   std::string out = fmt::format("{:<10} {:>12} {:>12}\n", "KiB", "frozen", "trainable");
   const auto row = [&](const std::string& who, int64_t params, int64_t frozen) {

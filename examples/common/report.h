@@ -8,6 +8,7 @@
 
 #include "zest/engine/engine.h"
 #include "zest/estimate/memory_estimate.h"
+#include "zest/memory/huge_page_cache.h"
 
 namespace examples {
 
@@ -28,6 +29,10 @@ std::string format_memory(const std::vector<zest::MemoryReport>& ranks, const ze
 // named: one line for in-process ranks (`ranks_share_process`, every rank's
 // engine subtracted), else one per rank's process.
 std::string format_process_memory(const std::vector<zest::MemoryReport>& ranks, bool ranks_share_process);
+// What libtorch's large host tensors took of `who`'s unaccounted memory
+// (zest::use_huge_page_host_tensors()): the huge page cache's peak in use,
+// what it holds now, and its reuse; empty when the cache served nothing.
+std::string format_host_tensor_cache(const zest::HugePageCache::Stats& cache, const std::string& who);
 // A row per rank of the parameters' device bytes split into frozen (no
 // gradient, master or optimizer state: a LoRA base) and trainable, then the
 // estimator's split (KiB).

@@ -60,6 +60,7 @@
 #include "trainer.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/process_memory.h"
+#include "zest/torch/host_tensor_allocator.h"
 #include "zest/launch/bootstrap.h"
 #include "zest/memory/raw_allocator.h"
 
@@ -162,6 +163,8 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
     fmt::print("\nmemory per rank by category (the engine's allocator; torch's activations are not in it):\n{}",
                examples::format_memory(out.memory, out.estimate));
     fmt::print("{}", examples::format_process_memory(out.memory, !opt.launch));
+    fmt::print("{}", examples::format_host_tensor_cache(zest::host_tensor_memory(),
+                                                        opt.launch ? "rank 0 process" : "process"));
   }
   if (!opt.save_dir.empty()) {
     const std::string dir = zt->save(opt.save_dir);

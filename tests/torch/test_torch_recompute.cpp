@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "torch_harness.h"
+#include "zest/torch/host_tensor_allocator.h"
 #include "torch_doctest.h"
 #include "zest/comm/inprocess_comm.h"
 
@@ -120,7 +121,11 @@ TEST_CASE("checkpoint: what the forward keeps for backward shrinks to the blocks
       auto model = make_module<Wide>();
       TorchModule zt(engine, model);
       const torch::Tensor x = torch::randn({256, 512});
-      malloc_trim(0);  // what earlier tests freed leaves the process: growth is then new memory
+      // What earlier tests freed leaves the process: growth is then new
+      // memory (from malloc, or from the huge page cache if a test in this
+      // process turned it on).
+      malloc_trim(0);
+      release_idle_host_tensors();
       const int64_t before = rss_kib();
       torch::Tensor h = x;
       for (auto& b : model->blocks) {
@@ -131,6 +136,7 @@ TEST_CASE("checkpoint: what the forward keeps for backward shrinks to the blocks
         }
       }
       malloc_trim(0);  // the no_grad forward's temporaries, freed, leave too
+      release_idle_host_tensors();
       grown = static_cast<double>(rss_kib() - before) / 1024.0;
       zt.scale(h.square().mean()).backward();
       CHECK(zt.step().applied);
