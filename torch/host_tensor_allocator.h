@@ -1,6 +1,7 @@
 // libtorch's host tensors of 2 MiB and more in huge pages, cached between
 // steps (memory/huge_page_cache.cpp's Note [huge pages for libtorch's host
-// tensors]): one call before the model's first forward. The smaller
+// tensors]): one call at the start of main(), before other threads use
+// libtorch (libtorch swaps its allocator without synchronizing). The smaller
 // tensors keep libtorch's own allocator; so do tensors made before the call,
 // each freed by the allocator that made it.
 //

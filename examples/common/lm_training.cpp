@@ -9,7 +9,6 @@
 
 #include "zest/comm/inprocess_comm.h"
 #include "zest/core/check.h"
-#include "zest/torch/host_tensor_allocator.h"
 
 namespace examples {
 
@@ -22,8 +21,6 @@ UnitRunner runner(zest::TorchModule& zt) {
 std::unique_ptr<zest::TorchModule> wrap(zest::Engine& engine, std::shared_ptr<torch::nn::Module> module,
                                         std::vector<std::shared_ptr<torch::nn::Module>> units,
                                         zest::TorchModuleOptions options) {
-  // Before the first forward: activations in huge pages, kept between steps.
-  zest::use_huge_page_host_tensors();
   engine.add_param_group("no_decay", 0.0f);
   options.units = std::move(units);
   options.group = [](const std::string&, const torch::Tensor& p) {

@@ -195,6 +195,9 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
 int main(int argc, char** argv) {
   try {
     const gpt::Options opt = gpt::parse_options(argc, argv);
+    // Before any rank's thread uses libtorch: its allocator switch is not
+    // synchronized.
+    zest::use_huge_page_host_tensors();
     std::unique_ptr<zest::Communicator> launched;
     if (opt.launch) launched = zest::init_distributed(opt.device, opt.comm);
     const bool printer = !launched || launched->rank() == 0;

@@ -40,6 +40,7 @@
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/check.h"
 #include "zest/launch/bootstrap.h"
+#include "zest/torch/host_tensor_allocator.h"
 #include "zest/memory/raw_allocator.h"
 #include "zest/torch/lora.h"
 #include "zest/torch/module_construction.h"
@@ -178,6 +179,9 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
 int main(int argc, char** argv) {
   try {
     const llama::Options opt = llama::parse_options(argc, argv);
+    // Before any rank's thread uses libtorch: its allocator switch is not
+    // synchronized.
+    zest::use_huge_page_host_tensors();
     std::unique_ptr<zest::Communicator> launched;
     if (opt.launch) launched = zest::init_distributed(zest::Device::host(), opt.comm);
     const bool printer = !launched || launched->rank() == 0;
