@@ -3,10 +3,11 @@
 // miss walks the guest's page table and the host's, and the memory-bound
 // kernels of a CPU training step (OpenBLAS packing its operands with a
 // stride of a row, copies, GELU, softmax) miss on nearly every row: on the
-// 2-core VM of docs/BENCHMARKS.md the same libtorch kernels ran up to 5x
-// slower in one process than in another, by whichever physical memory each
-// process got, and a 25M-parameter GPT step over 2 MPI processes took
-// 2.6-3.2 s against 2.26-2.29 s with its tensors in huge pages. malloc also
+// 2-core VM of docs/BENCHMARKS.md those kernels ran 2-5x slower in one
+// process than in another, by whichever physical memory each process got,
+// and the whole forward and backward up to 1.5x; a 25M-parameter GPT step
+// over 2 MPI processes took 2.6-3.2 s in malloc's pages against 2.26-2.29 s
+// with glibc advising huge pages for them. malloc also
 // gives back to the system what a step frees (a thread's arena unmaps its
 // emptied heaps; large blocks are mmapped and unmapped), so the next step
 // faults the same memory in again: about 5,000 page faults a step.

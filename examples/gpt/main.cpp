@@ -60,9 +60,9 @@
 #include "trainer.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/process_memory.h"
-#include "zest/torch/host_tensor_allocator.h"
 #include "zest/launch/bootstrap.h"
 #include "zest/memory/raw_allocator.h"
+#include "zest/torch/host_tensor_allocator.h"
 
 namespace {
 

@@ -40,8 +40,8 @@
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/check.h"
 #include "zest/launch/bootstrap.h"
-#include "zest/torch/host_tensor_allocator.h"
 #include "zest/memory/raw_allocator.h"
+#include "zest/torch/host_tensor_allocator.h"
 #include "zest/torch/lora.h"
 #include "zest/torch/module_construction.h"
 

@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 
 #include "torch_harness.h"
-#include "zest/torch/host_tensor_allocator.h"
 #include "torch_doctest.h"
 #include "zest/comm/inprocess_comm.h"
+#include "zest/torch/host_tensor_allocator.h"
 
 using namespace zest;
 using namespace zest::test;
