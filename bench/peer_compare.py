@@ -21,6 +21,7 @@
 #
 #   bench/peer_compare.py                          every size, stage, backend
 #   bench/peer_compare.py --sizes 25m --stages 2,3 --rounds 3
+#   bench/peer_compare.py --sizes 25m --torch-huge-pages   torch's tensors in huge pages too
 #   bench/peer_compare.py --check                  a quick equivalence check (ctest)
 #
 # When /usr/bin/python3 cannot import torch it runs scripts/setup.sh --peer
@@ -49,6 +50,11 @@ DEFAULT_STEPS = {"163k": 30, "834k": 20, "25m": 8, "tiny": 4}
 # Open MPI as the MPI tests run it (tests/comm/mpi/CMakeLists.txt says why).
 MPI_ENV = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none", "OMPI_MCA_rmaps_base_oversubscribe": "1",
            "OMPI_MCA_hwloc_base_binding_policy": "none", "OMPI_MCA_orte_base_help_aggregate": "0"}
+
+# Huge pages for torch's tensors, for a like-for-like comparison with ZEST's
+# examples (zest::use_huge_page_host_tensors): glibc's malloc advises them
+# (glibc 2.35 on), and PyTorch 2.x's allocator reads THP_MEM_ALLOC_ENABLE.
+TORCH_HUGE_PAGES_ENV = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "THP_MEM_ALLOC_ENABLE": "1"}
 
 TIMING = re.compile(r"^timing .*step_ms_median=([0-9.]+) timed_steps=(\d+)(.*)$", re.M)
 PHASE = re.compile(r"(\w+)_ms=([0-9.]+)")  # on the timing line, after timed_steps
@@ -84,6 +90,10 @@ def parse_args(argv):
     p.add_argument("--timeout", type=int, default=1800, help="seconds a run may take")
     p.add_argument("--max-load", type=float, default=0.0,
                    help="before each run wait (up to 2 minutes) for the 1-minute load to fall to this; 0: no wait")
+    p.add_argument("--torch-huge-pages", action="store_true",
+                   help="run torch with glibc advising huge pages for its tensors (GLIBC_TUNABLES=glibc.malloc."
+                   "hugetlb=1; THP_MEM_ALLOC_ENABLE=1 for PyTorch 2.x), as ZEST's examples keep libtorch's large "
+                   "tensors (ZEST_HOST_TENSOR_CACHE=0 turns that off)")
     p.add_argument("--check", action="store_true",
                    help="run the tiny model for 4 steps in both and compare parameters and validation loss")
     a = p.parse_args(argv)
@@ -183,7 +193,8 @@ class Config:
     def command(self, a, size, steps, extra=()):
         common = SIZES[size] + ["--steps", str(steps), "--batch", str(a.batch // 2 * self.ranks)] + list(extra)
         if self.kind == "torch":
-            return [a.python, PEER, "--mode", self.mode, "--ranks", str(self.ranks)] + common, None
+            return [a.python, PEER, "--mode", self.mode, "--ranks", str(self.ranks)] + common, \
+                (TORCH_HUGE_PAGES_ENV if a.torch_huge_pages else None)
         flags = ["--stage", str(self.stage), "--eval-every", "1000000", "--print-every", "1000000",
                  "--sample-bytes", "0"] + common
         if "--val-windows" not in extra:
@@ -297,6 +308,10 @@ def main(argv):
             return 0
         ensure_torch(a.python)
         print(f"peer comparison, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, gpt {a.gpt}")
+        cache = os.environ.get("ZEST_HOST_TENSOR_CACHE", "")
+        print(f"libtorch's tensors of 2 MiB and more: ZEST {'in malloc' if cache == '0' else 'in its huge page cache'} "
+              f"(ZEST_HOST_TENSOR_CACHE={cache or 'unset'}), torch "
+              f"{'with huge pages advised (--torch-huge-pages)' if a.torch_huge_pages else 'in malloc'}")
         for size in a.sizes:
             compare_size(a, size)
     except Failure as e:
