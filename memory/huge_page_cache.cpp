@@ -7,42 +7,29 @@
 // process than in another, by whichever physical memory each process got,
 // and the whole forward and backward up to 1.5x; a 25M-parameter GPT step
 // over 2 MPI processes took 2.6-3.2 s in malloc's pages against 2.26-2.29 s
-// with glibc advising huge pages for them. malloc also
-// gives back to the system what a step frees (a thread's arena unmaps its
-// emptied heaps; large blocks are mmapped and unmapped), so the next step
-// faults the same memory in again: about 5,000 page faults a step.
+// with glibc advising huge pages for them. malloc also gives back to the
+// system what a step frees (a thread's arena unmaps its emptied heaps; large
+// blocks are mmapped and unmapped), so the next step faults the same memory
+// in again: about 5,000 page faults a step.
 //
-// So blocks of 2 MiB and more are mapped here in whole huge pages (mmap,
-// aligned to 2 MiB, madvise(MADV_HUGEPAGE), which works where THP is
-// "madvise" as well as "always"), and kept when freed: a training step
-// allocates the same sizes as the step before, and finds them here. The
-// cache never grows the process past its own high-water mark: a block is
-// mapped anew only when what is in use and idle, plus it, stays within
-// the most ever in use, or after the idle blocks least recently freed are
-// unmapped to make it so. Advice only: where THP is off the blocks are 4
-// KiB pages, still cached.
+// So blocks of 2 MiB and more come from the host's raw allocator, which
+// asks for them in whole huge pages (Note [host memory in huge pages] in
+// raw_allocator.cpp), and are kept when freed: a training step allocates
+// the same sizes as the step before, and finds them here. The cache never
+// grows the process past its own high-water mark: a block is taken anew only
+// when what is in use and idle, plus it, stays within the most ever in use,
+// or after the idle blocks least recently freed are given back to make it so.
 #include "zest/memory/huge_page_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <iterator>
 
 #include "zest/core/logging.h"
-#include "zest/core/system_error.h"
 
 namespace zest {
-namespace {
 
-void unmap(void* block, size_t bytes) noexcept {
-  if (::munmap(block, bytes) != 0) {
-    ZEST_LOG_ERROR("munmap of a {}-byte host tensor block at {} failed: {}", bytes, block, errno_text(errno));
-  }
-}
-
-}  // namespace
+HugePageCache::HugePageCache() : raw_(make_host_allocator()) {}
 
 HugePageCache::~HugePageCache() { release_idle(); }
 
@@ -67,10 +54,10 @@ void* HugePageCache::allocate(size_t bytes) {
     const size_t peak = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes + size);
     const size_t total = stats_.in_use_bytes + stats_.idle_bytes + size;
     if (total > peak) evict_locked(total - peak);
-    block = map_locked(size);
+    block = raw_->allocate(size);
     if (block == nullptr && !idle_.empty()) {
-      while (!idle_.empty()) unmap_idle_locked(std::prev(idle_.end()));
-      block = map_locked(size);
+      while (!idle_.empty()) give_back_idle_locked(std::prev(idle_.end()));
+      block = raw_->allocate(size);
     }
     if (block == nullptr) return nullptr;
     ++stats_.misses;
@@ -78,23 +65,6 @@ void* HugePageCache::allocate(size_t bytes) {
   in_use_.emplace(block, size);
   stats_.in_use_bytes += size;
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
-  return block;
-}
-
-void* HugePageCache::map_locked(size_t size) {
-  // Mapped with a huge page of slack, then trimmed to a 2 MiB boundary at
-  // both ends, so that the block is made of whole huge pages.
-  const size_t span = size + kHugePage;
-  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return nullptr;
-  const auto start = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > start) unmap(raw, aligned - start);
-  const uintptr_t end = start + span;
-  if (end > aligned + size) unmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));
-  void* block = reinterpret_cast<void*>(aligned);
-  // Advice: EINVAL where the kernel has no THP, and the 4 KiB pages serve.
-  (void)::madvise(block, size, MADV_HUGEPAGE);
   return block;
 }
 
@@ -125,12 +95,12 @@ void HugePageCache::evict_locked(size_t needed) noexcept {
   while (freed < needed && !idle_.empty()) {
     const auto last = std::prev(idle_.end());
     freed += last->bytes;
-    unmap_idle_locked(last);
+    give_back_idle_locked(last);
     ++stats_.evictions;
   }
 }
 
-void HugePageCache::unmap_idle_locked(std::list<Idle>::iterator it) noexcept {
+void HugePageCache::give_back_idle_locked(std::list<Idle>::iterator it) noexcept {
   const auto [first, last] = idle_by_size_.equal_range(it->bytes);
   for (auto i = first; i != last; ++i) {
     if (i->second == it) {
@@ -138,14 +108,14 @@ void HugePageCache::unmap_idle_locked(std::list<Idle>::iterator it) noexcept {
       break;
     }
   }
-  unmap(it->block, it->bytes);
+  raw_->deallocate(it->block, it->bytes);
   stats_.idle_bytes -= it->bytes;
   idle_.erase(it);
 }
 
 void HugePageCache::release_idle() noexcept {
   const std::lock_guard<std::mutex> lock(mu_);
-  while (!idle_.empty()) unmap_idle_locked(std::prev(idle_.end()));
+  while (!idle_.empty()) give_back_idle_locked(std::prev(idle_.end()));
 }
 
 HugePageCache::Stats HugePageCache::stats() const {

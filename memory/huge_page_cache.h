@@ -7,8 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
+
+#include "zest/memory/raw_allocator.h"
 
 namespace zest {
 
@@ -22,18 +25,19 @@ class HugePageCache {
     size_t peak_in_use_bytes = 0;
     int64_t hits = 0;         // allocations served from idle blocks
     int64_t misses = 0;       // allocations that mapped new memory
-    int64_t evictions = 0;    // idle blocks unmapped to stay under the peak
+    int64_t evictions = 0;    // idle blocks given back to stay under the peak
   };
 
-  HugePageCache() = default;
+  HugePageCache();
   HugePageCache(const HugePageCache&) = delete;
   HugePageCache& operator=(const HugePageCache&) = delete;
-  // Unmaps the idle blocks; blocks still in use must have been given back.
+  // Gives the idle blocks back to the system; blocks still in use must have
+  // been given back to the cache.
   ~HugePageCache();
 
   // A block of at least `bytes` (rounded up to whole huge pages), aligned to
   // kHugePage; nullptr when the system has no memory for it (the idle blocks
-  // are unmapped and the mapping tried again first). Thread-safe.
+  // are given back and the allocation tried again first). Thread-safe.
   void* allocate(size_t bytes);
   // Gives back a block from allocate(). Thread-safe.
   void deallocate(void* block) noexcept;
@@ -41,7 +45,7 @@ class HugePageCache {
   // nothing (false), for a caller that frees other memory through one path.
   bool deallocate_if_owned(void* block) noexcept;
 
-  // Unmaps every idle block.
+  // Gives every idle block back to the system.
   void release_idle() noexcept;
   Stats stats() const;
   // The bytes allocate(bytes) takes: whole huge pages.
@@ -53,10 +57,10 @@ class HugePageCache {
     size_t bytes;
   };
   bool give_back(void* block) noexcept;
-  void* map_locked(size_t bytes);
   void evict_locked(size_t needed) noexcept;
-  void unmap_idle_locked(std::list<Idle>::iterator it) noexcept;
+  void give_back_idle_locked(std::list<Idle>::iterator it) noexcept;
 
+  std::unique_ptr<RawAllocator> raw_;  // huge pages for blocks of 2 MiB and more
   mutable std::mutex mu_;
   std::unordered_map<void*, size_t> in_use_;  // block -> bytes
   std::list<Idle> idle_;                      // front: the most recently freed
