@@ -8,7 +8,7 @@
 //
 // Columns, as nccl-tests prints them: size is the whole buffer in bytes (the
 // all_reduce and broadcast buffer, reduce_scatter's input, all_gather's
-// output), count its fp32 elements; time is the mean of many back-to-back
+// output), count its elements (fp32, or --dtype's); time is the mean of many back-to-back
 // calls, the best of --rounds rounds; algbw = size / time; busbw = algbw x
 // 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter and all_gather and
 // x 1 for broadcast, the rate each rank's link would need, so comparable
@@ -20,7 +20,9 @@
 // so that load on a shared machine comes and goes for both alike), and
 // "x raw" is ZEST's time over that (ZEST
 // reduces in rank order on the host for bits that do not depend on MPI's
-// algorithm: Note [reductions over MPI] in comm/mpi_comm.cpp).
+// algorithm: Note [reductions over MPI] in comm/mpi_comm.cpp). MPI has no
+// bf16 or fp16 type to add, so with those dtypes raw MPI times only
+// all_gather and broadcast (as 16-bit integers).
 //
 // The last lines compare the targets: 2-rank in-process all_reduce and
 // reduce_scatter of 4 MiB within 3x the memcpy, latency at 4 KiB within 10 us
@@ -37,7 +39,9 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -50,6 +54,8 @@
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/check.h"
 #include "zest/core/device.h"
+#include "zest/core/dtype.h"
+#include "zest/core/float16.h"
 #include "zest/core/stream.h"
 #include "zest/core/units.h"
 #include "zest/memory/copy.h"
@@ -81,13 +87,14 @@ struct Options {
   bool quick = false;
   std::optional<int64_t> iters;
   int rounds = 0;  // 0: 5, or 3 with --quick
+  DType dtype = DType::kFloat32;
   zest::CommOptions comm_options;
 };
 
 void print_usage(std::FILE* out) {
   fmt::print(out,
              "usage: comm_bench [--backend inprocess|nccl|mpi] [--ranks N] [--device host|cuda:N]\n"
-             "                  [--quick] [--iters N] [--rounds N] [--spin US]\n"
+             "                  [--quick] [--iters N] [--rounds N] [--spin US] [--dtype fp32|bf16|fp16]\n"
              "  --backend  inprocess (default): N ranks as threads of this process;\n"
              "             nccl: one GPU per process, under mpirun, torchrun or srun;\n"
              "             mpi: host buffers, one process per rank, under mpirun\n"
@@ -96,7 +103,9 @@ void print_usage(std::FILE* out) {
              "  --quick    sizes up to 4 MiB and fewer iterations\n"
              "  --iters    timed calls per size and round (default: more for small sizes)\n"
              "  --rounds   rounds per size, the best kept (default 5, 3 with --quick)\n"
-             "  --spin     CommOptions::spin, microseconds a waiting rank polls before it sleeps\n");
+             "  --spin     CommOptions::spin, microseconds a waiting rank polls before it sleeps\n"
+             "  --dtype    the elements' type (default fp32); bf16 and fp16 sums are ZEST's\n"
+             "             16-bit reductions, which MPI has no type for\n");
 }
 
 // An exit code when the program should stop here (2: bad arguments).
@@ -112,6 +121,7 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
   std::string device;
   int64_t iters = 0;
   int64_t spin_us = -1;
+  std::string dtype = "fp32";
   app.add_flag("-h,--help", help);
   app.add_flag("--quick", opt.quick);
   app.add_option("--backend", opt.backend)->check(CLI::IsMember({"inprocess", "nccl", "mpi"}));
@@ -120,6 +130,7 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
   app.add_option("--iters", iters)->check(CLI::Range(int64_t{1}, kMaxIters));
   app.add_option("--rounds", opt.rounds)->check(CLI::Range(1, 1000));
   app.add_option("--spin", spin_us, "microseconds")->check(CLI::Range(int64_t{0}, int64_t{1'000'000}));
+  app.add_option("--dtype", dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -139,6 +150,7 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
     }
   }
   if (iters > 0) opt.iters = iters;
+  opt.dtype = dtype == "bf16" ? DType::kBFloat16 : dtype == "fp16" ? DType::kFloat16 : DType::kFloat32;
   if (spin_us >= 0) opt.comm_options.spin = std::chrono::microseconds(spin_us);
   if (opt.backend != "inprocess" && (ranks_given || device_given)) {
     return bad(fmt::format("--ranks and --device are for --backend inprocess; {} takes its ranks "
@@ -161,34 +173,42 @@ struct Row {
   double us, copy_us, raw_us;
 };
 
+// Whether raw MPI is timed beside ZEST (the MPI backend).
+bool with_raw_mpi(const Communicator& comm) { return ZEST_WITH_MPI && comm.backend_name() == "mpi"; }
+
 // The same collective through MPI's own call on the same buffers, or nothing
-// (not the MPI backend, or a build without MPI).
-std::function<void()> raw_mpi_call(const Communicator& comm, CollectiveKind kind, const void* send,
+// (not the MPI backend, a build without MPI, or a sum of a type MPI lacks).
+std::function<void()> raw_mpi_call(const Communicator& comm, CollectiveKind kind, DType dtype, const void* send,
                                    void* recv, size_t count) {
 #if ZEST_WITH_MPI
-  if (comm.backend_name() != "mpi") return {};
+  if (!with_raw_mpi(comm)) return {};
+  const bool fp32 = dtype == DType::kFloat32;
+  // 16-bit elements move as integers of their size; only fp32 adds.
+  const MPI_Datatype type = fp32 ? MPI_FLOAT : MPI_UINT16_T;
   const int n = static_cast<int>(count);
   const int part = n / comm.size();
   switch (kind) {
     case CollectiveKind::kBroadcast:
-      return [=] { ZEST_CHECK(MPI_Bcast(recv, n, MPI_FLOAT, 0, MPI_COMM_WORLD) == MPI_SUCCESS, "MPI_Bcast failed"); };
+      return [=] { ZEST_CHECK(MPI_Bcast(recv, n, type, 0, MPI_COMM_WORLD) == MPI_SUCCESS, "MPI_Bcast failed"); };
     case CollectiveKind::kAllReduce:
+      if (!fp32) break;
       return [=] { ZEST_CHECK(MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS, "MPI_Allreduce failed"); };
     case CollectiveKind::kReduceScatter:
+      if (!fp32) break;
       return [=] {
         ZEST_CHECK(MPI_Reduce_scatter_block(send, recv, part, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS,
                    "MPI_Reduce_scatter_block failed");
       };
     case CollectiveKind::kAllGather:
       return [=] {
-        ZEST_CHECK(MPI_Allgather(send, part, MPI_FLOAT, recv, part, MPI_FLOAT, MPI_COMM_WORLD) == MPI_SUCCESS,
+        ZEST_CHECK(MPI_Allgather(send, part, type, recv, part, type, MPI_COMM_WORLD) == MPI_SUCCESS,
                    "MPI_Allgather failed");
       };
     default:
       break;
   }
 #else
-  (void)comm, (void)kind, (void)send, (void)recv, (void)count;
+  (void)comm, (void)kind, (void)dtype, (void)send, (void)recv, (void)count;
 #endif
   return {};
 }
@@ -259,11 +279,17 @@ struct Buffer {
   char* get() const { return static_cast<char*>(ptr); }
 };
 
-// Ones, so that sums stay ordinary floats (no denormal slow paths on the host).
-void fill_ones(const Buffer& b, const zest::Stream& stream) {
-  const size_t n = b.bytes / sizeof(float);
-  std::vector<float> ones(n, 1.0f);
-  zest::copy_bytes(stream, b.get(), ones.data(), n * sizeof(float));
+// Ones of `dtype`, so that sums stay small whole numbers (exact, and no
+// denormal slow paths on the host).
+void fill_ones(const Buffer& b, DType dtype, const zest::Stream& stream) {
+  std::vector<std::byte> ones(b.bytes);
+  const auto fill = [&](auto one) {
+    for (size_t i = 0; i + sizeof(one) <= ones.size(); i += sizeof(one)) std::memcpy(&ones[i], &one, sizeof(one));
+  };
+  if (dtype == DType::kBFloat16) fill(zest::bf16(1.0f));
+  else if (dtype == DType::kFloat16) fill(zest::fp16(1.0f));
+  else fill(1.0f);
+  zest::copy_bytes(stream, b.get(), ones.data(), ones.size());
   stream.synchronize();  // `ones` goes at return
 }
 
@@ -297,13 +323,16 @@ void sweep(Communicator& comm, const Options& opt) {
   const size_t max_size = opt.quick ? kQuickMaxSize : kMaxSize;
   Buffer send(*raw, max_size);
   Buffer recv(*raw, max_size);
-  fill_ones(send, stream);
-  fill_ones(recv, stream);
+  const DType dtype = opt.dtype;
+  const size_t es = zest::elem_size(dtype);
+  fill_ones(send, dtype, stream);
+  fill_ones(recv, dtype, stream);
 
-  const bool with_raw = static_cast<bool>(raw_mpi_call(comm, CollectiveKind::kAllReduce, nullptr, nullptr, 0));
+  const bool with_raw = with_raw_mpi(comm);
   if (printer) {
-    fmt::print("# comm_bench: backend {}, {} ranks, {}, fp32, {} build, CommOptions::spin {} us\n",
-               comm.backend_name(), n, device.str(), ZEST_BENCH_BUILD_TYPE, comm.options().spin.count());
+    fmt::print("# comm_bench: backend {}, {} ranks, {}, {}, {} build, CommOptions::spin {} us\n",
+               comm.backend_name(), n, device.str(), zest::dtype_name(dtype), ZEST_BENCH_BUILD_TYPE,
+               comm.options().spin.count());
   }
   std::vector<Row> rows;
   for (CollectiveKind kind : kKinds) {
@@ -315,31 +344,31 @@ void sweep(Communicator& comm, const Options& opt) {
     for (size_t size = kMinSize; size <= max_size; size *= 2) {
       // Whole elements, and for the scattered and gathered kinds whole parts.
       const bool whole = kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kBroadcast;
-      const size_t unit = whole ? sizeof(float) : sizeof(float) * static_cast<size_t>(n);
+      const size_t unit = whole ? es : es * static_cast<size_t>(n);
       const size_t bytes = size / unit * unit;
-      const size_t count = bytes / sizeof(float);
+      const size_t count = bytes / es;
       const size_t part = count / static_cast<size_t>(n);
       if (bytes == 0) continue;
       auto call = [&] {
         switch (kind) {
           case CollectiveKind::kAllReduce:
-            comm.all_reduce(send.get(), recv.get(), count, DType::kFloat32, zest::ReduceOp::kSum, stream);
+            comm.all_reduce(send.get(), recv.get(), count, dtype, zest::ReduceOp::kSum, stream);
             break;
           case CollectiveKind::kReduceScatter:
-            comm.reduce_scatter(send.get(), recv.get(), part, DType::kFloat32, zest::ReduceOp::kSum, stream);
+            comm.reduce_scatter(send.get(), recv.get(), part, dtype, zest::ReduceOp::kSum, stream);
             break;
           case CollectiveKind::kAllGather:
-            comm.all_gather(send.get(), recv.get(), part, DType::kFloat32, stream);
+            comm.all_gather(send.get(), recv.get(), part, dtype, stream);
             break;
           case CollectiveKind::kBroadcast:
-            comm.broadcast(recv.get(), recv.get(), count, DType::kFloat32, 0, stream);
+            comm.broadcast(recv.get(), recv.get(), count, dtype, 0, stream);
             break;
           default:
             break;  // kKinds has no other kind
         }
       };
       const int64_t iters = iters_for(bytes, opt);
-      const std::function<void()> raw_call = raw_mpi_call(comm, kind, send.get(), recv.get(), count);
+      const std::function<void()> raw_call = raw_mpi_call(comm, kind, dtype, send.get(), recv.get(), count);
       for (int64_t i = 0; i < std::min<int64_t>(iters, 3); ++i) {  // warm-up
         call();
         if (raw_call) raw_call();
@@ -367,8 +396,9 @@ void sweep(Communicator& comm, const Options& opt) {
       comm.barrier(stream);
       const double algbw = static_cast<double>(bytes) / us / 1e3;
       fmt::print("  {:>10} {:>10} {:>5} {:>11.2f} {:>11.2f} {:>11.2f} {:>11.2f} {:>9.2f}{}\n", bytes, count,
-                 "float", us, algbw, algbw * bus_factor(kind, n), copy_us, us / copy_us,
-                 with_raw ? fmt::format(" {:>11.2f} {:>7.2f}", raw_us, us / raw_us) : "");
+                 zest::dtype_name(dtype), us, algbw, algbw * bus_factor(kind, n), copy_us, us / copy_us,
+                 !with_raw ? "" : raw_call ? fmt::format(" {:>11.2f} {:>7.2f}", raw_us, us / raw_us)
+                                           : fmt::format(" {:>11} {:>7}", "-", "-"));
       std::fflush(stdout);
       rows.push_back({kind, bytes, us, copy_us, raw_us});
     }
