@@ -125,41 +125,42 @@ ZEST_TARGET_AVX512 void reduce_avx512(const Args& a, DType dtype, ReduceOp op) {
 // / n for avg, one rounding), so the bits do not change; test_host_reduce
 // checks every bit pattern on every path.
 
-// 8 bf16 at p, widened exactly (the bits shifted into a float's top half).
-ZEST_TARGET_AVX2 inline __m256 load_bf16x8(const bf16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-// float_to_bf16_bits of 8 floats, each in the low half of its 32-bit lane.
+// float_to_bf16_bits of 8 floats, each in the high half of its 32-bit lane
+// (the low half is left as it comes: packus_high below drops it).
 ZEST_TARGET_AVX2 inline __m256i round_bf16x8(__m256 f) {
   const __m256i x = _mm256_castps_si256(f);
-  const __m256i high = _mm256_srli_epi32(x, 16);
-  const __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd), 16);
-  const __m256i quiet_nan = _mm256_or_si256(high, _mm256_set1_epi32(0x0040));
-  // |x| > Inf's bits: a NaN (both below 2^31, so a signed compare is right).
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(rounded, quiet_nan, nan);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd);
+  const __m256i quiet_nan = _mm256_or_si256(x, _mm256_set1_epi32(0x00400000));
+  const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  return _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(nan));
 }
 
 // out = in0 + in1 (/ 2 for avg) for bf16 on AVX2, 16 elements at a time. The
 // output may be either input (each group is read before it is written).
+// Unpacking 16 bf16 with zeros widens them exactly (the bits in a float's
+// top half) into two vectors that hold, per 128-bit lane, the lane's first
+// and last four; packing the rounded results puts them back in order.
 ZEST_TARGET_AVX2 void two_bf16(const bf16* in0, const bf16* in1, bf16* out, size_t n, bool avg) {
+  const __m256i zero = _mm256_setzero_si256();
   const __m256 two = _mm256_set1_ps(2.0f);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __m256 lo = _mm256_add_ps(load_bf16x8(in0 + i), load_bf16x8(in1 + i));
-    __m256 hi = _mm256_add_ps(load_bf16x8(in0 + i + 8), load_bf16x8(in1 + i + 8));
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in0 + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in1 + i));
+    __m256 lo = _mm256_add_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, a)),
+                              _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, b)));
+    __m256 hi = _mm256_add_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, a)),
+                              _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, b)));
     if (avg) {
       lo = _mm256_div_ps(lo, two);
       hi = _mm256_div_ps(hi, two);
     }
-    // packus takes the two vectors' 128-bit halves in turn; the permute puts
-    // the 16 values back in order.
-    const __m256i packed = _mm256_packus_epi32(round_bf16x8(lo), round_bf16x8(hi));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permute4x64_epi64(packed, 0xd8));
+    // packus saturates signed 32-bit values to 16 bits: the high halves,
+    // shifted down, are within range.
+    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(round_bf16x8(lo), 16),
+                                               _mm256_srli_epi32(round_bf16x8(hi), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
   }
   for (; i < n; ++i) {
     float acc = reduction::add<bf16>(reduction::load(in0[i]), reduction::load(in1[i]));
@@ -216,15 +217,31 @@ ZEST_TARGET_AVX2 void fp16_blocks(const Args& a) {
   }
 }
 
+// Two inputs, by blocks: each block of the first output written, then
+// copied to the others (an in-process all-reduce writes every rank's), as
+// reduce_typed does: the block's inputs are read by then, so outputs that
+// are inputs can be written.
+template <typename T, typename Two>
+void two_by_blocks(const Args& a, bool avg, Two two) {
+  for (size_t base = 0; base < a.count; base += kBlock) {
+    const size_t len = a.count - base < kBlock ? a.count - base : kBlock;
+    T* out0 = static_cast<T*>(a.outputs[0]) + base;
+    two(static_cast<const T*>(a.inputs[0]) + base, static_cast<const T*>(a.inputs[1]) + base, out0, len, avg);
+    for (int j = 1; j < a.num_outputs; ++j) {
+      T* out = static_cast<T*>(a.outputs[j]) + base;
+      if (out != out0) std::memcpy(out, out0, len * sizeof(T));
+    }
+  }
+}
+
 // Note [16-bit reductions in vector registers]: whether `a` was reduced
 // here (fp16 where F16C is used, two-input bf16 sums and averages on AVX2).
 bool reduce_16bit(const Args& a, DType dtype, ReduceOp op, CpuIsa isa) {
-  const bool two = a.num_inputs == 2 && a.num_outputs == 1 && op != ReduceOp::kMax;
+  const bool two = a.num_inputs == 2 && op != ReduceOp::kMax;
   const bool avg = op == ReduceOp::kAvg;
   if (dtype == DType::kFloat16 && detail::use_f16c()) {
     if (two) {
-      two_fp16(static_cast<const fp16*>(a.inputs[0]), static_cast<const fp16*>(a.inputs[1]),
-               static_cast<fp16*>(a.outputs[0]), a.count, avg);
+      two_by_blocks<fp16>(a, avg, two_fp16);
       return true;
     }
     switch (op) {
@@ -234,8 +251,7 @@ bool reduce_16bit(const Args& a, DType dtype, ReduceOp op, CpuIsa isa) {
     }
   }
   if (dtype == DType::kBFloat16 && isa == CpuIsa::kAvx2 && two) {
-    two_bf16(static_cast<const bf16*>(a.inputs[0]), static_cast<const bf16*>(a.inputs[1]),
-             static_cast<bf16*>(a.outputs[0]), a.count, avg);
+    two_by_blocks<bf16>(a, avg, two_bf16);
     return true;
   }
   return false;
