@@ -126,7 +126,7 @@ ZEST_TARGET_AVX512 void reduce_avx512(const Args& a, DType dtype, ReduceOp op) {
 // checks every bit pattern on every path.
 
 // float_to_bf16_bits of 8 floats, each in the high half of its 32-bit lane
-// (the low half is left as it comes: packus_high below drops it).
+// (the low half is left as it comes: the caller's shift drops it).
 ZEST_TARGET_AVX2 inline __m256i round_bf16x8(__m256 f) {
   const __m256i x = _mm256_castps_si256(f);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));

@@ -516,7 +516,8 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
   }
   if (size() == 2) {
     // The peer's buffer lands in recv when recv is apart from send (recv is
-    // then reduced in place, warm from the transfer), else in scratch.
+    // then reduced in place, warm from the transfer), else (in place: the
+    // API allows no partial overlap) in scratch.
     const char* in = static_cast<const char*>(send);
     char* out = static_cast<char*>(recv);
     const bool apart = in + bytes <= out || out + bytes <= in;
