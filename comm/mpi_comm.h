@@ -245,9 +245,10 @@ class MpiCommunicator final : public Communicator {
   template <typename Local, typename Fn>
   void move_data(const CollectiveDesc& desc, Local&& local, Fn&& fn);
   struct ReduceScratch;
-  // out = the reduction of W consecutive copies of `count` elements, this
-  // rank's own at `own` instead.
-  void combine(const CollectiveDesc& desc, const char* copies, const void* own, size_t count, void* out);
+  // out = the reduction, in rank order, of `count` elements at `own` (this
+  // rank's) and at copy_of(peer) (each peer's copy).
+  using CopyAt = std::function<const void*(int peer)>;
+  void combine(const CollectiveDesc& desc, const void* own, const CopyAt& copy_of, size_t count, void* out);
   [[noreturn]] void fail(CommError::Reason reason, const std::string& message);
 
   // How long a member that left may take to finish the call it is in (its
