@@ -5,9 +5,10 @@
 #include <type_traits>
 
 #include "zest/comm/reduce_element.h"
+#include "zest/core/bf16_avx2.h"
 #include "zest/core/check.h"
 #include "zest/core/cpu_isa.h"
-#include "zest/core/f16c.h"
+#include "zest/core/float16_arrays.h"
 
 #if ZEST_X86_DISPATCH
 #include <immintrin.h>
@@ -118,23 +119,12 @@ ZEST_TARGET_AVX512 void reduce_avx512(const Args& a, DType dtype, ReduceOp op) {
 // above for fp32 and the integers at about the time a copy of their bytes
 // takes, but not core/float16.h's fp16 conversions (a two-input fp16 sum
 // took 24-31x that copy on AVX2 and AVX-512), and its bf16 rounding on AVX2
-// took 1.7-2.4x. So fp16 goes through F16C's instructions (core/f16c.h,
+// took 1.7-2.4x. So fp16 goes through F16C's instructions (core/float16_arrays.h,
 // the same bits), and bf16 on AVX2 through float_to_bf16_bits written in
 // AVX2 instructions. Each element sees the same operations in the same order
 // as in reduce_typed (widen exactly, add or combine in float in rank order,
 // / n for avg, one rounding), so the bits do not change; test_host_reduce
 // checks every bit pattern on every path.
-
-// float_to_bf16_bits of 8 floats, each in the high half of its 32-bit lane
-// (the low half is left as it comes: the caller's shift drops it).
-ZEST_TARGET_AVX2 inline __m256i round_bf16x8(__m256 f) {
-  const __m256i x = _mm256_castps_si256(f);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), odd);
-  const __m256i quiet_nan = _mm256_or_si256(x, _mm256_set1_epi32(0x00400000));
-  const __m256 nan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
-  return _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(nan));
-}
 
 // out = in0 + in1 (/ 2 for avg) for bf16 on AVX2, 16 elements at a time. The
 // output may be either input (each group is read before it is written).
@@ -156,10 +146,10 @@ ZEST_TARGET_AVX2 void two_bf16(const bf16* in0, const bf16* in1, bf16* out, size
       lo = _mm256_div_ps(lo, two);
       hi = _mm256_div_ps(hi, two);
     }
-    // packus saturates signed 32-bit values to 16 bits: the high halves,
-    // shifted down, are within range.
-    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(round_bf16x8(lo), 16),
-                                               _mm256_srli_epi32(round_bf16x8(hi), 16));
+    // lo and hi hold, per 128-bit lane, that lane's first and last four:
+    // packus (within lanes) puts them back in order.
+    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(detail::round_bf16x8(lo), 16),
+                                               _mm256_srli_epi32(detail::round_bf16x8(hi), 16));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
   }
   for (; i < n; ++i) {

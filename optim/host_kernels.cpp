@@ -1,12 +1,12 @@
 // The HostKernels tables: the loops of host_kernels.inc for baseline x86-64,
-// AVX2 and AVX-512, with F16C's fp16 conversions (core/f16c.h) where the CPU
-// has them. Built with the flags of optim/CMakeLists.txt (no FMA
-// contraction; vectorizing options).
+// AVX2 and AVX-512, with F16C's fp16 conversions where the CPU has them and
+// AVX2's bf16 narrowing (core/float16_arrays.h). Built with the flags of
+// optim/CMakeLists.txt (no FMA contraction; vectorizing options).
 #include "zest/optim/host_kernels.h"
 
 #include <cstring>
 
-#include "zest/core/f16c.h"
+#include "zest/core/float16_arrays.h"
 
 #if ZEST_X86_DISPATCH
 #include <immintrin.h>
@@ -49,7 +49,10 @@ namespace {
 HostKernels make_table(CpuIsa isa) {
   HostKernels k = ZEST_KERNEL_TABLE(baseline, CpuIsa::kBaseline);
 #if ZEST_X86_DISPATCH
-  if (isa == CpuIsa::kAvx2) k = ZEST_KERNEL_TABLE(avx2, CpuIsa::kAvx2);
+  if (isa == CpuIsa::kAvx2) {
+    k = ZEST_KERNEL_TABLE(avx2, CpuIsa::kAvx2);
+    k.narrow_bf16 = narrow_bf16_avx2;  // core/bf16_avx2.h: half GCC's instructions
+  }
   if (isa == CpuIsa::kAvx512) k = ZEST_KERNEL_TABLE(avx512, CpuIsa::kAvx512);
   if (use_f16c()) {
     k.widen_fp16 = widen_f16c;
