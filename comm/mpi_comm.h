@@ -31,7 +31,8 @@
 // in-process backend's code (fp16 and bf16 accumulate in float and round
 // once, integer sums wrap, max propagates NaN), sending what a ring
 // reduce-scatter sends (a carried all_reduce sends its whole buffer to every
-// rank, which reduces all of it: more bytes, one round).
+// rank, which reduces all of it: more bytes, one round; so does every
+// all_reduce of two ranks, where that is the same bytes).
 //
 // ZEST calls MPI only from the thread that is using a communicator, so
 // MPI_THREAD_SERIALIZED is enough as long as no two threads use MPI
