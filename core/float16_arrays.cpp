@@ -40,6 +40,7 @@ ZEST_TARGET_AVX2 void narrow_f16c(const float* in, fp16* out, size_t n) {
   }
   for (; i < n; ++i) out[i] = fp16(in[i]);
 }
+
 ZEST_TARGET_AVX2 void narrow_bf16_avx2(const float* in, bf16* out, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {

@@ -5,11 +5,11 @@
 // portable fp16 loops take 5-25x their time), and bf16's rounding on AVX2
 // (core/bf16_avx2.h; GCC's loop takes about twice as long).
 //
-// F16C's give core/float16.h's bits: both round to nearest even, are exact for
-// subnormals, and quiet a NaN keeping its sign and top payload bits; the
+// F16C's give core/float16.h's bits: both round to nearest even, are exact
+// for subnormals, and quiet a NaN keeping its sign and top payload bits; the
 // immediate 0 asks for round-to-nearest-even whatever MXCSR says.
-// test_float16_arrays compares each with core/float16.h over every fp16
-// and a sweep of float bit patterns.
+// test_float16_arrays compares each with core/float16.h over every fp16 and
+// a sweep of float bit patterns.
 #pragma once
 
 #include <cstddef>
