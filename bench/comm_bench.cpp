@@ -8,11 +8,11 @@
 //
 // Columns, as nccl-tests prints them: size is the whole buffer in bytes (the
 // all_reduce and broadcast buffer, reduce_scatter's input, all_gather's
-// output), count its elements (fp32, or --dtype's); time is the mean of many back-to-back
-// calls, the best of --rounds rounds; algbw = size / time; busbw = algbw x
-// 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter and all_gather and
-// x 1 for broadcast, the rate each rank's link would need, so comparable
-// across world sizes. "memcpy us" copies `size` bytes on the same
+// output), count its elements (fp32, or --dtype's); time is the mean of
+// many back-to-back calls, the best of --rounds rounds; algbw = size / time;
+// busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter
+// and all_gather and x 1 for broadcast, the rate each rank's link would
+// need, so comparable across world sizes. "memcpy us" copies `size` bytes on the same
 // device (memcpy, or cudaMemcpyAsync device to device); "x memcpy" is the
 // collective's time over that. Under --backend mpi, "raw us" times MPI's
 // own MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather / MPI_Bcast on
