@@ -12,9 +12,9 @@
 // many back-to-back calls, the best of --rounds rounds; algbw = size / time;
 // busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter
 // and all_gather and x 1 for broadcast, the rate each rank's link would
-// need, so comparable across world sizes. "memcpy us" copies `size` bytes on the same
-// device (memcpy, or cudaMemcpyAsync device to device); "x memcpy" is the
-// collective's time over that. Under --backend mpi, "raw us" times MPI's
+// need, so comparable across world sizes. "memcpy us" copies `size` bytes
+// on the same device (memcpy, or cudaMemcpyAsync device to device); "x
+// memcpy" is the collective's time over that. Under --backend mpi, "raw us" times MPI's
 // own MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather / MPI_Bcast on
 // the same buffers in the same rounds (each round times ZEST, then raw MPI,
 // so that load on a shared machine comes and goes for both alike), and
