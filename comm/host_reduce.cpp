@@ -120,7 +120,8 @@ ZEST_TARGET_AVX512 void reduce_avx512(const Args& a, DType dtype, ReduceOp op) {
 // takes, but not core/float16.h's fp16 conversions (a two-input fp16 sum
 // took 24-31x that copy on AVX2 and AVX-512), and its bf16 rounding on AVX2
 // took 1.7-2.4x. So fp16 goes through F16C's instructions
-// (core/float16_arrays.h, the same bits), and two-input bf16 on AVX2
+// (core/float16_arrays.h, the same bits; not under ZEST_CPU_ISA=baseline,
+// which keeps the portable loops for tests), and two-input bf16 on AVX2
 // through float_to_bf16_bits written in AVX2 instructions
 // (core/bf16_avx2.h). Each element sees the same operations in the same
 // order as in reduce_typed (widen exactly, add or combine in float in rank
