@@ -29,6 +29,18 @@ struct Args {
   size_t count;
 };
 
+// Output 0's elements [base, base + len) copied to the other outputs (the
+// in-process all-reduce writes every rank's), once the block's inputs are
+// read: an output that is an input may then be written.
+template <typename T>
+void copy_to_other_outputs(const Args& a, size_t base, size_t len) {
+  const T* out0 = static_cast<const T*>(a.outputs[0]) + base;
+  for (int j = 1; j < a.num_outputs; ++j) {
+    T* out = static_cast<T*>(a.outputs[j]) + base;
+    if (out != out0) std::memcpy(out, out0, len * sizeof(T));
+  }
+}
+
 // The per-element operations are reduction::'s, in the order of one element
 // at a time: acc = in0; acc = op(acc, in1); ... ; acc /= n for kAvg; store.
 // Only the loop nest changes (the rank loop outside a block), so the bits are
@@ -61,10 +73,7 @@ template <typename T, ReduceOp kOp>
         if constexpr (kOp == ReduceOp::kAvg && std::is_floating_point_v<A>) acc /= static_cast<A>(2);
         out0[i] = static_cast<T>(acc);
       }
-      for (int j = 1; j < a.num_outputs; ++j) {
-        T* out = static_cast<T*>(a.outputs[j]) + base;
-        if (out != out0) std::memcpy(out, out0, len * sizeof(T));
-      }
+      copy_to_other_outputs<T>(a, base, len);
     }
     return;
   }
@@ -90,10 +99,7 @@ template <typename T, ReduceOp kOp>
     // can be written. Modular for integers (C++20), rounding for fp16/bf16.
     T* __restrict out0 = static_cast<T*>(a.outputs[0]) + base;
     for (size_t i = 0; i < len; ++i) out0[i] = static_cast<T>(acc[i]);
-    for (int j = 1; j < a.num_outputs; ++j) {
-      T* out = static_cast<T*>(a.outputs[j]) + base;
-      if (out != out0) std::memcpy(out, out0, len * sizeof(T));
-    }
+    copy_to_other_outputs<T>(a, base, len);
   }
 }
 
@@ -214,27 +220,19 @@ ZEST_TARGET_AVX2 void fp16_blocks(const Args& a) {
     // can be written.
     fp16* out0 = static_cast<fp16*>(a.outputs[0]) + base;
     detail::narrow_f16c(acc, out0, len);
-    for (int j = 1; j < a.num_outputs; ++j) {
-      fp16* out = static_cast<fp16*>(a.outputs[j]) + base;
-      if (out != out0) std::memcpy(out, out0, len * sizeof(fp16));
-    }
+    copy_to_other_outputs<fp16>(a, base, len);
   }
 }
 
-// Two inputs, by blocks: each block of the first output written, then
-// copied to the others (an in-process all-reduce writes every rank's), as
-// reduce_typed does: the block's inputs are read by then, so outputs that
-// are inputs can be written.
+// Two inputs, by blocks into the first output and copied to the others, as
+// reduce_typed's two-input loop does.
 template <typename T, typename Two>
 void two_by_blocks(const Args& a, bool avg, Two two) {
   for (size_t base = 0; base < a.count; base += kBlock) {
     const size_t len = a.count - base < kBlock ? a.count - base : kBlock;
     T* out0 = static_cast<T*>(a.outputs[0]) + base;
     two(static_cast<const T*>(a.inputs[0]) + base, static_cast<const T*>(a.inputs[1]) + base, out0, len, avg);
-    for (int j = 1; j < a.num_outputs; ++j) {
-      T* out = static_cast<T*>(a.outputs[j]) + base;
-      if (out != out0) std::memcpy(out, out0, len * sizeof(T));
-    }
+    copy_to_other_outputs<T>(a, base, len);
   }
 }
 

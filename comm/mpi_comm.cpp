@@ -76,6 +76,13 @@ MPI_Datatype mpi_copy_type(DType t) {
   return MPI_DATATYPE_NULL;
 }
 
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share no byte.
+bool apart(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  return x + a_bytes <= y || y + b_bytes <= x;
+}
+
 }  // namespace
 
 // The reductions' buffers (Note [reductions over MPI]) and the data phase's
@@ -451,9 +458,7 @@ void MpiCommunicator::move_data(const CollectiveDesc& desc, Local&& local, Fn&& 
 // while it writes the output, each element before it writes it, so an
 // output that is exactly an input is fine).
 const void* MpiCommunicator::own_input(const void* mine, const void* out, size_t bytes, char* spare) {
-  const char* m = static_cast<const char*>(mine);
-  const char* o = static_cast<const char*>(out);
-  if (m == o || m + bytes <= o || o + bytes <= m) return mine;
+  if (mine == out || apart(mine, bytes, out, bytes)) return mine;
   std::memcpy(spare, mine, bytes);
   return spare;
 }
@@ -516,15 +521,13 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
     // The peer's buffer lands in recv when recv is apart from send (recv is
     // then reduced in place, warm from the transfer), else (in place: the
     // API allows no partial overlap) in scratch.
-    const char* in = static_cast<const char*>(send);
-    char* out = static_cast<char*>(recv);
-    const bool apart = in + bytes <= out || out + bytes <= in;
-    char* theirs = nullptr;
+    const bool to_out = apart(send, bytes, recv, bytes);
+    void* theirs = nullptr;
     const auto local = [&] {
-      if (!apart) theirs = scratch_->copies_of(bytes);
+      if (!to_out) theirs = scratch_->copies_of(bytes);
     };
     move_data(desc, local, [&](int n) {
-      char* into = apart ? out : theirs;
+      void* into = to_out ? recv : theirs;
       transfer(desc, mpi_copy_type(desc.dtype), [&](int) { return mpi::Block{send, n}; },
                [&](int) { return mpi::Block{into, n}; });
       combine(desc, send, [&](int) { return into; }, desc.count, recv);
@@ -547,7 +550,7 @@ void MpiCommunicator::do_all_reduce(const CollectiveDesc& desc, const void* send
   };
   // As in reduce_scatter: one peer's copy lands in the output's chunk when
   // the output is apart from the input.
-  const int into_out = in + bytes <= out || out + bytes <= in ? (rank() + 1) % size() : -1;
+  const int into_out = apart(send, bytes, recv, bytes) ? (rank() + 1) % size() : -1;
   const auto landing = [&](int peer) {
     return peer == into_out ? out + mine.begin * es : copies + static_cast<size_t>(peer) * mine_bytes;
   };
@@ -581,7 +584,7 @@ void MpiCommunicator::do_reduce_scatter(const CollectiveDesc& desc, const void* 
   // One peer's copy lands in recv when recv is apart from the whole send
   // buffer (recv is then reduced in place, warm from the transfer).
   const size_t whole = part * static_cast<size_t>(size());
-  const int into_recv = in + whole <= out || out + part <= in ? (rank() + 1) % size() : -1;
+  const int into_recv = apart(send, whole, recv, part) ? (rank() + 1) % size() : -1;
   char* copies = nullptr;  // every rank's copy of this rank's part, in rank order (its own unused)
   const void* own = nullptr;
   const auto local = [&] {
