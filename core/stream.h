@@ -11,11 +11,12 @@
 // order issued, while the issuing thread goes on; events mark points in it,
 // and a stream or the host waits for them. The work that honours such a
 // stream: copy_bytes and fill_zero (memory/copy.h), the gradient operations
-// of optim/grad_ops.h, and Communicator's collectives (which then run in the
-// order they were issued across all of a communicator's streams). Any other
-// host function given one runs in the caller's thread, unordered with it:
-// synchronize the stream first. The engine's communication stream is one
-// (overlap_comm on the host).
+// of optim/grad_ops.h and optim/grad_norm.h, and Communicator's collectives
+// (which then run in the order they were issued across all of a
+// communicator's streams). Any other host function given one runs in the
+// caller's thread, unordered with it: synchronize the stream first. The
+// engine's communication stream is one (overlap_comm on the host); its
+// compute stream may not be.
 //
 //   // zest-example: run
 //   Device device = Device::host();             // or Device::cuda(0)

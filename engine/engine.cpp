@@ -164,6 +164,13 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
              "engine: the communicator is on {}, the allocator on {} and the stream on {}; they "
              "must be on one device",
              comm.device().str(), allocator.device().str(), stream.device().str());
+  // The optimizer and the step's decisions run in the caller's thread on
+  // the host (core/stream.h: only some work honours a host stream's own
+  // thread), so they would race with work queued on such a stream.
+  ZEST_CHECK(stream.host_queue() == nullptr,
+             "engine: its stream is a host stream with a thread of its own (HostWork::kOwnThread); the engine "
+             "computes in the caller's thread on the host, so give it an inline stream (Stream::default_for, or "
+             "OwnedStream with HostWork::kInline); overlap_comm gives its communication a thread of its own");
   impl_->groups.push_back({"default", config_.optimizer.weight_decay});
   log_config_notes(config_, comm);
   if (config_.offload_optimizer.device != OffloadDevice::kNone) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "zest/core/check.h"
+#include "zest/core/host_queue.h"
 #include "zest/optim/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
 #include "zest/optim/host_convert.h"
@@ -50,9 +51,12 @@ void chunk_sums_of_squares(const Stream& stream, const void* grad, DType dtype, 
     detail::chunk_sums_of_squares_cuda(stream, grad, dtype, numel, chunk_numel, scale, out);
     return;
   }
-  detail::visit_float_dtype(dtype, "chunk_sums_of_squares", "gradients", [&](auto type) {
-    using T = typename decltype(type)::type;
-    chunk_sums(static_cast<const T*>(grad), numel, chunk_numel, scale, out);
+  detail::visit_float_dtype(dtype, "chunk_sums_of_squares", "gradients", [](auto) {});  // refused here, not on a thread
+  host_launch(stream, [=] {
+    detail::visit_float_dtype(dtype, "chunk_sums_of_squares", "gradients", [&](auto type) {
+      using T = typename decltype(type)::type;
+      chunk_sums(static_cast<const T*>(grad), numel, chunk_numel, scale, out);
+    });
   });
 }
 
@@ -68,17 +72,19 @@ void accumulate_exact(const Stream& stream, const double* sums, size_t count, in
     detail::accumulate_exact_cuda(stream, sums, count, acc);
     return;
   }
-  exact_normalize(acc);
-  // 2^31 adds fit between normalizations (exact_sum.h); 2^24 is a margin.
-  constexpr size_t kBetweenNormalizations = size_t{1} << 24;
-  for (size_t i = 0; i < count; ++i) {
-    ZEST_CHECK(exact_add(acc, sums[i]),
-               "accumulate_exact: chunk sum {} at {} is not a sum of squares of floats (negative, or "
-               "not a multiple of 2^-298 below 2^320): pass what chunk_sums_of_squares wrote",
-               sums[i], i);
-    if ((i + 1) % kBetweenNormalizations == 0) exact_normalize(acc);
-  }
-  exact_normalize(acc);
+  host_launch(stream, [=] {
+    exact_normalize(acc);
+    // 2^31 adds fit between normalizations (exact_sum.h); 2^24 is a margin.
+    constexpr size_t kBetweenNormalizations = size_t{1} << 24;
+    for (size_t i = 0; i < count; ++i) {
+      ZEST_CHECK(exact_add(acc, sums[i]),
+                 "accumulate_exact: chunk sum {} at {} is not a sum of squares of floats (negative, or "
+                 "not a multiple of 2^-298 below 2^320): pass what chunk_sums_of_squares wrote",
+                 sums[i], i);
+      if ((i + 1) % kBetweenNormalizations == 0) exact_normalize(acc);
+    }
+    exact_normalize(acc);
+  });
 }
 
 void decide_step(const Stream& stream, int64_t* words, double unscale, double max_norm) {
@@ -87,8 +93,10 @@ void decide_step(const Stream& stream, int64_t* words, double unscale, double ma
     detail::decide_step_cuda(stream, words, unscale, max_norm);
     return;
   }
-  const StepDecision d = decide(words, unscale, max_norm);
-  std::memcpy(words, &d, sizeof d);
+  host_launch(stream, [=] {
+    const StepDecision d = decide(words, unscale, max_norm);
+    std::memcpy(words, &d, sizeof d);
+  });
 }
 
 }  // namespace zest

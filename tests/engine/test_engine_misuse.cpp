@@ -44,6 +44,18 @@ TEST_CASE("registration mistakes are named") {
   CHECK_THROWS_WITH_AS(none.engine.finalize(init_values), doctest::Contains("no unit registered"), Error);
 }
 
+TEST_CASE("a host stream with a thread of its own is refused as the engine's stream") {
+  // The optimizer runs in the caller's thread on the host: on such a stream
+  // it would race with the copies and reductions queued there.
+  CachingAllocator alloc(make_host_allocator());
+  std::unique_ptr<Communicator> comm = std::move(make_inprocess_group(1)[0]);
+  const OwnedStream queue(Device::host(), HostWork::kOwnThread);
+  CHECK_THROWS_WITH_AS(Engine(base_config(2), *comm, alloc, queue.get()),
+                       doctest::Contains("give it an inline stream"), Error);
+  const OwnedStream inline_stream(Device::host());
+  CHECK_NOTHROW(Engine(base_config(2), *comm, alloc, inline_stream.get()));
+}
+
 TEST_CASE("registering after finalize, and using the engine before it") {
   OneRank r;
   register_model(r.engine);

@@ -8,10 +8,13 @@
 #include <utility>
 #include <vector>
 
+#include "core/stream_gate.h"
 #include "zest/core/check.h"
 #include "zest/core/cpu_isa.h"
 #include "zest/optim/chunk_sum_order.h"
+#include "zest/optim/exact_sum.h"
 #include "zest/optim/grad_norm.h"
+#include "zest/optim/step_decision.h"
 
 using namespace zest;
 
@@ -22,6 +25,31 @@ TEST_CASE("chunk sums are exact for small integers and cover a ragged tail") {
                         2.0f, out.data());
   CHECK(out == std::vector<double>{4 * (1 + 4 + 9), 4 * (16 + 25 + 36), 4 * 49});
   CHECK(sum_in_order(out.data(), out.size()) == 4 * 140);
+}
+
+TEST_CASE("on a host stream with its own thread the norm's work runs there, in order") {
+  // Held behind a gate, nothing is written; opened, the chunk sums, their
+  // exact total and the decision come out as on an inline stream.
+  OwnedStream stream(Device::host(), HostWork::kOwnThread);
+  const std::vector<float> g = {1, 2, 3, 4, 5, 6, 7};
+  std::vector<double> sums(3, -1.0);
+  std::vector<int64_t> words(kExactWords, 7);
+  test::StreamGate gate;
+  gate.hold(stream);
+  chunk_sums_of_squares(stream, g.data(), DType::kFloat32, g.size(), 3, 2.0f, sums.data());
+  for (int64_t& w : words) w = 0;  // the caller's zeroing, before anything is queued to read them
+  accumulate_exact(stream, sums.data(), sums.size(), words.data());
+  decide_step(stream, words.data(), 0.5, 0.0);
+  CHECK(sums == std::vector<double>(3, -1.0));  // still queued
+  gate.open();
+  stream.get().synchronize();
+  CHECK(sums == std::vector<double>{4 * (1 + 4 + 9), 4 * (16 + 25 + 36), 4 * 49});
+  // Small integers throughout, so every value is exact.
+  const StepDecision* d = decision_at(words.data());
+  CHECK(d->sum_of_squares == 4 * 140);
+  CHECK(d->grad_scale == 0.5f);  // no clipping: the unscale alone
+  CHECK(d->finite == 1);
+  CHECK(d->clipped == 0);
 }
 
 TEST_CASE("the norm does not change with the number of shards") {
