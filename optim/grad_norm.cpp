@@ -51,7 +51,8 @@ void chunk_sums_of_squares(const Stream& stream, const void* grad, DType dtype, 
     detail::chunk_sums_of_squares_cuda(stream, grad, dtype, numel, chunk_numel, scale, out);
     return;
   }
-  detail::visit_float_dtype(dtype, "chunk_sums_of_squares", "gradients", [](auto) {});  // refused here, not on a thread
+  // A dtype it cannot sum is refused here, in the caller, not on a stream's thread.
+  detail::visit_float_dtype(dtype, "chunk_sums_of_squares", "gradients", [](auto) {});
   host_launch(stream, [=] {
     detail::visit_float_dtype(dtype, "chunk_sums_of_squares", "gradients", [&](auto type) {
       using T = typename decltype(type)::type;

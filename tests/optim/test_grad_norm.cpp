@@ -33,11 +33,10 @@ TEST_CASE("on a host stream with its own thread the norm's work runs there, in o
   OwnedStream stream(Device::host(), HostWork::kOwnThread);
   const std::vector<float> g = {1, 2, 3, 4, 5, 6, 7};
   std::vector<double> sums(3, -1.0);
-  std::vector<int64_t> words(kExactWords, 7);
+  std::vector<int64_t> words(kExactWords, 0);  // zeroed by the caller, as the engine does
   test::StreamGate gate;
   gate.hold(stream);
   chunk_sums_of_squares(stream, g.data(), DType::kFloat32, g.size(), 3, 2.0f, sums.data());
-  for (int64_t& w : words) w = 0;  // the caller's zeroing, before anything is queued to read them
   accumulate_exact(stream, sums.data(), sums.size(), words.data());
   decide_step(stream, words.data(), 0.5, 0.0);
   CHECK(sums == std::vector<double>(3, -1.0));  // still queued
