@@ -14,15 +14,15 @@
 // and all_gather and x 1 for broadcast, the rate each rank's link would
 // need, so comparable across world sizes. "memcpy us" copies `size` bytes
 // on the same device (memcpy, or cudaMemcpyAsync device to device); "x
-// memcpy" is the collective's time over that. Under --backend mpi, "raw us" times MPI's
-// own MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather / MPI_Bcast on
-// the same buffers in the same rounds (each round times ZEST, then raw MPI,
-// so that load on a shared machine comes and goes for both alike), and
-// "x raw" is ZEST's time over that (ZEST
-// reduces in rank order on the host for bits that do not depend on MPI's
-// algorithm: Note [reductions over MPI] in comm/mpi_comm.cpp). MPI has no
-// bf16 or fp16 type to add, so with those dtypes raw MPI times only
-// all_gather and broadcast (as 16-bit integers).
+// memcpy" is the collective's time over that. Under --backend mpi, "raw us"
+// times MPI's own MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather /
+// MPI_Bcast on the same buffers in the same rounds (each round times ZEST,
+// then raw MPI, so that load on a shared machine comes and goes for both
+// alike), and "x raw" is ZEST's time over that (ZEST reduces in rank order
+// on the host for bits that do not depend on MPI's algorithm: Note
+// [reductions over MPI] in comm/mpi_comm.cpp). MPI has no bf16 or fp16 type
+// to add, so with those dtypes raw MPI times only all_gather and broadcast
+// (as 16-bit integers).
 //
 // The last lines compare the targets: 2-rank in-process all_reduce and
 // reduce_scatter of 4 MiB within 3x the memcpy, latency at 4 KiB within 10 us

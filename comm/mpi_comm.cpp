@@ -467,14 +467,13 @@ const void* MpiCommunicator::own_input(const void* mine, const void* out, size_t
 // payload of the exchange, `count` elements each.
 void MpiCommunicator::combine_carried(const CollectiveDesc& desc, const void* mine, size_t count, void* out) {
   const size_t bytes = count * elem_size(desc.dtype);
-  std::vector<const void*>& inputs = scratch_->inputs;
   const mpi::Round& ex = exchange_->current();
-  for (int r = 0; r < size(); ++r) {
-    ZEST_INTERNAL_ASSERT(r == rank() || ex.payload_bytes(r) == bytes, "rank {} carried {} bytes, not {}", r,
-                         ex.payload_bytes(r), bytes);
-    inputs[static_cast<size_t>(r)] = r == rank() ? own_input(mine, out, bytes, scratch_->copies_of(bytes)) : ex.payload(r);
-  }
-  host_reduce(inputs.data(), size(), out, count, desc.dtype, desc.op);
+  const auto carried = [&](int r) -> const void* {
+    ZEST_INTERNAL_ASSERT(ex.payload_bytes(r) == bytes, "rank {} carried {} bytes, not {}", r, ex.payload_bytes(r),
+                         bytes);
+    return ex.payload(r);
+  };
+  combine(desc, own_input(mine, out, bytes, scratch_->copies_of(bytes)), carried, count, out);
 }
 
 // Note [reductions over MPI]: MPI moves the bytes, ZEST does the arithmetic.
