@@ -14,7 +14,7 @@
 // Open MPI, MPICH and Slurm, MASTER_ADDR and MASTER_PORT are used when set
 // (Slurm does not say which host runs rank 0, so a job that wants the TCP
 // rendezvous exports them, e.g. the first host of SLURM_JOB_NODELIST, see
-// README.md). No launcher at all: a single process, rank 0 of 1.
+// docs/LAUNCH.md). No launcher at all: a single process, rank 0 of 1.
 //
 // Malformed values (not a number, a rank outside the world, a port outside
 // 1..65535, a rank variable without its size) are a zest::Error naming the

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Extracts the C++ examples of README.md and of the library's header comments
-into translation units that tests/doc_examples builds and runs (ctest:
-doc_examples). README.md's "Code examples in the docs" says how an example is
-written; in short:
+"""Extracts the C++ examples of the Markdown documentation (README.md and
+docs/*.md) and of the library's header comments into translation units that
+tests/doc_examples builds and runs (ctest: doc_examples). docs/BUILD.md's
+"Code examples in the docs" says how an example is written; in short:
 
-  README.md: every ```cpp block; words after `cpp` are options.
+  README.md, docs/*.md: every ```cpp block; words after `cpp` are options.
   headers:   an indented comment block whose first line is `// zest-example`
              (or `// zest-example: options`); its lines, less the marker's
              indentation, are the code.
@@ -16,9 +16,9 @@ directory). A block with `int main(` is a program (renamed, linked, run when
 marked); any other block is the body of a function, compiled and linked.
 
 Every code line keeps its origin through #line, so a compiler error names
-README.md or the header and the block's line. Comment lines in the scanned
-headers that look like code but are in no marked block are an error here, so
-an example cannot silently escape the test.
+the Markdown file or the header and the block's line. Comment lines in the
+scanned headers that look like code but are in no marked block are an error
+here, so an example cannot silently escape the test.
 
 Programs are also written one to a file, with only their own #includes (and
 their preludes'), and compiled alone (syntax only) by the test, so that a
@@ -41,7 +41,7 @@ import re
 import sys
 
 HEADER_DIRS = ["core", "memory", "nvme", "comm", "launch", "mesh", "optim", "config", "engine", "checkpoint", "hf",
-               "estimate", "data", "torch"]
+               "estimate", "data", "pipeline", "torch"]
 KNOWN_NEEDS = {"torch", "cuda", "mpi"}
 MARKER = re.compile(r"^(\s*)//(\s+)// zest-example(?::\s*(.*?))?\s*$")
 COMMENT = re.compile(r"^\s*//(.*)$")
@@ -55,7 +55,7 @@ class Block:
         self.path = path            # relative to the source root
         self.line = line            # 1-based line of the first code line
         self.code = code_lines      # list of str
-        self.header = header        # the header's include path, or None (README)
+        self.header = header        # the header's include path, or None (a Markdown file)
         self.preludes = []
         self.needs = set()
         self.run = False
@@ -88,8 +88,18 @@ def fail(path, line, msg):
     errors.append(f"{path}:{line}: {msg}")
 
 
-def readme_blocks(root):
-    path = "README.md"
+def markdown_files(root):
+    """README.md, then docs/*.md in name order (paths relative to root)."""
+    files = ["README.md"]
+    docs = os.path.join(root, "docs")
+    if os.path.isdir(docs):
+        files += ["docs/" + f for f in sorted(os.listdir(docs))
+                  if f.endswith(".md") and os.path.isfile(os.path.join(docs, f))]
+    return files
+
+
+def markdown_blocks(root, path):
+    """Every ```cpp block of the Markdown file `path` (relative to root)."""
     lines = open(os.path.join(root, path), encoding="utf-8").read().split("\n")
     blocks, i = [], 0
     while i < len(lines):
@@ -140,7 +150,7 @@ def header_blocks(root, rel):
             c = COMMENT.match(lines[i])
             if c and c.group(1).startswith("  ") and looks_like_code(c.group(1)):
                 fail(rel, i + 1, "a comment line that looks like code outside a `// zest-example` block: "
-                     "mark its block as an example (README.md, Code examples in the docs) or reword it")
+                     "mark its block as an example (docs/BUILD.md, Code examples in the docs) or reword it")
             i += 1
             continue
         lead, indent, options = m.group(1), m.group(2), m.group(3) or ""
@@ -299,7 +309,9 @@ def main():
     if sys.argv[1] == "--alone":
         sys.exit(compile_alone(sys.argv[2], sys.argv[3]))
     root, out_dir, features = sys.argv[1], sys.argv[2], set(sys.argv[3:])
-    blocks = readme_blocks(root)
+    blocks = []
+    for md in markdown_files(root):
+        blocks += markdown_blocks(root, md)
     for d in HEADER_DIRS:
         top = os.path.join(root, d)
         if not os.path.isdir(top):

@@ -1,5 +1,5 @@
 // Support for the generated translation units of the documentation's code
-// examples (scripts/doc_examples.py; README.md, Code examples in the docs).
+// examples (scripts/doc_examples.py; docs/BUILD.md, Code examples in the docs).
 #pragma once
 
 #include <cstdio>

@@ -1,6 +1,6 @@
 # ctest's doc_examples: builds the target doc_examples (the documentation's
 # code examples) and runs it. A block that does not compile fails here, with
-# the compiler's messages, which name README.md or the header and the
+# the compiler's messages, which name the Markdown file or the header and the
 # block's line (the generated code carries #line directives).
 # Then each program among them is compiled alone (syntax only: its own
 # #includes must be enough), and the examples marked `run` are run.
@@ -13,7 +13,7 @@ if(NOT rc EQUAL 0)
   list(REMOVE_DUPLICATES errors)
   list(JOIN errors "\n  " listed)
   message(FATAL_ERROR "${all}\n\ndoc_examples: code examples that do not compile, or comment lines like code in no example:\n  ${listed}\n"
-                      "(the file and line are the example's; see README.md, Code examples in the docs)")
+                      "(the file and line are the example's; see docs/BUILD.md, Code examples in the docs)")
 endif()
 execute_process(COMMAND ${PYTHON} ${SCRIPT} --alone ${BUILD_DIR} ${GEN_DIR} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
