@@ -24,7 +24,7 @@
 
 #include <fmt/format.h>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "zest/core/check.h"
 #include "zest/core/system_error.h"
 #include "zest/nvme/aio_backend.h"

@@ -1,7 +1,7 @@
 // The optimizer step of offload_optimizer for a model of P parameters on
 // one rank: the time of its three stages (reduced gradients device->host,
 // the host optimizer's update, new parameters host->device) and of the
-// pipeline that runs them at once, chunk by chunk (engine/optimizer_offload.h).
+// pipeline that runs them at once, chunk by chunk (engine/detail/optimizer_offload.h).
 //
 // overlap = (d2h + update + h2d - pipeline) / (d2h + update + h2d - slowest)
 // is 1 when the pipeline takes only as long as its slowest stage (the bound)
@@ -15,7 +15,7 @@
 // is StepResult::times (host clock; on CUDA the copies are timed by events).
 //
 // --nvme DIR offloads to a swap file in DIR instead (offload_optimizer
-// device "nvme", engine/offload_swap.h): the update then also waits for the
+// device "nvme", engine/detail/offload_swap.h): the update then also waits for the
 // ring's reads and writes, and the step is compared with CPU offload's.
 // The step's I/O is then timed alone in the same run, on a swap file of
 // the engine's geometry in DIR (its records, buffer_count ring buffers,
@@ -42,7 +42,7 @@
 
 #include <fmt/format.h>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/core/check.h"
 #include "zest/core/float16.h"

@@ -27,7 +27,7 @@
 
 #include <fmt/format.h>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/engine/engine.h"
 #include "zest/memory/caching_allocator.h"

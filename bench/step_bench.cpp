@@ -52,7 +52,7 @@
 
 #include <fmt/format.h>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/core/check.h"
 #include "zest/core/float16.h"

@@ -28,7 +28,7 @@
 
 #include <fmt/format.h>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "common/corpus.h"
 #include "model.h"
 #include "trainer.h"

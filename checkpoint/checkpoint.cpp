@@ -16,7 +16,7 @@
 #include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
 #include "zest/checkpoint/model_parallel_parts.h"
-#include "zest/checkpoint/on_every_rank.h"
+#include "zest/checkpoint/detail/on_every_rank.h"
 #include "zest/checkpoint/optimizer_state_map.h"
 #include "zest/checkpoint/user_state_files.h"
 #include "zest/checkpoint/weights_io.h"

@@ -9,7 +9,7 @@
 #include "zest/core/check.h"
 #include "zest/core/crc32.h"
 #include "zest/core/file_io.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/json_parse.h"
 
 namespace zest {
 namespace {

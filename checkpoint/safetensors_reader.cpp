@@ -9,7 +9,7 @@
 //    a read can fail only through I/O (a file truncated while open).
 //  - Duplicate JSON keys are errors (nlohmann keeps the last one silently),
 //    and so is any nesting deeper than a header has, so a hostile header
-//    cannot recurse deep into the parser (config/json_parse.h).
+//    cannot recurse deep into the parser (config/detail/json_parse.h).
 //  - Reads are positioned (pread) and const: one SafetensorsFile may serve
 //    several threads at once. Conversions stream through a bounded staging
 //    buffer, so converting a 10 GB tensor costs kStagingElems of extra memory.
@@ -23,7 +23,7 @@
 #include <cstring>
 #include <set>
 
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/core/file_io.h"
 #include "zest/core/system_error.h"

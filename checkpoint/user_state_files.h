@@ -1,5 +1,6 @@
-// Internal: the user state files of a checkpoint (user_state.h), for the
-// save and load of checkpoint.cpp and the zest-ckpt tool.
+// The user state files of a checkpoint (user_state.h): their names and
+// readers, for the save and load of checkpoint.cpp and for zest-ckpt, which
+// inspects and reshards them.
 #pragma once
 
 #include <string>

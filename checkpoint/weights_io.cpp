@@ -13,8 +13,8 @@
 
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
-#include "zest/checkpoint/on_every_rank.h"
-#include "zest/checkpoint/owned_pieces.h"
+#include "zest/checkpoint/detail/on_every_rank.h"
+#include "zest/checkpoint/detail/owned_pieces.h"
 #include "zest/checkpoint/safetensors.h"
 #include "zest/checkpoint/whole_model.h"
 #include "zest/optim/grad_ops.h"

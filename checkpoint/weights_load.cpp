@@ -34,7 +34,7 @@
 #include <cstring>
 #include <memory>
 
-#include "zest/checkpoint/owned_pieces.h"
+#include "zest/checkpoint/detail/owned_pieces.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/core/check.h"
 #include "zest/memory/raw_allocator.h"

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "zest/checkpoint/on_every_rank.h"
+#include "zest/checkpoint/detail/on_every_rank.h"
 #include "zest/comm/gather_scalars.h"
 #include "zest/core/check.h"
 #include "zest/memory/copy.h"

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "zest/comm/reduce_element.h"
-#include "zest/core/bf16_avx2.h"
+#include "zest/comm/detail/reduce_element.h"
+#include "zest/core/detail/bf16_avx2.h"
 #include "zest/core/check.h"
 #include "zest/core/cpu_isa.h"
 #include "zest/core/float16_arrays.h"
@@ -138,7 +138,7 @@ ZEST_TARGET_AVX512 void reduce_avx512(const Args& a, DType dtype, ReduceOp op) {
 // (core/float16_arrays.h, the same bits; not under ZEST_CPU_ISA=baseline,
 // which keeps the portable loops for tests), and two-input bf16 on AVX2
 // through float_to_bf16_bits written in AVX2 instructions
-// (core/bf16_avx2.h). Each element sees the same operations in the same
+// (core/detail/bf16_avx2.h). Each element sees the same operations in the same
 // order as in reduce_typed (widen exactly, add or combine in float in rank
 // order, / n for avg, one rounding), so the bits do not change;
 // test_host_reduce checks every bit pattern on every path. bf16 with more

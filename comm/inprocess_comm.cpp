@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "zest/comm/host_reduce.h"
-#include "zest/comm/inprocess_data.h"
+#include "zest/comm/detail/inprocess_data.h"
 #include "zest/core/rank_context.h"
 #include "zest/core/spin_wait.h"
 #include "zest/memory/copy.h"

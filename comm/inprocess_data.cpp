@@ -1,7 +1,7 @@
-#include "zest/comm/inprocess_data.h"
+#include "zest/comm/detail/inprocess_data.h"
 
 #include "zest/comm/host_reduce.h"
-#include "zest/comm/inprocess_data_cuda.h"
+#include "zest/comm/detail/inprocess_data_cuda.h"
 
 namespace zest::inprocess {
 

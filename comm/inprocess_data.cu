@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "zest/comm/inprocess_data_cuda.h"
-#include "zest/comm/reduce_element.h"
+#include "zest/comm/detail/inprocess_data_cuda.h"
+#include "zest/comm/detail/reduce_element.h"
 #include "zest/core/cuda_check.h"
 #include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"

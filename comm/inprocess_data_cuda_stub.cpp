@@ -1,6 +1,6 @@
 // Builds without CUDA: in-process groups on a GPU cannot be created (the
 // device check refuses them first), so these are never reached.
-#include "zest/comm/inprocess_data_cuda.h"
+#include "zest/comm/detail/inprocess_data_cuda.h"
 #include "zest/core/check.h"
 
 namespace zest::inprocess {

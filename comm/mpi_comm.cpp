@@ -16,10 +16,10 @@
 #include <fmt/ranges.h>
 
 #include "zest/comm/host_reduce.h"
-#include "zest/comm/mpi_exchange.h"
-#include "zest/comm/mpi_poll.h"
-#include "zest/comm/mpi_presence.h"
-#include "zest/comm/mpi_transfer.h"
+#include "zest/comm/detail/mpi_exchange.h"
+#include "zest/comm/detail/mpi_poll.h"
+#include "zest/comm/detail/mpi_presence.h"
+#include "zest/comm/detail/mpi_transfer.h"
 #include "zest/core/exit_deadline.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"

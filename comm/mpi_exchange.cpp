@@ -1,4 +1,4 @@
-#include "zest/comm/mpi_exchange.h"
+#include "zest/comm/detail/mpi_exchange.h"
 
 #include <algorithm>
 #include <cstring>

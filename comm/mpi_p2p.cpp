@@ -23,9 +23,9 @@
 #include <fmt/ranges.h>
 
 #include "zest/comm/mpi_comm.h"
-#include "zest/comm/mpi_exchange.h"
-#include "zest/comm/mpi_poll.h"
-#include "zest/comm/mpi_presence.h"
+#include "zest/comm/detail/mpi_exchange.h"
+#include "zest/comm/detail/mpi_poll.h"
+#include "zest/comm/detail/mpi_presence.h"
 #include "zest/core/mpi_check.h"
 
 namespace zest {

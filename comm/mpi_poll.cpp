@@ -1,4 +1,4 @@
-#include "zest/comm/mpi_poll.h"
+#include "zest/comm/detail/mpi_poll.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
 // Note [the presence channel] (mpi_presence.h): the process's side channel,
 // its messages, and the hook in MPI_Finalize that says a rank is leaving.
-#include "zest/comm/mpi_presence.h"
+#include "zest/comm/detail/mpi_presence.h"
 
 #include <unistd.h>
 
@@ -15,7 +15,7 @@
 
 #include "zest/comm/communicator.h"
 #include "zest/comm/mpi_comm.h"
-#include "zest/comm/mpi_poll.h"
+#include "zest/comm/detail/mpi_poll.h"
 #include "zest/core/exit_deadline.h"
 #include "zest/core/logging.h"
 #include "zest/core/mpi_check.h"

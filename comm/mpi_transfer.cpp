@@ -1,4 +1,4 @@
-#include "zest/comm/mpi_transfer.h"
+#include "zest/comm/detail/mpi_transfer.h"
 
 #include "zest/core/mpi_check.h"
 

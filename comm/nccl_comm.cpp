@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "zest/comm/nccl_watchdog.h"
+#include "zest/comm/detail/nccl_watchdog.h"
 #include "zest/core/cuda_check.h"
 #include "zest/core/cuda_stream.h"
 #include "zest/core/deadline.h"

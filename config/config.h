@@ -192,10 +192,10 @@ struct ZeroConfig {
 // and max_in_cpu) and the top-level `aio` section. The Engine runs
 // offload_optimizer "nvme": the offloaded master weights and optimizer state
 // in a swap file per rank under nvme_path, streamed through buffer_count
-// aligned host buffers at each step (engine/offload_swap.h), and, with it,
+// aligned host buffers at each step (engine/detail/offload_swap.h), and, with it,
 // offload_param "nvme": the parameter shards past max_in_cpu in a second
 // swap file, read through buffer_count buffers of at most buffer_size
-// elements when gathered (engine/param_swap.h). With any other device the NVMe
+// elements when gathered (engine/detail/param_swap.h). With any other device the NVMe
 // keys are read (type and range checked) and noted as ignored, as DeepSpeed
 // reads them only for "nvme". The deprecated cpu_offload /
 // cpu_offload_param (true) are read as {"device": "cpu"};
@@ -233,7 +233,7 @@ struct OffloadParamConfig {
   // directory, the prefetch buffers (buffer_count of buffer_size elements
   // of the compute dtype, which each shard on NVMe must fit) and how many
   // elements of the trainable shards stay in host memory (max_in_cpu: the
-  // first units' while they fit); engine/param_swap.h. The Engine runs it
+  // first units' while they fit); engine/detail/param_swap.h. The Engine runs it
   // at stage 3 with offload_optimizer kNvme at ratio 1.
   std::string nvme_path;
   int64_t buffer_count = 5, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements

@@ -5,7 +5,7 @@
 // it only for "nvme": without it, it is noted as ignored.
 #include <fmt/format.h>
 
-#include "zest/config/config_sections.h"
+#include "zest/config/detail/config_sections.h"
 
 namespace zest::config_detail {
 

@@ -5,7 +5,7 @@
 // even when ignored, so a misspelt key inside one is still refused.
 #include <fmt/format.h>
 
-#include "zest/config/config_sections.h"
+#include "zest/config/detail/config_sections.h"
 
 namespace zest::config_detail {
 

@@ -4,8 +4,8 @@
 // config_features.cpp; config_reader.h says how a section is read.
 #include <fmt/format.h>
 
-#include "zest/config/config_sections.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/config_sections.h"
+#include "zest/config/detail/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/core/file_io.h"
 

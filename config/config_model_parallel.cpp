@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "zest/config/config_sections.h"
+#include "zest/config/detail/config_sections.h"
 
 namespace zest::config_detail {
 namespace {

@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "zest/config/config_sections.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/config_sections.h"
+#include "zest/config/detail/json_parse.h"
 
 namespace zest::config_detail {
 namespace {

@@ -2,7 +2,7 @@
 // DeepSpeed uses) that writes the equivalent JSON. Values JSON also has
 // are copied as written, so nlohmann's parser (in parse_json) still checks
 // every escape and number of them.
-#include "zest/config/hjson.h"
+#include "zest/config/detail/hjson.h"
 
 #include <fmt/format.h>
 

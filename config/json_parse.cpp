@@ -2,7 +2,7 @@
 // which checks nesting, duplicate keys and numbers as each event arrives
 // (before anything deeper is built), and knows the byte offset and the key
 // path of every event for its errors.
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/json_parse.h"
 
 #include <fmt/format.h>
 
@@ -12,7 +12,7 @@
 #include <limits>
 #include <vector>
 
-#include "zest/config/hjson.h"
+#include "zest/config/detail/hjson.h"
 #include "zest/core/check.h"
 
 namespace zest::detail {

@@ -1,4 +1,4 @@
-#include "zest/core/cuda_runtime.h"
+#include "zest/core/detail/cuda_runtime.h"
 
 #include <cuda.h>  // the driver's types; its functions come from the runtime (driver_entry)
 #include <cuda_runtime.h>

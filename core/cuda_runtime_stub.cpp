@@ -1,7 +1,7 @@
 // The CUDA runtime shim for builds without CUDA: there are no devices, and any
 // attempt to use one says how to get a build that has them.
 #include "zest/core/check.h"
-#include "zest/core/cuda_runtime.h"
+#include "zest/core/detail/cuda_runtime.h"
 
 namespace zest::cuda_rt {
 namespace {

@@ -3,7 +3,7 @@
 #include <charconv>
 
 #include "zest/core/check.h"
-#include "zest/core/cuda_runtime.h"
+#include "zest/core/detail/cuda_runtime.h"
 #include "zest/core/device_switch.h"
 #include "zest/core/logging.h"
 

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "zest/core/bf16_avx2.h"
+#include "zest/core/detail/bf16_avx2.h"
 #include "zest/core/check.h"
 #include "zest/core/cpu_isa.h"
 

@@ -3,7 +3,7 @@
 // optim/ and comm/: fp16 with F16C's instructions (VCVTPH2PS and
 // VCVTPS2PH), which GCC does not turn the integer conversions into (the
 // portable fp16 loops take 5-25x their time), and bf16's rounding on AVX2
-// (core/bf16_avx2.h; GCC's loop takes about twice as long).
+// (core/detail/bf16_avx2.h; GCC's loop takes about twice as long).
 //
 // F16C's give core/float16.h's bits: both round to nearest even, are exact
 // for subnormals, and quiet a NaN keeping its sign and top payload bits; the

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "zest/core/check.h"
-#include "zest/core/cuda_runtime.h"
+#include "zest/core/detail/cuda_runtime.h"
 #include "zest/core/host_queue.h"
 
 namespace zest {

@@ -12,11 +12,11 @@
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/core/process_memory.h"
-#include "zest/engine/engine_state.h"
+#include "zest/engine/detail/engine_state.h"
 #include "zest/engine/host_comm_thread.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/engine/master_precision.h"
-#include "zest/engine/shard_groups.h"
+#include "zest/engine/detail/shard_groups.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/grad_ops.h"
 
@@ -87,7 +87,7 @@ EngineConfig checked(EngineConfig c, const Communicator& comm) {
                                   : c.offload_optimizer.device == OffloadDevice::kNvme ? "nvme"
                                                                                        : "none";
     if (c.offload_param.device == OffloadDevice::kNvme) {
-      // Note [parameter swap regions] (engine/param_swap.h): a step whose
+      // Note [parameter swap regions] (engine/detail/param_swap.h): a step whose
       // write of the parameters to the drive fails is undone with the
       // optimizer's roll back of the master weights, which only a master on
       // the drive has (its two regions); one in host memory is updated in
@@ -385,7 +385,7 @@ void check_same_model(Communicator& control, const std::string& text, CachingAll
 
 }  // namespace
 
-// offload_param nvme (engine/param_swap.h): the units gathered on demand
+// offload_param nvme (engine/detail/param_swap.h): the units gathered on demand
 // whose shards max_in_cpu leaves out of host memory, in a swap file. Refuses
 // a shard larger than offload_param.buffer_size by name, as DeepSpeed's
 // swapper asserts it.

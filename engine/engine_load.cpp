@@ -24,7 +24,7 @@
 
 #include "zest/core/check.h"
 #include "zest/engine/engine.h"
-#include "zest/engine/engine_state.h"
+#include "zest/engine/detail/engine_state.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/grad_ops.h"
 

@@ -24,7 +24,7 @@
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/engine/engine.h"
-#include "zest/engine/engine_state.h"
+#include "zest/engine/detail/engine_state.h"
 
 namespace zest {
 

@@ -12,7 +12,7 @@
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/engine/engine.h"
-#include "zest/engine/engine_state.h"
+#include "zest/engine/detail/engine_state.h"
 #include "zest/engine/layout_constants.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/exact_sum.h"

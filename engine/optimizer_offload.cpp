@@ -1,4 +1,4 @@
-#include "zest/engine/optimizer_offload.h"
+#include "zest/engine/detail/optimizer_offload.h"
 
 #include <algorithm>
 #include <chrono>

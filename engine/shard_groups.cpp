@@ -1,4 +1,4 @@
-#include "zest/engine/shard_groups.h"
+#include "zest/engine/detail/shard_groups.h"
 
 #include "zest/core/check.h"
 

@@ -236,7 +236,7 @@ SwapBytes offload_swap_bytes(size_t host_numel, const EstimateOptions& o) {
           static_cast<int64_t>(record)};
 }
 
-// offload_param nvme (engine/param_swap.h, Engine::make_param_swap): the
+// offload_param nvme (engine/detail/param_swap.h, Engine::make_param_swap): the
 // trainable shards gathered on demand while they add up to at most
 // max_in_cpu stay in host memory; every later one, and every frozen one, is
 // in the swap file, two slots of its compute-dtype bytes padded to 4096

@@ -28,7 +28,7 @@
 // Host memory is counted apart, by the same categories (MemoryReport's
 // host_by_category measures it): with offload_optimizer (device cpu, what
 // the engine runs) the offloaded part of each rank's fp32 master weights and
-// optimizer state (ratio of the owned elements, engine/optimizer_offload.h)
+// optimizer state (ratio of the owned elements, engine/detail/optimizer_offload.h)
 // and the copies' staging slots (comm_buffers); with offload_param at stage
 // 3 (which the engine runs with all of the optimizer offloaded), the
 // parameter shards of the gathered units, which then reach the device only
@@ -38,7 +38,7 @@
 //
 // NVMe is the third tier (MemoryReport::nvme_by_category measures it): with
 // offload_optimizer device nvme the offloaded master weights and optimizer
-// state are in one swap file per rank (engine/offload_swap.h), whose bytes
+// state are in one swap file per rank (engine/detail/offload_swap.h), whose bytes
 // are counted exactly as the engine sizes the file: records of one pipeline
 // chunk (master, then each state buffer) padded to 4096 bytes, two regions
 // of them (Note [offload swap regions]). The host then keeps the copies'
@@ -47,7 +47,7 @@
 // allocator's comm_buffers. With offload_param device nvme (which the
 // engine runs with offload_optimizer nvme) the parameter shards past
 // max_in_cpu, and the frozen ones, are in a second swap file per rank
-// (engine/param_swap.h): kParameters of nvme_by_category, two slots of each
+// (engine/detail/param_swap.h): kParameters of nvme_by_category, two slots of each
 // shard padded to 4096 bytes; its pool of buffer_count buffers of the
 // largest such shard (and 4096 bytes to align them) is in
 // host_swap_buffer_bytes too.

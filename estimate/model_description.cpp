@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/estimate/memory_estimate.h"
 

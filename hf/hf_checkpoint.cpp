@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "zest/checkpoint/checkpoint_paths.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/core/file_io.h"
 

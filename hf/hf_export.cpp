@@ -16,12 +16,12 @@
 #include "zest/checkpoint/safetensors.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/checkpoint/whole_model.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/core/file_io.h"
 #include "zest/core/trim_heap.h"
 #include "zest/hf/hf_checkpoint.h"
-#include "zest/hf/hf_progress.h"
+#include "zest/hf/detail/hf_progress.h"
 
 namespace zest {
 namespace fs = std::filesystem;

@@ -7,13 +7,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "zest/checkpoint/on_every_rank.h"
+#include "zest/checkpoint/detail/on_every_rank.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/comm/gather_scalars.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/hf/hf_checkpoint.h"
-#include "zest/hf/hf_progress.h"
+#include "zest/hf/detail/hf_progress.h"
 #include "zest/memory/raw_allocator.h"
 
 namespace zest {

@@ -28,7 +28,7 @@
 // On a device mesh (Engine::model_parallel(): tp x pp above 1) each rank
 // reads its own stage's tensors, and of a tensor-parallel parameter
 // (ParamSpec::tp_split) its tp slice of the whole tensor, run by run
-// (checkpoint/owned_pieces.h's SourceMap): the tensor's shape is checked
+// (checkpoint/detail/owned_pieces.h's SourceMap): the tensor's shape is checked
 // against the whole parameter's, and a tensor is extra only when no rank of
 // the model-parallel group registers it (counted over that group once the
 // match has been agreed over the whole mesh).

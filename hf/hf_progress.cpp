@@ -1,4 +1,4 @@
-#include "zest/hf/hf_progress.h"
+#include "zest/hf/detail/hf_progress.h"
 
 #include "zest/core/logging.h"
 

@@ -14,7 +14,7 @@
 #include "zest/core/logging.h"
 
 #if ZEST_WITH_MPI
-#include "zest/comm/mpi_poll.h"
+#include "zest/comm/detail/mpi_poll.h"
 #include "zest/core/mpi_check.h"
 #endif
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "zest/comm/communicator.h"
-#include "zest/launch/rendezvous_wire.h"
+#include "zest/launch/detail/rendezvous_wire.h"
 #include "zest/core/check.h"
 #include "zest/core/file_io.h"
 #include "zest/core/logging.h"

@@ -1,4 +1,4 @@
-#include "zest/launch/rendezvous_wire.h"
+#include "zest/launch/detail/rendezvous_wire.h"
 
 namespace zest::wire {
 

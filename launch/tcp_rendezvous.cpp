@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "zest/comm/communicator.h"
-#include "zest/launch/rendezvous_wire.h"
-#include "zest/launch/tcp_socket.h"
+#include "zest/launch/detail/rendezvous_wire.h"
+#include "zest/launch/detail/tcp_socket.h"
 #include "zest/core/check.h"
 #include "zest/core/logging.h"
 #include "zest/core/system_error.h"

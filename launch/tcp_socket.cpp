@@ -1,4 +1,4 @@
-#include "zest/launch/tcp_socket.h"
+#include "zest/launch/detail/tcp_socket.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,6 +1,7 @@
-// Internal to the caching allocator: blocks, the segments they tile, and the
-// pools of free blocks searched for best fit. See caching_allocator.cpp for
-// the policies that use them.
+// The caching allocator's blocks, the segments they tile, and the pools of
+// free blocks searched for best fit: installed because CachingAllocator
+// holds its pools by value, not an interface to call. See
+// caching_allocator.cpp for the policies that use them.
 #pragma once
 
 #include <cstddef>

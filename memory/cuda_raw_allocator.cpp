@@ -1,6 +1,6 @@
 // Raw allocators over the CUDA runtime: device memory and pinned host memory.
 #include "zest/core/cuda_check.h"
-#include "zest/core/cuda_runtime.h"
+#include "zest/core/detail/cuda_runtime.h"
 #include "zest/memory/raw_allocator.h"
 
 namespace zest {

@@ -15,7 +15,7 @@
 #include "zest/core/logging.h"
 #include "zest/core/system_error.h"
 #include "zest/memory/raw_allocator.h"
-#include "zest/nvme/aio_pieces.h"
+#include "zest/nvme/detail/aio_pieces.h"
 #include "zest/nvme/swap_file.h"
 #include "zest_generated/build_config.h"
 

@@ -15,7 +15,7 @@
 
 #include "zest/core/check.h"
 #include "zest/nvme/aio_backend.h"
-#include "zest/nvme/aio_pieces.h"
+#include "zest/nvme/detail/aio_pieces.h"
 
 namespace zest::detail {
 namespace {

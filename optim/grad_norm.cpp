@@ -7,11 +7,11 @@
 
 #include "zest/core/check.h"
 #include "zest/core/host_queue.h"
-#include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/detail/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
-#include "zest/optim/host_convert.h"
-#include "zest/optim/host_kernels.h"
-#include "zest/optim/optim_cuda.h"
+#include "zest/optim/detail/host_convert.h"
+#include "zest/optim/detail/host_kernels.h"
+#include "zest/optim/detail/optim_cuda.h"
 #include "zest/optim/step_decision.h"
 
 namespace zest {

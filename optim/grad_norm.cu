@@ -13,11 +13,11 @@
 #include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"
 #include "zest/optim/chunk_sum_order.h"
-#include "zest/optim/cuda_elementwise.cuh"
-#include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/detail/cuda_elementwise.cuh"
+#include "zest/optim/detail/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
 #include "zest/optim/exact_sum_grid.h"
-#include "zest/optim/optim_cuda.h"
+#include "zest/optim/detail/optim_cuda.h"
 #include "zest/optim/step_decision.h"
 
 namespace zest::detail {

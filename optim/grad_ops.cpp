@@ -11,10 +11,10 @@
 #include "zest/core/check.h"
 #include "zest/core/host_queue.h"
 #include "zest/memory/copy.h"
-#include "zest/optim/dtype_dispatch.h"
-#include "zest/optim/host_convert.h"
-#include "zest/optim/host_kernels.h"
-#include "zest/optim/optim_cuda.h"
+#include "zest/optim/detail/dtype_dispatch.h"
+#include "zest/optim/detail/host_convert.h"
+#include "zest/optim/detail/host_kernels.h"
+#include "zest/optim/detail/optim_cuda.h"
 
 namespace zest {
 namespace {

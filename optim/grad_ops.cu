@@ -6,9 +6,9 @@
 #include "zest/core/cuda_check.h"
 #include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"
-#include "zest/optim/cuda_elementwise.cuh"
-#include "zest/optim/dtype_dispatch.h"
-#include "zest/optim/optim_cuda.h"
+#include "zest/optim/detail/cuda_elementwise.cuh"
+#include "zest/optim/detail/dtype_dispatch.h"
+#include "zest/optim/detail/optim_cuda.h"
 
 namespace zest::detail {
 namespace {

@@ -1,8 +1,8 @@
 // The host conversions of host_convert.h: the loops of the HostKernels table
 // for this CPU (host_kernels.h).
-#include "zest/optim/host_convert.h"
+#include "zest/optim/detail/host_convert.h"
 
-#include "zest/optim/host_kernels.h"
+#include "zest/optim/detail/host_kernels.h"
 
 namespace zest::detail {
 

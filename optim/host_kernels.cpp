@@ -2,7 +2,7 @@
 // AVX2 and AVX-512, with F16C's fp16 conversions where the CPU has them and
 // AVX2's bf16 narrowing (core/float16_arrays.h). Built with the flags of
 // optim/CMakeLists.txt (no FMA contraction; vectorizing options).
-#include "zest/optim/host_kernels.h"
+#include "zest/optim/detail/host_kernels.h"
 
 #include <cstring>
 
@@ -51,7 +51,7 @@ HostKernels make_table(CpuIsa isa) {
 #if ZEST_X86_DISPATCH
   if (isa == CpuIsa::kAvx2) {
     k = ZEST_KERNEL_TABLE(avx2, CpuIsa::kAvx2);
-    k.narrow_bf16 = narrow_bf16_avx2;  // core/bf16_avx2.h: half GCC's instructions
+    k.narrow_bf16 = narrow_bf16_avx2;  // core/detail/bf16_avx2.h: half GCC's instructions
   }
   if (isa == CpuIsa::kAvx512) k = ZEST_KERNEL_TABLE(avx512, CpuIsa::kAvx512);
   if (use_f16c()) {

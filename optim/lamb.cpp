@@ -9,11 +9,11 @@
 
 #include "zest/core/check.h"
 #include "zest/optim/chunk_sum_order.h"
-#include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/detail/dtype_dispatch.h"
 #include "zest/optim/exact_sum.h"
-#include "zest/optim/lamb_impl.h"
-#include "zest/optim/optim_cuda.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/lamb_impl.h"
+#include "zest/optim/detail/optim_cuda.h"
+#include "zest/optim/detail/optimizer_impl.h"
 
 namespace zest {
 namespace {

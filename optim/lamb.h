@@ -1,5 +1,5 @@
 // The LAMB optimizer's step (DeepSpeed's Lamb / FusedLamb; the formula is in
-// optim/lamb_impl.h): an Adam-style update u scaled, per parameter tensor, by
+// optim/detail/lamb_impl.h): an Adam-style update u scaled, per parameter tensor, by
 // the trust ratio ||w|| / ||u||. A parameter may be split across ranks'
 // shards and across the runs of a unit's shard, so the step is two passes
 // with a reduction between them:

@@ -17,11 +17,11 @@
 #include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"
 #include "zest/optim/chunk_sum_order.h"
-#include "zest/optim/cuda_elementwise.cuh"
+#include "zest/optim/detail/cuda_elementwise.cuh"
 #include "zest/optim/exact_sum.h"
-#include "zest/optim/lamb_impl.h"
-#include "zest/optim/optim_cuda.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/lamb_impl.h"
+#include "zest/optim/detail/optim_cuda.h"
+#include "zest/optim/detail/optimizer_impl.h"
 #include "zest/optim/step_decision.h"
 
 namespace zest::detail {

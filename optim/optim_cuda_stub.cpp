@@ -1,7 +1,7 @@
 // Builds without CUDA: a CUDA stream cannot be created (the device check
 // refuses it first), so these are never reached; they say what would help.
 #include "zest/core/check.h"
-#include "zest/optim/optim_cuda.h"
+#include "zest/optim/detail/optim_cuda.h"
 
 namespace zest::detail {
 namespace {

@@ -5,9 +5,9 @@
 #include <limits>
 
 #include "zest/core/check.h"
-#include "zest/optim/lamb_impl.h"
-#include "zest/optim/optim_cuda.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/lamb_impl.h"
+#include "zest/optim/detail/optim_cuda.h"
+#include "zest/optim/detail/optimizer_impl.h"
 #include "zest/optim/step_decision.h"
 
 namespace zest {

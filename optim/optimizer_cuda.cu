@@ -15,9 +15,9 @@
 #include "zest/core/cuda_check.h"
 #include "zest/core/cuda_stream.h"
 #include "zest/core/device.h"
-#include "zest/optim/cuda_elementwise.cuh"
-#include "zest/optim/optim_cuda.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/cuda_elementwise.cuh"
+#include "zest/optim/detail/optim_cuda.h"
+#include "zest/optim/detail/optimizer_impl.h"
 #include "zest/optim/step_decision.h"
 
 namespace zest::detail {

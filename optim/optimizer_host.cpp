@@ -18,10 +18,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "zest/optim/host_convert.h"
-#include "zest/optim/host_kernels.h"
+#include "zest/optim/detail/host_convert.h"
+#include "zest/optim/detail/host_kernels.h"
 #include "zest/optim/optimizer.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/optimizer_impl.h"
 
 namespace zest::detail {
 namespace {

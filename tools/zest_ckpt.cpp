@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "zest/core/check.h"
 #include "zest/core/units.h"
 #include "zest/checkpoint/checkpoint.h"

@@ -22,7 +22,7 @@
 
 #include <fmt/format.h>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "zest/core/check.h"
 #include "zest/config/config.h"
 #include "zest/core/file_io.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "zest/comm/nccl_comm.h"
-#include "zest/comm/pending_collectives.h"
+#include "zest/comm/detail/pending_collectives.h"
 #include "zest/core/cuda_check.h"
 #include "zest/core/deadline.h"
 #include "zest/core/logging.h"

@@ -178,4 +178,7 @@ std::optional<std::string> did_you_mean(const std::string& word, const std::vect
 // object whose "enabled" is on.
 bool is_on(const json& v);
 
+// `s` in lower case (ASCII): the case-insensitive names of the config.
+std::string lower(std::string s);
+
 }  // namespace zest::config_detail

@@ -7,7 +7,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "zest/config/config_reader.h"
+#include "zest/config/detail/config_reader.h"
 
 namespace zest::config_detail {
 

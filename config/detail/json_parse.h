@@ -33,7 +33,7 @@ struct JsonLimits {
   // 1. What a file of the kind holds, with room to spare: never more than a
   // few hundred, so that no caller recurses deep on a parsed document.
   int max_depth = 16;
-  // Read as Hjson (config/hjson.h), as DeepSpeed reads its config files:
+  // Read as Hjson (config/detail/hjson.h), as DeepSpeed reads its config files:
   // comments, trailing commas, unquoted keys and strings. Byte offsets in
   // errors are the file's as written.
   bool hjson = false;

@@ -9,9 +9,9 @@
 
 #include "zest/core/stream.h"
 #include "zest/engine/engine.h"
-#include "zest/engine/optimizer_offload.h"
-#include "zest/engine/param_swap.h"
-#include "zest/engine/shard_groups.h"
+#include "zest/engine/detail/optimizer_offload.h"
+#include "zest/engine/detail/param_swap.h"
+#include "zest/engine/detail/shard_groups.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/optim/lamb.h"
 
@@ -149,7 +149,7 @@ struct Engine::Impl {
   Buffer state[2];  // optimizer state
   size_t host_numel = 0;
   std::unique_ptr<OptimizerOffload> offload;  // with host_numel > 0
-  // offload_param nvme: the shards past max_in_cpu (engine/param_swap.h).
+  // offload_param nvme: the shards past max_in_cpu (engine/detail/param_swap.h).
   std::unique_ptr<ParamSwap> param_swap;
   LossScaler scaler;
 

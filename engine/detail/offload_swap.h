@@ -46,6 +46,11 @@
 
 namespace zest {
 
+// The swap files' records and slots are laid out before a file exists, for
+// direct I/O's usual alignment of 4096 bytes; a file system that asks more
+// (SwapFile::alignment) is refused by name when the file is opened.
+inline constexpr size_t kAssumedSwapAlignment = 4096;
+
 struct OffloadSwapConfig {
   std::string nvme_path;  // the directory of the swap file (must exist)
   int buffer_count = 4;   // the ring's buffers
@@ -57,7 +62,7 @@ struct OffloadSwapConfig {
 };
 
 // Test seam: the I/O engine of the swap files OffloadSwap and ParamSwap
-// (engine/param_swap.h) make from now on in this process (an Engine's,
+// (engine/detail/param_swap.h) make from now on in this process (an Engine's,
 // whose config has no place for one), for tests that inject failures; an
 // empty function restores make_aio_backend.
 void set_offload_swap_io(std::function<std::shared_ptr<AioBackend>()> make);

@@ -21,7 +21,7 @@
 // is not (fp32 compute: the master is the parameters, and it is copied back
 // whole).
 //
-// With offload_optimizer device "nvme" (OffloadSwap, engine/offload_swap.h)
+// With offload_optimizer device "nvme" (OffloadSwap, engine/detail/offload_swap.h)
 // the master weights and state of the host part live in a swap file, and
 // the update runs on the ring buffer that holds each chunk as it streams
 // through: the same pipeline, the same arithmetic, the same bits. The
@@ -53,7 +53,7 @@
 #include "zest/core/dtype.h"
 #include "zest/core/stream.h"
 #include "zest/engine/layout.h"
-#include "zest/engine/offload_swap.h"
+#include "zest/engine/detail/offload_swap.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/memory/copy_queue.h"
 #include "zest/optim/optimizer.h"
@@ -70,7 +70,7 @@ struct OffloadUnit {
   std::byte* params = nullptr;      // device: the compute-dtype parameter shard
   const std::vector<GroupRun>* runs = nullptr;  // shard-relative
   // Set instead of `params` (offload_param nvme: the shard is in a swap
-  // file, engine/param_swap.h): the new parameters [at, at + n) of the
+  // file, engine/detail/param_swap.h): the new parameters [at, at + n) of the
   // shard, host memory, handed over in order as each chunk is updated.
   std::function<void(size_t at, const std::byte* values, size_t n)> put;
 };

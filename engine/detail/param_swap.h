@@ -25,7 +25,7 @@
 //                 sub-groups).
 //
 // Note [parameter swap regions]: every unit has two slots in the file (two
-// regions of the file, like engine/offload_swap.h's); one holds its current
+// regions of the file, like engine/detail/offload_swap.h's); one holds its current
 // values. The step's write-back goes to the other slot and becomes current
 // only at commit(), which the engine calls once the whole step succeeded
 // (on several ranks: once every rank's did). A failed step discards it: the

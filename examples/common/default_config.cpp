@@ -1,6 +1,6 @@
 #include "common/default_config.h"
 
-#include "common/cli.h"
+#include "cli/cli.h"
 
 namespace examples {
 

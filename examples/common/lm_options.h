@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "zest/comm/communicator.h"
 #include "zest/pipeline/schedule.h"
 

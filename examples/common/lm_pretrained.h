@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "zest/core/dtype.h"
 #include "zest/engine/engine.h"
 #include "zest/hf/hf_import.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "common/lm_options.h"
 #include "common/lm_pretrained.h"
 #include "model.h"

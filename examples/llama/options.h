@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "common/lm_options.h"
 #include "common/lm_pretrained.h"
 #include "config.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cli.h"
+#include "cli/cli.h"
 #include "mlp.h"
 #include "zest/config/config.h"
 

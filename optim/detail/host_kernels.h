@@ -11,7 +11,7 @@
 #include "zest/core/cpu_isa.h"
 #include "zest/core/float16.h"
 #include "zest/optim/chunk_sum_order.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/optimizer_impl.h"
 
 namespace zest::detail {
 

@@ -12,7 +12,7 @@
 #include "zest/core/dtype.h"
 #include "zest/core/stream.h"
 #include "zest/optim/lamb.h"
-#include "zest/optim/lamb_impl.h"
+#include "zest/optim/detail/lamb_impl.h"
 #include "zest/optim/optimizer.h"
 
 namespace zest {

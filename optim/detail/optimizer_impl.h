@@ -24,7 +24,7 @@
 
 #include "zest/core/check.h"
 #include "zest/core/platform.h"
-#include "zest/optim/dtype_dispatch.h"
+#include "zest/optim/detail/dtype_dispatch.h"
 #include "zest/optim/optimizer.h"
 
 namespace zest::detail {

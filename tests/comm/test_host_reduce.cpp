@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "zest/comm/host_reduce.h"
-#include "zest/comm/reduce_element.h"
+#include "zest/comm/detail/reduce_element.h"
 #include "zest/core/check.h"
 #include "zest/core/cpu_isa.h"
 

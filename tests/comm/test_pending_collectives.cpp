@@ -1,4 +1,4 @@
-// The NCCL watchdog's bookkeeping (comm/pending_collectives.h), with fake
+// The NCCL watchdog's bookkeeping (comm/detail/pending_collectives.h), with fake
 // events: which events it queries (Note [watching in order]) and which
 // collective a passed deadline names.
 #include <doctest/doctest.h>
@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "zest/comm/pending_collectives.h"
+#include "zest/comm/detail/pending_collectives.h"
 
 using namespace zest;
 using namespace std::chrono_literals;

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "config_test_helpers.h"
-#include "zest/config/hjson.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/hjson.h"
+#include "zest/config/detail/json_parse.h"
 
 using namespace zest;
 using nlohmann::json;

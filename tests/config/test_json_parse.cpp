@@ -1,4 +1,4 @@
-// The one JSON parser of the library (config/json_parse.h) and the readers
+// The one JSON parser of the library (config/detail/json_parse.h) and the readers
 // that use it: deep nesting, duplicate keys and out-of-range numbers are
 // errors naming the source, the byte offset and the key path; none crashes.
 #include <doctest/doctest.h>
@@ -9,7 +9,7 @@
 #include "error_of.h"
 #include "zest/checkpoint/checkpoint_manifest.h"
 #include "zest/config/config.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/json_parse.h"
 #include "zest/core/check.h"
 #include "zest/estimate/memory_estimate.h"
 

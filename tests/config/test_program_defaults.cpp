@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "config_test_helpers.h"
-#include "zest/config/config_reader.h"
+#include "zest/config/detail/config_reader.h"
 
 using namespace zest;
 

@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "zest/core/cuda_runtime.h"
+#include "zest/core/detail/cuda_runtime.h"
 #include "zest/core/device.h"
 
 using namespace zest;

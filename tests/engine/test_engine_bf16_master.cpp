@@ -18,7 +18,7 @@
 #include "engine_harness.h"
 #include "zest/checkpoint/checkpoint.h"
 #include "zest/core/check.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/optimizer_impl.h"
 
 using namespace zest;
 using namespace zest::test;

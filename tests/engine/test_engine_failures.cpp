@@ -7,7 +7,7 @@
 #include <string>
 
 #include "engine/engine_harness.h"
-#include "zest/checkpoint/on_every_rank.h"
+#include "zest/checkpoint/detail/on_every_rank.h"
 
 using namespace zest;
 using namespace zest::test;

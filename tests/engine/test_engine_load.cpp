@@ -158,7 +158,7 @@ TEST_CASE("load_shard leaves the bits write_shard and restore leave, optimizer s
 TEST_CASE("load_shard with the parameters on NVMe: the shard staged piece by piece, the bits of restore") {
   // offload_param nvme (with the optimizer on NVMe, as it must be): each
   // shard in the swap file takes its pieces in a staged buffer (Note [staged
-  // shard writes] in engine/param_swap.h), written when the next unit's
+  // shard writes] in engine/detail/param_swap.h), written when the next unit's
   // pieces start and by finish_shard_load; the gathers after read them
   // back from the file.
   for (const bool bf16 : {false, true}) {

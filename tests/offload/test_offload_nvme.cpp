@@ -24,7 +24,7 @@
 #include "offload/nvme_test_helpers.h"
 #include "error_of.h"
 #include "zest/config/config.h"
-#include "zest/engine/optimizer_offload.h"
+#include "zest/engine/detail/optimizer_offload.h"
 
 using namespace zest;
 using namespace zest::test;

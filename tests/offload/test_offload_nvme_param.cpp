@@ -1,4 +1,4 @@
-// offload_param device "nvme" at stage 3 (engine/param_swap.h): the
+// offload_param device "nvme" at stage 3 (engine/detail/param_swap.h): the
 // parameter shards past max_in_cpu in a swap file per rank, read through a
 // pool of buffer_count buffers when gathered (ahead, in the recorded order,
 // once it is recorded) and written back by the step. The bits of
@@ -26,8 +26,8 @@
 #include "offload/memory_as_estimated.h"
 #include "offload/nvme_test_helpers.h"
 #include "zest/config/config.h"
-#include "zest/engine/offload_swap.h"
-#include "zest/engine/param_swap.h"
+#include "zest/engine/detail/offload_swap.h"
+#include "zest/engine/detail/param_swap.h"
 #include "zest/nvme/swap_file.h"
 
 using namespace zest;

@@ -14,7 +14,7 @@
 #include "zest/core/float16.h"
 #include "zest/optim/exact_sum.h"
 #include "zest/optim/lamb.h"
-#include "zest/optim/lamb_impl.h"
+#include "zest/optim/detail/lamb_impl.h"
 #include "zest/optim/optimizer.h"
 #include "zest/optim/step_decision.h"
 

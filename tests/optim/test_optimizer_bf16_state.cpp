@@ -13,7 +13,7 @@
 #include "zest/core/cpu_isa.h"
 #include "zest/core/float16.h"
 #include "zest/optim/optimizer.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/optimizer_impl.h"
 
 using namespace zest;
 

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "zest/core/cpu_isa.h"
-#include "zest/optim/host_kernels.h"
+#include "zest/optim/detail/host_kernels.h"
 #include "zest/optim/optimizer.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/optimizer_impl.h"
 
 using namespace zest;
 

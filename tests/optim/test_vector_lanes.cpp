@@ -11,7 +11,7 @@
 
 #include "zest/core/float16.h"
 #include "zest/optim/optimizer.h"
-#include "zest/optim/optimizer_impl.h"
+#include "zest/optim/detail/optimizer_impl.h"
 #include "zest/optim/vector_lanes.h"
 
 using namespace zest;

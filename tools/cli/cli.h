@@ -1,8 +1,8 @@
-// Command-line parsing shared by the examples, tools/ and bench/: CLI11
-// (Debian libcli11-dev) parses, and a bad argument becomes a UsageError
-// naming the flag and its value ("--world: Value 2147483648 not in range 1
-// to 1048576"). A program catches UsageError, prints it with its usage, and
-// exits with 2. Every numeric flag gets a range:
+// Command-line parsing of tools/, and of the examples and bench/ above them:
+// CLI11 (Debian libcli11-dev) parses, and a bad argument becomes a
+// UsageError naming the flag and its value ("--world: Value 2147483648 not
+// in range 1 to 1048576"). A program catches UsageError, prints it with its
+// usage, and exits with 2. Every numeric flag gets a range:
 //
 //   CLI::App app;
 //   app.add_option("--world", world)->check(CLI::Range(1, 1 << 20));

@@ -5,7 +5,7 @@
 //   mpi_fault count       rank 1 calls the all_reduce with a different count
 //   mpi_fault large       rank 1 calls it with a count too large for one
 //                         exchange message, the others with a small one (Note
-//                         [one exchange per collective] in comm/mpi_exchange.h)
+//                         [one exchange per collective] in comm/detail/mpi_exchange.h)
 //   mpi_fault large_count rank 1 calls a large all_gather with one more
 //                         element, rank 2 a large all_reduce: no data may
 //                         move before the exchange shows it (their messages
@@ -13,7 +13,7 @@
 //   mpi_fault broadcast   rank 1 calls a small broadcast with a different
 //                         count: the root, which returns without waiting for
 //                         the others (Note [the broadcast root does not wait]
-//                         in comm/mpi_exchange.h), fails at its next call
+//                         in comm/detail/mpi_exchange.h), fails at its next call
 //   mpi_fault broadcast_roots rank 1 names itself the broadcast's root, the
 //                         others rank 0: two roots, neither waiting
 //   mpi_fault broadcast_last rank 1's count differs, and the broadcast is the

@@ -37,7 +37,7 @@ TEST_CASE("MPI collectives are exact for every dtype, count and in-place form") 
   CHECK_FALSE(world->aborted());
 }
 
-// Note [one exchange per collective] in comm/mpi_exchange.h: a call whose data
+// Note [one exchange per collective] in comm/detail/mpi_exchange.h: a call whose data
 // fits one exchange message (4 KiB) rides on the agreement; a larger one
 // agrees first, then moves its data with MPI's collectives. 4096 elements are
 // carried for 1-byte types and not for the others, 1024 for 4-byte types and
