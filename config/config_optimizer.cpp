@@ -7,17 +7,12 @@
 #include <algorithm>
 #include <cctype>
 
-#include "zest/config/config_sections.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/config_sections.h"
+#include "zest/config/detail/json_parse.h"
 #include "zest/core/check.h"
 
 namespace zest::config_detail {
 namespace {
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 struct Named {
   const char* name;

@@ -1,6 +1,6 @@
 // Section: reading one JSON object of a DeepSpeed file, with "auto" filled
 // after Hugging Face's rules and every problem collected.
-#include "zest/config/config_reader.h"
+#include "zest/config/detail/config_reader.h"
 
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 #include <cstdlib>
 
 #include "zest/config/ds_schema_keys.h"
-#include "zest/config/json_parse.h"
+#include "zest/config/detail/json_parse.h"
 
 namespace zest::config_detail {
 namespace {
@@ -19,11 +19,6 @@ namespace {
 std::string join(const std::vector<std::string>& items) {
   std::string s;
   for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + items[i];
-  return s;
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 
@@ -61,6 +56,11 @@ bool deepspeed_reads(const std::string& section, const std::string& key) {
 }
 
 }  // namespace
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 std::optional<std::string> did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
   if (word.size() > 200) return std::nullopt;  // no typo is that long; keeps the table small

@@ -1,4 +1,4 @@
-#include "zest/engine/offload_swap.h"
+#include "zest/engine/detail/offload_swap.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -25,11 +25,6 @@ std::shared_ptr<AioBackend> io_for(const OffloadSwapConfig& config) {
 size_t fields_bytes(size_t chunk, int state_buffers, DType master, DType state) {
   return chunk * elem_size(master) + static_cast<size_t>(state_buffers) * chunk * elem_size(state);
 }
-
-// SwapFile's alignment is a power of two of at least 4096, known once the
-// file exists, whose size depends on the records: they are sized for 4096,
-// and a file system that asks more is refused below.
-constexpr size_t kAssumedAlignment = 4096;
 
 // The ring's block of host memory: buffer_count records and room to align
 // them (Note [swap ring in the host allocator]). Refuses a file system whose
@@ -61,7 +56,7 @@ OffloadSwap::OffloadSwap(const OffloadSwapConfig& config, CachingAllocator& host
       buffers_(1 + state_buffers),
       master_(master),
       state_(state),
-      record_bytes_(round_up(fields_bytes(chunk_numel, state_buffers, master, state), kAssumedAlignment)),
+      record_bytes_(round_up(fields_bytes(chunk_numel, state_buffers, master, state), kAssumedSwapAlignment)),
       records_(chunk_numel == 0 ? 0 : (numel + chunk_numel - 1) / chunk_numel),
       region_bytes_(static_cast<uint64_t>(record_bytes_) * records_),
       io_(io_for(config)),

@@ -1,4 +1,4 @@
-#include "zest/engine/param_swap.h"
+#include "zest/engine/detail/param_swap.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -7,19 +7,15 @@
 
 #include "zest/core/check.h"
 #include "zest/core/units.h"
-#include "zest/engine/offload_swap.h"
+#include "zest/engine/detail/offload_swap.h"
 
 namespace zest {
 namespace {
 
-// Slots are laid out before the file exists, for direct I/O's usual 4096
-// bytes; a file system that asks more is refused (as OffloadSwap does).
-constexpr size_t kAssumedAlignment = 4096;
-
 // Where each unit's slot begins in a region, and (last) the region's size.
 std::vector<uint64_t> slot_offsets(const std::vector<size_t>& numel, size_t esize) {
   std::vector<uint64_t> at{0};
-  for (const size_t n : numel) at.push_back(at.back() + round_up(n * esize, kAssumedAlignment));
+  for (const size_t n : numel) at.push_back(at.back() + round_up(n * esize, kAssumedSwapAlignment));
   return at;
 }
 
@@ -43,11 +39,11 @@ ParamSwap::ParamSwap(const ParamSwapConfig& config, CachingAllocator& host, std:
                        largest, config.buffer_numel);
   const size_t align = file_.alignment();
   for (size_t u = 0; u < numel_.size(); ++u) {
-    ZEST_CHECK(offset_[u] % align == 0 && round_up(numel_[u] * esize_, kAssumedAlignment) % align == 0,
+    ZEST_CHECK(offset_[u] % align == 0 && round_up(numel_[u] * esize_, kAssumedSwapAlignment) % align == 0,
                "NVMe swap file {}: the file system's direct I/O alignment is {} bytes, which the parameter shards' "
                "slots of multiples of {} bytes do not meet; use a drive with 4096-byte alignment, or "
                "offload_param.device \"cpu\"",
-               file_.path(), align, kAssumedAlignment);
+               file_.path(), align, kAssumedSwapAlignment);
   }
   buffer_bytes_ = round_up(largest * esize_, align);
   memory_ = host.allocate_buffer(static_cast<size_t>(config.buffer_count) * buffer_bytes_ + align,

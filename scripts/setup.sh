@@ -21,6 +21,7 @@ done
 
 packages=(
   cmake ninja-build g++ ccache
+  lld             # the linker where it works (cmake/ZestBuildSpeed.cmake): faster links than ld.bfd
   libfmt-dev doctest-dev nlohmann-json3-dev
   libcli11-dev    # command lines of tools/, examples/ and bench/ (header-only)
   libopenmpi-dev openmpi-bin
