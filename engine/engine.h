@@ -89,7 +89,7 @@
 // instead of host memory. Each step streams them through a ring of
 // buffer_count aligned host buffers: the next chunks are read while the
 // host optimizer updates this one and the previous one is written back
-// (engine/offload_swap.h). The bits are those of CPU offload and of the
+// (engine/detail/offload_swap.h). The bits are those of CPU offload and of the
 // device run. A failed transfer throws an Error naming the file and the
 // operation, and leaves the rank as before the step: master weights, state
 // and parameters (Note [a failed NVMe step], engine_step.cpp). Not with
@@ -107,7 +107,7 @@
 // with offload_optimizer "nvme" at ratio 1): as "cpu" for the trainable
 // shards that add up to at most max_in_cpu elements; the others, and the
 // frozen ones, live in a second swap file per rank under
-// offload_param.nvme_path (engine/param_swap.h). A gather reads the shard
+// offload_param.nvme_path (engine/detail/param_swap.h). A gather reads the shard
 // into one of buffer_count host buffers (of the largest such shard; a shard
 // over buffer_size elements is refused by name), and the prefetcher reads
 // the units next in the recorded order ahead into the free ones; the step's
@@ -204,12 +204,12 @@ struct MemoryReport {
   // The NVMe tier (offload_optimizer device nvme): the bytes of this rank's
   // swap file by category, kMasterWeights its master fields and
   // kOptimizerState the rest (state buffers and the records' alignment),
-  // both regions (engine/offload_swap.h), and with offload_param nvme
-  // kParameters the parameter swap file (engine/param_swap.h); the files'
+  // both regions (engine/detail/offload_swap.h), and with offload_param nvme
+  // kParameters the parameter swap file (engine/detail/param_swap.h); the files'
   // sizes are fixed, so current and peak are equal. All zero without them.
   // host_swap_buffers: of the host allocator's comm_buffers, the swap
   // ring's block (Note [swap ring in the host allocator] in
-  // engine/offload_swap.h) and the parameter swap pool's.
+  // engine/detail/offload_swap.h) and the parameter swap pool's.
   std::array<Entry, kNumMemoryCategories> nvme_by_category{};
   int64_t host_swap_buffers = 0;
   const Entry& nvme(MemoryCategory c) const { return nvme_by_category[category_index(c)]; }
@@ -318,6 +318,13 @@ class Engine {
   // loop that runs at stage 0 also runs at stage 3.
   // A frozen unit has none (and needs no done()).
   GradHandle grads(int unit);
+  // Unit u gets no gradient in this micro-step (a branch not taken, an
+  // expert no token reached): it contributes zeros to the reduction, as a
+  // grads(u) left untouched and done() would, with no gather (at stage 3,
+  // no all-gather of parameters only to pair them with zeros). Its
+  // reduction is still a collective that every rank joins. Not after
+  // grads(u) in the same micro-step (call done() on that handle).
+  void no_grads(int unit);
   // Multiply the loss by this before backward (the fp16 loss scale; 1
   // otherwise).
   double loss_scale() const;
@@ -586,7 +593,7 @@ class Engine {
     return config_.offload_param.device != OffloadDevice::kNone && config_.zero.stage == 3;
   }
   // offload_param nvme: unit u's shard is in the parameter swap file
-  // (engine/param_swap.h), with no address of its own.
+  // (engine/detail/param_swap.h), with no address of its own.
   bool shard_in_swap(int unit) const;
   // finalize(): the parameter swap file, where offload_param nvme puts shards.
   void make_param_swap();

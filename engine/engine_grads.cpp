@@ -17,7 +17,7 @@
 
 #include "zest/core/check.h"
 #include "zest/engine/engine.h"
-#include "zest/engine/engine_state.h"
+#include "zest/engine/detail/engine_state.h"
 #include "zest/engine/gradient_division.h"
 #include "zest/memory/copy.h"
 #include "zest/optim/grad_ops.h"
@@ -49,6 +49,23 @@ GradHandle Engine::grads(int unit) {
     st.grads = UnitState::Grads::kOpen;
   }
   return GradHandle(this, lifetime_.watch(), unit);
+}
+
+void Engine::no_grads(int unit) {
+  UnitState& st = state(unit);
+  start_step_clock();
+  const UnitLayout& U = impl_->layout->unit(unit);
+  ZEST_CHECK(!U.frozen, "no_grads() of unit '{}', whose parameters are frozen: it has no gradients to reduce",
+             U.name);
+  ZEST_CHECK(st.grads == UnitState::Grads::kIdle,
+             "no_grads() of unit '{}' after its grads() in this micro-step: call done() on that handle "
+             "instead (its gradients are what backward wrote, zeros if nothing did)",
+             U.name);
+  const size_t bytes = U.padded * elem_size(compute_dtype_);
+  if (!st.grads_full) st.grads_full = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kGradients);
+  fill_zero(stream_, st.grads_full.data(), bytes);
+  st.grads = UnitState::Grads::kOpen;
+  grads_done(unit);
 }
 
 detail::UntypedSpan<void> Engine::grad_view(int unit, const std::string& name, DType dtype) const {

@@ -737,8 +737,11 @@ StepResult TorchModule::step() {
     any = any || u->accumulated > 0;
   }
   ZEST_CHECK(any, "zt.step() without gradients: call backward() on zt.scale(loss) first");
-  // Units that got no gradient in this backward contribute zeros, in index
-  // order (the same on every rank).
+  // Units whose gradients are not complete are finished in index order
+  // (the same on every rank): those some parameters' gradients reached with
+  // what backward wrote, and those none reached with zeros, ungathered
+  // (Engine::no_grads: their reduction is still a collective, so a rank
+  // whose batch skipped a unit joins the others' reductions of it).
   for (int i = 0; i < num_units(); ++i) {
     Unit& u = *units_[static_cast<size_t>(i)];
     // A frozen unit has no gradients; what backward gathered of it (a unit
@@ -749,11 +752,14 @@ StepResult TorchModule::step() {
       continue;
     }
     if (u.done) continue;
-    if (!u.grads) {
-      if (!u.bwd) u.bwd.emplace(engine_.gather(i));
-      u.grads.emplace(engine_.grads(i));
+    if (u.grads) {
+      finish_grads(u);
+      continue;
     }
-    finish_grads(u);
+    engine_.no_grads(i);
+    u.done = true;
+    if (u.bwd) release_backward(u);  // gathered for a backward that did not reach it
+    if (u.companion >= 0) frozen_use_done(u.companion);
   }
   StepResult r = engine_.step();
   if (widen_) rewiden();  // the units that stay gathered have new values

@@ -2,9 +2,11 @@
 // engine's memory, reductions during backward, stage 3's release and
 // re-gather, bf16, gradient accumulation, checkpoints, safetensors export,
 // and the forms of module code it refuses.
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "torch_harness.h"
 #include "torch_doctest.h"
@@ -111,6 +113,83 @@ TEST_CASE("reductions start during backward, and .grad is the engine's outside n
       CHECK(model->fc1->weight.numel() == (stage == 3 ? 0 : 128));
     }
   });
+}
+
+// Values that need no generator: the in-process ranks are threads sharing
+// torch's global one.
+torch::Tensor wave(std::vector<int64_t> shape, double phase) {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return torch::arange(n, torch::kFloat32).mul(0.37).add(phase).sin().mul(0.3).reshape(shape);
+}
+
+// fc1, then `skip` on the steps that take the branch, then fc2.
+struct Branchy : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, skip{nullptr}, fc2{nullptr};
+  Branchy() {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 40));
+    skip = register_module("skip", torch::nn::Linear(40, 40));
+    fc2 = register_module("fc2", torch::nn::Linear(40, 3));
+    const torch::NoGradGuard no_grad;
+    double phase = 0;
+    for (torch::Tensor& p : parameters()) p.copy_(wave(p.sizes().vec(), phase += 1));
+  }
+};
+
+TEST_CASE("a unit no gradient reached is reduced from zeros without a gather, with the bits of every stage") {
+  // The branch through `skip` is taken at steps 1 and 3, by every rank (the
+  // engine reduces units in the order their gradients complete, so a unit
+  // one rank skips while another does not is not supported).
+  const auto takes_branch = [](int step) { return step % 2 == 1; };
+  using Params = std::map<std::string, std::vector<float>>;
+  std::map<int, std::array<Params, 2>> trained;
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    std::array<Params, 2>& per_rank = trained[stage];  // each rank's thread fills its own
+    run_inprocess(2, [&](Communicator& comm) {
+      CachingAllocator alloc(make_host_allocator());
+      EngineConfig config = zest_config({}, stage);
+      config.zero.stage3_prefetch_bucket_size = 0;  // gathers only where a unit is called
+      Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
+      auto model = std::make_shared<Branchy>();
+      TorchModule zt(engine, model);
+      REQUIRE(unit_names(engine) == std::vector<std::string>{"fc1", "skip", "fc2"});
+      for (int step = 0; step < 4; ++step) {
+        CAPTURE(step);
+        const torch::Tensor x = wave({5, 6}, 10 + 2 * step + comm.rank());
+        const torch::Tensor y = wave({5, 3}, 50 + 2 * step + comm.rank());
+        comm.reset_counters();
+        torch::Tensor h = zt.call(*model->fc1, [&] { return model->fc1->forward(x); });
+        if (takes_branch(step)) h = h + zt.call(*model->skip, [&] { return model->skip->forward(h); });
+        const torch::Tensor out = zt.call(*model->fc2, [&] { return model->fc2->forward(h); });
+        zt.scale(torch::mse_loss(out, y)).backward();
+        const uint64_t gathers = comm.counters()[CollectiveKind::kAllGather].calls;
+        CHECK(zt.step().applied);
+        // At stage 3 step() gathers nothing: the unit no gradient reached is
+        // reduced from zeros with no all-gather of its parameters (one a
+        // step before). Stages 1-2 gather the updated parameters, a unit at
+        // a time.
+        CHECK(comm.counters()[CollectiveKind::kAllGather].calls - gathers == (stage == 1 || stage == 2 ? 3u : 0u));
+        // Every unit is reduced once a micro-step, taken or not.
+        const CollectiveKind reduce = stage == 0 ? CollectiveKind::kAllReduce : CollectiveKind::kReduceScatter;
+        CHECK(comm.counters()[reduce].calls == 3u);
+      }
+      for (const UnitLayout& u : engine.layout().units()) {
+        for (const ParamLayout& q : u.params) per_rank[static_cast<size_t>(comm.rank())][q.name] = engine.param_master(q.name);
+      }
+    });
+  }
+  // The zeros of a skipped unit are the zeros torch would give it: every
+  // stage has the bits of stage 0, on both ranks.
+  for (const auto& [stage, ranks] : trained) {
+    CAPTURE(stage);
+    CHECK(ranks[0] == trained.at(0)[0]);
+    CHECK(ranks[1] == ranks[0]);
+  }
+  // The branch trained on the steps that took it.
+  const torch::Tensor w0 = Branchy().skip->weight.contiguous();
+  const std::vector<float> initial(w0.data_ptr<float>(), w0.data_ptr<float>() + w0.numel());
+  CHECK(trained.at(0)[0].at("skip.weight") != initial);
 }
 
 TEST_CASE("stage 3: an evaluation or a read between steps changes no bit and no training gather, and keeps nothing") {
