@@ -24,7 +24,7 @@ namespace zest::mpi {
 namespace {
 
 enum Kind : int32_t { kLeaving = 1, kQuestion = 2, kAnswer = 3, kObjection = 4 };
-constexpr int kTag = 7;  // every message on the channel; the kind is in it
+constexpr int kPresenceTag = 7;  // every message on the channel; the kind is in it
 // How long a rank leaving waits for the others to leave too (or to object),
 // and, when one objects, for the waiting ranks to fail and end the job.
 constexpr std::chrono::milliseconds kFinalizeWait{5000};
@@ -82,7 +82,7 @@ void copy_text(char* out, size_t size, std::string_view text) {
 void post(Presence& p, int world_rank, const Wire& wire) {
   auto send = std::make_unique<PendingSend>();
   send->wire = wire;
-  ZEST_MPI_CHECK(MPI_Isend(&send->wire, sizeof(Wire), MPI_BYTE, world_rank, kTag, p.channel,
+  ZEST_MPI_CHECK(MPI_Isend(&send->wire, sizeof(Wire), MPI_BYTE, world_rank, kPresenceTag, p.channel,
                            &send->request));
   p.sends.push_back(std::move(send));
 }
@@ -113,7 +113,7 @@ void drain(Presence& p, const WaitingIn& me, OnAnswer&& on_answer) {
     int flag = 0;
     MPI_Message message = MPI_MESSAGE_NULL;
     MPI_Status status;
-    ZEST_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, kTag, p.channel, &flag, &message, &status));
+    ZEST_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, kPresenceTag, p.channel, &flag, &message, &status));
     if (!flag) break;
     Wire w;
     ZEST_MPI_CHECK(MPI_Mrecv(&w, sizeof(Wire), MPI_BYTE, &message, MPI_STATUS_IGNORE));

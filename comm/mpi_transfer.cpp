@@ -7,7 +7,7 @@ namespace {
 
 // Apart from the exchanges' tag (mpi_exchange.h), on a communicator only ZEST
 // uses; MPI's non-overtaking rule matches each call's messages in order.
-constexpr int kTag = 0x2e59;
+constexpr int kTransferTag = 0x2e59;
 
 }  // namespace
 
@@ -21,14 +21,14 @@ std::span<MPI_Request> start_transfer(std::vector<MPI_Request>& requests, MPI_Co
     if (in.count == 0) continue;
     requests.push_back(MPI_REQUEST_NULL);
     // MPI_Irecv's buffer is not const; the block is the caller's output.
-    ZEST_MPI_CHECK(MPI_Irecv(const_cast<void*>(in.data), in.count, type, peer, kTag, comm, &requests.back()));
+    ZEST_MPI_CHECK(MPI_Irecv(const_cast<void*>(in.data), in.count, type, peer, kTransferTag, comm, &requests.back()));
   }
   for (int k = 1; k < size; ++k) {
     const int peer = (rank + k) % size;
     const Block out = send_to(peer);
     if (out.count == 0) continue;
     requests.push_back(MPI_REQUEST_NULL);
-    ZEST_MPI_CHECK(MPI_Isend(out.data, out.count, type, peer, kTag, comm, &requests.back()));
+    ZEST_MPI_CHECK(MPI_Isend(out.data, out.count, type, peer, kTransferTag, comm, &requests.back()));
   }
   return requests;
 }

@@ -69,6 +69,11 @@
 
 namespace zest {
 
+// The most parameters a description may hold: the estimator keeps bytes in
+// int64, and 2^48 elements of up to 32 bytes each stay below 2^53, where
+// doubles (the padding measure, the overflow checks) are still exact.
+inline constexpr double kMaxModelNumel = static_cast<double>(size_t{1} << 48);
+
 // One unit (a layer or block: what the engine gathers and reduces as one
 // flat buffer), `count` times over.
 struct UnitDescription {

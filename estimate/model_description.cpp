@@ -14,12 +14,8 @@
 namespace zest {
 namespace {
 
-// The estimator keeps bytes in int64: 2^48 elements of up to 32 bytes each
-// stay below 2^53, where doubles (the padding measure) are still exact.
-constexpr double kMaxNumel = static_cast<double>(size_t{1} << 48);
-
 size_t whole_count(double v, const std::string& where) {
-  ZEST_CHECK(std::isfinite(v) && v >= 1 && v <= kMaxNumel && std::floor(v) == v,
+  ZEST_CHECK(std::isfinite(v) && v >= 1 && v <= kMaxModelNumel && std::floor(v) == v,
              "{}: {} is not a count (a whole number from 1 to 2^48)", where, v);
   return static_cast<size_t>(v);
 }
@@ -162,7 +158,7 @@ void ModelDescription::validate() const {
       ZEST_CHECK(n >= 1, "unit '{}' has a parameter of 0 elements: every parameter has >= 1", u.name);
     total += static_cast<double>(u.count) * static_cast<double>(u.numel());
   }
-  ZEST_CHECK(total <= kMaxNumel, "the model has {:.3g} parameters: at most 2^48 are supported",
+  ZEST_CHECK(total <= kMaxModelNumel, "the model has {:.3g} parameters: at most 2^48 are supported",
              total);
 }
 

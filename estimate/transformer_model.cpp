@@ -9,10 +9,8 @@
 namespace zest {
 namespace {
 
-// The estimator keeps counts below 2^48 (model_description.cpp); checked in
-// doubles before any product is formed in size_t.
-constexpr double kMaxNumel = static_cast<double>(size_t{1} << 48);
-
+// Counts are checked against kMaxModelNumel in doubles before any product
+// is formed in size_t.
 // A layer's parameters in Megatron's order (ParallelTransformerLayer:
 // norm, QKV, projection, norm, fc1, fc2, each weight before its bias), on
 // one of t tensor-parallel ranks. T: size_t for the layout, double for the
@@ -84,7 +82,7 @@ void check_transformer_split(const TransformerShape& s, int tp, int pp, const Tr
   ZEST_CHECK(s.groups() >= 1 && s.heads % s.groups() == 0,
              "{} {} do not divide into {} {}: each key-value group serves the same number of query heads", n.heads,
              s.heads, n.groups, s.groups());
-  ZEST_CHECK(numel_of(s) <= kMaxNumel, "the transformer ({}) has {:.3g} parameters: at most 2^48 are supported",
+  ZEST_CHECK(numel_of(s) <= kMaxModelNumel, "the transformer ({}) has {:.3g} parameters: at most 2^48 are supported",
              s.summary(), numel_of(s));
   ZEST_CHECK(tp >= 1, "{} is {}: it must be at least 1 (the tensor-parallel ranks a layer is split over)", n.tp, tp);
   ZEST_CHECK(pp >= 1, "{} is {}: it must be at least 1 (the pipeline stages the layers are split into)", n.pp, pp);

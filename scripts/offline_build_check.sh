@@ -59,7 +59,13 @@ for pkg in fmt doctest nlohmann_json CLI11; do
 done
 
 # The tools too, since the install (install_consumer) copies them.
-targets=(zest test_core gpu_test_float16 gpu_test_engine_nccl zest-info zest-estimate zest-ckpt)
+# Every target with CUDA code (scripts/test.sh builds the CUDA backend only
+# where a GPU is visible, so this is where CI compiles it): the library, the
+# GPU tests, the example and benchmarks with device paths, the tools and
+# the documentation's CUDA examples.
+targets=(zest test_core gpu_test_float16 gpu_test_allocator gpu_test_checks gpu_test_comm gpu_test_device
+         gpu_test_engine gpu_test_optim gpu_test_engine_nccl gpu_test_mlp mlp allocator_bench comm_bench
+         zest-info zest-estimate zest-ckpt doc_examples)
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 
 # What the compilers read: no header of the hidden packages from the system.
