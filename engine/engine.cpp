@@ -148,8 +148,10 @@ int64_t MemoryReport::model_states() const {
          (*this)[MemoryCategory::kOptimizerState].current;
 }
 
-Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, Stream stream)
-    : config_(checked(std::move(config), comm)),
+Engine::Impl::Impl(Engine& self, EngineConfig config, Communicator& comm, CachingAllocator& allocator,
+                   CachingAllocator* host_allocator, Stream stream)
+    : self_(self),
+      config_(checked(std::move(config), comm)),
       comm_(comm),
       allocator_(allocator),
       stream_(stream),
@@ -157,9 +159,9 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
       grad_accum_dtype_(config_.grad_accum_dtype.value_or(compute_dtype_)),
       master_dtype_(config_.master_dtype()),
       state_dtype_(config_.optimizer_state_dtype()),
-      impl_(std::make_unique<Impl>(config_.fp16.scaler())),
       comm_alive_(comm.lifetime()),
-      allocator_alive_(allocator.lifetime()) {
+      allocator_alive_(allocator.lifetime()),
+      scaler_(config_.fp16.scaler()) {
   ZEST_CHECK(allocator.device() == comm.device() && stream.device() == comm.device(),
              "engine: the communicator is on {}, the allocator on {} and the stream on {}; they "
              "must be on one device",
@@ -171,9 +173,18 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
              "engine: its stream is a host stream with a thread of its own (HostWork::kOwnThread); the engine "
              "computes in the caller's thread on the host, so give it an inline stream (Stream::default_for, or "
              "OwnedStream with HostWork::kInline); overlap_comm gives its communication a thread of its own");
-  impl_->groups.push_back({"default", config_.optimizer.weight_decay});
+  if (host_allocator != nullptr) {
+    ZEST_CHECK(host_allocator->device().is_host(),
+               "engine: the host allocator allocates memory of {}; offloaded state needs host memory "
+               "(make_host_allocator, or make_cuda_pinned_allocator on a GPU)",
+               host_allocator->device().str());
+  }
+  groups_.push_back({"default", config_.optimizer.weight_decay});
   log_config_notes(config_, comm);
-  if (config_.offload_optimizer.device != OffloadDevice::kNone) {
+  if (host_allocator != nullptr) {
+    host_allocator_ = host_allocator;
+    host_allocator_alive_ = host_allocator->lifetime();
+  } else if (config_.offload_optimizer.device != OffloadDevice::kNone) {
     // One host allocator for both offloads: pinned when either asks.
     const bool pinned = (config_.offload_optimizer.pin_memory || (offloads_params() && config_.offload_param.pin_memory)) &&
                         comm.device().is_cuda();
@@ -186,23 +197,11 @@ Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& alloca
   }
 }
 
-Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator,
-               CachingAllocator& host_allocator, Stream stream)
-    : Engine(std::move(config), comm, allocator, stream) {
-  ZEST_CHECK(host_allocator.device().is_host(),
-             "engine: the host allocator allocates memory of {}; offloaded state needs host memory "
-             "(make_host_allocator, or make_cuda_pinned_allocator on a GPU)",
-             host_allocator.device().str());
-  own_host_allocator_.reset();
-  host_allocator_ = &host_allocator;
-  host_allocator_alive_ = host_allocator.lifetime();
-}
-
-Engine::~Engine() {
+Engine::Impl::~Impl() {
   // Reductions and gathers still queued read buffers about to be freed.
-  if (impl_ && impl_->comm_stream) {
+  if (comm_stream_) {
     try {
-      impl_->comm().synchronize();
+      comm_queue().synchronize();
       stream_.synchronize();
     } catch (const std::exception&) {
       ZEST_LOG_WARN("engine teardown: {}", current_exception_text());
@@ -210,7 +209,67 @@ Engine::~Engine() {
   }
 }
 
-void Engine::check_borrowed(const char* what) const {
+Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator, Stream stream)
+    : impl_(std::make_unique<Impl>(*this, std::move(config), comm, allocator, nullptr, stream)) {}
+
+Engine::Engine(EngineConfig config, Communicator& comm, CachingAllocator& allocator,
+               CachingAllocator& host_allocator, Stream stream)
+    : impl_(std::make_unique<Impl>(*this, std::move(config), comm, allocator, &host_allocator, stream)) {}
+
+Engine::~Engine() = default;
+
+// The interface, forwarded to the state behind it (engine/detail/engine_state.h).
+void Engine::add_param_group(const std::string& name, float weight_decay) { impl_->add_param_group(name, weight_decay); }
+int Engine::add_unit(const std::string& name, std::vector<ParamSpec> params) { return impl_->add_unit(name, std::move(params)); }
+void Engine::set_model_parallel(const ModelParallel& mp) { impl_->set_model_parallel(mp); }
+const ModelParallel& Engine::model_parallel() const { return impl_->model_parallel(); }
+void Engine::finalize(const Initializer& init, InitFrom from) { impl_->finalize(init, from); }
+UnitHandle Engine::gather(int unit, Pass pass) { return impl_->gather(unit, pass); }
+void Engine::end_forward() { impl_->end_forward(); }
+GradHandle Engine::grads(int unit) { return impl_->grads(unit); }
+void Engine::no_grads(int unit) { impl_->no_grads(unit); }
+double Engine::loss_scale() const { return impl_->loss_scale(); }
+StepResult Engine::step() { return impl_->step(); }
+void Engine::set_lr(double lr) { impl_->set_lr(lr); }
+void Engine::clear_lr() { impl_->clear_lr(); }
+void Engine::set_lr_schedule(LrSchedule schedule) { impl_->set_lr_schedule(std::move(schedule)); }
+double Engine::next_lr() const { return impl_->next_lr(); }
+void Engine::set_tokens_per_micro_batch(int64_t tokens) { impl_->set_tokens_per_micro_batch(tokens); }
+const EngineConfig& Engine::config() const { return impl_->config_; }
+int Engine::stage() const { return impl_->stage(); }
+DType Engine::compute_dtype() const { return impl_->compute_dtype(); }
+DType Engine::grad_accum_dtype() const { return impl_->grad_accum_dtype(); }
+DType Engine::master_dtype() const { return impl_->master_dtype(); }
+DType Engine::state_dtype() const { return impl_->state_dtype(); }
+Stream Engine::stream() const { return impl_->stream(); }
+Communicator& Engine::shard_comm() const { return impl_->shard_comm(); }
+Communicator* Engine::replica_comm() const { return impl_->replica_comm(); }
+Communicator* Engine::hpz_comm() const { return impl_->hpz_comm(); }
+std::vector<float> Engine::unit_master(int unit) { return impl_->unit_master(unit); }
+std::vector<float> Engine::param_master(const std::string& name) { return impl_->param_master(name); }
+MemoryReport Engine::memory_report() const { return impl_->memory_report(); }
+bool Engine::persistent(int unit) const { return impl_->persistent(unit); }
+Engine::Progress Engine::progress() const { return impl_->progress(); }
+int Engine::micro_steps_pending() const { return impl_->micro_steps_pending(); }
+int Engine::shard_buffers() const { return impl_->shard_buffers(); }
+std::vector<float> Engine::read_shard(int unit, int buffer) { return impl_->read_shard(unit, buffer); }
+void Engine::write_shard(int unit, int buffer, std::span<const float> values) { impl_->write_shard(unit, buffer, values); }
+void Engine::restore(const Progress& progress) { impl_->restore(progress); }
+Engine::ShardLoad Engine::begin_shard_load(int unit, std::optional<DType> every_value) { return impl_->begin_shard_load(unit, every_value); }
+void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, size_t n) { impl_->load_shard(unit, at, values, dtype, n); }
+void Engine::abandon_shard_load(int unit) { impl_->abandon_shard_load(unit); }
+void Engine::finish_shard_load(const Progress& progress) { impl_->finish_shard_load(progress); }
+void Engine::widen_deferred_masters() { impl_->widen_deferred_masters(); }
+std::vector<int64_t> Engine::all_gather_scalars(std::span<const int64_t> mine) { return impl_->all_gather_scalars(mine); }
+int Engine::partition() const { return impl_->partition(); }
+const ModelLayout& Engine::layout() const {
+  impl_->check_finalized("layout()");
+  return *impl_->layout_;
+}
+Communicator& Engine::comm() const { return impl_->comm_; }
+
+
+void Engine::Impl::check_borrowed(const char* what) const {
   ZEST_CHECK(!comm_alive_.expired(),
              "{}: the Communicator this Engine was created with has been destroyed; keep the "
              "communicator alive until the engine is destroyed (declare it first)",
@@ -225,44 +284,40 @@ void Engine::check_borrowed(const char* what) const {
              what);
 }
 
-void Engine::check_finalized(const char* what) const {
+void Engine::Impl::check_finalized(const char* what) const {
   check_borrowed(what);
-  ZEST_CHECK(impl_->layout != nullptr, "{}: call finalize() first", what);
+  ZEST_CHECK(layout_ != nullptr, "{}: call finalize() first", what);
 }
 
-const ModelLayout& Engine::layout() const {
-  check_finalized("layout()");
-  return *impl_->layout;
-}
 
-Engine::UnitState& Engine::state(int unit) {
+Engine::Impl::UnitState& Engine::Impl::state(int unit) {
   check_finalized("engine");
-  ZEST_CHECK(unit >= 0 && unit < impl_->layout->num_units(),
+  ZEST_CHECK(unit >= 0 && unit < layout_->num_units(),
              "unit index {} is out of range: {} units are registered", unit,
-             impl_->layout->num_units());
-  return impl_->units[static_cast<size_t>(unit)];
+             layout_->num_units());
+  return units_[static_cast<size_t>(unit)];
 }
 
-void Engine::add_param_group(const std::string& name, float weight_decay) {
-  ZEST_CHECK(impl_->layout == nullptr,
+void Engine::Impl::add_param_group(const std::string& name, float weight_decay) {
+  ZEST_CHECK(layout_ == nullptr,
              "add_param_group('{}') after finalize(): register everything first", name);
   ZEST_CHECK(weight_decay >= 0.0f, "parameter group '{}': weight_decay {} must be >= 0", name,
              weight_decay);
-  for (const ParamGroupSpec& g : impl_->groups)
+  for (const ParamGroupSpec& g : groups_)
     ZEST_CHECK(g.name != name, "parameter group '{}' declared twice", name);
-  impl_->groups.push_back({name, weight_decay});
+  groups_.push_back({name, weight_decay});
 }
 
-int Engine::add_unit(const std::string& name, std::vector<ParamSpec> params) {
-  ZEST_CHECK(impl_->layout == nullptr, "add_unit('{}') after finalize(): register every unit first",
+int Engine::Impl::add_unit(const std::string& name, std::vector<ParamSpec> params) {
+  ZEST_CHECK(layout_ == nullptr, "add_unit('{}') after finalize(): register every unit first",
              name);
-  impl_->specs.push_back({name, std::move(params)});
-  return static_cast<int>(impl_->specs.size()) - 1;
+  specs_.push_back({name, std::move(params)});
+  return static_cast<int>(specs_.size()) - 1;
 }
 
-void Engine::set_model_parallel(const ModelParallel& mp) {
+void Engine::Impl::set_model_parallel(const ModelParallel& mp) {
   check_borrowed("set_model_parallel()");
-  ZEST_CHECK(impl_->layout == nullptr, "set_model_parallel() after finalize(): call it before finalize()");
+  ZEST_CHECK(layout_ == nullptr, "set_model_parallel() after finalize(): call it before finalize()");
   ZEST_CHECK(mp.tp_size >= 1 && mp.pp_size >= 1 && mp.tp_rank >= 0 && mp.tp_rank < mp.tp_size &&
                  mp.pp_rank >= 0 && mp.pp_rank < mp.pp_size,
              "set_model_parallel: tp rank {} of {} and pp rank {} of {} are not coordinates of a mesh", mp.tp_rank,
@@ -285,11 +340,11 @@ void Engine::set_model_parallel(const ModelParallel& mp) {
              "LAMB with tensor parallelism (tp {}) is refused: its per-parameter trust ratios need the norm of "
              "each whole parameter, and a tp rank holds a slice; use AdamW, Adam or SGD, or tp 1",
              mp.tp_size);
-  impl_->mp = mp;
-  if (mp.size() == 1) impl_->mp.group = nullptr;
+  mp_ = mp;
+  if (mp.size() == 1) mp_.group = nullptr;
 }
 
-const ModelParallel& Engine::model_parallel() const { return impl_->mp; }
+const ModelParallel& Engine::Impl::model_parallel() const { return mp_; }
 
 namespace {
 
@@ -389,16 +444,16 @@ void check_same_model(Communicator& control, const std::string& text, CachingAll
 // whose shards max_in_cpu leaves out of host memory, in a swap file. Refuses
 // a shard larger than offload_param.buffer_size by name, as DeepSpeed's
 // swapper asserts it.
-void Engine::make_param_swap() {
-  Impl& im = *impl_;
-  const ModelLayout& L = *im.layout;
+void Engine::Impl::make_param_swap() {
+  Impl& im = *this;
+  const ModelLayout& L = *im.layout_;
   const OffloadParamConfig& c = config_.offload_param;
   if (!offloads_params() || c.device != OffloadDevice::kNvme) return;
   std::vector<size_t> in_file(static_cast<size_t>(L.num_units()), 0);
   size_t in_cpu = 0;
   bool any = false;
   for (int u = 0; u < L.num_units(); ++u) {
-    if (im.units[static_cast<size_t>(u)].resident) continue;
+    if (im.units_[static_cast<size_t>(u)].resident) continue;
     const UnitLayout& U = L.unit(u);
     // DeepSpeed's flat CPU buffer of the optimizer's parameter groups: the
     // first trainable shards while they add up to at most max_in_cpu; the
@@ -418,84 +473,84 @@ void Engine::make_param_swap() {
     any = true;
   }
   if (!any) return;
-  im.param_swap = std::make_unique<ParamSwap>(
+  im.param_swap_ = std::make_unique<ParamSwap>(
       ParamSwapConfig{c.nvme_path, static_cast<int>(c.buffer_count), static_cast<size_t>(c.buffer_size),
                       comm_.rank(), compute_dtype_, config_.aio},
       *host_allocator_, std::move(in_file));
 }
 
-void Engine::finalize(const Initializer& init, InitFrom from) {
+void Engine::Impl::finalize(const Initializer& init, InitFrom from) {
   check_borrowed("finalize()");
-  ZEST_CHECK(impl_->layout == nullptr, "finalize() called twice");
+  ZEST_CHECK(layout_ == nullptr, "finalize() called twice");
   ZEST_CHECK(static_cast<bool>(init) || from == InitFrom::kZeros, "finalize(): the initializer is empty");
   // A file's AutoTP size is the program's to build: DeepSpeed would split
   // the model itself, so a run that did not would silently train something
   // else. (pipeline.stages DeepSpeed never reads: PipelineModule's
   // num_stages decides; so neither does this.)
-  ZEST_CHECK(config_.tensor_parallel_size == 1 || config_.tensor_parallel_size == impl_->mp.tp_size,
+  ZEST_CHECK(config_.tensor_parallel_size == 1 || config_.tensor_parallel_size == mp_.tp_size,
              "the configuration asks for tensor parallelism of {} (tensor_parallel.autotp_size) but the engine's tp "
              "size is {}: build a DeviceMesh with tp {} and pass mesh.engine_model_parallel() to "
              "set_model_parallel() before finalize(), or drop the key",
-             config_.tensor_parallel_size, impl_->mp.tp_size, config_.tensor_parallel_size);
-  Impl& im = *impl_;
+             config_.tensor_parallel_size, mp_.tp_size, config_.tensor_parallel_size);
+  Impl& im = *this;
   const int stage = config_.zero.stage;
   // Every rank splits the same communicators in the same order: the MiCS
   // groups (none under flat sharding), then the scalars' own.
-  im.mics = split_shard_groups(comm_, config_.zero.shard_group_size(comm_.size()),
+  im.mics_ = split_shard_groups(comm_, config_.zero.shard_group_size(comm_.size()),
                                config_.zero.hpz_group_size(comm_.size()));
   const Communicator& shards = shard_group();
-  im.part = stage == 0 ? 0 : shards.rank();
+  im.part_ = stage == 0 ? 0 : shards.rank();
   const int partitions = partitions_for(stage, shards.size());
-  auto layout = std::make_unique<ModelLayout>(im.groups, im.specs, partitions);
+  auto layout = std::make_unique<ModelLayout>(im.groups_, im.specs_, partitions);
 
   // Scalars only (digests, the norm's words): on NCCL the child shares the
   // parent's connections and buffers rather than setting up its own.
-  im.control = comm_.split(0, comm_.rank(), /*share_resources=*/true);
-  if (im.mics.shard) im.mics_control = im.mics.shard->split(0, im.mics.shard->rank(), /*share_resources=*/true);
-  im.handoff.emplace(comm_.device());
-  check_same_model(*im.control, layout->describe() + describe_hyperparameters(config_), allocator_,
+  im.control_ = comm_.split(0, comm_.rank(), /*share_resources=*/true);
+  if (im.mics_.shard) im.mics_control_ = im.mics_.shard->split(0, im.mics_.shard->rank(), /*share_resources=*/true);
+  im.handoff_.emplace(comm_.device());
+  check_same_model(*im.control_, layout->describe() + describe_hyperparameters(config_), allocator_,
                    stream_);
   // Note [the host's communication thread] (host_comm_thread.cpp).
-  const bool comm_thread = use_host_comm_thread(config_, comm_, *im.control, allocator_, stream_);
-  im.comm_stream.emplace(comm_.device(), comm_thread ? HostWork::kOwnThread : HostWork::kInline);
-  im.layout = std::move(layout);
-  const ModelLayout& L = *im.layout;
-  if (im.mp.tp_rank != 0) find_tp_duplicates();
+  const bool comm_thread = use_host_comm_thread(config_, comm_, *im.control_, allocator_, stream_);
+  im.comm_stream_.emplace(comm_.device(), comm_thread ? HostWork::kOwnThread : HostWork::kInline);
+  im.layout_ = std::move(layout);
+  const ModelLayout& L = *im.layout_;
+  if (im.mp_.tp_rank != 0) find_tp_duplicates();
 
   const size_t bc = elem_size(compute_dtype_);
   const bool accumulating = config_.accumulation_steps() > 1;
-  im.local_accumulation = accumulating && config_.zero.reduce_at_accumulation_boundary;
+  im.local_accumulation_ = accumulating && config_.zero.reduce_at_accumulation_boundary;
   // The trainable units' shards, in order (frozen units have no master or
   // optimizer state): their first host_numel elements are offloaded.
   if (config_.offload_optimizer.device != OffloadDevice::kNone) {
-    im.host_numel = offloaded_numel(L.trainable_owned(), config_.offload_optimizer.ratio);
+    im.host_numel_ = offloaded_numel(L.trainable_owned(), config_.offload_optimizer.ratio);
   }
-  const size_t on_device = L.trainable_owned() - im.host_numel;
+  const size_t on_device = L.trainable_owned() - im.host_numel_;
   if (!master_is_params() && on_device > 0) {
-    im.master = allocator_.allocate_buffer(on_device * elem_size(master_dtype_), stream_,
+    im.master_ = allocator_.allocate_buffer(on_device * elem_size(master_dtype_), stream_,
                                            MemoryCategory::kMasterWeights);
   }
   for (int s = 0; s < config_.optimizer.state_buffers() && on_device > 0; ++s) {
     const size_t bytes = on_device * elem_size(state_dtype_);
-    im.state[s] = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kOptimizerState);
-    fill_zero(stream_, im.state[s].data(), bytes);
+    im.state_[s] = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kOptimizerState);
+    fill_zero(stream_, im.state_[s].data(), bytes);
   }
-  if (im.host_numel > 0) {
+  if (im.host_numel_ > 0) {
     std::optional<OffloadSwapConfig> swap;
     if (config_.offload_optimizer.device == OffloadDevice::kNvme) {
       swap = OffloadSwapConfig{config_.offload_optimizer.nvme_path,
                                static_cast<int>(config_.offload_optimizer.buffer_count), comm_.rank(), config_.aio,
                                nullptr};
     }
-    im.offload = std::make_unique<OptimizerOffload>(
-        *host_allocator_, comm_.device(), im.host_numel, config_.optimizer.state_buffers(),
+    im.offload_ = std::make_unique<OptimizerOffload>(
+        *host_allocator_, comm_.device(), im.host_numel_, config_.optimizer.state_buffers(),
         OffloadDtypes{compute_dtype_, master_dtype_, state_dtype_}, config_.offload_optimizer.delayed_update,
         swap ? &*swap : nullptr);
   }
 
-  im.units.resize(static_cast<size_t>(L.num_units()));
+  im.units_.resize(static_cast<size_t>(L.num_units()));
   for (int u = 0; u < L.num_units(); ++u) {
-    im.units[static_cast<size_t>(u)].resident = resident_unit(stage, partitions, offloads_params(), L.unit(u).numel,
+    im.units_[static_cast<size_t>(u)].resident = resident_unit(stage, partitions, offloads_params(), L.unit(u).numel,
                                                               config_.zero.stage3_param_persistence_threshold);
   }
   make_param_swap();
@@ -503,7 +558,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
   std::vector<float> host;
   for (int u = 0; u < L.num_units(); ++u) {
     const UnitLayout& unit = L.unit(u);
-    UnitState& st = im.units[static_cast<size_t>(u)];
+    UnitState& st = im.units_[static_cast<size_t>(u)];
     st.ready.emplace(comm_.device());
     if (st.resident) {
       st.params_full = allocator_.allocate_buffer(unit.padded * bc, stream_, MemoryCategory::kParameters);
@@ -522,15 +577,15 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       // Local accumulation adds whole unreduced gradients (in the compute
       // dtype, which grad_accum_dtype then is); otherwise the accumulator
       // holds reduced owned shards, in grad_accum_dtype.
-      const size_t numel = im.local_accumulation ? unit.padded : unit.shard;
+      const size_t numel = im.local_accumulation_ ? unit.padded : unit.shard;
       st.grad_acc = allocator_.allocate_buffer(numel * elem_size(grad_accum_dtype_), stream_, MemoryCategory::kGradients);
     }
-    const size_t shard_begin = unit.shard * static_cast<size_t>(im.part);
+    const size_t shard_begin = unit.shard * static_cast<size_t>(im.part_);
     st.host_numel = unit.frozen ? 0
-                                : std::min(unit.shard, im.host_numel - std::min(im.host_numel, L.trainable_offset(u)));
+                                : std::min(unit.shard, im.host_numel_ - std::min(im.host_numel_, L.trainable_offset(u)));
     std::array<ShardPiece, 2> masters{};  // a frozen unit has none
     if (!unit.frozen) {
-      st.runs = L.shard_runs(u, im.part);
+      st.runs = L.shard_runs(u, im.part_);
       masters = shard_pieces(u, 0);
     }
 
@@ -557,7 +612,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
       const size_t n = std::min(piece, unit.padded - begin);
       if (fills) copy_bytes(stream_, staging.data(), host.data() + begin, n * 4);
       if (from == InitFrom::kRank0 && comm_.size() > 1) {
-        im.control->broadcast(staging.data(), staging.data(), n, DType::kFloat32, 0, stream_);
+        im.control_->broadcast(staging.data(), staging.data(), n, DType::kFloat32, 0, stream_);
       }
       if (full != nullptr) convert(stream_, staging.data(), DType::kFloat32, full + begin * bc, compute_dtype_, n);
       // The part of this piece in the owned shard.
@@ -578,7 +633,7 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
         }
       }
     }
-    if (impl_->param_swap) impl_->param_swap->flush();
+    if (param_swap_) param_swap_->flush();
     stream_.synchronize();  // `host` is reused for the next unit
     staging = Buffer();
   }
@@ -586,73 +641,73 @@ void Engine::finalize(const Initializer& init, InitFrom from) {
                  stage, L.num_units(), L.numel(), L.padded(), L.owned());
 }
 
-double Engine::loss_scale() const {
-  return config_.fp16.enabled ? impl_->scaler.scale() : 1.0;
+double Engine::Impl::loss_scale() const {
+  return config_.fp16.enabled ? scaler_.scale() : 1.0;
 }
 
-bool Engine::persistent(int unit) const {
+bool Engine::Impl::persistent(int unit) const {
   check_finalized("persistent()");
-  ZEST_CHECK(unit >= 0 && unit < impl_->layout->num_units(),
-             "unit index {} is out of range: {} units are registered", unit, impl_->layout->num_units());
-  return impl_->units[static_cast<size_t>(unit)].resident;
+  ZEST_CHECK(unit >= 0 && unit < layout_->num_units(),
+             "unit index {} is out of range: {} units are registered", unit, layout_->num_units());
+  return units_[static_cast<size_t>(unit)].resident;
 }
 
-Engine::Progress Engine::progress() const {
-  return {impl_->applied, impl_->skipped, impl_->scaler.state(), impl_->lr_override};
+Engine::Progress Engine::Impl::progress() const {
+  return {applied_, skipped_, scaler_.state(), lr_override_};
 }
 
-std::vector<int64_t> Engine::all_gather_scalars(std::span<const int64_t> mine) {
+std::vector<int64_t> Engine::Impl::all_gather_scalars(std::span<const int64_t> mine) {
   check_finalized("all_gather_scalars()");
-  return all_gather_int64(*impl_->control, allocator_, stream_, mine);
+  return all_gather_int64(*control_, allocator_, stream_, mine);
 }
 
-Communicator& Engine::shard_group() const { return impl_->mics.shard ? *impl_->mics.shard : comm_; }
+Communicator& Engine::Impl::shard_group() const { return mics_.shard ? *mics_.shard : comm_; }
 
-Communicator& Engine::shard_control() const {
-  return impl_->mics_control ? *impl_->mics_control : *impl_->control;
+Communicator& Engine::Impl::shard_control() const {
+  return mics_control_ ? *mics_control_ : *control_;
 }
 
-Communicator& Engine::shard_comm() const {
+Communicator& Engine::Impl::shard_comm() const {
   check_finalized("shard_comm()");
   return shard_group();
 }
 
-Communicator* Engine::replica_comm() const {
+Communicator* Engine::Impl::replica_comm() const {
   check_finalized("replica_comm()");
-  return impl_->mics.replica.get();
+  return mics_.replica.get();
 }
 
-Communicator* Engine::hpz_comm() const {
+Communicator* Engine::Impl::hpz_comm() const {
   check_finalized("hpz_comm()");
-  return impl_->mics.hpz.get();
+  return mics_.hpz.get();
 }
 
-int Engine::partition() const {
+int Engine::Impl::partition() const {
   check_finalized("partition()");
-  return impl_->part;
+  return part_;
 }
 
-int Engine::micro_steps_pending() const {
+int Engine::Impl::micro_steps_pending() const {
   check_finalized("micro_steps_pending()");
-  return impl_->micro;
+  return micro_;
 }
 
-MemoryReport Engine::memory_report() const {
+MemoryReport Engine::Impl::memory_report() const {
   check_borrowed("memory_report()");
   const AllocatorStats s = allocator_.stats();
   MemoryReport r;
   for (MemoryCategory c : kAllMemoryCategories) {
     r.by_category[category_index(c)] = {s.category_requested(c).current, s.category_requested(c).peak};
   }
-  if (impl_->layout != nullptr) {
+  if (layout_ != nullptr) {
     const size_t bc = elem_size(compute_dtype_);
-    for (int u = 0; u < impl_->layout->num_units(); ++u) {
-      const UnitLayout& U = impl_->layout->unit(u);
-      const UnitState& st = impl_->units[static_cast<size_t>(u)];
+    for (int u = 0; u < layout_->num_units(); ++u) {
+      const UnitLayout& U = layout_->unit(u);
+      const UnitState& st = units_[static_cast<size_t>(u)];
       if (!U.frozen) continue;
       // The device's bytes only: a shard in host memory is the host's kParameters.
       const size_t shard = shard_on_host(u) ? 0 : U.shard;
-      const size_t secondary = st.params_secondary ? U.padded / static_cast<size_t>(impl_->mics.hpz->size()) : 0;
+      const size_t secondary = st.params_secondary ? U.padded / static_cast<size_t>(mics_.hpz->size()) : 0;
       const size_t held = (st.resident ? U.padded : shard + secondary + (st.params_full ? U.padded : 0)) * bc;
       r.frozen_parameters += static_cast<int64_t>(held);
     }
@@ -670,20 +725,20 @@ MemoryReport Engine::memory_report() const {
     r.host_allocated = at(h.allocated_bytes, StatPool::kAggregate).current;
     r.host_peak_reserved = at(h.reserved_bytes, StatPool::kAggregate).peak;
   }
-  if (impl_->offload != nullptr && impl_->offload->swap() != nullptr) {
-    const OffloadSwap& swap = *impl_->offload->swap();
+  if (offload_ != nullptr && offload_->swap() != nullptr) {
+    const OffloadSwap& swap = *offload_->swap();
     const auto master = static_cast<int64_t>(swap.master_file_bytes());
     const auto rest = static_cast<int64_t>(swap.file_bytes()) - master;
     r.nvme_by_category[category_index(MemoryCategory::kMasterWeights)] = {master, master};
     r.nvme_by_category[category_index(MemoryCategory::kOptimizerState)] = {rest, rest};
     r.host_swap_buffers = static_cast<int64_t>(swap.host_buffer_bytes());
   }
-  if (impl_->param_swap) {
+  if (param_swap_) {
     // Both slots of every shard in the file (Note [parameter swap regions]),
     // and the pool's block of comm_buffers.
-    const auto file = static_cast<int64_t>(impl_->param_swap->file_bytes());
+    const auto file = static_cast<int64_t>(param_swap_->file_bytes());
     r.nvme_by_category[category_index(MemoryCategory::kParameters)] = {file, file};
-    r.host_swap_buffers += static_cast<int64_t>(impl_->param_swap->host_buffer_bytes());
+    r.host_swap_buffers += static_cast<int64_t>(param_swap_->host_buffer_bytes());
   }
   const ProcessMemory process = process_memory();
   r.process_rss = process.rss;

@@ -114,18 +114,18 @@ std::string tag_legend(std::string_view message, const ModelLayout& layout) {
 }  // namespace
 
 // Queues the all-gather of a non-resident unit into a new full buffer.
-void Engine::materialize(int unit) {
-  Impl& im = *impl_;
-  UnitState& st = im.units[static_cast<size_t>(unit)];
-  const UnitLayout& U = im.layout->unit(unit);
-  const PhaseTimer timer(im.times.gather_ms);
+void Engine::Impl::materialize(int unit) {
+  Impl& im = *this;
+  UnitState& st = im.units_[static_cast<size_t>(unit)];
+  const UnitLayout& U = im.layout_->unit(unit);
+  const PhaseTimer timer(im.times_.gather_ms);
   const size_t bytes = U.padded * elem_size(compute_dtype_);
   // Allocated on the compute stream, which frees it; the comm stream writes
   // it only after everything queued on the compute stream so far.
   st.params_full = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kParameters);
-  allocator_.record_stream(st.params_full.data(), im.comm());
-  im.handoff->record(stream_);
-  im.comm().wait(*im.handoff);
+  allocator_.record_stream(st.params_full.data(), im.comm_queue());
+  im.handoff_->record(stream_);
+  im.comm_queue().wait(*im.handoff_);
   // An offloaded shard comes to the device first, into this rank's slot of
   // the full buffer, which the all-gather then reads in place; from a swap
   // file, through a buffer of its pool (read ahead by the prefetcher, or
@@ -134,56 +134,56 @@ void Engine::materialize(int unit) {
   if (shard_in_swap(unit)) {
     std::optional<ParamSwap::Held> values;
     try {
-      values.emplace(*im.param_swap, unit);
+      values.emplace(*im.param_swap_, unit);
     } catch (...) {
       st.params_full = Buffer();  // not gathered: the next gather reads again
       throw;
     }
     std::byte* slot = owned_part(st.params_full, unit);
-    copy_bytes(im.comm(), slot, values->bytes().data(), values->bytes().size());
-    im.comm().synchronize();
+    copy_bytes(im.comm_queue(), slot, values->bytes().data(), values->bytes().size());
+    im.comm_queue().synchronize();
     values.reset();
     shard = slot;
   } else if (shard_on_host(unit)) {
     std::byte* slot = owned_part(st.params_full, unit);
-    copy_bytes(im.comm(), slot, shard, U.shard * elem_size(compute_dtype_));
+    copy_bytes(im.comm_queue(), slot, shard, U.shard * elem_size(compute_dtype_));
     shard = slot;
   }
   const size_t bc = elem_size(compute_dtype_);
-  Communicator* hpz = im.mics.hpz.get();
+  Communicator* hpz = im.mics_.hpz.get();
   try {
     if (hpz != nullptr && st.params_secondary) {
       // hpZ: from the secondary copy, within the group (in place, from this
       // rank's slot of its part).
       const size_t part = U.padded / static_cast<size_t>(hpz->size());
       std::byte* slot = st.params_full.as<std::byte>() + static_cast<size_t>(hpz->rank()) * part * bc;
-      copy_bytes(im.comm(), slot, st.params_secondary.data(), part * bc);
-      hpz->all_gather(slot, st.params_full.data(), part, compute_dtype_, im.comm(), gather_tag(unit));
+      copy_bytes(im.comm_queue(), slot, st.params_secondary.data(), part * bc);
+      hpz->all_gather(slot, st.params_full.data(), part, compute_dtype_, im.comm_queue(), gather_tag(unit));
     } else {
-      shard_group().all_gather(shard, st.params_full.data(), U.shard, compute_dtype_, im.comm(), gather_tag(unit));
+      shard_group().all_gather(shard, st.params_full.data(), U.shard, compute_dtype_, im.comm_queue(), gather_tag(unit));
       if (hpz != nullptr) {
         // The secondary copy: this rank's part of the unit over its hpZ
         // group, for the gathers until the next optimizer step.
         const size_t part = U.padded / static_cast<size_t>(hpz->size());
         st.params_secondary = allocator_.allocate_buffer(part * bc, stream_, MemoryCategory::kParameters);
-        allocator_.record_stream(st.params_secondary.data(), im.comm());
-        copy_bytes(im.comm(), st.params_secondary.data(),
+        allocator_.record_stream(st.params_secondary.data(), im.comm_queue());
+        copy_bytes(im.comm_queue(), st.params_secondary.data(),
                    st.params_full.as<std::byte>() + static_cast<size_t>(hpz->rank()) * part * bc, part * bc);
       }
     }
   } catch (const CommError& e) {
-    rethrow_named(e, *im.layout);
+    rethrow_named(e, *im.layout_);
   }
-  st.ready->record(im.comm());
-  im.live_numel += U.padded;
+  st.ready->record(im.comm_queue());
+  im.live_numel_ += U.padded;
 }
 
-void Engine::drop(int unit) {
-  Impl& im = *impl_;
-  UnitState& st = im.units[static_cast<size_t>(unit)];
+void Engine::Impl::drop(int unit) {
+  Impl& im = *this;
+  UnitState& st = im.units_[static_cast<size_t>(unit)];
   if (st.resident || !st.params_full) return;
   st.params_full = Buffer();
-  im.live_numel -= im.layout->unit(unit).padded;
+  im.live_numel_ -= im.layout_->unit(unit).padded;
 }
 
 // Gathers the units that come next in the recorded order, up to
@@ -191,29 +191,29 @@ void Engine::drop(int unit) {
 // kept ones too) stay under stage3_max_live_parameters, not past a unit
 // that is already gathered, and not past the micro-step's (or inference
 // pass's) end, which would drop them unused.
-void Engine::prefetch_after(size_t pos) {
-  Impl& im = *impl_;
+void Engine::Impl::prefetch_after(size_t pos) {
+  Impl& im = *this;
   const RecordedOrder& order = im.order();
   size_t ahead = 0;
   const size_t end = pass_part_end();
   // The reads of the units about to be gathered go out together, so that
   // the drive works on them at once rather than one gather after another.
-  if (im.param_swap) read_ahead(pos, end);
+  if (im.param_swap_) read_ahead(pos, end);
   for (size_t i = pos; i < end; ++i) {
     const int v = order.units[i];
-    UnitState& st = im.units[static_cast<size_t>(v)];
+    UnitState& st = im.units_[static_cast<size_t>(v)];
     if (st.resident) continue;
     // A unit already there is where an earlier prefetch stopped, the one in
     // use, or one kept for its reuse: what lies beyond it is prefetched
     // when the order reaches it.
     if (st.params_full) break;
-    const size_t n = im.layout->unit(v).padded;
+    const size_t n = im.layout_->unit(v).padded;
     ahead += n;
     if (static_cast<int64_t>(ahead) > config_.zero.stage3_prefetch_bucket_size) break;
-    if (static_cast<int64_t>(im.live_numel + n) > config_.zero.stage3_max_live_parameters) break;
+    if (static_cast<int64_t>(im.live_numel_ + n) > config_.zero.stage3_max_live_parameters) break;
     materialize(v);
   }
-  if (im.param_swap) read_ahead(pos, end);
+  if (im.param_swap_) read_ahead(pos, end);
 }
 
 // offload_param nvme: the shards in the swap file of the units next in the
@@ -221,52 +221,52 @@ void Engine::prefetch_after(size_t pos) {
 // buffers (at most buffer_count reads at once, DeepSpeed's bound), so that
 // their gathers (the prefetch's, or the caller's past the prefetch window)
 // find them in host memory or on their way.
-void Engine::read_ahead(size_t pos, size_t end) {
-  Impl& im = *impl_;
+void Engine::Impl::read_ahead(size_t pos, size_t end) {
+  Impl& im = *this;
   const RecordedOrder& order = im.order();
   int started = 0;
-  for (size_t i = pos; i < end && started < im.param_swap->buffer_count(); ++i) {
+  for (size_t i = pos; i < end && started < im.param_swap_->buffer_count(); ++i) {
     const int v = order.units[i];
-    if (!shard_in_swap(v) || im.units[static_cast<size_t>(v)].params_full) continue;
-    if (!im.param_swap->start_read(v)) break;
+    if (!shard_in_swap(v) || im.units_[static_cast<size_t>(v)].params_full) continue;
+    if (!im.param_swap_->start_read(v)) break;
     ++started;
   }
 }
 
 // Note [a gather order per kind of pass]: a training gather ends an
 // inference pass.
-void Engine::enter_pass(Pass pass) {
-  Impl& im = *impl_;
+void Engine::Impl::enter_pass(Pass pass) {
+  Impl& im = *this;
   if (pass == Pass::kInference) {
-    im.inference_open = true;
-  } else if (im.inference_open) {
+    im.inference_open_ = true;
+  } else if (im.inference_open_) {
     end_inference_pass();
   }
-  im.pass = pass;
+  im.pass_ = pass;
 }
 
-void Engine::end_inference_pass() {
-  Impl& im = *impl_;
-  im.inference_open = false;
-  im.orders[static_cast<int>(Pass::kInference)].end_pass();
+void Engine::Impl::end_inference_pass() {
+  Impl& im = *this;
+  im.inference_open_ = false;
+  im.orders_[static_cast<int>(Pass::kInference)].end_pass();
   drop_unheld();
 }
 
-void Engine::drop_unheld() {
-  for (int u = 0; u < impl_->layout->num_units(); ++u) {
-    if (impl_->units[static_cast<size_t>(u)].gathered == 0) drop(u);
+void Engine::Impl::drop_unheld() {
+  for (int u = 0; u < layout_->num_units(); ++u) {
+    if (units_[static_cast<size_t>(u)].gathered == 0) drop(u);
   }
 }
 
-void Engine::end_forward() {
+void Engine::Impl::end_forward() {
   check_finalized("end_forward()");
-  if (impl_->inference_open) end_inference_pass();
+  if (inference_open_) end_inference_pass();
 }
 
-void Engine::follow_trace(int unit) {
-  Impl& im = *impl_;
+void Engine::Impl::follow_trace(int unit) {
+  Impl& im = *this;
   RecordedOrder& order = im.order();
-  const bool inference = im.pass == Pass::kInference;
+  const bool inference = im.pass_ == Pass::kInference;
   if (!order.valid) return;
   if (order.recording) {
     if (!inference || order.units.size() < kInferenceOrderLimit) {
@@ -294,12 +294,12 @@ void Engine::follow_trace(int unit) {
   // Benign (a loop whose passes differ does it), hence info.
   ZEST_LOG_INFO("stage 3: {} gather #{} is unit '{}', not '{}' as in the recorded order; prefetching pauses until "
                 "the order is recorded again over the next {}",
-                inference ? "inference" : "training", order.pos + 1, im.layout->unit(unit).name,
-                order.pos < order.units.size() ? im.layout->unit(order.units[order.pos]).name : "none",
+                inference ? "inference" : "training", order.pos + 1, im.layout_->unit(unit).name,
+                order.pos < order.units.size() ? im.layout_->unit(order.units[order.pos]).name : "none",
                 inference ? "inference pass" : "iteration");
 }
 
-UnitHandle Engine::gather(int unit, Pass pass) {
+UnitHandle Engine::Impl::gather(int unit, Pass pass) {
   UnitState& st = state(unit);
   // An evaluation between steps is not the step's work (its throughput).
   if (pass == Pass::kTraining) start_step_clock();
@@ -311,31 +311,31 @@ UnitHandle Engine::gather(int unit, Pass pass) {
     const bool fresh = !st.params_full;
     if (fresh) materialize(unit);
     if (ordered) follow_trace(unit);
-    const PhaseTimer timer(impl_->times.gather_ms);
+    const PhaseTimer timer(times_.gather_ms);
     try {
       stream_.wait(*st.ready);
     } catch (const CommError& e) {
-      rethrow_named(e, *impl_->layout);
+      rethrow_named(e, *layout_);
     }
   } else if (ordered) {
     follow_trace(unit);
   }
   ++st.gathered;
   st.last_pass = pass;
-  return UnitHandle(this, lifetime_.watch(), unit);
+  return UnitHandle(&self_, lifetime_.watch(), unit);
 }
 
 // Where this micro-step's part of the recorded order ends (an inference
 // pass is one part).
-size_t Engine::pass_part_end() const {
-  const RecordedOrder& order = impl_->order();
-  const auto end = std::lower_bound(order.ends.begin(), order.ends.end(), order.pos);
-  return end == order.ends.end() ? order.units.size() : *end;
+size_t Engine::Impl::pass_part_end() const {
+  const RecordedOrder& o = order();
+  const auto end = std::lower_bound(o.ends.begin(), o.ends.end(), o.pos);
+  return end == o.ends.end() ? o.units.size() : *end;
 }
 
 // Note [stage-3 reuse distance].
-bool Engine::reused_soon(int unit) const {
-  const Impl& im = *impl_;
+bool Engine::Impl::reused_soon(int unit) const {
+  const Impl& im = *this;
   const RecordedOrder& order = im.order();
   const int64_t distance = config_.zero.stage3_max_reuse_distance;
   if (distance <= 0 || order.recording || !order.valid) return false;
@@ -344,38 +344,38 @@ bool Engine::reused_soon(int unit) const {
   for (size_t i = order.pos; i < end; ++i) {
     if (traversed >= distance) break;
     if (order.units[i] == unit) return true;
-    traversed += static_cast<int64_t>(im.layout->unit(order.units[i]).numel);
+    traversed += static_cast<int64_t>(im.layout_->unit(order.units[i]).numel);
   }
   return false;
 }
 
-void Engine::release(int unit) {
-  UnitState& st = impl_->units[static_cast<size_t>(unit)];
+void Engine::Impl::release(int unit) {
+  UnitState& st = units_[static_cast<size_t>(unit)];
   ZEST_INTERNAL_ASSERT(st.gathered > 0, "release of unit {} that is not gathered", unit);
   if (--st.gathered == 0 && !st.resident && (st.last_pass == Pass::kNone || !reused_soon(unit))) drop(unit);
 }
 
-const ParamLayout& Engine::view_param(int unit, const std::string& name, DType dtype,
+const ParamLayout& Engine::Impl::view_param(int unit, const std::string& name, DType dtype,
                                       const char* what) const {
-  const ParamRef ref = impl_->layout->find(name);
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const ParamRef ref = layout_->find(name);
+  const UnitLayout& U = layout_->unit(unit);
   ZEST_CHECK(ref.unit == unit, "parameter '{}' belongs to unit '{}', not to unit '{}'", name,
-             impl_->layout->unit(ref.unit).name, U.name);
+             layout_->unit(ref.unit).name, U.name);
   ZEST_CHECK(dtype == compute_dtype_, "{} '{}' is {}, not {}: views use the compute dtype", what,
              name, dtype_name(compute_dtype_), dtype_name(dtype));
-  return impl_->layout->param(ref);
+  return layout_->param(ref);
 }
 
-detail::UntypedSpan<const void> Engine::param_view(int unit, const std::string& name,
+detail::UntypedSpan<const void> Engine::Impl::param_view(int unit, const std::string& name,
                                                    DType dtype) const {
   const ParamLayout& p = view_param(unit, name, dtype, "parameter");
-  return {impl_->units[static_cast<size_t>(unit)].params_full.as<std::byte>() +
+  return {units_[static_cast<size_t>(unit)].params_full.as<std::byte>() +
               p.offset * elem_size(compute_dtype_),
           p.numel};
 }
 
-const void* Engine::unit_params(int unit) const {
-  return impl_->units[static_cast<size_t>(unit)].params_full.data();
+const void* Engine::Impl::unit_params(int unit) const {
+  return units_[static_cast<size_t>(unit)].params_full.data();
 }
 
 // --- UnitHandle ---
@@ -400,7 +400,7 @@ UnitHandle& UnitHandle::operator=(UnitHandle&& other) noexcept {
 void UnitHandle::release() {
   Engine* engine = std::exchange(engine_, nullptr);
   // An engine already destroyed has nothing left to give back to.
-  if (engine != nullptr && !alive_.expired()) engine->release(unit_);
+  if (engine != nullptr && !alive_.expired()) engine->impl_->release(unit_);
   alive_.reset();
 }
 
@@ -414,12 +414,12 @@ Engine& UnitHandle::engine(const char* what) const {
 }
 
 detail::UntypedSpan<const void> UnitHandle::typed_param(const std::string& name, DType dtype) const {
-  return engine(fmt::format("parameter '{}' read", name).c_str()).param_view(unit_, name, dtype);
+  return engine(fmt::format("parameter '{}' read", name).c_str()).impl_->param_view(unit_, name, dtype);
 }
 
 const void* UnitHandle::data() const {
   ZEST_CHECK(engine_ != nullptr, "data() of a released UnitHandle");
-  return engine_->unit_params(unit_);
+  return engine_->impl_->unit_params(unit_);
 }
 
 const void* UnitHandle::param_data(const std::string& name) const {

@@ -24,10 +24,10 @@
 
 namespace zest {
 
-GradHandle Engine::grads(int unit) {
+GradHandle Engine::Impl::grads(int unit) {
   UnitState& st = state(unit);
   start_step_clock();
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const UnitLayout& U = layout_->unit(unit);
   ZEST_CHECK(!U.frozen,
              "grads() of unit '{}', whose parameters are frozen (trainable = false): it has no gradients, and "
              "step() needs none from it",
@@ -48,13 +48,13 @@ GradHandle Engine::grads(int unit) {
     fill_zero(stream_, st.grads_full.data(), bytes);
     st.grads = UnitState::Grads::kOpen;
   }
-  return GradHandle(this, lifetime_.watch(), unit);
+  return GradHandle(&self_, lifetime_.watch(), unit);
 }
 
-void Engine::no_grads(int unit) {
+void Engine::Impl::no_grads(int unit) {
   UnitState& st = state(unit);
   start_step_clock();
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const UnitLayout& U = layout_->unit(unit);
   ZEST_CHECK(!U.frozen, "no_grads() of unit '{}', whose parameters are frozen: it has no gradients to reduce",
              U.name);
   ZEST_CHECK(st.grads == UnitState::Grads::kIdle,
@@ -68,36 +68,36 @@ void Engine::no_grads(int unit) {
   grads_done(unit);
 }
 
-detail::UntypedSpan<void> Engine::grad_view(int unit, const std::string& name, DType dtype) const {
-  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+detail::UntypedSpan<void> Engine::Impl::grad_view(int unit, const std::string& name, DType dtype) const {
+  const UnitState& st = units_[static_cast<size_t>(unit)];
   ZEST_CHECK(st.grads == UnitState::Grads::kOpen,
              "gradient '{}' of unit '{}' used after done(): it is being reduced", name,
-             impl_->layout->unit(unit).name);
+             layout_->unit(unit).name);
   const ParamLayout& p = view_param(unit, name, dtype, "gradient");
   return {st.grads_full.as<std::byte>() + p.offset * elem_size(compute_dtype_), p.numel};
 }
 
-void* Engine::unit_grads(int unit) const {
-  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+void* Engine::Impl::unit_grads(int unit) const {
+  const UnitState& st = units_[static_cast<size_t>(unit)];
   ZEST_CHECK(st.grads == UnitState::Grads::kOpen,
              "gradients of unit '{}' used after done(): they are being reduced",
-             impl_->layout->unit(unit).name);
+             layout_->unit(unit).name);
   return st.grads_full.data();
 }
 
-void Engine::grads_done(int unit) {
+void Engine::Impl::grads_done(int unit) {
   UnitState& st = state(unit);
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const UnitLayout& U = layout_->unit(unit);
   ZEST_CHECK(st.grads == UnitState::Grads::kOpen, "done() of unit '{}' twice in one micro-step",
              U.name);
   st.grads = UnitState::Grads::kDone;
-  Impl& im = *impl_;
-  if (im.local_accumulation) {
+  Impl& im = *this;
+  if (im.local_accumulation_) {
     // Note [reduce at the accumulation boundary] (config.h): the
     // micro-steps' gradients are added here, on the compute stream, and only
     // the last micro-step's done() queues a reduction, of their sum.
-    const bool last = im.micro + 1 == config_.accumulation_steps();
-    if (im.micro == 0) {
+    const bool last = im.micro_ + 1 == config_.accumulation_steps();
+    if (im.micro_ == 0) {
       std::swap(st.grad_acc, st.grads_full);  // the sum so far is this micro-step's; grads() zeroes the other
     } else if (!last) {
       accumulate(stream_, st.grad_acc.data(), st.grads_full.data(), compute_dtype_, U.padded);
@@ -106,24 +106,24 @@ void Engine::grads_done(int unit) {
     // g_last + sum: the bits of sum + g_last, since a rounded add commutes.
     accumulate(stream_, st.grads_full.data(), st.grad_acc.data(), compute_dtype_, U.padded);
   }
-  im.pending.push_back(unit);
-  im.pending_numel += U.padded;
-  if (static_cast<int64_t>(im.pending_numel) >= config_.zero.reduce_bucket(im.layout->padded())) flush_reductions();
+  im.pending_.push_back(unit);
+  im.pending_numel_ += U.padded;
+  if (static_cast<int64_t>(im.pending_numel_) >= config_.zero.reduce_bucket(im.layout_->padded())) flush_reductions();
 }
 
-void Engine::flush_reductions() {
-  Impl& im = *impl_;
-  if (im.pending.empty()) return;
-  const PhaseTimer timer(im.times.reduce_ms);
+void Engine::Impl::flush_reductions() {
+  Impl& im = *this;
+  if (im.pending_.empty()) return;
+  const PhaseTimer timer(im.times_.reduce_ms);
   // overlap_comm off: in line with backward on the compute stream, which
   // needs no hand-off.
-  const Stream comm = config_.zero.overlap() ? im.comm() : stream_;
+  const Stream comm = config_.zero.overlap() ? im.comm_queue() : stream_;
   if (comm != stream_) {
-    im.handoff->record(stream_);
-    comm.wait(*im.handoff);
+    im.handoff_->record(stream_);
+    comm.wait(*im.handoff_);
   }
 
-  const bool first_micro = im.micro == 0;
+  const bool first_micro = im.micro_ == 0;
   const int stage = config_.zero.stage;
   const bool widening = grad_accum_dtype_ != compute_dtype_;
 
@@ -132,15 +132,15 @@ void Engine::flush_reductions() {
   Communicator& shards = shard_group();
   const GradientDivision division = gradient_division(config_, shards.size());
   if (division.before != 1.0f) {
-    for (int u : im.pending) {
-      scale(comm, im.units[static_cast<size_t>(u)].grads_full.data(), compute_dtype_, division.before,
-            im.layout->unit(u).padded);
+    for (int u : im.pending_) {
+      scale(comm, im.units_[static_cast<size_t>(u)].grads_full.data(), compute_dtype_, division.before,
+            im.layout_->unit(u).padded);
     }
   }
   // Under local accumulation the reduced sum stays in grads_full (in place).
-  const bool into_acc = !im.local_accumulation;
+  const bool into_acc = !im.local_accumulation_;
   const auto reduced_into = [&](int u) -> void* {
-    UnitState& st = im.units[static_cast<size_t>(u)];
+    UnitState& st = im.units_[static_cast<size_t>(u)];
     // The first micro-step reduces straight into an accumulator of the
     // compute dtype; otherwise the reduction is in place, then widened or
     // added into the accumulator.
@@ -154,9 +154,9 @@ void Engine::flush_reductions() {
   // (One rank of a shard group: its replicas sum at the boundary.)
   const bool alone = shards.size() == 1;
   if (!alone) shards.group_start();
-  for (int u : im.pending) {
-    UnitState& st = im.units[static_cast<size_t>(u)];
-    const UnitLayout& U = im.layout->unit(u);
+  for (int u : im.pending_) {
+    UnitState& st = im.units_[static_cast<size_t>(u)];
+    const UnitLayout& U = im.layout_->unit(u);
     void* dst = reduced_into(u);
     if (alone) {
       if (dst == st.grads_full.data()) continue;
@@ -171,15 +171,15 @@ void Engine::flush_reductions() {
   }
   if (!alone) shards.group_end();
   if (division.after != 1.0f) {
-    for (int u : im.pending) {
-      const UnitLayout& U = im.layout->unit(u);
+    for (int u : im.pending_) {
+      const UnitLayout& U = im.layout_->unit(u);
       scale(comm, reduced_into(u), compute_dtype_, division.after, stage == 0 ? U.padded : U.shard);
     }
   }
 
-  for (int u : im.pending) {
-    UnitState& st = im.units[static_cast<size_t>(u)];
-    const UnitLayout& U = im.layout->unit(u);
+  for (int u : im.pending_) {
+    UnitState& st = im.units_[static_cast<size_t>(u)];
+    const UnitLayout& U = im.layout_->unit(u);
     if (into_acc && st.grad_acc && !first_micro) {
       accumulate(comm, st.grad_acc.data(), grad_accum_dtype_, owned_part(st.grads_full, u), compute_dtype_, U.shard);
     } else if (into_acc && st.grad_acc && widening) {
@@ -192,8 +192,8 @@ void Engine::flush_reductions() {
       st.grads_full = Buffer();
     }
   }
-  im.pending.clear();
-  im.pending_numel = 0;
+  im.pending_.clear();
+  im.pending_numel_ = 0;
 }
 
 // MiCS's step across the groups (Note [MiCS] in config.h), at the
@@ -205,25 +205,25 @@ void Engine::flush_reductions() {
 // replica then holds the same bits, so the norm summed within the group,
 // the overflow decision and the update agree across the world. Ordered on
 // the compute stream, after the micro-step's reductions.
-void Engine::reduce_across_replicas() {
-  Impl& im = *impl_;
-  Communicator* replicas = im.mics.replica.get();
+void Engine::Impl::reduce_across_replicas() {
+  Impl& im = *this;
+  Communicator* replicas = im.mics_.replica.get();
   if (replicas == nullptr) return;
-  const PhaseTimer timer(im.times.reduce_ms);
-  const ModelLayout& L = *im.layout;
+  const PhaseTimer timer(im.times_.reduce_ms);
+  const ModelLayout& L = *im.layout_;
   const auto inverse = static_cast<float>(1.0 / replicas->size());
   // MiCS runs at stage 3 only, where a trainable unit's reduced gradients
   // are always its accumulator (in grad_accum_dtype).
   for (int u = 0; u < L.num_units(); ++u) {
-    UnitState& st = im.units[static_cast<size_t>(u)];
-    ZEST_INTERNAL_ASSERT(L.unit(u).frozen || (st.grad_acc && !im.local_accumulation),
+    UnitState& st = im.units_[static_cast<size_t>(u)];
+    ZEST_INTERNAL_ASSERT(L.unit(u).frozen || (st.grad_acc && !im.local_accumulation_),
                          "unit {}: MiCS without a gradient accumulator", u);
     if (!L.unit(u).frozen) scale(stream_, st.grad_acc.data(), grad_accum_dtype_, inverse, L.unit(u).shard);
   }
   replicas->group_start();
   for (int u = 0; u < L.num_units(); ++u) {
     if (L.unit(u).frozen) continue;
-    void* g = im.units[static_cast<size_t>(u)].grad_acc.data();
+    void* g = im.units_[static_cast<size_t>(u)].grad_acc.data();
     replicas->all_reduce(g, g, L.unit(u).shard, grad_accum_dtype_, ReduceOp::kSum, stream_);
   }
   replicas->group_end();
@@ -253,15 +253,15 @@ Engine& GradHandle::engine(const char* what) const {
 }
 
 detail::UntypedSpan<void> GradHandle::typed_grad(const std::string& name, DType dtype) const {
-  return engine(fmt::format("gradient '{}'", name).c_str()).grad_view(unit_, name, dtype);
+  return engine(fmt::format("gradient '{}'", name).c_str()).impl_->grad_view(unit_, name, dtype);
 }
 
 void* GradHandle::grad_data(const std::string& name) const {
   return typed_grad(name, engine("grad_data()").compute_dtype()).data;
 }
 
-void* GradHandle::data() const { return engine("data()").unit_grads(unit_); }
+void* GradHandle::data() const { return engine("data()").impl_->unit_grads(unit_); }
 
-void GradHandle::done() { engine("done()").grads_done(unit_); }
+void GradHandle::done() { engine("done()").impl_->grads_done(unit_); }
 
 }  // namespace zest

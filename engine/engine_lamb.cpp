@@ -51,25 +51,25 @@ std::unique_ptr<LambPlan> make_plan(const ModelLayout& L, int part, const std::v
 
 }  // namespace
 
-void Engine::lamb_step(StepScalars scalars, Buffer& workspace) {
-  Impl& im = *impl_;
-  const ModelLayout& L = *im.layout;
-  if (!im.lamb) {
+void Engine::Impl::lamb_step(StepScalars scalars, Buffer& workspace) {
+  Impl& im = *this;
+  const ModelLayout& L = *im.layout_;
+  if (!im.lamb_) {
     std::vector<size_t> first(static_cast<size_t>(L.num_units()));
     std::vector<const std::vector<GroupRun>*> runs(first.size());
     for (size_t u = 0; u < first.size(); ++u) {
-      first[u] = im.units[u].host_numel;
-      runs[u] = &im.units[u].runs;
+      first[u] = im.units_[u].host_numel;
+      runs[u] = &im.units_[u].runs;
     }
-    im.lamb = make_plan(L, im.part, first, runs);
-    if (!stream_.device().is_host() && !im.lamb->pieces.empty()) {
-      const size_t bytes = im.lamb->pieces.size() * sizeof(LambPiece);
-      im.lamb->device_pieces = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kOptimizerState);
-      copy_bytes(stream_, im.lamb->device_pieces.data(), im.lamb->pieces.data(), bytes);
+    im.lamb_ = make_plan(L, im.part_, first, runs);
+    if (!stream_.device().is_host() && !im.lamb_->pieces.empty()) {
+      const size_t bytes = im.lamb_->pieces.size() * sizeof(LambPiece);
+      im.lamb_->device_pieces = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kOptimizerState);
+      copy_bytes(stream_, im.lamb_->device_pieces.data(), im.lamb_->pieces.data(), bytes);
       stream_.synchronize();  // the host vector may not move while the copy reads it
     }
   }
-  const LambPlan& plan = *im.lamb;
+  const LambPlan& plan = *im.lamb_;
   const LambPiece* pieces = stream_.device().is_host() ? plan.pieces.data()
                                                        : reinterpret_cast<const LambPiece*>(plan.device_pieces.data());
   const size_t count = plan.pieces.size();

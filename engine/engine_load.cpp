@@ -30,28 +30,28 @@
 
 namespace zest {
 
-bool Engine::shard_in_host_memory(int unit) {
+bool Engine::Impl::shard_in_host_memory(int unit) {
   // A master in a swap file is written through a staged copy (Note [host
   // pieces in a swap file]), one call at a time: never in place, never from
   // several threads.
-  if (impl_->offload && impl_->offload->swap() && impl_->units[static_cast<size_t>(unit)].host_numel > 0) {
+  if (offload_ && offload_->swap() && units_[static_cast<size_t>(unit)].host_numel > 0) {
     return false;
   }
   if (shard_in_swap(unit)) return false;  // likewise the parameters (offload_param nvme)
   if (stream_.device().is_host()) return true;
   if (!shard_on_host(unit)) return false;  // the parameters are on the device
-  if (impl_->layout->unit(unit).frozen) return true;
+  if (layout_->unit(unit).frozen) return true;
   for (const ShardPiece& p : stored_shard_pieces(unit, 0)) {
     if (p.end > p.begin && !p.host) return false;
   }
   return true;
 }
 
-Engine::ShardLoad Engine::begin_shard_load(int unit, std::optional<DType> every_value) {
+Engine::ShardLoad Engine::Impl::begin_shard_load(int unit, std::optional<DType> every_value) {
   check_finalized("begin_shard_load()");
   settle_offload();
   UnitState& st = state(unit);  // checks the index
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const UnitLayout& U = layout_->unit(unit);
   // A master still waiting for the previous load's parameters is widened
   // before they change (a part of it may keep its values: a parameter the
   // new load does not hold).
@@ -77,10 +77,10 @@ Engine::ShardLoad Engine::begin_shard_load(int unit, std::optional<DType> every_
   return load;
 }
 
-void Engine::abandon_shard_load(int unit) {
-  if (impl_->param_swap) impl_->param_swap->flush();  // another unit's pieces may be staged
+void Engine::Impl::abandon_shard_load(int unit) {
+  if (param_swap_) param_swap_->flush();  // another unit's pieces may be staged
   UnitState& st = state(unit);
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const UnitLayout& U = layout_->unit(unit);
   if (st.master_deferred) {
     // The master holds the values from before the load: the parameters
     // become them again, as restore() narrows them (cleared first, so that
@@ -94,9 +94,9 @@ void Engine::abandon_shard_load(int unit) {
   st.loading_in_place = false;
 }
 
-void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, size_t n) {
+void Engine::Impl::load_shard(int unit, size_t at, const void* values, DType dtype, size_t n) {
   (void)state(unit);  // checks the index
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const UnitLayout& U = layout_->unit(unit);
   ZEST_CHECK(at <= U.shard && n <= U.shard - at, "load_shard of unit '{}': elements [{}, {}) are past its shard of {}",
              U.name, at, at + n, U.shard);
   ZEST_CHECK(is_floating(dtype), "load_shard of unit '{}': values of {} (fp32, fp16 or bf16 only)", U.name,
@@ -107,7 +107,7 @@ void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, si
   const size_t esize = elem_size(dtype);
   // The master's pieces overlapping [at, at + n). Where the master is the
   // parameters (fp32, bf16 master weights) the device piece is written below.
-  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+  const UnitState& st = units_[static_cast<size_t>(unit)];
   ZEST_CHECK(!st.master_deferred || dtype == compute_dtype_,
              "load_shard of unit '{}': values of {} into a load begun for {} only (begin_shard_load's every_value)",
              U.name, dtype_name(dtype), dtype_name(compute_dtype_));
@@ -154,9 +154,9 @@ void Engine::load_shard(int unit, size_t at, const void* values, DType dtype, si
   stream_.synchronize();  // before `staging` and `values` go
 }
 
-void Engine::finish_shard_load(const Progress& progress) {
-  if (impl_->param_swap) impl_->param_swap->flush();  // the last unit's pieces (Note [staged shard writes] in param_swap.h)
-  for (UnitState& st : impl_->units) st.loading_in_place = false;
+void Engine::Impl::finish_shard_load(const Progress& progress) {
+  if (param_swap_) param_swap_->flush();  // the last unit's pieces (Note [staged shard writes] in param_swap.h)
+  for (UnitState& st : units_) st.loading_in_place = false;
   restore_progress(progress);
   gather_updated_params(/*frozen_too=*/true);
   stream_.synchronize();

@@ -28,26 +28,26 @@
 
 namespace zest {
 
-void Engine::set_tokens_per_micro_batch(int64_t tokens) {
+void Engine::Impl::set_tokens_per_micro_batch(int64_t tokens) {
   ZEST_CHECK(tokens >= 0, "set_tokens_per_micro_batch({}): the tokens of a micro-batch must be 0 or more", tokens);
-  impl_->tokens_per_micro = tokens;
+  tokens_per_micro_ = tokens;
 }
 
-void Engine::start_step_clock() {
-  if (!impl_->step_start) impl_->step_start = std::chrono::steady_clock::now();
+void Engine::Impl::start_step_clock() {
+  if (!step_start_) step_start_ = std::chrono::steady_clock::now();
 }
 
-void Engine::report_progress(StepResult& r, double lr) {
-  Impl& im = *impl_;
+void Engine::Impl::report_progress(StepResult& r, double lr) {
+  Impl& im = *this;
   const auto now = std::chrono::steady_clock::now();
-  r.step_ms = std::chrono::duration<double, std::milli>(now - im.step_start.value_or(now)).count();
-  im.step_start.reset();
+  r.step_ms = std::chrono::duration<double, std::milli>(now - im.step_start_.value_or(now)).count();
+  im.step_start_.reset();
   const double seconds = r.step_ms / 1000.0;
   const int64_t micro_batches = config_.accumulation_steps() * comm_.size();
   if (seconds > 0.0) {
     if (config_.train_batch_size) r.samples_per_second = static_cast<double>(*config_.train_batch_size) / seconds;
-    if (im.tokens_per_micro > 0) {
-      r.tokens_per_second = static_cast<double>(im.tokens_per_micro) * static_cast<double>(micro_batches) / seconds;
+    if (im.tokens_per_micro_ > 0) {
+      r.tokens_per_second = static_cast<double>(im.tokens_per_micro_) * static_cast<double>(micro_batches) / seconds;
     }
   }
 
@@ -62,7 +62,7 @@ void Engine::report_progress(StepResult& r, double lr) {
     const StepTimes& t = r.times;
     line += fmt::format(" | time (ms): step {:.2f}, reduce {:.2f}, norm {:.2f}, optimizer {:.2f}, gather {:.2f}",
                         r.step_ms, t.reduce_ms, t.norm_ms, t.optimizer_ms, t.gather_ms);
-    if (im.offload) {
+    if (im.offload_) {
       line += fmt::format(", offload {:.2f} (d2h {:.2f}, update {:.2f}, h2d {:.2f})", t.offload_ms, t.offload_d2h_ms,
                           t.offload_update_ms, t.offload_h2d_ms);
     }

@@ -13,22 +13,22 @@
 
 namespace zest {
 
-void Engine::settle_offload() {
-  if (impl_->offload) impl_->offload->settle(stream_);
+void Engine::Impl::settle_offload() {
+  if (offload_) offload_->settle(stream_);
 }
 
-std::vector<float> Engine::unit_master(int unit) {
+std::vector<float> Engine::Impl::unit_master(int unit) {
   check_finalized("unit_master()");
   settle_offload();
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const UnitLayout& U = layout_->unit(unit);
   std::vector<float> out(U.padded);
   if (U.frozen) {
     // No master: this rank's compute-dtype values widened (exactly) into
     // its place in an fp32 unit, gathered there in place.
     (void)state(unit);
     Buffer full = allocator_.allocate_buffer(U.padded * 4, stream_, MemoryCategory::kCommBuffers);
-    const bool gathered = impl_->layout->partitions() > 1;
-    float* mine = full.as<float>() + (gathered ? U.shard * static_cast<size_t>(impl_->part) : 0);
+    const bool gathered = layout_->partitions() > 1;
+    float* mine = full.as<float>() + (gathered ? U.shard * static_cast<size_t>(part_) : 0);
     Buffer temp;
     convert(stream_, readable_params(unit, temp), compute_dtype_, mine, DType::kFloat32, U.shard);
     if (gathered) shard_control().all_gather(mine, full.data(), U.shard, DType::kFloat32, stream_);
@@ -39,7 +39,7 @@ std::vector<float> Engine::unit_master(int unit) {
   std::array<ShardPiece, 2> pieces = shard_pieces(unit, 0);
   std::vector<std::byte> staging;
   pieces[0] = staged(unit, 0, pieces[0], pieces[0].begin, pieces[0].end, staging, /*read=*/true);
-  if (impl_->layout->partitions() == 1) {
+  if (layout_->partitions() == 1) {
     // The master is the whole unit: no gather, so no staging buffer.
     for (const ShardPiece& p : pieces) piece_to_fp32(p, p.begin, p.end, out.data() + p.begin, /*dst_host=*/true);
   } else {
@@ -48,7 +48,7 @@ std::vector<float> Engine::unit_master(int unit) {
     // master comes through this rank's slot of `full` first.
     const float* mine = reinterpret_cast<const float*>(pieces[1].data);
     if (pieces[0].end > 0 || pieces[1].dtype != DType::kFloat32) {
-      float* slot = full.as<float>() + U.shard * static_cast<size_t>(impl_->part);
+      float* slot = full.as<float>() + U.shard * static_cast<size_t>(part_);
       for (const ShardPiece& p : pieces) piece_to_fp32(p, p.begin, p.end, slot + p.begin, /*dst_host=*/false);
       mine = slot;
     }
@@ -59,57 +59,57 @@ std::vector<float> Engine::unit_master(int unit) {
   return out;
 }
 
-std::vector<float> Engine::param_master(const std::string& name) {
+std::vector<float> Engine::Impl::param_master(const std::string& name) {
   check_finalized("param_master()");
-  const ParamRef ref = impl_->layout->find(name);
-  const ParamLayout& p = impl_->layout->param(ref);
+  const ParamRef ref = layout_->find(name);
+  const ParamLayout& p = layout_->param(ref);
   const std::vector<float> unit = unit_master(ref.unit);
   return {unit.begin() + static_cast<ptrdiff_t>(p.offset),
           unit.begin() + static_cast<ptrdiff_t>(p.offset + p.numel)};
 }
 
-std::byte* Engine::owned_part(const Buffer& full, int unit) const {
-  const size_t shard = impl_->layout->unit(unit).shard;
-  return full.as<std::byte>() + shard * static_cast<size_t>(impl_->part) * elem_size(compute_dtype_);
+std::byte* Engine::Impl::owned_part(const Buffer& full, int unit) const {
+  const size_t shard = layout_->unit(unit).shard;
+  return full.as<std::byte>() + shard * static_cast<size_t>(part_) * elem_size(compute_dtype_);
 }
 
-std::byte* Engine::owned_params(int unit) const {
-  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
+std::byte* Engine::Impl::owned_params(int unit) const {
+  const UnitState& st = units_[static_cast<size_t>(unit)];
   return st.resident ? owned_part(st.params_full, unit) : st.params_shard.as<std::byte>();
 }
 
-std::array<Engine::ShardPiece, 2> Engine::shard_pieces(int unit, int buffer) {
+std::array<Engine::Impl::ShardPiece, 2> Engine::Impl::shard_pieces(int unit, int buffer) {
   if (buffer == 0) widen_deferred_master(unit);
   return stored_shard_pieces(unit, buffer);
 }
 
-std::array<Engine::ShardPiece, 2> Engine::stored_shard_pieces(int unit, int buffer) {
+std::array<Engine::Impl::ShardPiece, 2> Engine::Impl::stored_shard_pieces(int unit, int buffer) {
   UnitState& st = state(unit);
   ZEST_CHECK(buffer >= 0 && buffer < shard_buffers(), "shard buffer {} is out of range: this optimizer has {}",
              buffer, shard_buffers());
-  const Impl& im = *impl_;
-  ZEST_INTERNAL_ASSERT(!im.layout->unit(unit).frozen, "shard_pieces of frozen unit {}", unit);
-  const size_t shard = im.layout->unit(unit).shard;
+  const Impl& im = *this;
+  ZEST_INTERNAL_ASSERT(!im.layout_->unit(unit).frozen, "shard_pieces of frozen unit {}", unit);
+  const size_t shard = im.layout_->unit(unit).shard;
   // Master and optimizer state, on the host and on the device, cover the
   // trainable units only, in order.
-  const size_t offset = im.layout->trainable_offset(unit);
+  const size_t offset = im.layout_->trainable_offset(unit);
   const DType dtype = buffer == 0 ? master_dtype_ : state_dtype_;
   std::array<ShardPiece, 2> pieces;
   if (st.host_numel > 0) {
     // In a swap file the piece has no address (Note [host pieces in a swap file]).
-    std::byte* host = im.offload->buffer(buffer);
+    std::byte* host = im.offload_->buffer(buffer);
     pieces[0] = {host == nullptr ? nullptr : host + offset * elem_size(dtype), dtype, 0, st.host_numel, true};
   }
   pieces[1] = {nullptr, dtype, st.host_numel, shard, false};
   if (st.host_numel < shard) {
-    // Device elements are indexed from im.host_numel in the owned region.
-    const size_t at = (offset + st.host_numel - im.host_numel) * elem_size(dtype);
+    // Device elements are indexed from im.host_numel_ in the owned region.
+    const size_t at = (offset + st.host_numel - im.host_numel_) * elem_size(dtype);
     if (buffer > 0) {
-      pieces[1].data = im.state[buffer - 1].as<std::byte>() + at;
+      pieces[1].data = im.state_[buffer - 1].as<std::byte>() + at;
     } else if (master_is_params()) {
       pieces[1].data = owned_params(unit) + st.host_numel * elem_size(compute_dtype_);
     } else {
-      pieces[1].data = im.master.as<std::byte>() + at;
+      pieces[1].data = im.master_.as<std::byte>() + at;
     }
   }
   return pieces;
@@ -145,7 +145,7 @@ void convert_across(const Stream& stream, CachingAllocator& allocator, const voi
 
 }  // namespace
 
-void Engine::widen_deferred_master(int unit) {
+void Engine::Impl::widen_deferred_master(int unit) {
   UnitState& st = state(unit);
   if (!st.master_deferred) return;
   // Deferred only where a load read into the parameters in place, which a
@@ -161,57 +161,57 @@ void Engine::widen_deferred_master(int unit) {
   st.master_deferred = false;
 }
 
-void Engine::widen_deferred_masters() {
-  for (int u = 0; u < impl_->layout->num_units(); ++u) widen_deferred_master(u);
+void Engine::Impl::widen_deferred_masters() {
+  for (int u = 0; u < layout_->num_units(); ++u) widen_deferred_master(u);
 }
 
 // Note [shard pieces as fp32]: what checkpoints and the export see of a
 // piece is fp32 whatever it keeps (widening bf16 is exact, and narrowing
 // back what was widened gives the same bits).
-void Engine::piece_to_fp32(const ShardPiece& p, size_t a, size_t b, float* dst, bool dst_host) {
+void Engine::Impl::piece_to_fp32(const ShardPiece& p, size_t a, size_t b, float* dst, bool dst_host) {
   ZEST_INTERNAL_ASSERT(p.begin <= a && a <= b && b <= p.end, "[{}, {}) of a piece [{}, {})", a, b, p.begin, p.end);
   convert_across(stream_, allocator_, p.at(a), p.dtype, p.host, dst, DType::kFloat32, dst_host, b - a);
 }
 
-void Engine::piece_from_fp32(const ShardPiece& p, size_t a, size_t b, const float* src, bool src_host) {
+void Engine::Impl::piece_from_fp32(const ShardPiece& p, size_t a, size_t b, const float* src, bool src_host) {
   ZEST_INTERNAL_ASSERT(p.begin <= a && a <= b && b <= p.end, "[{}, {}) of a piece [{}, {})", a, b, p.begin, p.end);
   convert_across(stream_, allocator_, src, DType::kFloat32, src_host, p.at(a), p.dtype, p.host, b - a);
 }
 
-Engine::ShardPiece Engine::staged(int unit, int buffer, const ShardPiece& p, size_t a, size_t b,
+Engine::Impl::ShardPiece Engine::Impl::staged(int unit, int buffer, const ShardPiece& p, size_t a, size_t b,
                                   std::vector<std::byte>& staging, bool read) {
   if (p.data != nullptr || !p.host || p.begin == p.end) return p;
   ZEST_INTERNAL_ASSERT(p.begin <= a && a <= b && b <= p.end, "[{}, {}) of a piece [{}, {})", a, b, p.begin, p.end);
   staging.resize((b - a) * elem_size(p.dtype));
-  const size_t offset = impl_->layout->trainable_offset(unit);
-  if (read) impl_->offload->read(buffer, offset + a, offset + b, staging.data());
+  const size_t offset = layout_->trainable_offset(unit);
+  if (read) offload_->read(buffer, offset + a, offset + b, staging.data());
   return {staging.data(), p.dtype, a, b, true};
 }
 
-void Engine::unstage(int unit, int buffer, const ShardPiece& stored, const ShardPiece& staged) {
+void Engine::Impl::unstage(int unit, int buffer, const ShardPiece& stored, const ShardPiece& staged) {
   if (stored.data != nullptr || !stored.host || staged.begin == staged.end) return;
-  const size_t offset = impl_->layout->trainable_offset(unit);
-  impl_->offload->write(buffer, offset + staged.begin, offset + staged.end, staged.data);
+  const size_t offset = layout_->trainable_offset(unit);
+  offload_->write(buffer, offset + staged.begin, offset + staged.end, staged.data);
 }
 
-bool Engine::shard_on_host(int unit) const {
-  return offloads_params() && !impl_->units[static_cast<size_t>(unit)].resident;
+bool Engine::Impl::shard_on_host(int unit) const {
+  return offloads_params() && !units_[static_cast<size_t>(unit)].resident;
 }
 
-bool Engine::shard_in_swap(int unit) const { return impl_->param_swap && impl_->param_swap->holds(unit); }
+bool Engine::Impl::shard_in_swap(int unit) const { return param_swap_ && param_swap_->holds(unit); }
 
 // With offload_param a shard is in host memory, which device kernels do not
 // touch (Note [offload_param runs with the optimizer on the host]): it comes
 // and goes through a device buffer; from a swap file, through host memory
 // first.
-const std::byte* Engine::readable_params(int unit, Buffer& temp) {
+const std::byte* Engine::Impl::readable_params(int unit, Buffer& temp) {
   if (!shard_on_host(unit)) return owned_params(unit);
-  const size_t bytes = impl_->layout->unit(unit).shard * elem_size(compute_dtype_);
+  const size_t bytes = layout_->unit(unit).shard * elem_size(compute_dtype_);
   temp = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kCommBuffers);
   if (shard_in_swap(unit)) {
     // Straight from the pool's buffer, which is the pool's again once the
     // copy is done.
-    const ParamSwap::Held values(*impl_->param_swap, unit);
+    const ParamSwap::Held values(*param_swap_, unit);
     copy_bytes(stream_, temp.data(), values.bytes().data(), bytes);
     stream_.synchronize();
   } else {
@@ -220,7 +220,7 @@ const std::byte* Engine::readable_params(int unit, Buffer& temp) {
   return temp.as<std::byte>();
 }
 
-void Engine::narrow_into_shard(int unit, const float* src, size_t at, size_t n, std::byte* scratch) {
+void Engine::Impl::narrow_into_shard(int unit, const float* src, size_t at, size_t n, std::byte* scratch) {
   const size_t bc = elem_size(compute_dtype_);
   if (!shard_on_host(unit)) {
     convert(stream_, src, DType::kFloat32, owned_params(unit) + at * bc, compute_dtype_, n);
@@ -236,13 +236,13 @@ void Engine::narrow_into_shard(int unit, const float* src, size_t at, size_t n, 
   stream_.synchronize();
   // Staged: the caller's operation flushes once the unit's pieces are in
   // (Note [staged shard writes] in param_swap.h).
-  impl_->param_swap->write_piece(unit, at, at + n, values.data());
+  param_swap_->write_piece(unit, at, at + n, values.data());
 }
 
 // A frozen unit's only buffer: its compute-dtype values, through an fp32
 // staging buffer on the engine's device.
-void Engine::frozen_shard(int unit, std::span<float> read, std::span<const float> write) {
-  const UnitLayout& U = impl_->layout->unit(unit);
+void Engine::Impl::frozen_shard(int unit, std::span<float> read, std::span<const float> write) {
+  const UnitLayout& U = layout_->unit(unit);
   Buffer staging = allocator_.allocate_buffer(U.shard * 4, stream_, MemoryCategory::kCommBuffers);
   Buffer temp;
   if (!write.empty()) {
@@ -251,7 +251,7 @@ void Engine::frozen_shard(int unit, std::span<float> read, std::span<const float
       temp = allocator_.allocate_buffer(U.shard * elem_size(compute_dtype_), stream_, MemoryCategory::kCommBuffers);
     }
     narrow_into_shard(unit, staging.as<float>(), 0, U.shard, temp.as<std::byte>());
-    if (impl_->param_swap) impl_->param_swap->flush();
+    if (param_swap_) param_swap_->flush();
   } else {
     convert(stream_, readable_params(unit, temp), compute_dtype_, staging.data(), DType::kFloat32, U.shard);
     copy_bytes(stream_, read.data(), staging.data(), U.shard * 4);
@@ -259,14 +259,14 @@ void Engine::frozen_shard(int unit, std::span<float> read, std::span<const float
   stream_.synchronize();
 }
 
-std::vector<float> Engine::read_shard(int unit, int buffer) {
+std::vector<float> Engine::Impl::read_shard(int unit, int buffer) {
   check_finalized("read_shard()");
   settle_offload();
   (void)state(unit);  // checks the index
-  std::vector<float> out(impl_->layout->unit(unit).shard);
-  if (impl_->layout->unit(unit).frozen) {
+  std::vector<float> out(layout_->unit(unit).shard);
+  if (layout_->unit(unit).frozen) {
     ZEST_CHECK(buffer == 0, "read_shard: unit '{}' is frozen: it has buffer 0 (its values) only, not {}",
-               impl_->layout->unit(unit).name, buffer);
+               layout_->unit(unit).name, buffer);
     frozen_shard(unit, out, {});
     return out;
   }
@@ -278,11 +278,11 @@ std::vector<float> Engine::read_shard(int unit, int buffer) {
   return out;
 }
 
-void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
+void Engine::Impl::write_shard(int unit, int buffer, std::span<const float> values) {
   check_finalized("write_shard()");
   settle_offload();
   (void)state(unit);  // checks the index
-  const UnitLayout& U = impl_->layout->unit(unit);
+  const UnitLayout& U = layout_->unit(unit);
   const size_t shard = U.shard;
   ZEST_CHECK(values.size() == shard, "write_shard of unit '{}': {} values for a shard of {}", U.name,
              values.size(), shard);
@@ -307,25 +307,25 @@ void Engine::write_shard(int unit, int buffer, std::span<const float> values) {
   unstage(unit, buffer, host, pieces[0]);
 }
 
-void Engine::restore_progress(const Progress& progress) {
+void Engine::Impl::restore_progress(const Progress& progress) {
   check_finalized("restore()");
-  Impl& im = *impl_;
-  ZEST_CHECK(im.micro == 0 && im.pending.empty(),
+  Impl& im = *this;
+  ZEST_CHECK(im.micro_ == 0 && im.pending_.empty(),
              "restore() in the middle of a gradient accumulation ({} of {} micro-steps done): "
              "restore between optimizer steps",
-             im.micro, config_.accumulation_steps());
-  im.applied = progress.applied_steps;
-  im.skipped = progress.skipped_steps;
-  im.scaler.load_state(progress.loss_scaler);
+             im.micro_, config_.accumulation_steps());
+  im.applied_ = progress.applied_steps;
+  im.skipped_ = progress.skipped_steps;
+  im.scaler_.load_state(progress.loss_scaler);
   settle_offload();
   if (progress.lr_override) {
     set_lr(*progress.lr_override);
   } else {
-    im.lr_override.reset();
+    im.lr_override_.reset();
   }
 }
 
-void Engine::params_from_master(int u) {
+void Engine::Impl::params_from_master(int u) {
   const size_t bc = elem_size(compute_dtype_);
   std::array<ShardPiece, 2> masters = shard_pieces(u, 0);
   std::vector<std::byte> staging;
@@ -333,7 +333,7 @@ void Engine::params_from_master(int u) {
   // A shard in a swap file is narrowed into host memory, then written
   // (offload_param nvme runs at ratio 1: its master is all on the host).
   const bool swapped = shard_in_swap(u);
-  std::vector<std::byte> swapped_values(swapped ? impl_->layout->unit(u).shard * bc : 0);
+  std::vector<std::byte> swapped_values(swapped ? layout_->unit(u).shard * bc : 0);
   std::byte* params = swapped ? swapped_values.data() : owned_params(u);
   for (const ShardPiece& m : masters) {
     // On the device the master is the parameters; from the host it is
@@ -344,14 +344,14 @@ void Engine::params_from_master(int u) {
   }
   if (swapped) {
     stream_.synchronize();
-    impl_->param_swap->write(u, 0, swapped_values.size() / bc, swapped_values.data());
+    param_swap_->write(u, 0, swapped_values.size() / bc, swapped_values.data());
   }
 }
 
-void Engine::restore(const Progress& progress) {
+void Engine::Impl::restore(const Progress& progress) {
   restore_progress(progress);
-  Impl& im = *impl_;
-  const ModelLayout& L = *im.layout;
+  Impl& im = *this;
+  const ModelLayout& L = *im.layout_;
   for (int u = 0; u < L.num_units(); ++u) {
     if (!L.unit(u).frozen) params_from_master(u);  // write_shard wrote a frozen unit's values
   }

@@ -23,12 +23,12 @@
 
 namespace zest {
 
-void Engine::end_micro_step() {
-  Impl& im = *impl_;
-  const ModelLayout& L = *im.layout;
+void Engine::Impl::end_micro_step() {
+  Impl& im = *this;
+  const ModelLayout& L = *im.layout_;
   int done = 0, trainable = 0;
   for (int u = 0; u < L.num_units(); ++u) {
-    const UnitState& st = im.units[static_cast<size_t>(u)];
+    const UnitState& st = im.units_[static_cast<size_t>(u)];
     ZEST_CHECK(st.gathered == 0,
                "step() while unit '{}' is gathered: release every UnitHandle first (at stage 3 "
                "step() updates the shards, not a gathered copy)",
@@ -41,7 +41,7 @@ void Engine::end_micro_step() {
              "micro-step{}",
              trainable == 0 ? " (every unit is frozen: there is nothing to train)" : "");
   for (int u = 0; u < L.num_units(); ++u) {
-    ZEST_CHECK(L.unit(u).frozen || im.units[static_cast<size_t>(u)].grads == UnitState::Grads::kDone,
+    ZEST_CHECK(L.unit(u).frozen || im.units_[static_cast<size_t>(u)].grads == UnitState::Grads::kDone,
                "step(): the gradients of unit '{}' are not done in this micro-step ({} of {} "
                "trainable units are); every trainable unit's GradHandle::done() must be called once per micro-step",
                L.unit(u).name, done, trainable);
@@ -49,37 +49,37 @@ void Engine::end_micro_step() {
   flush_reductions();
   // Everything after (the next micro-step's zeroing, the optimizer) reads
   // what the reductions wrote.
-  im.handoff->record(im.comm());
+  im.handoff_->record(im.comm_queue());
   {
     // On the host's communication thread, what of the reductions backward
     // did not hide.
-    const PhaseTimer timer(im.times.reduce_ms);
-    stream_.wait(*im.handoff);
+    const PhaseTimer timer(im.times_.reduce_ms);
+    stream_.wait(*im.handoff_);
   }
-  for (UnitState& st : im.units) st.grads = UnitState::Grads::kIdle;
+  for (UnitState& st : im.units_) st.grads = UnitState::Grads::kIdle;
   // Unused prefetches (a kept unit was released at its last use: Note
   // [stage-3 reuse distance]). Nothing gathered outlives the micro-step, so
   // no copy from before an optimizer step is used after it. No unit is held
   // (checked above), so ending an inference pass left open drops them all.
-  if (im.inference_open) {
+  if (im.inference_open_) {
     end_inference_pass();
   } else {
     drop_unheld();
   }
-  RecordedOrder& training = im.orders[static_cast<int>(Pass::kTraining)];
+  RecordedOrder& training = im.orders_[static_cast<int>(Pass::kTraining)];
   if (training.recording) training.ends.push_back(training.units.size());
-  ++im.micro;
+  ++im.micro_;
 }
 
 // The reduced, accumulated gradient of unit u's owned shard.
-const void* Engine::reduced_grad(int unit) const {
-  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
-  return st.grad_acc && !impl_->local_accumulation ? st.grad_acc.data() : owned_part(st.grads_full, unit);
+const void* Engine::Impl::reduced_grad(int unit) const {
+  const UnitState& st = units_[static_cast<size_t>(unit)];
+  return st.grad_acc && !local_accumulation_ ? st.grad_acc.data() : owned_part(st.grads_full, unit);
 }
 
-DType Engine::reduced_grad_dtype(int unit) const {
-  const UnitState& st = impl_->units[static_cast<size_t>(unit)];
-  return st.grad_acc && !impl_->local_accumulation ? grad_accum_dtype_ : compute_dtype_;
+DType Engine::Impl::reduced_grad_dtype(int unit) const {
+  const UnitState& st = units_[static_cast<size_t>(unit)];
+  return st.grad_acc && !local_accumulation_ ? grad_accum_dtype_ : compute_dtype_;
 }
 
 // The square of the global norm of the gradients times `scale`, as
@@ -88,10 +88,10 @@ DType Engine::reduced_grad_dtype(int unit) const {
 // an int64 all-reduce adds the ranks' exact sums, so every rank, world size
 // and stage gets the same bits. Memory and work O(shard / 256); kExactWords
 // words on the wire. Queued only: nothing here waits for the device.
-int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
-  Impl& im = *impl_;
-  const ModelLayout& L = *im.layout;
-  const PhaseTimer timer(im.times.norm_ms);
+int64_t* Engine::Impl::global_sum_of_squares(float scale, Buffer& sums) {
+  Impl& im = *this;
+  const ModelLayout& L = *im.layout_;
+  const PhaseTimer timer(im.times_.norm_ms);
   const size_t chunks = L.trainable_owned() / kShardQuantum;
   sums = allocator_.allocate_buffer(chunks * 8 + kExactWords * 8, stream_, MemoryCategory::kCommBuffers);
   auto* exact = reinterpret_cast<int64_t*>(sums.as<double>() + chunks);
@@ -100,8 +100,8 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
     if (L.unit(u).frozen) continue;
     double* out = sums.as<double>() + L.trainable_offset(u) / kShardQuantum;
     const size_t shard = L.unit(u).shard;
-    const bool skip_some = !im.tp_duplicates.empty() && !im.tp_duplicates[static_cast<size_t>(u)].empty();
-    if (skip_some && im.replicated_only[static_cast<size_t>(u)]) {
+    const bool skip_some = !im.tp_duplicates_.empty() && !im.tp_duplicates_[static_cast<size_t>(u)].empty();
+    if (skip_some && im.replicated_only_[static_cast<size_t>(u)]) {
       fill_zero(stream_, out, shard / kShardQuantum * sizeof(double));  // counted on tp rank 0
       continue;
     }
@@ -112,7 +112,7 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
       const size_t es = elem_size(reduced_grad_dtype(u));
       masked = allocator_.allocate_buffer(shard * es, stream_, MemoryCategory::kCommBuffers);
       copy_bytes(stream_, masked.data(), grad, shard * es);
-      for (const auto& [a, b] : im.tp_duplicates[static_cast<size_t>(u)]) {
+      for (const auto& [a, b] : im.tp_duplicates_[static_cast<size_t>(u)]) {
         fill_zero(stream_, masked.as<std::byte>() + a * es, (b - a) * es);
       }
       grad = masked.data();
@@ -124,21 +124,21 @@ int64_t* Engine::global_sum_of_squares(float scale, Buffer& sums) {
   if (L.partitions() > 1) shard_control().all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
   // Model parallelism: the other slices and stages of the model. Integer
   // sums: the same total whatever the grouping of the additions.
-  if (im.mp.group != nullptr) im.mp.group->all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
+  if (im.mp_.group != nullptr) im.mp_.group->all_reduce(exact, exact, kExactWords, DType::kInt64, ReduceOp::kSum, stream_);
   return exact;
 }
 
-void Engine::find_tp_duplicates() {
-  Impl& im = *impl_;
-  const ModelLayout& L = *im.layout;
-  im.tp_duplicates.assign(static_cast<size_t>(L.num_units()), {});
-  im.replicated_only.assign(static_cast<size_t>(L.num_units()), 0);
+void Engine::Impl::find_tp_duplicates() {
+  Impl& im = *this;
+  const ModelLayout& L = *im.layout_;
+  im.tp_duplicates_.assign(static_cast<size_t>(L.num_units()), {});
+  im.replicated_only_.assign(static_cast<size_t>(L.num_units()), 0);
   for (int u = 0; u < L.num_units(); ++u) {
     const UnitLayout& unit = L.unit(u);
-    const size_t begin = unit.shard * static_cast<size_t>(im.part);
+    const size_t begin = unit.shard * static_cast<size_t>(im.part_);
     const size_t end = begin + unit.shard;
-    const UnitSpec& spec = im.specs[static_cast<size_t>(u)];
-    auto& ranges = im.tp_duplicates[static_cast<size_t>(u)];
+    const UnitSpec& spec = im.specs_[static_cast<size_t>(u)];
+    auto& ranges = im.tp_duplicates_[static_cast<size_t>(u)];
     bool any_split = false;
     for (const ParamLayout& p : unit.params) {
       const auto it = std::find_if(spec.params.begin(), spec.params.end(),
@@ -153,7 +153,7 @@ void Engine::find_tp_duplicates() {
       }
       ranges.emplace_back(a - begin, b - begin);
     }
-    im.replicated_only[static_cast<size_t>(u)] = !ranges.empty() && !any_split;
+    im.replicated_only_[static_cast<size_t>(u)] = !ranges.empty() && !any_split;
   }
 }
 
@@ -161,8 +161,8 @@ void Engine::find_tp_duplicates() {
 // host_numel offloaded ones): master, state, reduced gradient and the
 // compute-dtype parameters (none where the master is them: fp32, bf16 master
 // weights).
-ShardBuffers Engine::device_shard(int u) {
-  const UnitState& st = impl_->units[static_cast<size_t>(u)];
+ShardBuffers Engine::Impl::device_shard(int u) {
+  const UnitState& st = units_[static_cast<size_t>(u)];
   const size_t first = st.host_numel;
   ZEST_INTERNAL_ASSERT(!shard_on_host(u), "unit {}: a device update of parameters offloaded to the host", u);
   ShardBuffers b;
@@ -174,7 +174,7 @@ ShardBuffers Engine::device_shard(int u) {
   b.grad = static_cast<const std::byte*>(reduced_grad(u)) + first * elem_size(b.grad_dtype);
   b.param_dtype = compute_dtype_;
   b.param_out = master_is_params() ? nullptr : owned_params(u) + first * elem_size(compute_dtype_);
-  b.numel = impl_->layout->unit(u).shard - first;
+  b.numel = layout_->unit(u).shard - first;
   return b;
 }
 
@@ -201,12 +201,12 @@ int agreed_failed_rank(Communicator& comm, CachingAllocator& alloc, const Stream
 // Note [a failed NVMe step]: the offloaded parameters narrowed back from
 // the master weights the failed step left as they were. A second failure
 // (the drive is gone) is logged: the first one is what the caller sees.
-void Engine::undo_offloaded_params() {
+void Engine::Impl::undo_offloaded_params() {
   try {
-    for (int u = 0; u < impl_->layout->num_units(); ++u) {
+    for (int u = 0; u < layout_->num_units(); ++u) {
       // A shard in the parameter swap file was written to its other slot,
       // which the step never made current (Note [parameter swap regions]).
-      if (impl_->units[static_cast<size_t>(u)].host_numel > 0 && !shard_in_swap(u)) params_from_master(u);
+      if (units_[static_cast<size_t>(u)].host_numel > 0 && !shard_in_swap(u)) params_from_master(u);
     }
     stream_.synchronize();
   } catch (const std::exception&) {
@@ -216,31 +216,31 @@ void Engine::undo_offloaded_params() {
   }
 }
 
-StepResult Engine::step() {
+StepResult Engine::Impl::step() {
   check_finalized("step()");
-  Impl& im = *impl_;
+  Impl& im = *this;
   // The learning rate is settled before anything changes: a rate the update
   // cannot use (next_lr() refuses it) leaves the micro-step as it was, its
   // gradients done, so step() may be called again once it is fixed.
   std::optional<double> boundary_lr;
-  if (im.micro + 1 >= config_.accumulation_steps()) boundary_lr = next_lr();
+  if (im.micro_ + 1 >= config_.accumulation_steps()) boundary_lr = next_lr();
   end_micro_step();
   StepResult result;
-  result.applied_steps = im.applied;
-  result.skipped_steps = im.skipped;
+  result.applied_steps = im.applied_;
+  result.skipped_steps = im.skipped_;
   result.loss_scale = loss_scale();
-  if (im.micro < config_.accumulation_steps()) return result;
-  im.micro = 0;
+  if (im.micro_ < config_.accumulation_steps()) return result;
+  im.micro_ = 0;
   // Training's gather order: recorded over the first iteration, replayed
   // after. When an iteration departed from it (a loop whose iterations
   // differ), the next iteration records it afresh.
-  im.orders[static_cast<int>(Pass::kTraining)].end_pass();
+  im.orders_[static_cast<int>(Pass::kTraining)].end_pass();
   result.boundary = true;
   // The update reads the master weights: a load's deferred ones (Note [a
   // master widened when first read]) are widened first, once.
   widen_deferred_masters();
 
-  const ModelLayout& L = *im.layout;
+  const ModelLayout& L = *im.layout_;
   const double unscale = 1.0 / (static_cast<double>(config_.accumulation_steps()) * loss_scale());
   // Note [the step decides on the device]. The norm, the skip and the clip
   // coefficient are decided on the stream (step_decision.h) and the
@@ -258,7 +258,7 @@ StepResult Engine::step() {
   // hand first: it waits for the norm (only) here, before the device's part
   // is queued.
   std::optional<StepDecision> known;
-  if (im.offload) {
+  if (im.offload_) {
     StepDecision d;
     copy_bytes(stream_, &d, decision, sizeof d);
     stream_.synchronize();
@@ -268,10 +268,10 @@ StepResult Engine::step() {
   const double lr = *boundary_lr;
   StepScalars scalars;
   scalars.lr = static_cast<float>(lr);
-  scalars.step = im.applied + 1;
+  scalars.step = im.applied_ + 1;
   scalars.decision = decision;
 
-  std::optional<PhaseTimer> optimizer_timer(std::in_place, im.times.optimizer_ms);
+  std::optional<PhaseTimer> optimizer_timer(std::in_place, im.times_.optimizer_ms);
   Buffer lamb_workspace;  // kept until the step has synchronized
   const auto device_part = [&] {
     if (config_.optimizer.kind == OptimizerKind::kLamb) {
@@ -279,7 +279,7 @@ StepResult Engine::step() {
       return;
     }
     for (int u = 0; u < L.num_units(); ++u) {
-      const UnitState& st = im.units[static_cast<size_t>(u)];
+      const UnitState& st = im.units_[static_cast<size_t>(u)];
       if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
       // Base pointers once per unit, so shard_pieces's checks do not run per
       // run; each run is a part of them (from the first device element).
@@ -293,10 +293,10 @@ StepResult Engine::step() {
       }
     }
   };
-  const bool host_part = im.offload && known->finite != 0;
+  const bool host_part = im.offload_ && known->finite != 0;
   // Reads ahead of the parameter swap file hold values the step replaces;
   // their buffers take the step's new values.
-  if (im.param_swap) im.param_swap->drop_reads();
+  if (im.param_swap_) im.param_swap_->drop_reads();
   // Note [a failed NVMe step]: the host part in a swap file can fail (a
   // read, a write, a full drive) where host memory cannot. Its master
   // weights and state then stay as before the step (Note [offload swap
@@ -310,20 +310,20 @@ StepResult Engine::step() {
   // may call step() again. Otherwise the device's part goes first: on a
   // GPU it is queued, and runs while the host updates the offloaded part.
   const bool agree = config_.offload_optimizer.device == OffloadDevice::kNvme && comm_.size() > 1;
-  const bool host_first = (host_part && im.offload->swap() != nullptr) || agree;
+  const bool host_first = (host_part && im.offload_->swap() != nullptr) || agree;
   if (!host_first) device_part();
   // The host part's update; throws where it fails.
   const auto host_step = [&] {
     std::vector<OffloadUnit> units;
     for (int u = 0; u < L.num_units(); ++u) {
       if (L.unit(u).frozen) continue;
-      const UnitState& st = im.units[static_cast<size_t>(u)];
+      const UnitState& st = im.units_[static_cast<size_t>(u)];
       units.push_back({L.trainable_offset(u), st.host_numel, static_cast<const std::byte*>(reduced_grad(u)),
                        owned_params(u), &st.runs, {}});
       if (shard_in_swap(u)) {
         // Note [parameter swap regions]: to the unit's other slot, current
         // once the step has succeeded everywhere.
-        units.back().put = [swap = im.param_swap.get(), u](size_t at, const std::byte* values, size_t n) {
+        units.back().put = [swap = im.param_swap_.get(), u](size_t at, const std::byte* values, size_t n) {
           swap->put_update(u, at, values, n);
         };
       }
@@ -333,16 +333,16 @@ StepResult Engine::step() {
     StepScalars host_scalars = scalars;
     host_scalars.decision = nullptr;  // device memory on a GPU
     host_scalars.grad_scale = known->grad_scale;
-    im.offload->step(stream_, config_.optimizer, units, decay, host_scalars);
-    const OffloadTimes t = im.offload->take_times();
-    im.times.offload_d2h_ms += t.d2h_ms;
-    im.times.offload_update_ms += t.update_ms;
-    im.times.offload_h2d_ms += t.h2d_ms;
-    im.times.offload_ms += t.total_ms;
-    im.times.offload_read_wait_ms += t.read_wait_ms;
-    im.times.offload_write_wait_ms += t.write_wait_ms;
-    im.times.offload_chunk_ms += t.chunk_ms;
-    im.times.offload_chunk_overlapped_ms += t.chunk_overlapped_ms;
+    im.offload_->step(stream_, config_.optimizer, units, decay, host_scalars);
+    const OffloadTimes t = im.offload_->take_times();
+    im.times_.offload_d2h_ms += t.d2h_ms;
+    im.times_.offload_update_ms += t.update_ms;
+    im.times_.offload_h2d_ms += t.h2d_ms;
+    im.times_.offload_ms += t.total_ms;
+    im.times_.offload_read_wait_ms += t.read_wait_ms;
+    im.times_.offload_write_wait_ms += t.write_wait_ms;
+    im.times_.offload_chunk_ms += t.chunk_ms;
+    im.times_.offload_chunk_overlapped_ms += t.chunk_overlapped_ms;
   };
   if (agree) {
     std::exception_ptr error;
@@ -355,8 +355,8 @@ StepResult Engine::step() {
     }
     const int failed = agreed_failed_rank(comm_, allocator_, stream_, error != nullptr);
     if (failed > 0) {
-      if (im.param_swap) im.param_swap->discard();
-      if (host_part && error == nullptr) im.offload->roll_back();
+      if (im.param_swap_) im.param_swap_->discard();
+      if (host_part && error == nullptr) im.offload_->roll_back();
       if (host_part) undo_offloaded_params();
       if (error != nullptr) std::rethrow_exception(error);
       ZEST_FAIL("offload_optimizer nvme: the step failed on rank {} (its error says why); this rank rolled its "
@@ -368,12 +368,12 @@ StepResult Engine::step() {
     try {
       host_step();
     } catch (...) {
-      if (im.param_swap) im.param_swap->discard();
+      if (im.param_swap_) im.param_swap_->discard();
       if (host_first) undo_offloaded_params();
       throw;
     }
   }
-  if (im.param_swap) im.param_swap->commit();
+  if (im.param_swap_) im.param_swap_->commit();
   if (host_first) device_part();
   optimizer_timer.reset();
   gather_updated_params();
@@ -388,9 +388,9 @@ StepResult Engine::step() {
   result.grad_norm = std::sqrt(d.sum_of_squares);
   const bool finite = d.finite != 0;
   if (config_.fp16.enabled) {
-    const double before = im.scaler.scale();
-    im.scaler.update(!finite);
-    result.loss_scale = im.scaler.scale();
+    const double before = im.scaler_.scale();
+    im.scaler_.update(!finite);
+    result.loss_scale = im.scaler_.scale();
     if (!finite) {
       result.skip_reason = fmt::format("fp16 overflow: step skipped, loss scale {} -> {}", before,
                                        result.loss_scale);
@@ -399,21 +399,21 @@ StepResult Engine::step() {
     result.skip_reason = fmt::format(
         "non-finite gradients ({}): step skipped. Look for a NaN or Inf in the loss or backward",
         dtype_name(compute_dtype_));
-    ZEST_LOG_WARN("step {}: {}", im.applied + im.skipped + 1, result.skip_reason);
+    ZEST_LOG_WARN("step {}: {}", im.applied_ + im.skipped_ + 1, result.skip_reason);
   }
-  result.times = std::exchange(im.times, StepTimes{});
+  result.times = std::exchange(im.times_, StepTimes{});
   if (!finite) {
     // A delayed update in flight still lands: the parameters trail the
     // master by at most one applied step.
     settle_offload();
-    result.skipped_steps = ++im.skipped;
+    result.skipped_steps = ++im.skipped_;
     report_progress(result, lr);
     return result;
   }
   result.lr = lr;
   result.clipped = d.clipped != 0;
   result.applied = true;
-  result.applied_steps = ++im.applied;
+  result.applied_steps = ++im.applied_;
   report_progress(result, lr);
   return result;
 }
@@ -428,57 +428,57 @@ float max_weight_decay(const std::vector<ParamGroupSpec>& groups) {
 
 }  // namespace
 
-void Engine::set_lr(double lr) {
-  check_learning_rate(config_.optimizer, lr, max_weight_decay(impl_->groups), fmt::format("set_lr({})", lr));
-  impl_->lr_override = lr;
+void Engine::Impl::set_lr(double lr) {
+  check_learning_rate(config_.optimizer, lr, max_weight_decay(groups_), fmt::format("set_lr({})", lr));
+  lr_override_ = lr;
 }
 
-void Engine::clear_lr() { impl_->lr_override.reset(); }
+void Engine::Impl::clear_lr() { lr_override_.reset(); }
 
-void Engine::set_lr_schedule(LrSchedule schedule) { impl_->lr_schedule = std::move(schedule); }
+void Engine::Impl::set_lr_schedule(LrSchedule schedule) { lr_schedule_ = std::move(schedule); }
 
-double Engine::next_lr() const {
-  const Impl& im = *impl_;
-  const float decay = max_weight_decay(im.groups);
-  if (im.lr_override) {
-    check_learning_rate(config_.optimizer, *im.lr_override, decay, fmt::format("set_lr({})", *im.lr_override));
-    return *im.lr_override;
+double Engine::Impl::next_lr() const {
+  const Impl& im = *this;
+  const float decay = max_weight_decay(im.groups_);
+  if (im.lr_override_) {
+    check_learning_rate(config_.optimizer, *im.lr_override_, decay, fmt::format("set_lr({})", *im.lr_override_));
+    return *im.lr_override_;
   }
-  if (!im.lr_schedule) {
-    const double lr = lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied);
+  if (!im.lr_schedule_) {
+    const double lr = lr_for_step(config_.scheduler, config_.optimizer.lr, im.applied_);
     check_learning_rate(config_.optimizer, lr, decay,
                         fmt::format("the config's scheduler ({}) after {} applied steps",
-                                    lr_schedule_name(config_.scheduler.kind), im.applied));
+                                    lr_schedule_name(config_.scheduler.kind), im.applied_));
     return lr;
   }
-  const double lr = im.lr_schedule(im.applied);
+  const double lr = im.lr_schedule_(im.applied_);
   check_learning_rate(config_.optimizer, lr, decay,
-                      fmt::format("the lr schedule set with set_lr_schedule() after {} applied steps", im.applied));
+                      fmt::format("the lr schedule set with set_lr_schedule() after {} applied steps", im.applied_));
   return lr;
 }
 
 // Stages 1-2 (and persistent units at stage 3): every rank updated its part
 // of the full parameters in place; the all-gather brings the other parts,
 // in buckets of up to allgather_bucket_size elements.
-void Engine::gather_updated_params(bool frozen_too) {
-  Impl& im = *impl_;
-  const ModelLayout& L = *im.layout;
+void Engine::Impl::gather_updated_params(bool frozen_too) {
+  Impl& im = *this;
+  const ModelLayout& L = *im.layout_;
   // hpZ: the parameters changed (or may have), so the secondary copies go,
   // as DeepSpeed's invalidate_secondary_tensor after every step; the next
   // gather of each unit spans the world again and makes a new one.
-  for (UnitState& st : im.units) st.params_secondary = Buffer();
+  for (UnitState& st : im.units_) st.params_secondary = Buffer();
   // Stage 3: a gathered copy not in use (a prefetch, or a unit kept for its
   // reuse) holds the parameters from before: gone, so the next gather
   // brings the new ones. (After a step there is none: end_micro_step()
   // dropped them; after a load there may be.)
   drop_unheld();
   if (L.partitions() == 1) return;
-  const PhaseTimer timer(im.times.gather_ms);
+  const PhaseTimer timer(im.times_.gather_ms);
   Communicator& shards = shard_group();
   size_t bucket = 0;
   bool open = false;
   for (int u = 0; u < L.num_units(); ++u) {
-    UnitState& st = im.units[static_cast<size_t>(u)];
+    UnitState& st = im.units_[static_cast<size_t>(u)];
     const UnitLayout& U = L.unit(u);
     if (!st.resident || (U.frozen && !frozen_too)) continue;
     if (!open) {
