@@ -72,12 +72,29 @@ def closures(path, deps):
     return closure, errors
 
 
+def git_files(root):
+    """The files of a git checkout that git does not ignore (tracked, or new
+    and not ignored), relative to root; None outside a checkout."""
+    import subprocess
+    if not os.path.exists(os.path.join(root, ".git")):
+        return None
+    r = subprocess.run(["git", "-C", root, "ls-files", "--cached", "--others", "--exclude-standard"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    return set(r.stdout.splitlines())
+
+
+SEEN = None  # git_files(root), set by main: what an ignored folder (a build, the GPU kit) holds is not source
+
+
 def sources(root, top):
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for f in sorted(filenames):
-            if f.endswith(SOURCE_EXT):
-                yield os.path.join(dirpath, f)
+            path = os.path.join(dirpath, f)
+            if f.endswith(SOURCE_EXT) and (SEEN is None or os.path.relpath(path, root) in SEEN):
+                yield path
 
 
 def includes(path):
@@ -132,6 +149,8 @@ def main():
     if sys.argv[1:] == ["--self-test"]:
         return self_test()
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    global SEEN
+    SEEN = git_files(root)
     table_path, deps = read_table(root)
     closure, errors = closures(os.path.relpath(table_path, root), deps)
 
