@@ -268,7 +268,6 @@ const ModelLayout& Engine::layout() const {
 }
 Communicator& Engine::comm() const { return impl_->comm_; }
 
-
 void Engine::Impl::check_borrowed(const char* what) const {
   ZEST_CHECK(!comm_alive_.expired(),
              "{}: the Communicator this Engine was created with has been destroyed; keep the "

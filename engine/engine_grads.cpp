@@ -40,15 +40,16 @@ GradHandle Engine::Impl::grads(int unit) {
              "grads() of unit '{}' after its done() in this micro-step: call step() before the "
              "next micro-step's backward",
              U.name);
-  if (st.grads == UnitState::Grads::kIdle) {
-    const size_t bytes = U.padded * elem_size(compute_dtype_);
-    if (!st.grads_full) {
-      st.grads_full = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kGradients);
-    }
-    fill_zero(stream_, st.grads_full.data(), bytes);
-    st.grads = UnitState::Grads::kOpen;
-  }
+  if (st.grads == UnitState::Grads::kIdle) open_grads(unit);
   return GradHandle(&self_, lifetime_.watch(), unit);
+}
+
+void Engine::Impl::open_grads(int unit) {
+  UnitState& st = units_[static_cast<size_t>(unit)];
+  const size_t bytes = layout_->unit(unit).padded * elem_size(compute_dtype_);
+  if (!st.grads_full) st.grads_full = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kGradients);
+  fill_zero(stream_, st.grads_full.data(), bytes);
+  st.grads = UnitState::Grads::kOpen;
 }
 
 void Engine::Impl::no_grads(int unit) {
@@ -61,10 +62,7 @@ void Engine::Impl::no_grads(int unit) {
              "no_grads() of unit '{}' after its grads() in this micro-step: call done() on that handle "
              "instead (its gradients are what backward wrote, zeros if nothing did)",
              U.name);
-  const size_t bytes = U.padded * elem_size(compute_dtype_);
-  if (!st.grads_full) st.grads_full = allocator_.allocate_buffer(bytes, stream_, MemoryCategory::kGradients);
-  fill_zero(stream_, st.grads_full.data(), bytes);
-  st.grads = UnitState::Grads::kOpen;
+  open_grads(unit);
   grads_done(unit);
 }
 

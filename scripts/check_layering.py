@@ -21,7 +21,9 @@ Usage: check_layering.py [SOURCE_ROOT]      (exit 0: clean, 1: violations)
 """
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 ABOVE = ("tools", "examples", "bench", "tests")
 IGNORED = {"build", "docs", "scripts", "cmake", "shared"}
@@ -75,7 +77,6 @@ def closures(path, deps):
 def git_files(root):
     """The files of a git checkout that git does not ignore (tracked, or new
     and not ignored), relative to root; None outside a checkout."""
-    import subprocess
     if not os.path.exists(os.path.join(root, ".git")):
         return None
     r = subprocess.run(["git", "-C", root, "ls-files", "--cached", "--others", "--exclude-standard"],
@@ -106,8 +107,6 @@ def includes(path):
 
 
 def self_test():
-    import subprocess
-    import tempfile
     table = ("<!-- layers:begin -->\n| layer | built on (direct) |\n|---|---|\n| core | - |\n"
              "| comm | core |\n| engine | comm |\n<!-- layers:end -->\n")
     files = {

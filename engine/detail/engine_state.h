@@ -195,6 +195,9 @@ class Engine::Impl {
   // the view in the dtype message.
   const ParamLayout& view_param(int unit, const std::string& name, DType dtype, const char* what) const;
   void release(int unit);
+  // Unit u's gradients for this micro-step: zeroed (allocated at first),
+  // open for writing until grads_done.
+  void open_grads(int unit);
   void grads_done(int unit);
   // Unit u's shard of buffer b (0: master weights, 1..: optimizer state)
   // in at most two pieces, [begin, end) of the shard each: its first
