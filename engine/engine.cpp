@@ -249,6 +249,13 @@ std::vector<float> Engine::unit_master(int unit) { return impl_->unit_master(uni
 std::vector<float> Engine::param_master(const std::string& name) { return impl_->param_master(name); }
 MemoryReport Engine::memory_report() const { return impl_->memory_report(); }
 bool Engine::persistent(int unit) const { return impl_->persistent(unit); }
+
+Engine::GradState Engine::grad_state(int unit) const {
+  impl_->check_finalized("grad_state()");
+  ZEST_CHECK(unit >= 0 && unit < impl_->layout_->num_units(), "unit index {} is out of range: {} units are registered",
+             unit, impl_->layout_->num_units());
+  return impl_->units_[static_cast<size_t>(unit)].grads;
+}
 Engine::Progress Engine::progress() const { return impl_->progress(); }
 int Engine::micro_steps_pending() const { return impl_->micro_steps_pending(); }
 int Engine::shard_buffers() const { return impl_->shard_buffers(); }

@@ -158,6 +158,11 @@ class Engine {
   // reduction is still a collective that every rank joins. Not after
   // grads(u) in the same micro-step (call done() on that handle).
   void no_grads(int unit);
+  // Where unit u's gradients are in this micro-step: not opened yet, open
+  // (grads(u) was called), or done (done() or no_grads(u)); every unit is
+  // kIdle again once step() ends the micro-step. A frozen unit stays kIdle.
+  enum class GradState { kIdle, kOpen, kDone };
+  GradState grad_state(int unit) const;
   // Multiply the loss by this before backward (the fp16 loss scale; 1
   // otherwise).
   double loss_scale() const;

@@ -216,181 +216,224 @@ void Engine::Impl::undo_offloaded_params() {
   }
 }
 
+// Note [the step's phases]: step() is the end of a micro-step and, on the
+// last of an accumulation, these phases in order:
+//   begin_boundary      the gather order's pass ends; deferred masters widen
+//   decide_update       gradients reduced across replicas, the global norm,
+//                       and the decision (skip, clip) on the stream
+//   apply_update        the optimizer on the owned shards: the device's part
+//                       and offload_optimizer's host part, in the order and
+//                       with the failure handling Note [a failed NVMe step]
+//                       gives
+//   gather_updated_params   the new parameters to the ranks that hold them
+//   finish_step         the decision read back, the loss scale, the counts
+//                       and the progress line
+struct Engine::Impl::StepInFlight {
+  double lr = 0;
+  Buffer norm_workspace;  // the decision lives here; kept until the step synchronized
+  Buffer lamb_workspace;  // likewise, for LAMB's kernels and reductions
+  const StepDecision* decision = nullptr;  // where the stream reads it
+  // Note [the step decides on the device]: in hand on the host only where
+  // offload_optimizer's host part needs it before it runs.
+  std::optional<StepDecision> known;
+  StepScalars scalars() const {
+    StepScalars s;
+    s.lr = static_cast<float>(lr);
+    s.decision = decision;
+    return s;
+  }
+};
+
 StepResult Engine::Impl::step() {
   check_finalized("step()");
-  Impl& im = *this;
   // The learning rate is settled before anything changes: a rate the update
   // cannot use (next_lr() refuses it) leaves the micro-step as it was, its
   // gradients done, so step() may be called again once it is fixed.
-  std::optional<double> boundary_lr;
-  if (im.micro_ + 1 >= config_.accumulation_steps()) boundary_lr = next_lr();
+  const bool boundary = micro_ + 1 >= config_.accumulation_steps();
+  StepInFlight pending;
+  if (boundary) pending.lr = next_lr();
   end_micro_step();
   StepResult result;
-  result.applied_steps = im.applied_;
-  result.skipped_steps = im.skipped_;
+  result.applied_steps = applied_;
+  result.skipped_steps = skipped_;
   result.loss_scale = loss_scale();
-  if (im.micro_ < config_.accumulation_steps()) return result;
-  im.micro_ = 0;
+  if (!boundary) return result;
+  result.boundary = true;
+  begin_boundary();
+  decide_update(pending);
+  {
+    PhaseTimer timer(times_.optimizer_ms);
+    apply_update(pending);
+  }
+  gather_updated_params();
+  return finish_step(result, pending);
+}
+
+void Engine::Impl::begin_boundary() {
+  micro_ = 0;
   // Training's gather order: recorded over the first iteration, replayed
   // after. When an iteration departed from it (a loop whose iterations
   // differ), the next iteration records it afresh.
-  im.orders_[static_cast<int>(Pass::kTraining)].end_pass();
-  result.boundary = true;
+  orders_[static_cast<int>(Pass::kTraining)].end_pass();
   // The update reads the master weights: a load's deferred ones (Note [a
   // master widened when first read]) are widened first, once.
   widen_deferred_masters();
+}
 
-  const ModelLayout& L = *im.layout_;
+// Note [the step decides on the device]. The norm, the skip and the clip
+// coefficient are decided on the stream (step_decision.h) and the
+// optimizer reads the decision there, so on a GPU nothing waits for the
+// host between the norm and the update; the host reads the decision once
+// the gather is queued too (with offload_optimizer the host updates its
+// part, so it reads the decision before). The gather runs on a skipped
+// step as well, moving unchanged values.
+void Engine::Impl::decide_update(StepInFlight& step) {
   const double unscale = 1.0 / (static_cast<double>(config_.accumulation_steps()) * loss_scale());
-  // Note [the step decides on the device]. The norm, the skip and the clip
-  // coefficient are decided on the stream (step_decision.h) and the
-  // optimizer reads the decision there, so on a GPU nothing waits for the
-  // host between the norm and the update; the host reads the decision once
-  // the gather is queued too (with offload_optimizer the host updates its
-  // part, so it reads the decision before). The gather runs on a skipped
-  // step as well, moving unchanged values.
   reduce_across_replicas();
-  Buffer workspace;
-  int64_t* words = global_sum_of_squares(static_cast<float>(unscale), workspace);
+  int64_t* words = global_sum_of_squares(static_cast<float>(unscale), step.norm_workspace);
   decide_step(stream_, words, unscale, config_.gradient_clipping);
-  const StepDecision* decision = decision_at(words);
+  step.decision = decision_at(words);
   // The offloaded part is updated by the host, which needs the decision in
   // hand first: it waits for the norm (only) here, before the device's part
   // is queued.
-  std::optional<StepDecision> known;
-  if (im.offload_) {
+  if (offload_) {
     StepDecision d;
-    copy_bytes(stream_, &d, decision, sizeof d);
+    copy_bytes(stream_, &d, step.decision, sizeof d);
     stream_.synchronize();
-    known = d;
+    step.known = d;
   }
+}
 
-  const double lr = *boundary_lr;
-  StepScalars scalars;
-  scalars.lr = static_cast<float>(lr);
-  scalars.step = im.applied_ + 1;
-  scalars.decision = decision;
+void Engine::Impl::update_device_shards(StepInFlight& step) {
+  StepScalars scalars = step.scalars();
+  scalars.step = applied_ + 1;
+  if (config_.optimizer.kind == OptimizerKind::kLamb) {
+    lamb_step(scalars, step.lamb_workspace);  // never offloaded: checked() refuses it
+    return;
+  }
+  const ModelLayout& L = *layout_;
+  for (int u = 0; u < L.num_units(); ++u) {
+    const UnitState& st = units_[static_cast<size_t>(u)];
+    if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
+    // Base pointers once per unit, so shard_pieces's checks do not run per
+    // run; each run is a part of them (from the first device element).
+    const ShardBuffers base = device_shard(u);
+    const size_t first = st.host_numel;
+    for (const GroupRun& run : st.runs) {
+      const size_t lo = std::max(run.begin, first);
+      if (lo >= run.end) continue;
+      scalars.weight_decay = L.groups()[static_cast<size_t>(run.group)].weight_decay;
+      optimizer_step(stream_, config_.optimizer, base.part(lo - first, run.end - lo), scalars);
+    }
+  }
+}
 
-  std::optional<PhaseTimer> optimizer_timer(std::in_place, im.times_.optimizer_ms);
-  Buffer lamb_workspace;  // kept until the step has synchronized
-  const auto device_part = [&] {
-    if (config_.optimizer.kind == OptimizerKind::kLamb) {
-      lamb_step(scalars, lamb_workspace);  // never offloaded: checked() refuses it
-      return;
+// offload_optimizer's part: the host updates the shards' host pieces; throws
+// where it fails (a swap file's read, write or full drive).
+void Engine::Impl::update_host_shards(const StepInFlight& step) {
+  const ModelLayout& L = *layout_;
+  std::vector<OffloadUnit> units;
+  for (int u = 0; u < L.num_units(); ++u) {
+    if (L.unit(u).frozen) continue;
+    const UnitState& st = units_[static_cast<size_t>(u)];
+    units.push_back({L.trainable_offset(u), st.host_numel, static_cast<const std::byte*>(reduced_grad(u)),
+                     owned_params(u), &st.runs, {}});
+    if (shard_in_swap(u)) {
+      // Note [parameter swap regions]: to the unit's other slot, current
+      // once the step has succeeded everywhere.
+      units.back().put = [swap = param_swap_.get(), u](size_t at, const std::byte* values, size_t n) {
+        swap->put_update(u, at, values, n);
+      };
     }
-    for (int u = 0; u < L.num_units(); ++u) {
-      const UnitState& st = im.units_[static_cast<size_t>(u)];
-      if (st.host_numel == L.unit(u).shard || L.unit(u).frozen) continue;
-      // Base pointers once per unit, so shard_pieces's checks do not run per
-      // run; each run is a part of them (from the first device element).
-      const ShardBuffers base = device_shard(u);
-      const size_t first = st.host_numel;
-      for (const GroupRun& run : st.runs) {
-        const size_t lo = std::max(run.begin, first);
-        if (lo >= run.end) continue;
-        scalars.weight_decay = L.groups()[static_cast<size_t>(run.group)].weight_decay;
-        optimizer_step(stream_, config_.optimizer, base.part(lo - first, run.end - lo), scalars);
-      }
-    }
-  };
-  const bool host_part = im.offload_ && known->finite != 0;
+  }
+  std::vector<float> decay;
+  for (const ParamGroupSpec& g : L.groups()) decay.push_back(g.weight_decay);
+  StepScalars scalars = step.scalars();
+  scalars.step = applied_ + 1;
+  scalars.decision = nullptr;  // device memory on a GPU
+  scalars.grad_scale = step.known->grad_scale;
+  offload_->step(stream_, config_.optimizer, units, decay, scalars);
+  const OffloadTimes t = offload_->take_times();
+  times_.offload_d2h_ms += t.d2h_ms;
+  times_.offload_update_ms += t.update_ms;
+  times_.offload_h2d_ms += t.h2d_ms;
+  times_.offload_ms += t.total_ms;
+  times_.offload_read_wait_ms += t.read_wait_ms;
+  times_.offload_write_wait_ms += t.write_wait_ms;
+  times_.offload_chunk_ms += t.chunk_ms;
+  times_.offload_chunk_overlapped_ms += t.chunk_overlapped_ms;
+}
+
+// Note [a failed NVMe step]: the host part in a swap file can fail (a
+// read, a write, a full drive) where host memory cannot. Its master
+// weights and state then stay as before the step (Note [offload swap
+// regions]); the parameters it had already sent are narrowed back from
+// them, and the device's part runs only after the host's succeeded, so a
+// step() that throws leaves this rank as it was before it. On several
+// ranks the failure is agreed before any rank goes on (Note [an NVMe step
+// agreed across ranks]): where one rank's host part failed, every rank
+// rolls its host part back (OffloadSwap::roll_back: the region the step
+// read is the state before it) and throws, so the ranks stay in step and
+// may call step() again. Otherwise the device's part goes first: on a
+// GPU it is queued, and runs while the host updates the offloaded part.
+void Engine::Impl::apply_update(StepInFlight& step) {
+  const bool host_part = offload_ && step.known->finite != 0;
   // Reads ahead of the parameter swap file hold values the step replaces;
   // their buffers take the step's new values.
-  if (im.param_swap_) im.param_swap_->drop_reads();
-  // Note [a failed NVMe step]: the host part in a swap file can fail (a
-  // read, a write, a full drive) where host memory cannot. Its master
-  // weights and state then stay as before the step (Note [offload swap
-  // regions]); the parameters it had already sent are narrowed back from
-  // them, and the device's part runs only after the host's succeeded, so a
-  // step() that throws leaves this rank as it was before it. On several
-  // ranks the failure is agreed before any rank goes on (Note [an NVMe step
-  // agreed across ranks]): where one rank's host part failed, every rank
-  // rolls its host part back (OffloadSwap::roll_back: the region the step
-  // read is the state before it) and throws, so the ranks stay in step and
-  // may call step() again. Otherwise the device's part goes first: on a
-  // GPU it is queued, and runs while the host updates the offloaded part.
+  if (param_swap_) param_swap_->drop_reads();
   const bool agree = config_.offload_optimizer.device == OffloadDevice::kNvme && comm_.size() > 1;
-  const bool host_first = (host_part && im.offload_->swap() != nullptr) || agree;
-  if (!host_first) device_part();
-  // The host part's update; throws where it fails.
-  const auto host_step = [&] {
-    std::vector<OffloadUnit> units;
-    for (int u = 0; u < L.num_units(); ++u) {
-      if (L.unit(u).frozen) continue;
-      const UnitState& st = im.units_[static_cast<size_t>(u)];
-      units.push_back({L.trainable_offset(u), st.host_numel, static_cast<const std::byte*>(reduced_grad(u)),
-                       owned_params(u), &st.runs, {}});
-      if (shard_in_swap(u)) {
-        // Note [parameter swap regions]: to the unit's other slot, current
-        // once the step has succeeded everywhere.
-        units.back().put = [swap = im.param_swap_.get(), u](size_t at, const std::byte* values, size_t n) {
-          swap->put_update(u, at, values, n);
-        };
-      }
-    }
-    std::vector<float> decay;
-    for (const ParamGroupSpec& g : L.groups()) decay.push_back(g.weight_decay);
-    StepScalars host_scalars = scalars;
-    host_scalars.decision = nullptr;  // device memory on a GPU
-    host_scalars.grad_scale = known->grad_scale;
-    im.offload_->step(stream_, config_.optimizer, units, decay, host_scalars);
-    const OffloadTimes t = im.offload_->take_times();
-    im.times_.offload_d2h_ms += t.d2h_ms;
-    im.times_.offload_update_ms += t.update_ms;
-    im.times_.offload_h2d_ms += t.h2d_ms;
-    im.times_.offload_ms += t.total_ms;
-    im.times_.offload_read_wait_ms += t.read_wait_ms;
-    im.times_.offload_write_wait_ms += t.write_wait_ms;
-    im.times_.offload_chunk_ms += t.chunk_ms;
-    im.times_.offload_chunk_overlapped_ms += t.chunk_overlapped_ms;
-  };
+  const bool host_first = (host_part && offload_->swap() != nullptr) || agree;
+  if (!host_first) update_device_shards(step);
   if (agree) {
-    std::exception_ptr error;
-    if (host_part) {
-      try {
-        host_step();
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    const int failed = agreed_failed_rank(comm_, allocator_, stream_, error != nullptr);
-    if (failed > 0) {
-      if (im.param_swap_) im.param_swap_->discard();
-      if (host_part && error == nullptr) im.offload_->roll_back();
-      if (host_part) undo_offloaded_params();
-      if (error != nullptr) std::rethrow_exception(error);
-      ZEST_FAIL("offload_optimizer nvme: the step failed on rank {} (its error says why); this rank rolled its "
-                "step back to the state before it, as every rank did, so the ranks stay in step: call step() "
-                "again once the drive is fixed, or resume from a checkpoint",
-                failed - 1);
-    }
+    update_host_shards_agreed(step, host_part);
   } else if (host_part) {
     try {
-      host_step();
+      update_host_shards(step);
     } catch (...) {
-      if (im.param_swap_) im.param_swap_->discard();
+      if (param_swap_) param_swap_->discard();
       if (host_first) undo_offloaded_params();
       throw;
     }
   }
-  if (im.param_swap_) im.param_swap_->commit();
-  if (host_first) device_part();
-  optimizer_timer.reset();
-  gather_updated_params();
+  if (param_swap_) param_swap_->commit();
+  if (host_first) update_device_shards(step);
+}
 
+void Engine::Impl::update_host_shards_agreed(const StepInFlight& step, bool host_part) {
+  std::exception_ptr error;
+  if (host_part) {
+    try {
+      update_host_shards(step);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  const int failed = agreed_failed_rank(comm_, allocator_, stream_, error != nullptr);
+  if (failed == 0) return;
+  if (param_swap_) param_swap_->discard();
+  if (host_part && error == nullptr) offload_->roll_back();
+  if (host_part) undo_offloaded_params();
+  if (error != nullptr) std::rethrow_exception(error);
+  ZEST_FAIL("offload_optimizer nvme: the step failed on rank {} (its error says why); this rank rolled its "
+            "step back to the state before it, as every rank did, so the ranks stay in step: call step() "
+            "again once the drive is fixed, or resume from a checkpoint",
+            failed - 1);
+}
+
+StepResult Engine::Impl::finish_step(StepResult result, const StepInFlight& step) {
   StepDecision d;
-  if (known) {
-    d = *known;
+  if (step.known) {
+    d = *step.known;
   } else {
-    copy_bytes(stream_, &d, decision, sizeof d);
+    copy_bytes(stream_, &d, step.decision, sizeof d);
   }
   stream_.synchronize();
   result.grad_norm = std::sqrt(d.sum_of_squares);
   const bool finite = d.finite != 0;
   if (config_.fp16.enabled) {
-    const double before = im.scaler_.scale();
-    im.scaler_.update(!finite);
-    result.loss_scale = im.scaler_.scale();
+    const double before = scaler_.scale();
+    scaler_.update(!finite);
+    result.loss_scale = scaler_.scale();
     if (!finite) {
       result.skip_reason = fmt::format("fp16 overflow: step skipped, loss scale {} -> {}", before,
                                        result.loss_scale);
@@ -399,22 +442,22 @@ StepResult Engine::Impl::step() {
     result.skip_reason = fmt::format(
         "non-finite gradients ({}): step skipped. Look for a NaN or Inf in the loss or backward",
         dtype_name(compute_dtype_));
-    ZEST_LOG_WARN("step {}: {}", im.applied_ + im.skipped_ + 1, result.skip_reason);
+    ZEST_LOG_WARN("step {}: {}", applied_ + skipped_ + 1, result.skip_reason);
   }
-  result.times = std::exchange(im.times_, StepTimes{});
+  result.times = std::exchange(times_, StepTimes{});
   if (!finite) {
     // A delayed update in flight still lands: the parameters trail the
     // master by at most one applied step.
     settle_offload();
-    result.skipped_steps = ++im.skipped_;
-    report_progress(result, lr);
+    result.skipped_steps = ++skipped_;
+    report_progress(result, step.lr);
     return result;
   }
-  result.lr = lr;
+  result.lr = step.lr;
   result.clipped = d.clipped != 0;
   result.applied = true;
-  result.applied_steps = ++im.applied_;
-  report_progress(result, lr);
+  result.applied_steps = ++applied_;
+  report_progress(result, step.lr);
   return result;
 }
 

@@ -20,7 +20,7 @@
 namespace zest {
 
 struct EngineUnitState {
-  enum class Grads { kIdle, kOpen, kDone };
+  using Grads = Engine::GradState;
 
   // Full parameters in the compute dtype: always at stages 0-2 and for
   // persistent units at stage 3 ("resident"); at stage 3 otherwise only
@@ -299,7 +299,17 @@ class Engine::Impl {
   // shard_comm() and the communicator for its scalars, unchecked.
   Communicator& shard_group() const;
   Communicator& shard_control() const;
-  // engine_step.cpp
+  // engine_step.cpp: step()'s phases (Note [the step's phases]).
+  struct StepInFlight;
+  void begin_boundary();
+  void decide_update(StepInFlight& step);
+  void apply_update(StepInFlight& step);
+  void update_device_shards(StepInFlight& step);
+  void update_host_shards(const StepInFlight& step);
+  // Note [an NVMe step agreed across ranks]: the host part, then every
+  // rank's outcome agreed; throws on every rank where one failed.
+  void update_host_shards_agreed(const StepInFlight& step, bool host_part);
+  StepResult finish_step(StepResult result, const StepInFlight& step);
   void end_micro_step();
   const void* reduced_grad(int unit) const;
   DType reduced_grad_dtype(int unit) const;
