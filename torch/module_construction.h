@@ -15,7 +15,7 @@
 //   auto net = zest::make_module_on<Net>(engine.comm());     // the same bits on every run
 //   auto other = zest::make_module<Net>(zest::ModuleSeed{7});  // one thread building
 //
-// Deferred construction (Note [deferred construction] in torch_module.cpp).
+// Deferred construction (Note [deferred construction] in detail/deferred_values.h).
 // A model too large for one rank is built a unit at a time: each unit's
 // module is constructed, then made a placeholder (every parameter keeps its
 // name, shape and dtype and gives back its memory), so the skeleton of the

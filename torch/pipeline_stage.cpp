@@ -17,7 +17,7 @@
 // plain copy, which moves the same bytes per batch: the copy's gradient one
 // way, the new values the other. The gradient has to reach the engine while
 // the weight's unit accumulates (Note [gradients in place] in
-// torch_module.cpp), that is, inside the first stage's backward: tied()
+// torch_module_hooks.cpp), that is, inside the first stage's backward: tied()
 // puts a node on the embedding's output whose backward, in the batch's last
 // backward on that stage, receives the copy's gradient and passes it to the
 // weight's accumulator beside the embedding's own. The last stage sends it

@@ -14,6 +14,9 @@
 //   zt.save("ckpt");  zt.load("ckpt");                    // ZEST checkpoints (any world size)
 //   zt.export_safetensors("model.safetensors");           // the module's own parameter names
 //
+// (Checkpoints and weights in and out are torch_module_io.h's free
+// functions; the members of the same names call them.)
+//
 // Stage 3 additionally needs each unit called through the wrapper, so that
 // it is gathered for its forward and again for its backward:
 //
@@ -105,14 +108,18 @@
 
 #include <torch/torch.h>
 
-#include "zest/checkpoint/checkpoint.h"
-#include "zest/checkpoint/weights_io.h"
-#include "zest/hf/hf_export.h"
-#include "zest/hf/hf_import.h"
 #include "zest/engine/engine.h"
 #include "zest/torch/module_construction.h"
 
 namespace zest {
+
+// The I/O's options and reports (torch_module_io.h includes their headers).
+struct CheckpointOptions;
+struct WeightsImportOptions;
+struct HfImportOptions;
+struct HfImportReport;
+struct HfExportOptions;
+struct HfExportReport;
 
 // torch's name for a ZEST device: where a TorchModule's parameters live and
 // so where its inputs go (`tokens.to(zest::torch_device(comm.device()))`).
@@ -251,20 +258,25 @@ class TorchModule {
   int unit_of(const torch::nn::Module& unit_module) const;
   int num_units() const;
 
-  // Collective: ZEST checkpoints (save_checkpoint / load_checkpoint).
-  std::string save(const std::string& root, const CheckpointOptions& options = {});
-  std::string load(const std::string& root, const CheckpointOptions& options = {});
-  // Collective: the fp32 master weights under the module's parameter names.
+  // Collective: checkpoints and weights in and out, by the module's
+  // parameter names: torch_module_io.h's functions of the same names (its
+  // header has the options' and reports' types).
+  std::string save(const std::string& root);
+  std::string save(const std::string& root, const CheckpointOptions& options);
+  std::string load(const std::string& root);
+  std::string load(const std::string& root, const CheckpointOptions& options);
   void export_safetensors(const std::string& path, DType dtype = DType::kFloat32);
-  // Collective: weights by the module's parameter names, from one
-  // safetensors file (import_weights) or a Hugging Face directory
-  // (import_hf), and out as a Hugging Face directory (export_hf). A
-  // fine-tuning run's start: the optimizer state restarts. Parameters absent
-  // from the file are an error unless options.keep_missing /
-  // options.allow_missing accepts them (adapters): those keep their values.
-  void import_safetensors(const std::string& path, const WeightsImportOptions& options = {});
-  HfImportReport import_hf(const std::string& dir, const HfImportOptions& options = {});
-  HfExportReport export_hf(const std::string& dir, const HfExportOptions& options = {});
+  void import_safetensors(const std::string& path);
+  void import_safetensors(const std::string& path, const WeightsImportOptions& options);
+  HfImportReport import_hf(const std::string& dir);
+  HfImportReport import_hf(const std::string& dir, const HfImportOptions& options);
+  HfExportReport export_hf(const std::string& dir);
+  HfExportReport export_hf(const std::string& dir, const HfExportOptions& options);
+  // After the engine's values changed other than through this module (a
+  // load or import given the engine itself): the module shows the new
+  // values. Only an fp16 engine on the host, whose module computes over a
+  // widened copy (Note [fp16 on the host]), has anything to do.
+  void values_changed();
 
   Engine& engine() { return engine_; }
   torch::nn::Module& module() { return *module_; }
@@ -316,11 +328,11 @@ class TorchModule {
   void point_params(Unit& u, const void* data);
   // Gathered's work for one unit (a unit and its frozen companion).
   void enter_forward(int unit, std::optional<Pass> pass);
+  bool grads_done(int unit) const { return engine_.grad_state(unit) == Engine::GradState::kDone; }
   void leave_forward(int unit);
   void release_backward(Unit& u);
   void unpoint_params(Unit& u);
 
-  void rewiden();
 
   Engine& engine_;
   std::shared_ptr<torch::nn::Module> module_;

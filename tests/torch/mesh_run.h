@@ -27,7 +27,7 @@
 #include "common/staged_lm.h"
 #include "torch_doctest.h"
 #include "zest/mesh/device_mesh.h"
-#include "zest/torch/torch_module.h"
+#include "zest/torch/torch_module_io.h"
 
 namespace mesh_run {
 

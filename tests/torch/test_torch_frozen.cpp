@@ -1,5 +1,5 @@
 // Frozen parameters in backward at stage 3 (Note [frozen parameters in
-// backward], torch_module.cpp): a unit that mixes a frozen base with
+// backward], torch_module_hooks.cpp): a unit that mixes a frozen base with
 // trainable adapters (LoRA's shape), and a unit all frozen between trainable
 // ones, at sizes where the frozen memory is sharded and released. Before the
 // frozen part was tracked through the call's graph, its memory went back

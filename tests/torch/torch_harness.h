@@ -16,7 +16,7 @@
 #include "zest/engine/engine.h"
 #include "zest/memory/caching_allocator.h"
 #include "zest/memory/raw_allocator.h"
-#include "zest/torch/torch_module.h"
+#include "zest/torch/torch_module_io.h"
 
 namespace zest::test {
 
