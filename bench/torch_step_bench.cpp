@@ -19,6 +19,13 @@
 //
 //   torch_step_bench [--layers 4] [--d-model 256] [--heads 4] [--context 128] [--batch 16]
 //                    [--steps 6] [--rounds 3] [--ranks 2,4]
+//   torch_step_bench --unused-unit
+//
+// --unused-unit instead counts the collectives of stage-3 steps on 2
+// in-process ranks over a model of three units (fc1, skip, fc2) whose middle
+// one the forward uses every other step: a step that leaves it unused
+// reduces it from zeros (every rank joins its reduce-scatter) and gathers
+// nothing for it (Engine::no_grads), so step() itself makes no all-gather.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,6 +52,7 @@ struct Options {
   int steps = 6;  // timed, after 2 untimed, per round
   int rounds = 3;
   std::vector<int> ranks{2, 4};
+  bool unused_unit = false;
 };
 
 constexpr int kWarmup = 2;
@@ -122,6 +130,47 @@ Result zest_run(const Options& o, int stage, int world) {
           *std::max_element(peaks.begin(), peaks.end())};
 }
 
+// --unused-unit: see the header comment.
+struct Branchy : torch::nn::Module {
+  torch::nn::Linear fc1{register_module("fc1", torch::nn::Linear(64, 256))};
+  torch::nn::Linear skip{register_module("skip", torch::nn::Linear(256, 256))};
+  torch::nn::Linear fc2{register_module("fc2", torch::nn::Linear(256, 8))};
+};
+
+void count_unused_unit_collectives() {
+  zest::EngineConfig config;
+  config.zero.stage = 3;
+  config.zero.stage3_param_persistence_threshold = 0;  // every unit sharded
+  config.zero.stage3_prefetch_bucket_size = 0;         // gathered where called, not ahead
+  fmt::print("torch_step_bench --unused-unit: stage 3, 2 in-process ranks, units fc1, skip, fc2; skip used on odd "
+             "steps\n{:<6} {:>10} {:>22} {:>19} {:>16}\n",
+             "step", "skip used", "all-gathers fwd+bwd", "all-gathers step()", "reduce-scatters");
+  zest::run_inprocess(2, [&](zest::Communicator& comm) {
+    torch::set_num_threads(1);
+    zest::CachingAllocator alloc(zest::make_host_allocator());
+    zest::Engine engine(config, comm, alloc, zest::Stream::default_for(comm.device()));
+    torch::manual_seed(kSeed);
+    auto model = std::make_shared<Branchy>();
+    zest::TorchModule zt(engine, model);
+    for (int step = 0; step < 4; ++step) {
+      const bool used = step % 2 == 1;  // the same on every rank, as the engine requires
+      const torch::Tensor x = torch::randn({16, 64});
+      const torch::Tensor y = torch::randn({16, 8});
+      comm.reset_counters();
+      torch::Tensor h = zt.forward(model->fc1, x);
+      if (used) h = h + zt.forward(model->skip, h);
+      zt.scale(torch::mse_loss(zt.forward(model->fc2, h), y)).backward();
+      const uint64_t gathers = comm.counters()[zest::CollectiveKind::kAllGather].calls;
+      zt.step();
+      const auto& c = comm.counters();
+      if (comm.rank() == 0) {
+        fmt::print("{:<6} {:>10} {:>22} {:>19} {:>16}\n", step, used ? "yes" : "no", gathers,
+                   c[zest::CollectiveKind::kAllGather].calls - gathers, c[zest::CollectiveKind::kReduceScatter].calls);
+      }
+    }
+  });
+}
+
 // Throws cli::UsageError for --help and for a bad flag; `usage` is the help
 // either way.
 Options parse(int argc, char** argv, std::string& usage) {
@@ -135,6 +184,7 @@ Options parse(int argc, char** argv, std::string& usage) {
   app.add_option("--steps", o.steps)->check(CLI::Range(1, 1 << 20));
   app.add_option("--rounds", o.rounds)->check(CLI::Range(1, 1000));
   app.add_option("--ranks", o.ranks)->delimiter(',')->check(CLI::Range(1, 64));
+  app.add_flag("--unused-unit", o.unused_unit, "count the collectives of steps that leave a unit unused");
   usage = app.help();
   cli::parse(app, argc, argv);
   for (int w : o.ranks) {
@@ -155,6 +205,10 @@ int main(int argc, char** argv) {
     return cli::usage_exit("torch_step_bench", e, usage);
   }
   try {
+    if (o.unused_unit) {
+      count_unused_unit_collectives();
+      return 0;
+    }
     fmt::print("torch_step_bench ({} build, libtorch {}.{}): GPT of {} parameters ({}), global batch {} x {} "
                "tokens, AdamW, fp32, one torch thread per rank, per configuration the fastest of {} rounds' median of {} "
                "steps after {}\n",
