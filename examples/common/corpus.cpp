@@ -52,7 +52,10 @@ Batch windows(const std::string& text, const std::vector<int64_t>& starts, int64
       out[r * (context + 1) + t] = static_cast<unsigned char>(text[static_cast<size_t>(starts[static_cast<size_t>(r)] + t)]);
     }
   }
-  return {all.slice(1, 0, context).contiguous(), all.slice(1, 1, context + 1).contiguous()};
+  Batch b;
+  b.inputs = all.slice(1, 0, context).contiguous();
+  b.targets = all.slice(1, 1, context + 1).contiguous();
+  return b;
 }
 
 }  // namespace

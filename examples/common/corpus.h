@@ -20,10 +20,15 @@
 
 namespace examples {
 
-// Inputs and next-token targets, both [rows, context] int64.
+// Inputs and next-token targets, both [rows, context] int64 (a target of
+// -100 is not trained on). Packed rows (common/token_data.h) also carry
+// each token's position and document id, [rows, context]; undefined
+// otherwise.
 struct Batch {
   torch::Tensor inputs;
   torch::Tensor targets;
+  torch::Tensor positions;
+  torch::Tensor documents;
 };
 
 class Corpus {

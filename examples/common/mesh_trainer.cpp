@@ -22,30 +22,52 @@ MeshTrainer::MeshTrainer(const zest::DeviceMesh* mesh, zest::TorchModule& zt, St
   }
 }
 
-MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batches) {
+MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batches, int64_t global_trained) {
   const torch::Device device = zest::torch_device(zt_.engine().comm().device());
   const UnitRunner run = runner(zt_);
+  // The engine divides the summed gradients by micro-batches x ranks.
+  const double per_token = global_trained > 0 ? static_cast<double>(micro_batches.size()) *
+                                                    static_cast<double>(zt_.engine().comm().size()) /
+                                                    static_cast<double>(global_trained)
+                                              : 0.0;
+  const auto loss_of = [&](const torch::Tensor& logits, const Batch& b) {
+    const torch::Tensor targets = b.targets.to(device);
+    return per_token > 0 ? model_.loss_sum(logits, targets) * per_token : model_.loss(logits, targets);
+  };
+  const auto forward = [&](const Batch& b, const torch::Tensor& in) {
+    model_.set_packing(b.positions.defined() ? b.positions.to(device) : torch::Tensor(),
+                       b.documents.defined() ? b.documents.to(device) : torch::Tensor());
+    return model_.forward_stage(in.defined() ? in : b.inputs.to(device), run);
+  };
   Step out;
   if (!pipe_) {
     for (const Batch& b : micro_batches) {
-      const torch::Tensor logits = model_.forward_stage(b.inputs.to(device), run);
-      const MicroStep s = backward_and_step(zt_, model_.loss(logits, b.targets.to(device)));
+      const MicroStep s = backward_and_step(zt_, loss_of(forward(b, torch::Tensor()), b));
       out.loss += s.loss / static_cast<float>(micro_batches.size());
       out.result = s.result;
     }
+    model_.set_packing({}, {});
     return out;
   }
   const zest::PipelineStage::Result r = pipe_->run(
-      [&](int mb, const torch::Tensor& in) {
-        return model_.forward_stage(in.defined() ? in : micro_batches.at(static_cast<size_t>(mb)).inputs.to(device),
-                                    run);
-      },
-      [&](int mb, const torch::Tensor& logits) {
-        return model_.loss(logits, micro_batches.at(static_cast<size_t>(mb)).targets.to(device));
-      });
+      [&](int mb, const torch::Tensor& in) { return forward(micro_batches.at(static_cast<size_t>(mb)), in); },
+      [&](int mb, const torch::Tensor& logits) { return loss_of(logits, micro_batches.at(static_cast<size_t>(mb))); });
+  model_.set_packing({}, {});
   out.loss = static_cast<float>(r.loss);
   out.result = r.step;
   return out;
+}
+
+double MeshTrainer::loss_sum(const Batch& b) {
+  const torch::Device device = zest::torch_device(zt_.engine().comm().device());
+  const torch::NoGradGuard no_grad;
+  model_.set_packing(b.positions.defined() ? b.positions.to(device) : torch::Tensor(),
+                     b.documents.defined() ? b.documents.to(device) : torch::Tensor());
+  const torch::Tensor logits = forward_only(b.inputs.to(device));
+  model_.set_packing({}, {});
+  const double sum =
+      logits.defined() ? model_.loss_sum(logits, b.targets.to(device)).to(torch::kDouble).item<double>() : 0.0;
+  return pipe_ ? zest::from_last_stage(mesh_->pp(), sum) : sum;
 }
 
 torch::Tensor MeshTrainer::forward_only(const torch::Tensor& tokens) {

@@ -35,12 +35,27 @@ class MeshTrainer {
               zest::PipelineKind schedule = zest::PipelineKind::k1F1B);
 
   struct Step {
-    float loss = 0.0f;  // the micro-batches' mean loss on this dp rank's rows, on every stage
+    // The micro-batches' mean loss on this dp rank's rows, on every stage;
+    // with global_trained, the rank's token-loss sum x ranks / global_trained,
+    // whose mean over the ranks is the global batch's mean.
+    float loss = 0.0f;
     zest::StepResult result;
   };
-  // One batch: this dp rank's micro-batches, forward, backward and the
-  // engine's step.
-  Step train_step(const std::vector<Batch>& micro_batches);
+  // One batch: this dp rank's micro-batches (packed rows set on the model,
+  // StagedLm::set_packing), forward, backward and the engine's step.
+  // global_trained > 0: the trained tokens (targets other than -100) of the
+  // whole global batch, every dp rank's micro-batches together. Each
+  // micro-batch's loss is then the sum of its token losses over that count
+  // (times the micro-batches and ranks the engine averages over), so the
+  // update is that of the mean over the global batch's trained tokens, never
+  // a mean of micro-batch means, which would weigh the tokens of short
+  // micro-batches up. 0: each micro-batch's mean (rows of equal tokens, all
+  // trained).
+  Step train_step(const std::vector<Batch>& micro_batches, int64_t global_trained = 0);
+  // The sum of the token losses of `b` (targets -100 left out), forward
+  // only, on every rank of the mesh: this dp rank's rows. Collective over
+  // the mesh's pipeline.
+  double loss_sum(const Batch& b);
 
   // lm_training.h's validation_loss: the same value on every rank of the
   // mesh.

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <utility>
 
 #include <torch/torch.h>
@@ -69,6 +70,14 @@ class StagedLm {
   // This stage's part of forward, each piece that uses a unit's parameters
   // run as run(unit, piece).
   virtual torch::Tensor forward_stage(const torch::Tensor& input, const UnitRunner& run) = 0;
+  // The rows of the next forwards are packed (data/packed_rows.h):
+  // positions and document ids [B, T], so that positions restart and
+  // attention stays within each document; undefined tensors: unpacked rows
+  // again. A model that cannot attend within documents refuses packed rows.
+  virtual void set_packing(torch::Tensor positions, torch::Tensor documents) {
+    (void)documents;
+    if (positions.defined()) throw std::invalid_argument("this model takes no packed rows (--packing)");
+  }
   // The mean (loss) or the sum (loss_sum) of the token losses of the last
   // stage's logits against targets [B, T], in fp32: vocabulary-parallel
   // cross-entropy under tensor parallelism, the same on every tp rank.

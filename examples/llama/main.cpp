@@ -14,8 +14,13 @@
 //                                                split over 2 ranks, the layers over 2 pipeline
 //                                                stages running 4 micro-batches 1F1B
 //                                                (common/mesh_trainer.h)
+//   llama --hf DIR --format jsonl --data train.jsonl --val-data val.jsonl --max-seq-len 2048 --packing
+//         --epochs 3 --save-every 100 --save CKPT   fine-tuning on tokenized data (common/token_data.h):
+//                                                the loss the mean over the global batch's trained
+//                                                tokens, validation loss and perplexity
 //
-// A checkpoint with a vocabulary larger than 256 still trains on byte ids.
+// On the fortune corpus, a checkpoint with a vocabulary larger than 256
+// trains on byte ids.
 // Threads: one torch intra-op thread per rank by default, as in
 // examples/gpt/main.cpp (which says why).
 #include <algorithm>
@@ -89,7 +94,85 @@ std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engi
 }
 
 
-void train(const llama::Options& opt, const examples::Corpus& corpus, const zest::EngineConfig& config,
+void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::Engine& engine, zest::TorchModule& zt,
+            int world, bool printer);
+
+// Note [a step of tokenized data]: every rank reads its own rows of the
+// step's global batch (its share, then its micro-batches), the ranks add up
+// the batch's trained tokens (one collective of one integer), and each
+// micro-batch's loss is its token losses' sum over that count
+// (MeshTrainer::train_step): the update is the global batch's mean over
+// its trained tokens, the same whatever the world size or --accum split
+// it into.
+void train_tokenized(const llama::Options& opt, zest::Engine& engine, examples::MeshTrainer& trainer,
+                     zest::TorchModule& zt, int64_t first, bool printer) {
+  const int world = engine.comm().size(), rank = engine.comm().rank();
+  const int64_t accum = opt.accum, rows = opt.batch / world, rows_per_micro = rows / accum;
+  examples::TokenData data(opt, opt.data, opt.model.vocab_size, opt.max_seq_len, opt.batch, opt.seed);
+  std::unique_ptr<zest::TokenDataset> held_out;
+  if (!opt.val_data.empty()) held_out = zest::open_token_dataset(opt.format, opt.val_data, opt.model.vocab_size);
+  const zest::RowPlanOptions row_options{.max_seq_len = opt.max_seq_len, .packing = opt.packing};
+  const int64_t last = opt.epochs > 0 ? data.steps(opt.epochs) : first + opt.steps;
+  if (printer) {
+    const zest::RowPlan& plan = data.plan(0);
+    fmt::print("data {} ({}): {} documents, epoch 0 {} rows of {} tokens{} ({} tokens, {} documents truncated), {} "
+               "steps an epoch of {} rows; training steps {} to {}\n",
+               opt.data, opt.format, data.dataset().size(), plan.rows(), opt.max_seq_len,
+               opt.packing ? " packed" : "", plan.tokens(), plan.truncated_documents(), plan.rows() / opt.batch,
+               opt.batch, first, last);
+    std::fflush(stdout);
+  }
+  double val_loss = 0.0;
+  const auto validate = [&](int64_t step) {
+    if (!held_out) return;
+    const examples::HeldOutLoss v = examples::held_out_loss(engine, trainer, *held_out, row_options, rows_per_micro);
+    val_loss = v.loss;
+    if (printer) {
+      fmt::print("step {:5d}  validation loss {:.4f}  perplexity {:.3f}  ({} rows, {} trained tokens)\n", step, v.loss,
+                 v.perplexity, v.rows, v.tokens);
+    }
+  };
+  if (last > first) validate(first);
+  double seconds = 0.0;
+  int64_t trained_total = 0;
+  for (int64_t step = first; step < last; ++step) {
+    const auto start = Clock::now();
+    std::vector<examples::Batch> micro_batches;
+    for (int64_t m = 0; m < accum; ++m) micro_batches.push_back(data.rows(step, rank * rows + m * rows_per_micro, rows_per_micro));
+    const int64_t trained = examples::global_trained_tokens(engine, micro_batches);
+    const examples::MeshTrainer::Step s = trainer.train_step(micro_batches, trained);
+    const double dt = std::chrono::duration<double>(Clock::now() - start).count();
+    seconds += dt;
+    trained_total += trained;
+    const bool end = step == last - 1;
+    if ((step - first) % opt.print_every == 0 || end) {
+      const float mean = examples::mean_over_ranks(engine, s.loss);
+      if (printer) {
+        const auto [epoch, batch] = data.position(step);
+        const double eta = seconds / static_cast<double>(step + 1 - first) * static_cast<double>(last - step - 1);
+        fmt::print("step {:5d}  epoch {} batch {:4d}  loss {:.4f}  lr {:.2e}  |g| {:7.4f}{}  {:7.1f} ms  {:8.0f} "
+                   "tokens/s  {:8.0f} trained tokens/s  eta {:.0f} s\n",
+                   step, epoch, batch, mean, s.result.lr, s.result.grad_norm,
+                   s.result.applied ? "" : "  (" + s.result.skip_reason + ")", dt * 1e3,
+                   static_cast<double>(opt.batch * opt.max_seq_len) / dt, static_cast<double>(trained) / dt, eta);
+        std::fflush(stdout);
+      }
+    }
+    if ((step + 1 - first) % opt.eval_every == 0 || end) validate(step + 1);
+    if (opt.save_every > 0 && (step + 1) % opt.save_every == 0 && !end) {
+      const std::string dir = zt.save(opt.save_dir);
+      if (printer) fmt::print("saved {}\n", dir);
+    }
+  }
+  if (printer && seconds > 0) {
+    fmt::print("mean {:.0f} tokens/s, {:.0f} trained tokens/s\n",
+               static_cast<double>((last - first) * opt.batch * opt.max_seq_len) / seconds,
+               static_cast<double>(trained_total) / seconds);
+  }
+  if (printer && held_out && last > first) fmt::print("final validation loss, stage {}: {:.17g}\n", opt.stage, val_loss);
+}
+
+void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, const zest::EngineConfig& config,
            zest::Communicator& comm) {
   torch::set_num_threads(opt.threads);
   const bool printer = comm.rank() == 0;
@@ -121,8 +204,14 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
     if (printer) fmt::print("resumed from {} at step {}\n", opt.load_dir, first);
   }
   const int64_t accum = opt.accum, rows = opt.batch / world, rows_per_micro = rows / accum, context = opt.context;
-  const int64_t windows = examples::validation_windows(corpus, opt.val_windows, context, world);
   examples::MeshTrainer trainer(mesh ? &*mesh : nullptr, *zt, *model, rows_per_micro, context, opt.pipeline_schedule);
+  if (corpus_or_null == nullptr) {
+    train_tokenized(opt, engine, trainer, *zt, first, printer);
+    finish(opt, config, engine, *zt, world, printer);
+    return;
+  }
+  const examples::Corpus& corpus = *corpus_or_null;
+  const int64_t windows = examples::validation_windows(corpus, opt.val_windows, context, world);
   double val_loss = 0.0;
   const auto validate = [&](int64_t step) {
     val_loss = trainer.validation_loss(corpus, windows);
@@ -149,20 +238,32 @@ void train(const llama::Options& opt, const examples::Corpus& corpus, const zest
       if (printer) examples::print_step(step, mean, s.result, dt * 1e3, static_cast<double>(opt.batch * context) / dt);
     }
     if ((step + 1 - first) % opt.eval_every == 0 || last) validate(step + 1);
+    if (opt.save_every > 0 && (step + 1) % opt.save_every == 0 && !last) {
+      const std::string dir = zt->save(opt.save_dir);
+      if (printer) fmt::print("saved {}\n", dir);
+    }
   }
-  const std::vector<zest::MemoryReport> memory = examples::gather_memory(engine);
-  const zest::MemoryEstimate estimate = zest::estimate_memory(examples::describe_model(engine.layout()),
-                                                              zest::EstimateOptions::from_config(config, world));
   if (printer) {
     if (seconds > 0) fmt::print("mean {:.0f} tokens/s\n", static_cast<double>(opt.steps * opt.batch * context) / seconds);
     // Every digit, for scripts (scripts/mesh_check.sh), as the gpt example.
     if (opt.steps > 0) fmt::print("final validation loss, stage {}: {:.17g}\n", opt.stage, val_loss);
+  }
+  finish(opt, config, engine, *zt, world, printer);
+}
+
+// The memory report, and the checkpoint and export after the last step.
+void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::Engine& engine, zest::TorchModule& zt,
+            int world, bool printer) {
+  const std::vector<zest::MemoryReport> memory = examples::gather_memory(engine);
+  const zest::MemoryEstimate estimate = zest::estimate_memory(examples::describe_model(engine.layout()),
+                                                              zest::EstimateOptions::from_config(config, world));
+  if (printer) {
     fmt::print("\nmemory per rank by category (the engine's allocator; torch's activations are not in it):\n{}",
                examples::format_memory(memory, estimate));
     fmt::print("\nparameters on the device, frozen and trainable:\n{}", examples::format_parameter_split(memory, estimate));
   }
   if (!opt.save_dir.empty()) {
-    const std::string dir = zt->save(opt.save_dir);
+    const std::string dir = zt.save(opt.save_dir);
     if (printer) fmt::print("saved {}\n", dir);
   }
   if (!opt.export_hf_dir.empty()) {
@@ -187,10 +288,13 @@ int main(int argc, char** argv) {
     const bool printer = !launched || launched->rank() == 0;
     const int world = launched ? launched->size() : opt.ranks;
     const zest::EngineConfig config = llama::engine_config(opt, opt.data_parallel(world));
-    const examples::Corpus corpus = examples::Corpus::load(opt.data);
+    std::optional<examples::Corpus> corpus;
+    if (!opt.tokenized()) corpus = examples::Corpus::load(opt.data);
     if (printer) {
-      fmt::print("corpus {}: {} fortune cookies, {} training bytes, {} validation bytes\n", opt.data,
-                 corpus.cookies(), corpus.train().size(), corpus.validation().size());
+      if (corpus) {
+        fmt::print("corpus {}: {} fortune cookies, {} training bytes, {} validation bytes\n", opt.data,
+                   corpus->cookies(), corpus->train().size(), corpus->validation().size());
+      }
       const std::string shape =
           opt.mesh() ? fmt::format(" (dp {} x tp {} x pp {})", opt.data_parallel(world), opt.tp, opt.pp) : "";
       fmt::print("stage {}: {} ranks{}, Llama of {} parameters ({}), {}, {}{}\n", opt.stage, world, shape,
@@ -202,7 +306,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     examples::run_on_ranks(
-        launched.get(), opt.ranks, [&](zest::Communicator& comm) { train(opt, corpus, config, comm); }, opt.comm);
+        launched.get(), opt.ranks, [&](zest::Communicator& comm) { train(opt, corpus ? &*corpus : nullptr, config, comm); }, opt.comm);
     return 0;
   } catch (const llama::UsageError& e) {
     return cli::usage_exit("llama", e, llama::usage());

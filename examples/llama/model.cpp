@@ -99,7 +99,22 @@ Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device
   // inv_freq[:, None] @ position_ids[None, :], transposed: [T, d/2], in fp32.
   const torch::Tensor freqs = torch::matmul(inv_freq.unsqueeze(1), positions.unsqueeze(0)).transpose(0, 1);
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return {emb.cos().to(dtype), emb.sin().to(dtype), torch::Tensor()};
+}
+
+Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tensor& documents,
+              torch::ScalarType dtype) {
+  const std::vector<float> inv = rope_inv_freq(c);
+  const torch::Tensor inv_freq = torch::tensor(inv, torch::kFloat).to(positions.device());
+  // inv_freq[None, :, None] @ position_ids[:, None, :], transposed: [B, T, d/2].
+  const torch::Tensor freqs =
+      torch::matmul(inv_freq.view({1, -1, 1}), positions.to(torch::kFloat).unsqueeze(1)).transpose(1, 2);
+  const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);  // [B, 1, T, d]
+  const int64_t T = positions.size(1);
+  const torch::Tensor future =
+      torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(positions.device())).triu(1);
+  const torch::Tensor other_document = documents.unsqueeze(2) != documents.unsqueeze(1);  // [B, T, T]
+  return {emb.cos().to(dtype), emb.sin().to(dtype), (other_document | future).unsqueeze(1)};
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const Config& c, zest::Communicator* tp)
@@ -133,9 +148,11 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Rotary& 
   torch::Tensor scores = torch::matmul(q, keys.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
   // HF adds the dtype's lowest value above the diagonal; exp of it underflows
   // to 0 as exp(-inf) does, so the probabilities are the same.
-  const torch::Tensor future =
-      torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  const torch::Tensor blocked =
+      rope.blocked.defined()
+          ? rope.blocked
+          : torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+  scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
   const torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
   const torch::Tensor out = torch::matmul(probs, values).transpose(1, 2).contiguous().reshape({B, T, -1});
   return o_proj ? o_proj->forward(out) : o_proj_tp->forward(out);
@@ -296,7 +313,17 @@ torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, con
                                             config_.max_position_embeddings));
   }
   torch::Tensor x = placement_.first() ? run(embed_unit(), [&] { return embed(input); }) : input;
-  const Rotary rope = rotary(config_, T, x.scalar_type(), x.device());
+  Rotary rope;
+  if (positions_.defined()) {
+    if (positions_.size(0) != input.size(0) || positions_.size(1) != T) {
+      throw std::invalid_argument(fmt::format("packed rows' positions are {}, the input [{}, {}]: set_packing of "
+                                              "another batch",
+                                              c10::str(positions_.sizes()), input.size(0), T));
+    }
+    rope = rotary(config_, positions_.to(x.device()), documents_.to(x.device()), x.scalar_type());
+  } else {
+    rope = rotary(config_, T, x.scalar_type(), x.device());
+  }
   for (LlamaDecoderLayer layer : layers()) {
     x = run_layer ? run_layer(layer, x, rope) : run(*layer, [&] { return layer->forward(x, rope); });
   }
@@ -306,6 +333,14 @@ torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, con
   // this stage's engine (PipelineStage::tie_last): there is no unit to run.
   if (head_weight_.defined()) return head(x);
   return run(head_unit(), [&] { return head(x); });
+}
+
+void LlamaForCausalLMImpl::set_packing(torch::Tensor positions, torch::Tensor documents) {
+  if (positions.defined() != documents.defined() || (positions.defined() && positions.sizes() != documents.sizes())) {
+    throw std::invalid_argument("set_packing: positions and document ids of one shape, [rows, tokens], or neither");
+  }
+  positions_ = std::move(positions);
+  documents_ = std::move(documents);
 }
 
 torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {

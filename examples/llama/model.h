@@ -80,11 +80,22 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// cos and sin, [T, head_dim], in `dtype`: positions 0..T-1.
+// Where the tokens are, for attention: cos and sin of their positions, in
+// `dtype`, [T, head_dim] for positions 0..T-1 of every row, or
+// [B, 1, T, head_dim] for each row's own position ids (packed rows); and for
+// packed rows `blocked` [B, 1, T, T], true where a query may not see a key
+// (a later token, or another document: block-diagonal causal attention).
+// Undefined `blocked`: the causal mask.
 struct Rotary {
   torch::Tensor cos, sin;
+  torch::Tensor blocked;
 };
 Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device);
+// Packed rows (data/packed_rows.h): positions and document ids [B, T] int64,
+// on the model's device. As transformers computes the rotary tables of
+// position_ids (in fp32: inv_freq times each position).
+Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tensor& documents,
+              torch::ScalarType dtype);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
@@ -180,6 +191,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public examples::StagedLm
   // through the runner of set_layer_runner when one is set.
   torch::Tensor forward_stage(const torch::Tensor& input, const UnitRunner& run = run_directly) override;
   void set_layer_runner(LayerRunner run_layer) { layer_runner_ = std::move(run_layer); }
+  // The next forwards' rows are packed: common/staged_lm.h.
+  void set_packing(torch::Tensor positions, torch::Tensor documents) override;
   // In fp32, as HF's loss upcasts the logits.
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) override;
   torch::Tensor loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) override;
@@ -220,6 +233,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public examples::StagedLm
   Config config_;
   Placement placement_;
   LayerRunner layer_runner_;
+  torch::Tensor positions_, documents_;  // set_packing's; undefined: unpacked rows
   std::function<torch::Tensor(const torch::Tensor&)> tie_;
   torch::Tensor head_weight_;
 };

@@ -13,9 +13,11 @@ std::string usage() {
          "             [--config config.json] [--steps N] [--batch ROWS] [--context N] [--lr X] [--seed N]\n"
          "             [--threads N] [--tied] [--lora R] [--lora-alpha A]\n"
          "             [--data FORTUNE_FILE_OR_DIR] [--eval-every N] [--val-windows N] [--print-every N]\n"
+         "             [--format megatron|jsonl --data PATH [--val-data PATH] [--max-seq-len N] [--packing]\n"
+         "              [--epochs N]]\n"
          "             [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
          "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16]\n"
-         "             [--export-adapters] [--recompute] [--timeout SECONDS] [--accum N]\n"
+         "             [--export-adapters] [--recompute] [--timeout SECONDS] [--accum N] [--save-every N]\n"
          "             [--tp N] [--pp N] [--pipeline-schedule 1f1b|gpipe]\n"
          "Without --config or --hf: 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256.\n"
          "--tp and --pp: ranks = dp x tp x pp (Megatron's order); tp divides the heads, the key-value heads,\n"
@@ -38,11 +40,21 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--config", o.config_path);
   app.add_option("--context", o.context)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--save-every", o.save_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   CLI::Option* hf = examples::add_pretrained_flags(app, o, shard_size);
   app.get_option("--config")->excludes(hf);
   std::string schedule;
   examples::add_mesh_flags(app, o, schedule);
+  examples::add_token_data_flags(app, o);
   cli::parse(app, argc, argv);
+  examples::check_token_data_flags(o);
+  if (o.save_every > 0 && o.save_dir.empty()) cli::usage_error("--save-every needs --save: the checkpoint root");
+  // Tokenized rows are the context: --max-seq-len, or --context's length.
+  if (o.tokenized()) {
+    if (o.max_seq_len > 0) o.context = o.max_seq_len;
+    o.max_seq_len = o.context;
+    if (o.data == examples::LmRunOptions().data) cli::usage_error("--format {} needs --data: the dataset to train on", o.format);
+  }
   examples::finish_pretrained_flags(o, shard_size);
   examples::finish_mesh_flags(o, schedule);
   if (!o.config_path.empty() || !o.hf_dir.empty()) {

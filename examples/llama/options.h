@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "common/lm_options.h"
 #include "common/lm_pretrained.h"
+#include "common/token_data.h"
 #include "config.h"
 #include "zest/config/config.h"
 
@@ -19,7 +20,11 @@ using UsageError = cli::UsageError;
 // examples::LmRunOptions'; --steps 0 loads, reports and exports without
 // training. --tp, --pp and --pipeline-schedule (examples::MeshFlags) train
 // over a device mesh, the batch's --accum micro-batches through the stages.
-struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::MeshFlags {
+// --format megatron|jsonl with --data trains on a tokenized dataset
+// (examples::TokenDataFlags: --val-data, --max-seq-len, --packing,
+// --epochs), rows of --max-seq-len tokens (which sets --context); without,
+// the byte-level fortune corpus.
+struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::MeshFlags, examples::TokenDataFlags {
   Options() {
     batch = 8;
     val_windows = 64;
@@ -31,6 +36,7 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::
   int64_t context = 64;
   int accum = 1;  // micro-batches a step (gradient_accumulation_steps)
   bool recompute = false;
+  int64_t save_every = 0;  // --save-every N: a checkpoint to --save every N steps as well
 };
 
 std::string usage();

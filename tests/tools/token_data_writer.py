@@ -3,11 +3,11 @@
 nothing but the standard library, and the rows a packing collator makes of
 them: the independent side of tests/data/test_token_data.cpp.
 
-  token_data_writer.py megatron PREFIX --dtype uint16|int32 [--split-sentences]
+  token_data_writer.py megatron PREFIX --dtype uint16|int32 [--split-sentences] [--vocab V]
       PREFIX.bin and PREFIX.idx as megatron/core/datasets/indexed_dataset.py's
       IndexedDatasetBuilder writes them (add_item per sequence, end_document
       per document), and PREFIX.expected.json: each document's tokens.
-  token_data_writer.py jsonl PATH
+  token_data_writer.py jsonl PATH [--vocab V] [--records N]
       records as datasets' to_json writes a tokenized, instruction-masked,
       partly padded dataset (input_ids, labels, attention_mask), and
       PATH.expected.json: each record's tokens and labels once padding is
@@ -23,7 +23,8 @@ them: the independent side of tests/data/test_token_data.cpp.
       {tokens, targets, positions, documents}, padded with 0 / -100 / 0 / -1.
 
 Token t of sequence k of document d is (7919 d + 31 k + 13 t + 1) mod VOCAB
-with VOCAB 50000 (uint16) or 150000 (int32).
+with VOCAB 50000 (uint16) or 150000 (int32), or --vocab; a JSONL record's
+tokens likewise with VOCAB 32000 or --vocab.
 """
 import argparse
 import json
@@ -36,7 +37,7 @@ CODES = {"uint16": (8, "H", 2), "int32": (4, "i", 4)}
 
 def megatron(args):
     code, fmt, size = CODES[args.dtype]
-    vocab = 50000 if args.dtype == "uint16" else 150000
+    vocab = args.vocab or (50000 if args.dtype == "uint16" else 150000)
     # 37 documents of 0 to 300 tokens, a few of them several sequences.
     docs = []
     for d in range(37):
@@ -70,10 +71,10 @@ def megatron(args):
 
 
 def jsonl(args):
-    vocab = 32000
+    vocab = args.vocab or 32000
     expected = []
     with open(args.path, "w") as f:
-        for r in range(23):
+        for r in range(args.records):
             prompt = 3 + r % 5
             length = 5 + (r * 37) % 90
             ids = [(7919 * r + 13 * t + 1) % vocab for t in range(length)]
@@ -139,8 +140,11 @@ def main():
     m.add_argument("path")
     m.add_argument("--dtype", choices=sorted(CODES), required=True)
     m.add_argument("--split-sentences", action="store_true")
+    m.add_argument("--vocab", type=int, default=0)
     j = sub.add_parser("jsonl")
     j.add_argument("path")
+    j.add_argument("--vocab", type=int, default=0)
+    j.add_argument("--records", type=int, default=23)
     r = sub.add_parser("rows")
     r.add_argument("expected")
     r.add_argument("max_seq_len", type=int)
