@@ -44,12 +44,28 @@ std::string text(const json& j, const char* key, const std::string& fallback, co
   return j[key].get<std::string>();
 }
 
-RopeScaling read_rope_scaling(const json& j, const std::string& where) {
+// The scaling from `s` (rope_scaling, or transformers 5's rope_parameters,
+// named `key`).
+RopeScaling read_rope_scaling(const json& j, const char* key, const std::string& where) {
+  // transformers 5 moved original_max_position_embeddings into the rope
+  // parameters; a config that still has it at the top is read as it reads it.
+  const auto top_level = [&](const json& s, const char* name) {
+    return s.contains(name) ? s[name] : j.contains(name) ? j[name] : json();
+  };
   RopeScaling r;
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return r;
-  const json& s = j["rope_scaling"];
-  if (!s.is_object()) fail(where, "\"rope_scaling\" must be null or an object");
-  const std::string at = where + ": rope_scaling";
+  if (!j.contains(key) || j[key].is_null()) return r;
+  const json& s = j[key];
+  if (!s.is_object()) fail(where, fmt::format("\"{}\" must be null or an object", key));
+  const std::string at = where + ": " + key;
+  for (const char* layer_type : {"full_attention", "sliding_attention", "chunked_attention"}) {
+    if (s.contains(layer_type)) {
+      fail(at, fmt::format("rope parameters per layer type (\"{}\") are not supported: one set for every layer",
+                           layer_type));
+    }
+  }
+  if (number(s, "partial_rotary_factor", 1.0, at) != 1.0) {
+    fail(at, "partial_rotary_factor other than 1 is not supported: rotary embeddings over the whole head_dim");
+  }
   // transformers reads the legacy "type" when "rope_type" is absent.
   r.type = text(s, "rope_type", text(s, "type", "default", at), at);
   if (r.type != "default" && r.type != "linear" && r.type != "llama3") {
@@ -58,12 +74,15 @@ RopeScaling read_rope_scaling(const json& j, const std::string& where) {
   r.factor = number(s, "factor", 1.0, at);
   if (r.type != "default" && !(r.factor >= 1.0)) fail(at, fmt::format("factor {} must be at least 1", r.factor));
   if (r.type == "llama3") {
-    for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-      if (!s.contains(key)) fail(at, fmt::format("llama3 scaling needs \"{}\"", key));
+    for (const char* needed : {"factor", "low_freq_factor", "high_freq_factor"}) {
+      if (!s.contains(needed)) fail(at, fmt::format("llama3 scaling needs \"{}\"", needed));
     }
+    const json original = top_level(s, "original_max_position_embeddings");
+    if (original.is_null()) fail(at, "llama3 scaling needs \"original_max_position_embeddings\"");
     r.low_freq_factor = number(s, "low_freq_factor", 1.0, at);
     r.high_freq_factor = number(s, "high_freq_factor", 4.0, at);
-    r.original_max_position_embeddings = integer(s, "original_max_position_embeddings", 8192, at);
+    r.original_max_position_embeddings =
+        integer(json{{"original_max_position_embeddings", original}}, "original_max_position_embeddings", 8192, at);
     if (!(r.high_freq_factor > r.low_freq_factor)) {
       fail(at, "high_freq_factor must be larger than low_freq_factor");
     }
@@ -95,7 +114,48 @@ Config Config::from_json(const std::string& content, const std::string& where) {
   c.head_dim = integer(j, "head_dim", 0, where);
   c.rms_norm_eps = number(j, "rms_norm_eps", 1e-6, where);
   c.rope_theta = number(j, "rope_theta", 10000.0, where);
-  c.rope_scaling = read_rope_scaling(j, where);
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    // transformers 5: the theta and the scaling in one object.
+    c.rope_scaling = read_rope_scaling(j, "rope_parameters", where);
+    if (j["rope_parameters"].is_object()) c.rope_theta = number(j["rope_parameters"], "rope_theta", c.rope_theta, where);
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+      const RopeScaling legacy = read_rope_scaling(j, "rope_scaling", where);
+      if (legacy.type != c.rope_scaling.type || legacy.factor != c.rope_scaling.factor) {
+        fail(where, "\"rope_scaling\" and \"rope_parameters\" disagree: give one of them");
+      }
+    }
+  } else {
+    c.rope_scaling = read_rope_scaling(j, "rope_scaling", where);
+  }
+  c.model_type = text(j, "model_type", "", where);
+  if (c.model_type.empty() && j.contains("architectures") && j["architectures"].is_array() &&
+      !j["architectures"].empty() && j["architectures"][0].is_string()) {
+    const std::string arch = j["architectures"][0].get<std::string>();
+    c.model_type = arch == "LlamaForCausalLM" ? "llama" : arch == "MistralForCausalLM" ? "mistral" : arch;
+  }
+  if (c.model_type.empty()) c.model_type = "llama";
+  if (c.model_type != "llama" && c.model_type != "mistral") {
+    fail(where, fmt::format("model_type \"{}\" is not supported (supported: llama, mistral): its modules or "
+                            "parameter names differ from LlamaForCausalLM's",
+                            c.model_type));
+  }
+  if (c.model_type == "mistral") c.sliding_window = integer(j, "sliding_window", 0, where);
+  if (c.sliding_window < 0) fail(where, fmt::format("sliding_window {} must be positive or null", c.sliding_window));
+  if (c.model_type == "llama" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    fail(where, "\"sliding_window\" in a llama config: LlamaForCausalLM has no sliding window (model_type mistral "
+                "has)");
+  }
+  if (number(j, "attention_dropout", 0.0, where) != 0.0) {
+    fail(where, "attention_dropout other than 0 is not supported: the attention probabilities are used whole");
+  }
+  if (number(j, "partial_rotary_factor", 1.0, where) != 1.0) {
+    fail(where, "partial_rotary_factor other than 1 is not supported: rotary embeddings over the whole head_dim");
+  }
+  for (const char* key : {"layer_types", "num_local_experts", "num_experts", "use_sliding_window"}) {
+    if (j.contains(key) && !j[key].is_null() && !(j[key].is_boolean() && !j[key].get<bool>())) {
+      fail(where, fmt::format("\"{}\" changes the model and is not supported by this family's model", key));
+    }
+  }
   c.max_position_embeddings = integer(j, "max_position_embeddings", 2048, where);
   c.tie_word_embeddings = boolean(j, "tie_word_embeddings", false, where);
   c.attention_bias = boolean(j, "attention_bias", false, where);
@@ -125,7 +185,7 @@ Config Config::from_json_file(const std::string& path) {
 
 std::string Config::to_json() const {
   nlohmann::ordered_json j;
-  j["architectures"] = {"LlamaForCausalLM"};
+  j["architectures"] = {model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"};
   j["attention_bias"] = attention_bias;
   j["head_dim"] = resolved_head_dim();
   j["hidden_act"] = hidden_act;
@@ -134,7 +194,7 @@ std::string Config::to_json() const {
   j["intermediate_size"] = intermediate_size;
   j["max_position_embeddings"] = max_position_embeddings;
   j["mlp_bias"] = mlp_bias;
-  j["model_type"] = "llama";
+  j["model_type"] = model_type;
   j["num_attention_heads"] = num_attention_heads;
   j["num_hidden_layers"] = num_hidden_layers;
   j["num_key_value_heads"] = num_key_value_heads;
@@ -153,6 +213,13 @@ std::string Config::to_json() const {
     j["rope_scaling"] = s;
   }
   j["rope_theta"] = rope_theta;
+  if (model_type == "mistral") {
+    if (sliding_window > 0) {
+      j["sliding_window"] = sliding_window;
+    } else {
+      j["sliding_window"] = nullptr;
+    }
+  }
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["torch_dtype"] = torch_dtype;
   j["vocab_size"] = vocab_size;

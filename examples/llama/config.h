@@ -9,7 +9,18 @@
 //
 // rope_scaling: null, or {"rope_type": "default" | "linear" | "llama3", ...}
 // ("type" is read as rope_type, as transformers does); any other kind
-// (dynamic, yarn, longrope, ...) is refused by name.
+// (dynamic, yarn, longrope, ...) is refused by name. transformers 5's layout
+// is read too: "rope_parameters" holding rope_type, rope_theta and the
+// scaling's keys (top-level rope_theta the fallback, as its
+// standardize_rope_params does).
+//
+// The family, from "model_type" (else "architectures"; neither: llama):
+// llama, and mistral (MistralForCausalLM: Llama's modules and names plus
+// "sliding_window", a query seeing the keys less than that many tokens
+// back). Other families (qwen2, qwen3, mixtral, gemma, ...) are refused by
+// name, as is any key that changes the function and is not honoured
+// (attention_dropout > 0, partial_rotary_factor != 1, per-layer rope
+// parameters or layer types, experts).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +55,8 @@ struct Config {
   bool mlp_bias = false;
   std::string hidden_act = "silu";
   std::string torch_dtype = "float32";
+  std::string model_type = "llama";  // llama or mistral
+  int64_t sliding_window = 0;        // mistral's; 0: none (every earlier token seen)
   double initializer_range = 0.02;
 
   // Parses config.json's text. Throws std::invalid_argument naming the key

@@ -92,6 +92,20 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
 }
 
+namespace {
+
+// [T, T], true where query i may not see key j: j > i, and with mistral's
+// sliding window i - j >= sliding_window (transformers'
+// sliding_window_causal_mask_function).
+torch::Tensor blocked_keys(const Config& c, int64_t T, torch::Device device) {
+  const torch::TensorOptions opts = torch::TensorOptions().dtype(torch::kBool).device(device);
+  torch::Tensor blocked = torch::ones({T, T}, opts).triu(1);
+  if (c.sliding_window > 0) blocked = blocked | torch::ones({T, T}, opts).tril(-c.sliding_window);
+  return blocked;
+}
+
+}  // namespace
+
 Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device) {
   const std::vector<float> inv = rope_inv_freq(c);
   const torch::Tensor inv_freq = torch::tensor(inv, torch::kFloat).to(device);
@@ -99,7 +113,7 @@ Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device
   // inv_freq[:, None] @ position_ids[None, :], transposed: [T, d/2], in fp32.
   const torch::Tensor freqs = torch::matmul(inv_freq.unsqueeze(1), positions.unsqueeze(0)).transpose(0, 1);
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(dtype), emb.sin().to(dtype), torch::Tensor()};
+  return {emb.cos().to(dtype), emb.sin().to(dtype), c.sliding_window > 0 ? blocked_keys(c, T, device) : torch::Tensor()};
 }
 
 Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tensor& documents,
@@ -111,10 +125,8 @@ Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tens
       torch::matmul(inv_freq.view({1, -1, 1}), positions.to(torch::kFloat).unsqueeze(1)).transpose(1, 2);
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);  // [B, 1, T, d]
   const int64_t T = positions.size(1);
-  const torch::Tensor future =
-      torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(positions.device())).triu(1);
   const torch::Tensor other_document = documents.unsqueeze(2) != documents.unsqueeze(1);  // [B, T, T]
-  return {emb.cos().to(dtype), emb.sin().to(dtype), (other_document | future).unsqueeze(1)};
+  return {emb.cos().to(dtype), emb.sin().to(dtype), (other_document | blocked_keys(c, T, positions.device())).unsqueeze(1)};
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const Config& c, zest::Communicator* tp)
