@@ -20,6 +20,15 @@
 //   torch_step_bench [--layers 4] [--d-model 256] [--heads 4] [--context 128] [--batch 16]
 //                    [--steps 6] [--rounds 3] [--ranks 2,4]
 //   torch_step_bench --unused-unit
+//   torch_step_bench --loss-memory
+//
+// --loss-memory instead measures the head and loss's peak memory with a
+// Llama-3 vocabulary (128256) at 2048 and 4096 tokens (hidden 256): the
+// whole logits and torch's cross_entropy against zest::chunked_cross_entropy_sum
+// in chunks of 512 tokens, forward and backward; libtorch's host tensors of
+// 2 MiB and more counted by the huge-page cache (torch/host_tensor_allocator.h),
+// its peak in use above what was in use before. The chunked runs go first,
+// since the cache's peak only grows.
 //
 // --unused-unit instead counts the collectives of stage-3 steps on 2
 // in-process ranks over a model of three units (fc1, skip, fc2) whose middle
@@ -30,6 +39,8 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -41,6 +52,8 @@
 #include "trainer.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/memory/raw_allocator.h"
+#include "zest/torch/chunked_loss.h"
+#include "zest/torch/host_tensor_allocator.h"
 
 namespace {
 
@@ -53,6 +66,7 @@ struct Options {
   int rounds = 3;
   std::vector<int> ranks{2, 4};
   bool unused_unit = false;
+  bool loss_memory = false;
 };
 
 constexpr int kWarmup = 2;
@@ -171,6 +185,56 @@ void count_unused_unit_collectives() {
   });
 }
 
+// --loss-memory: see the header comment.
+void measure_loss_memory() {
+  if (!zest::use_huge_page_host_tensors()) throw std::runtime_error("the huge-page cache is off (ZEST_HOST_TENSOR_CACHE=0)");
+  constexpr int64_t kVocab = 128256, kHidden = 256, kChunk = 512;
+  torch::manual_seed(kSeed);
+  const torch::Tensor weight = (torch::randn({kVocab, kHidden}) * 0.02).requires_grad_(true);
+  fmt::print("torch_step_bench --loss-memory: vocab {}, hidden {}, fp32; peak MiB of libtorch's host tensors above the "
+             "start, forward and backward\n{:<8} {:>16} {:>20} {:>10}\n",
+             kVocab, kHidden, "tokens", "chunked (512)", "whole logits", "ratio");
+  struct Row {
+    double chunked = 0, whole = 0, loss_chunked = 0, loss_whole = 0;  // MiB; the losses keep the work alive
+  };
+  std::map<int64_t, Row> rows;
+  const auto peak_above = [](const std::function<double()>& run, double& loss) {
+    const size_t before = zest::host_tensor_memory().in_use_bytes;
+    loss = run();
+    return static_cast<double>(zest::host_tensor_memory().peak_in_use_bytes - before) / (1 << 20);
+  };
+  for (const int64_t tokens : {2048, 4096}) {
+    const torch::Tensor hidden = torch::randn({tokens, kHidden}).requires_grad_(true);
+    const torch::Tensor targets = torch::randint(0, kVocab, {tokens}, torch::kLong);
+    rows[tokens].chunked = peak_above(
+        [&] {
+          const torch::Tensor loss = zest::chunked_cross_entropy_sum(hidden, weight, targets, kChunk);
+          loss.backward();
+          weight.mutable_grad() = torch::Tensor();
+          return loss.item<double>();
+        },
+        rows[tokens].loss_chunked);
+  }
+  for (const int64_t tokens : {2048, 4096}) {
+    torch::manual_seed(kSeed + 1);
+    const torch::Tensor hidden = torch::randn({tokens, kHidden}).requires_grad_(true);
+    const torch::Tensor targets = torch::randint(0, kVocab, {tokens}, torch::kLong);
+    rows[tokens].whole = peak_above(
+        [&] {
+          const torch::Tensor loss = torch::nn::functional::cross_entropy(
+              torch::matmul(hidden, weight.t()), targets,
+              torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+          loss.backward();
+          weight.mutable_grad() = torch::Tensor();
+          return loss.item<double>();
+        },
+        rows[tokens].loss_whole);
+  }
+  for (const auto& [tokens, r] : rows) {
+    fmt::print("{:<8} {:>16.1f} {:>20.1f} {:>10.3f}\n", tokens, r.chunked, r.whole, r.chunked / r.whole);
+  }
+}
+
 // Throws cli::UsageError for --help and for a bad flag; `usage` is the help
 // either way.
 Options parse(int argc, char** argv, std::string& usage) {
@@ -185,6 +249,7 @@ Options parse(int argc, char** argv, std::string& usage) {
   app.add_option("--rounds", o.rounds)->check(CLI::Range(1, 1000));
   app.add_option("--ranks", o.ranks)->delimiter(',')->check(CLI::Range(1, 64));
   app.add_flag("--unused-unit", o.unused_unit, "count the collectives of steps that leave a unit unused");
+  app.add_flag("--loss-memory", o.loss_memory, "the chunked loss's peak memory against the whole logits'");
   usage = app.help();
   cli::parse(app, argc, argv);
   for (int w : o.ranks) {
@@ -207,6 +272,10 @@ int main(int argc, char** argv) {
   try {
     if (o.unused_unit) {
       count_unused_unit_collectives();
+      return 0;
+    }
+    if (o.loss_memory) {
+      measure_loss_memory();
       return 0;
     }
     fmt::print("torch_step_bench ({} build, libtorch {}.{}): GPT of {} parameters ({}), global batch {} x {} "

@@ -196,6 +196,7 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
     zt = llama::wrap(engine, model);
   }
   if (opt.recompute) model->set_layer_runner(llama::checkpointing(*zt));
+  model->set_loss_chunk(opt.loss_chunk);
 
   int64_t first = 0;
   if (!opt.load_dir.empty()) {

@@ -3,6 +3,7 @@
 #include "common/projection.h"
 #include "common/vocab_head.h"
 
+#include "zest/torch/chunked_loss.h"
 #include "zest/torch/module_construction.h"
 
 #include <cmath>
@@ -341,6 +342,10 @@ torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, con
   }
   if (!placement_.last()) return x;
   x = run(*model->norm, [&] { return model->norm->forward(x); });
+  if (loss_chunk_ > 0) {
+    head_runner_ = run;
+    return x;  // the loss computes the head: set_loss_chunk
+  }
   // The tied head's copy on the last of several stages is no parameter of
   // this stage's engine (PipelineStage::tie_last): there is no unit to run.
   if (head_weight_.defined()) return head(x);
@@ -355,15 +360,36 @@ void LlamaForCausalLMImpl::set_packing(torch::Tensor positions, torch::Tensor do
   documents_ = std::move(documents);
 }
 
+void LlamaForCausalLMImpl::set_loss_chunk(int64_t tokens) {
+  if (tokens < 0) throw std::invalid_argument(fmt::format("a loss chunk of {} tokens", tokens));
+  if (tokens > 0 && placement_.tp_size() > 1) {
+    throw std::invalid_argument("a chunked loss under tensor parallelism: the head is split by vocabulary there "
+                                "(--loss-chunk needs --tp 1)");
+  }
+  loss_chunk_ = tokens;
+}
+
 torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (loss_chunk_ > 0) return loss_sum(logits, targets) / (targets != -100).sum().to(torch::kFloat);
   return examples::vocab_loss_mean(logits.to(torch::kFloat), targets, placement_.tp);
 }
 
 torch::Tensor LlamaForCausalLMImpl::loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (loss_chunk_ > 0) {
+    // `logits` is the final norm's output here.
+    const auto chunked = [&] {
+      const torch::Tensor& weight =
+          lm_head ? lm_head->weight : head_weight_.defined() ? head_weight_ : embedding_weight();
+      return zest::chunked_cross_entropy_sum(logits, weight, targets, loss_chunk_);
+    };
+    if (head_weight_.defined() || !head_runner_) return chunked();  // a pipeline's copy: no unit
+    return head_runner_(head_unit(), chunked);
+  }
   return examples::vocab_loss_sum(logits.to(torch::kFloat), targets, placement_.tp);
 }
 
 torch::Tensor LlamaForCausalLMImpl::whole_logits(const torch::Tensor& logits) {
+  if (loss_chunk_ > 0) throw std::logic_error("whole_logits with a chunked loss: the forward returned no logits");
   return examples::whole_vocab_logits(logits, placement_.tp);
 }
 

@@ -193,6 +193,14 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public examples::StagedLm
   void set_layer_runner(LayerRunner run_layer) { layer_runner_ = std::move(run_layer); }
   // The next forwards' rows are packed: common/staged_lm.h.
   void set_packing(torch::Tensor positions, torch::Tensor documents) override;
+  // tokens > 0: the head and its loss in chunks of that many tokens
+  // (zest/torch/chunked_loss.h): the last stage's forward returns the final
+  // norm's output [B, T, hidden] instead of logits, and loss()/loss_sum()
+  // compute the head from it chunk by chunk (through the unit runner of
+  // that forward), never holding [B, T, vocab]; whole_logits is refused.
+  // Not under tensor parallelism (its head is split by vocabulary). 0: the
+  // whole logits.
+  void set_loss_chunk(int64_t tokens);
   // In fp32, as HF's loss upcasts the logits.
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) override;
   torch::Tensor loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) override;
@@ -234,6 +242,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public examples::StagedLm
   Placement placement_;
   LayerRunner layer_runner_;
   torch::Tensor positions_, documents_;  // set_packing's; undefined: unpacked rows
+  int64_t loss_chunk_ = 0;
+  UnitRunner head_runner_;  // the last forward's, for a chunked loss
   std::function<torch::Tensor(const torch::Tensor&)> tie_;
   torch::Tensor head_weight_;
 };

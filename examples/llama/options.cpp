@@ -18,6 +18,7 @@ std::string usage() {
          "             [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
          "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16]\n"
          "             [--export-adapters] [--recompute] [--timeout SECONDS] [--accum N] [--save-every N]\n"
+         "             [--loss-chunk TOKENS]\n"
          "             [--tp N] [--pp N] [--pipeline-schedule 1f1b|gpipe]\n"
          "Without --config or --hf: 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256.\n"
          "--tp and --pp: ranks = dp x tp x pp (Megatron's order); tp divides the heads, the key-value heads,\n"
@@ -41,6 +42,7 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--context", o.context)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
   app.add_option("--save-every", o.save_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--loss-chunk", o.loss_chunk)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   CLI::Option* hf = examples::add_pretrained_flags(app, o, shard_size);
   app.get_option("--config")->excludes(hf);
   std::string schedule;
@@ -48,6 +50,7 @@ Options parse_options(int argc, char** argv) {
   examples::add_token_data_flags(app, o);
   cli::parse(app, argc, argv);
   examples::check_token_data_flags(o);
+  if (o.loss_chunk > 0 && o.tp > 1) cli::usage_error("--loss-chunk needs --tp 1: a tp head is split by vocabulary");
   if (o.save_every > 0 && o.save_dir.empty()) cli::usage_error("--save-every needs --save: the checkpoint root");
   // Tokenized rows are the context: --max-seq-len, or --context's length.
   if (o.tokenized()) {

@@ -37,6 +37,7 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::
   int accum = 1;  // micro-batches a step (gradient_accumulation_steps)
   bool recompute = false;
   int64_t save_every = 0;  // --save-every N: a checkpoint to --save every N steps as well
+  int64_t loss_chunk = 0;  // --loss-chunk N: the head and loss N tokens at a time (model.h)
 };
 
 std::string usage();

@@ -14,6 +14,8 @@
 // gradients in another order (ranks, micro-batches): 1e-5 relative.
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -127,7 +129,9 @@ TEST_CASE("llama sft: the update is the global batch's trained-token mean, on an
   CHECK(std::abs(means_of_means - want) / want > 1e-3);  // the two are told apart
 
   std::map<std::pair<int, int>, double> norms;  // (ranks, stage) -> |g|
-  for (const auto& [ranks, accum] : std::vector<std::pair<int, int>>{{1, 4}, {2, 2}, {4, 1}}) {
+  // The head and loss in chunks of 7 tokens (set_loss_chunk) on 2 x 2.
+  for (const auto& [ranks, accum, chunk] : std::vector<std::tuple<int, int, int64_t>>{
+           {1, 4, 0}, {2, 2, 0}, {4, 1, 0}, {2, 2, 7}}) {
     for (const int stage : {0, 3}) {
       CAPTURE(ranks);
       CAPTURE(stage);
@@ -140,6 +144,7 @@ TEST_CASE("llama sft: the update is the global batch's trained-token mean, on an
         zest::Engine engine(config, comm, alloc, zest::Stream::default_for(comm.device()));
         llama::LlamaForCausalLM model(sft_config(), 7);
         const auto zt = llama::wrap(engine, model);
+        model->set_loss_chunk(chunk);
         const int64_t rows = kBatch / ranks, per_micro = rows / accum;
         examples::MeshTrainer trainer(nullptr, *zt, *model, per_micro, kRow);
         std::vector<examples::Batch> micro;
@@ -152,9 +157,11 @@ TEST_CASE("llama sft: the update is the global batch's trained-token mean, on an
         rank_norms[static_cast<size_t>(comm.rank())] = s.result.grad_norm;
       });
       for (const double n : rank_norms) CHECK(n == rank_norms[0]);
+      CAPTURE(chunk);
       CHECK(rank_norms[0] == doctest::Approx(want).epsilon(1e-5));
-      norms[{ranks, stage}] = rank_norms[0];
+      norms[{ranks * 100 + static_cast<int>(chunk), stage}] = rank_norms[0];
     }
-    CHECK(norms[{ranks, 3}] == norms[{ranks, 0}]);  // every stage has stage 0's bits
+    // Every stage has stage 0's bits.
+    CHECK(norms[{ranks * 100 + static_cast<int>(chunk), 3}] == norms[{ranks * 100 + static_cast<int>(chunk), 0}]);
   }
 }
