@@ -17,8 +17,9 @@ namespace {
 // overflow check.
 template <typename T>
 std::vector<T> layer_params(const TransformerShape& s, T t) {
-  const T h = static_cast<T>(s.hidden), f = static_cast<T>(s.ffn());
-  const T qkv = h + 2 * static_cast<T>(s.groups()) * (h / static_cast<T>(s.heads));
+  const T h = static_cast<T>(s.hidden), f = static_cast<T>(s.ffn()), d = static_cast<T>(s.head_width());
+  const T q = static_cast<T>(s.heads) * d;
+  const T qkv = q + 2 * static_cast<T>(s.groups()) * d;
   const T fc1 = s.swiglu ? 2 * f : f;
   std::vector<T> out;
   const auto norm = [&] {
@@ -32,7 +33,12 @@ std::vector<T> layer_params(const TransformerShape& s, T t) {
   };
   norm();
   linear(qkv * h / t, qkv / t);
-  linear(h * h / t, h);
+  if (s.qkv_bias && !s.linear_bias) out.push_back(qkv / t);
+  if (s.qk_norm) {
+    out.push_back(d);
+    out.push_back(d);
+  }
+  linear(h * q / t, h);
   norm();
   linear(fc1 * h / t, fc1 / t);
   linear(h * f / t, h);
@@ -66,7 +72,9 @@ std::string TransformerShape::summary() const {
   if (query_groups != 0 && query_groups != heads) forms += fmt::format("{} query groups, ", query_groups);
   if (swiglu) forms += "SwiGLU, ";
   if (rms_norm) forms += "RMSNorm, ";
-  if (!linear_bias) forms += "no biases, ";
+  if (head_dim != 0) forms += fmt::format("head_dim {}, ", head_dim);
+  if (!linear_bias) forms += qkv_bias ? "biases on q, k and v only, " : "no biases, ";
+  if (qk_norm) forms += "q and k RMSNorm, ";
   return fmt::format("{} layers, hidden {}, {} heads, vocab {}, {}, {}{}{}", layers, hidden, heads, vocab,
                      positions == 0 ? "no position embeddings" : fmt::format("{} positions", positions),
                      ffn_hidden == 0 ? "" : fmt::format("ffn {}, ", ffn_hidden), forms,
@@ -77,8 +85,9 @@ void check_transformer_split(const TransformerShape& s, int tp, int pp, const Tr
   ZEST_CHECK(s.layers >= 1 && s.hidden >= 1 && s.heads >= 1 && s.vocab >= 1,
              "a transformer needs {} ({}), {} ({}), {} ({}) and {} ({}) of at least 1", n.layers, s.layers, n.hidden,
              s.hidden, n.heads, s.heads, n.vocab, s.vocab);
-  ZEST_CHECK(s.hidden % s.heads == 0, "{} {} is not a multiple of {} {}: each head has hidden / heads channels",
-             n.hidden, s.hidden, n.heads, s.heads);
+  ZEST_CHECK(s.head_dim != 0 || s.hidden % s.heads == 0,
+             "{} {} is not a multiple of {} {}: each head has hidden / heads channels", n.hidden, s.hidden, n.heads,
+             s.heads);
   ZEST_CHECK(s.groups() >= 1 && s.heads % s.groups() == 0,
              "{} {} do not divide into {} {}: each key-value group serves the same number of query heads", n.heads,
              s.heads, n.groups, s.groups());

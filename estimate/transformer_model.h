@@ -29,7 +29,8 @@
 // h/heads channels; t divides g), and there are no position embeddings:
 //   per layer, on each tp rank: (h + 2g·h/heads)·h/t + h·h/t + 3f·h/t + 2h
 // (Llama-2 70B: 80 layers of 855,654,400, 68,976,648,192 parameters in all,
-// as Hugging Face counts them).
+// as Hugging Face counts them). With head_dim d given, q is heads x d wide:
+// QKV (heads + 2g)·d·h/t, the projection h·heads·d/t.
 //
 // A rank of stage p holds the same units whatever its tp rank: the split
 // parameters are sliced evenly, the rest whole.
@@ -62,9 +63,17 @@ struct TransformerShape {
   bool rms_norm = false;     // the norms have a weight and no bias
   bool linear_bias = true;   // the linear layers have biases
   size_t query_groups = 0;   // key-value heads (grouped-query attention); 0: heads
+  // Hugging Face's forms (zest-estimate --hf-config): a head width of its own
+  // (Qwen3, some Llamas: q is heads x head_dim wide, not hidden), biases on
+  // q, k and v only (Qwen2), and a per-head RMSNorm of q and of k (Qwen3's
+  // q_norm and k_norm, head_dim each, whole on every tp rank).
+  size_t head_dim = 0;  // 0: hidden / heads
+  bool qkv_bias = false;
+  bool qk_norm = false;
 
   size_t ffn() const { return ffn_hidden == 0 ? 4 * hidden : ffn_hidden; }
   size_t groups() const { return query_groups == 0 ? heads : query_groups; }
+  size_t head_width() const { return head_dim == 0 ? hidden / heads : head_dim; }
   // Every parameter of the whole model, the tied head counted once:
   // layers (12h² + 13h at f = 4h for GPT) + V·h + s·h + the final norm
   // (+ V·h untied).
@@ -88,7 +97,8 @@ struct TransformerNames {
 };
 
 // Throws a zest::Error naming the size at fault unless the shape is whole
-// (layers, hidden, heads, vocab >= 1; heads divide hidden) and tp x pp
+// (layers, hidden, heads, vocab >= 1; heads divide hidden unless head_dim
+// is given) and tp x pp
 // splits it as Megatron does: tp divides the heads (each rank keeps whole
 // heads) and the query groups, the vocab and the MLP's width; pp divides the
 // layers (so at most one stage per layer); the query groups divide the

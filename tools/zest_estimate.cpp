@@ -8,12 +8,14 @@
 //   zest-estimate --params 13e9 --world 1 --device-memory 32GiB --host-memory 256GiB
 //   zest-estimate --params 7e9 --unit-numel 2e8 --hosts 16 --ranks-per-host 8 --link nvlink4 --link ib-ndr
 //   zest-estimate --layers 96 --hidden-size 12288 --heads 96 --vocab 51200 --seq 2048 --world 12 --tp 8 --pp 16
+//   zest-estimate --hf-config Meta-Llama-3-8B --world 8 --device-memory 80GiB
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/cli.h"
 #include "zest/core/check.h"
@@ -32,9 +35,14 @@
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: zest-estimate (--params N [--unit-numel N] | --units FILE | --layers N ...) --world N [options]
+constexpr const char* kUsage = R"(usage: zest-estimate (--params N [--unit-numel N] | --units FILE | --layers N ... | --hf-config PATH)
+                     --world N [options]
 
 model (one of):
+  --hf-config PATH         a Hugging Face config.json, or a checkpoint directory holding one: llama,
+                           mistral, qwen2 (biases on q, k and v) and qwen3 (head_dim, q and k norms),
+                           described as the transformer of --layers (so --tp and --pp split it); the
+                           compute dtype from its torch_dtype unless --dtype; other families refused
   --params N               parameter count, e.g. 7.5e9 (one unit unless --unit-numel)
   --unit-numel N           with --params: units (layers, blocks) of N parameters each
   --units FILE             one unit per line "name numel [numel...]", or a JSON list of
@@ -173,7 +181,8 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
                                  "--host-memory", "--nvme-capacity", "--ranks-per-host", "--config", "--micro-batch",
                                  "--hidden-size", "--total-steps", "--mics-shard-size",
                                  "--hpz-partition-size", "--hosts", "--algorithm", "--ffn-hidden-size",
-                                 "--normalization", "--num-query-groups", "--position-embedding-type"};
+                                 "--normalization", "--num-query-groups", "--position-embedding-type",
+                                 "--hf-config"};
   // Megatron-LM's argument names, as aliases: the value is kept under the first.
   static const std::pair<const char*, const char*> kAliased[] = {
       {"--tp", "--tensor-model-parallel-size"}, {"--pp", "--pipeline-model-parallel-size"},
@@ -403,6 +412,87 @@ std::string cost_table(const zest::ModelDescription& model, const zest::Estimate
   return zest::format_cost_table(model, rows, topology, 2, flags.count("--traffic") != 0);
 }
 
+// --hf-config PATH: the config's transformer as the --layers flags describe
+// it (Llama's forms), and the Hugging Face forms the flags have no name for
+// under "hf:" keys. Returns the line that says what was read.
+std::string apply_hf_config(std::map<std::string, std::string>& flags) {
+  for (const char* f : {"--params", "--units", "--layers", "--hidden-size", "--heads", "--vocab", "--seq",
+                        "--ffn-hidden-size", "--num-query-groups", "--normalization", "--swiglu",
+                        "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--group-query-attention",
+                        "--position-embedding-type"}) {
+    if (flags.count(f) != 0) usage_error("--hf-config gives the model: drop {}", shown(flags, f));
+  }
+  std::string path = flags["--hf-config"];
+  if (std::filesystem::is_directory(path)) path += "/config.json";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(zest::read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    usage_error("--hf-config {}: not valid JSON ({})", path, e.what());
+  }
+  if (!j.is_object()) usage_error("--hf-config {}: not a JSON object of a model's config", path);
+  std::string type = j.value("model_type", std::string());
+  if (type.empty() && j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
+    type = j["architectures"][0].get<std::string>();
+  }
+  static const std::map<std::string, std::string> kFamilies = {
+      {"llama", "llama"}, {"LlamaForCausalLM", "llama"}, {"mistral", "mistral"}, {"MistralForCausalLM", "mistral"},
+      {"qwen2", "qwen2"}, {"Qwen2ForCausalLM", "qwen2"}, {"qwen3", "qwen3"},    {"Qwen3ForCausalLM", "qwen3"}};
+  const auto family = kFamilies.find(type.empty() ? "llama" : type);
+  if (family == kFamilies.end()) {
+    usage_error("--hf-config {}: model_type '{}' is not described (llama, mistral, qwen2, qwen3); a mixture of "
+                "experts or another layout needs --units",
+                path, type);
+  }
+  const auto whole = [&](const char* key, bool required, int64_t fallback) -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (required) usage_error("--hf-config {}: \"{}\" is missing", path, key);
+      return fallback;
+    }
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1) {
+      usage_error("--hf-config {}: \"{}\" is {}, not a whole number of at least 1", path, key, j[key].dump());
+    }
+    return j[key].get<int64_t>();
+  };
+  const auto flag = [&](const char* key, bool fallback) {
+    return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : fallback;
+  };
+  const int64_t heads = whole("num_attention_heads", true, 0), hidden = whole("hidden_size", true, 0);
+  flags["--layers"] = std::to_string(whole("num_hidden_layers", true, 0));
+  flags["--hidden-size"] = std::to_string(hidden);
+  flags["--heads"] = std::to_string(heads);
+  flags["--vocab"] = std::to_string(whole("vocab_size", true, 0));
+  flags["--ffn-hidden-size"] = std::to_string(whole("intermediate_size", true, 0));
+  flags["--swiglu"] = "";
+  flags["--normalization"] = "RMSNorm";
+  flags["--position-embedding-type"] = "rope";
+  const int64_t groups = whole("num_key_value_heads", false, heads);
+  flags["--group-query-attention"] = "";
+  flags["--num-query-groups"] = std::to_string(groups);
+  // Qwen3Config's head_dim defaults to 128; the others' to hidden / heads.
+  const int64_t head_dim = whole("head_dim", false, family->second == "qwen3" ? 128 : 0);
+  if (head_dim != 0 && head_dim * heads != hidden) flags["hf:head_dim"] = std::to_string(head_dim);
+  const bool attention_bias = flag("attention_bias", false), mlp_bias = flag("mlp_bias", false);
+  if (attention_bias != mlp_bias) {
+    usage_error("--hf-config {}: attention_bias {} with mlp_bias {} is not described (the transformer has biases on "
+                "every linear layer or on none)",
+                path, attention_bias, mlp_bias);
+  }
+  if (!attention_bias) flags["--disable-bias-linear"] = "";
+  if (family->second == "qwen2") flags["hf:qkv_bias"] = "";
+  if (family->second == "qwen3") flags["hf:qk_norm"] = "";
+  if (!flag("tie_word_embeddings", false)) flags["--untie-embeddings-and-output-weights"] = "";
+  const std::string dtype = j.value("torch_dtype", j.value("dtype", std::string()));
+  if (flags.count("--dtype") == 0 && (dtype == "bfloat16" || dtype == "float16" || dtype == "float32")) {
+    flags["--dtype"] = dtype == "bfloat16" ? "bf16" : dtype == "float16" ? "fp16" : "fp32";
+  }
+  return fmt::format("{} ({}): {} layers, hidden {}, {} heads ({} kv{}), intermediate {}, vocab {}, {} head, {}\n",
+                     path, family->second, flags["--layers"], hidden, heads, groups,
+                     head_dim != 0 ? fmt::format(", head_dim {}", head_dim) : "", flags["--ffn-hidden-size"],
+                     flags["--vocab"], flags.count("--untie-embeddings-and-output-weights") ? "untied" : "tied",
+                     flags.count("--dtype") ? flags["--dtype"] : "fp16");
+}
+
 int run(int argc, char** argv) {
   std::map<std::string, std::string> flags = parse_flags(argc, argv);
   const auto has = [&](const char* f) { return flags.count(f) != 0; };
@@ -410,6 +500,7 @@ int run(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+  if (has("--hf-config")) std::fputs(apply_hf_config(flags).c_str(), stdout);
   if (int(has("--params")) + int(has("--units")) + int(has("--layers")) != 1) {
     usage_error("give the model as --params N, --units FILE or --layers N (a transformer), one of them");
   }
@@ -541,6 +632,12 @@ int run(int argc, char** argv) {
   }
   std::optional<zest::TransformerShape> transformer;
   if (has("--layers")) transformer = transformer_args(flags, opt.tp_size, opt.pp_size);
+  if (transformer && has("--hf-config")) {
+    if (has("hf:head_dim")) transformer->head_dim = count_arg("head_dim", flags["hf:head_dim"], 1, kMaxWidth);
+    transformer->qkv_bias = has("hf:qkv_bias");
+    transformer->qk_norm = has("hf:qk_norm");
+    zest::check_transformer_split(*transformer, opt.tp_size, opt.pp_size);
+  }
   if (has("--hosts") && opt.tp_size * opt.pp_size > 1) {
     usage_error("--hosts (the cost model) is for data parallelism: not yet with --tp {} and --pp {}", opt.tp_size,
                 opt.pp_size);
