@@ -1,6 +1,8 @@
 #include "zest/hf/hf_import.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <string_view>
 #include <map>
 #include <optional>
 
@@ -8,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "zest/checkpoint/detail/on_every_rank.h"
+#include "zest/checkpoint/safetensors.h"
 #include "zest/checkpoint/weights_io.h"
 #include "zest/comm/gather_scalars.h"
 #include "zest/core/check.h"
@@ -122,6 +125,52 @@ void extra_problems(const HfCheckpoint& ckpt, const HfImportOptions& options, co
   }
 }
 
+// PEFT's prefix of the names in adapter_model.safetensors.
+constexpr std::string_view kPeftPrefix = "base_model.model.";
+
+// Note [adapters beside the checkpoint]: engine name -> adapter tensor of
+// every tensor of `file`, added to `source`; mismatches go to `problems`.
+std::map<std::string, std::string> match_adapters(const ModelLayout& layout, const SafetensorsFile& file,
+                                                  const HfImportOptions& options, const ModelParallel& mp,
+                                                  std::vector<std::string>& problems) {
+  std::map<std::string, std::string> adapters;
+  if (mp.size() > 1) {
+    problems.push_back(fmt::format("'{}' holds PEFT adapters, which are not yet read on a device mesh: set "
+                                   "HfImportOptions::ignore_adapters and load them on one rank first",
+                                   file.path()));
+    return adapters;
+  }
+  for (const SafetensorsTensor& t : file.tensors()) {
+    if (!t.name.starts_with(kPeftPrefix)) {
+      problems.push_back(fmt::format("adapter tensor '{}' in '{}' lacks PEFT's prefix '{}'", t.name, file.path(),
+                                     kPeftPrefix));
+      continue;
+    }
+    const std::string e = options.names.engine_name(t.name.substr(kPeftPrefix.size()));
+    if (!layout.contains(e)) {
+      problems.push_back(fmt::format("adapter tensor '{}' in '{}' is no parameter of the model (it has no '{}'): "
+                                     "enable LoRA as the directory's adapter_config.json describes it, or set "
+                                     "HfImportOptions::ignore_adapters",
+                                     t.name, file.path(), e));
+      continue;
+    }
+    const ParamLayout& p = layout.param(layout.find(e));
+    if (t.shape != p.shape) {
+      problems.push_back(fmt::format("adapter tensor '{}' in '{}' has shape [{}], parameter '{}' [{}]: another "
+                                     "rank r or target",
+                                     t.name, file.path(), fmt::join(t.shape, ", "), e, fmt::join(p.shape, ", ")));
+      continue;
+    }
+    if (!importable_dtype(t.dtype)) {
+      problems.push_back(fmt::format("adapter tensor '{}' in '{}' is {}: F32, F16, BF16 or F64 are read", t.name,
+                                     file.path(), t.dtype));
+      continue;
+    }
+    adapters.emplace(e, t.name);
+  }
+  return adapters;
+}
+
 }  // namespace
 
 HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportOptions& options) {
@@ -137,10 +186,22 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
       "(allow_missing) or ignore extra tensors (ignore_extra).";
   // Every rank sees the same headers and so the same problems: each throws
   // the whole list.
+  std::optional<SafetensorsFile> adapter_file;
+  std::map<std::string, std::string> adapters;  // engine name -> tensor of adapter_file
+  const std::string adapter_path = (std::filesystem::path(dir) / kHfAdapterWeightsFileName).string();
+  // The parameters the adapter file gives are not missing from the shards.
+  HfImportOptions effective = options;
+  effective.allow_missing = [&](const std::string& name) {
+    return adapters.count(name) != 0 || (options.allow_missing && options.allow_missing(name));
+  };
   const auto open = [&] {
-    ckpt.emplace(HfCheckpoint::open(dir));
     std::vector<std::string> problems;
-    source = match(layout, *ckpt, options, mp, problems, registered);
+    if (!options.ignore_adapters && std::filesystem::exists(adapter_path)) {
+      adapter_file.emplace(SafetensorsFile::open(adapter_path));
+      adapters = match_adapters(layout, *adapter_file, options, mp, problems);
+    }
+    ckpt.emplace(HfCheckpoint::open(dir));
+    source = match(layout, *ckpt, effective, mp, problems, registered);
     // One rank decides alone what is extra, listed with the rest; a mesh
     // decides once every rank's match is agreed (below).
     if (mp.size() == 1 && !options.ignore_extra) extra_problems(*ckpt, options, mp, registered, problems);
@@ -170,6 +231,7 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
   const NonFiniteValues non_finite = load_weights_on_every_rank(
       engine, "reading the Hugging Face checkpoint",
       [&](const ParamLayout& p) {
+        if (const auto a = adapters.find(p.name); a != adapters.end()) return OwnedWeightSource{&*adapter_file, a->second};
         const auto it = source.find(p.name);
         if (it == source.end()) return OwnedWeightSource{};
         return OwnedWeightSource{&ckpt->file_of(it->second), it->second};
@@ -187,6 +249,11 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
   // of each parameter, the lowest over ranks, so every rank lists the same.
   std::vector<std::string> problems;
   for (const auto& [param, first] : agree_non_finite(engine, non_finite)) {
+    if (const auto a = adapters.find(param); a != adapters.end()) {
+      problems.push_back(fmt::format("non-finite: adapter tensor '{}' in '{}' holds a NaN or Inf (element {} is one)",
+                                     a->second, adapter_file->path(), first));
+      continue;
+    }
     const std::string& name = source.at(param);
     problems.push_back(fmt::format("non-finite: tensor '{}' in '{}' holds a NaN or Inf (element {} is one)", name,
                                    ckpt->file_of(name).path(), first));
@@ -201,7 +268,8 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
   HfImportReport report;
   report.bytes_read = ckpt->bytes_read();
   report.tensor_bytes = ckpt->tensor_bytes();
-  report.tensors_loaded = static_cast<int>(source.size());
+  report.tensors_loaded = static_cast<int>(source.size() + adapters.size());
+  report.adapters_loaded = static_cast<int>(adapters.size());
   report.read_seconds = read_seconds;
   report.seconds = progress.seconds();
   return report;

@@ -32,6 +32,15 @@
 // against the whole parameter's, and a tensor is extra only when no rank of
 // the model-parallel group registers it (counted over that group once the
 // match has been agreed over the whole mesh).
+// Note [adapters beside the checkpoint]: where the directory also holds
+// adapter_model.safetensors, its tensors, named as PEFT names them
+// (base_model.model. + the model's name, through options.names), are read
+// into the registered parameters of those names (LoRA adapters) in the same
+// pass as the shards: a LoRA run exported with its adapters apart continues
+// from them. A tensor of the file that no parameter takes, or of another
+// shape, is a problem like any other (a model without adapters cannot
+// silently drop them: enable LoRA as adapter_config.json describes it, or
+// set ignore_adapters); not yet on a device mesh, where it is refused.
 // The optimizer state is zeroed and the step count restarts. Every problem is reported
 // together in ONE zest::Error, identical on every rank, each line naming the
 // tensor: those of the match before anything is read (the engine is then
@@ -58,6 +67,10 @@ struct HfImportOptions {
   // Tensors of the checkpoint that the model does not register are skipped
   // instead of being an error.
   bool ignore_extra = false;
+  // Note [adapters beside the checkpoint]: an adapter_model.safetensors in
+  // the directory (PEFT's save_pretrained, export_hf with adapters apart)
+  // is read too, unless this is set.
+  bool ignore_adapters = false;
   // Threads per rank that read and convert (positioned reads of a unit's
   // pieces at once: what a fast disk or the page cache needs to be kept
   // busy). With many ranks on one host, fewer.
@@ -78,6 +91,7 @@ struct HfImportReport {
   uint64_t bytes_read = 0;    // by this rank, headers included
   uint64_t tensor_bytes = 0;  // of the whole checkpoint
   int tensors_loaded = 0;     // registered parameters set from the checkpoint
+  int adapters_loaded = 0;    // of them, from adapter_model.safetensors
   double read_seconds = 0;    // this rank's open, checks, reads and the shards' stores
   double seconds = 0;         // all of it, the engine taking the values included
 };

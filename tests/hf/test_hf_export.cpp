@@ -276,3 +276,53 @@ TEST_CASE("export refuses bad options on every rank before writing anything") {
   CHECK(fails(options).find("adapter_config_json") != std::string::npos);
   CHECK_FALSE(fs::exists(tmp / "out"));
 }
+
+TEST_CASE("adapters exported apart under PEFT's names are read back with the shards, or refused by name") {
+  TempDir tmp;
+  write_llama_checkpoint(tmp / "in", "bf16", kShard);
+  TinyLlama m;
+  m.lora_rank = 4;
+  HfImportOptions base_only;
+  base_only.allow_missing = [](const std::string& name) { return name.find(".lora_") != std::string::npos; };
+  HfExportOptions apart;
+  apart.config_from = tmp / "in";
+  apart.dtype = DType::kFloat32;
+  apart.transform = [](int, std::vector<HfTensor>& tensors, HfExportPass) {
+    for (HfTensor& t : tensors) {
+      if (t.name.find(".lora_") != std::string::npos) t.name = "base_model.model." + t.name;
+    }
+  };
+  apart.adapter = [](const std::string& name) { return name.starts_with("base_model.model."); };
+  apart.adapter_config_json = R"({"peft_type": "LORA", "r": 4, "lora_alpha": 2, "target_modules": ["q_proj"]})";
+  // Two steps train the adapters away from their start (lora_B is not 0).
+  const Params trained = import_train_export(2, 3, tmp / "in", 2, tmp / "apart", apart, m, base_only);
+  // A fresh LoRA model: base and adapters as exported, bit for bit (fp32), on
+  // another world size and stage.
+  Params back;
+  int adapters_loaded = 0;
+  run_inprocess(4, [&](Communicator& comm) {
+    RankEngine engine(comm, 2, [&](Engine& e) { register_llama(e, m); });
+    const HfImportReport r = import_hf(*engine, tmp / "apart");
+    Params p = master_params(*engine);
+    if (comm.rank() == 0) {
+      back = std::move(p);
+      adapters_loaded = r.adapters_loaded;
+    }
+  });
+  CHECK(adapters_loaded == 4);
+  REQUIRE(back.size() == trained.size());
+  for (const auto& [name, values] : trained) {
+    CAPTURE(name);
+    CHECK(same_bits(back.at(name), values));
+  }
+  // A model without adapters does not drop them silently.
+  const std::string e = error_of([&] { import_params(1, 0, tmp / "apart"); });
+  CHECK(e.find("adapter tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight'") != std::string::npos);
+  CHECK(e.find("is no parameter of the model") != std::string::npos);
+  HfImportOptions skip;
+  skip.ignore_adapters = true;
+  run_inprocess(1, [&](Communicator& comm) {
+    RankEngine engine(comm, 0, [&](Engine& en) { register_llama(en); });
+    CHECK(import_hf(*engine, tmp / "apart", skip).adapters_loaded == 0);
+  });
+}
