@@ -8,7 +8,8 @@
 #      trained-token mean, summed in other orders; the mesh's vocabulary-
 #      parallel loss masks the -100 targets);
 #   2. exact resume: 3 steps, a checkpoint, 3 more from it end with the bits
-#      of 6 uninterrupted steps (the data position follows the step count);
+#      of 6 uninterrupted steps (the data position follows the step count),
+#      and a resume reading other rows (another --seed) is refused by name;
 #   3. --epochs 2 runs the steps of two epochs.
 # Exit 0 and "agree" when all hold.
 set -eu
@@ -37,6 +38,11 @@ resumed=$(run --ranks 2 --stage 3 --steps 3 --load "$work/ckpt")
 whole=$(run --ranks 2 --stage 3 --steps 6)
 echo "resumed at step 3: $resumed; uninterrupted: $whole"
 [ -n "$whole" ] && [ "$resumed" = "$whole" ] || { echo "MISMATCH: resume"; exit 1; }
+# Another seed would read other rows from step 3 on: refused by name.
+if "$bin" $common --ranks 2 --stage 3 --steps 1 --load "$work/ckpt" --seed 99 > "$work/out.txt" 2>&1; then
+  echo "MISMATCH: a resume with another --seed was not refused"; exit 1
+fi
+grep -q "the rows of each step would differ" "$work/out.txt" || { cat "$work/out.txt"; echo "MISMATCH: refusal"; exit 1; }
 
 run --ranks 2 --stage 1 --epochs 2 > /dev/null
 steps=$(grep -c '^step .* epoch ' "$work/out.txt" || true)

@@ -49,6 +49,7 @@
 #include "zest/torch/host_tensor_allocator.h"
 #include "zest/torch/lora.h"
 #include "zest/torch/module_construction.h"
+#include "zest/torch/torch_module_io.h"
 
 namespace {
 
@@ -95,7 +96,7 @@ std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engi
 
 
 void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::Engine& engine, zest::TorchModule& zt,
-            int world, bool printer);
+            int world, bool printer, zest::UserState* saved = nullptr);
 
 // Note [a step of tokenized data]: every rank reads its own rows of the
 // step's global batch (its share, then its micro-batches), the ranks add up
@@ -104,14 +105,51 @@ void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::E
 // (MeshTrainer::train_step): the update is the global batch's mean over
 // its trained tokens, the same whatever the world size or --accum split
 // it into.
-void train_tokenized(const llama::Options& opt, zest::Engine& engine, examples::MeshTrainer& trainer,
-                     zest::TorchModule& zt, int64_t first, bool printer) {
+// Note [the data position in a checkpoint]: a tokenized run's checkpoint
+// carries what it read (format, file, size, rows, packing, seed, global
+// batch: "data.identity") and the step the data resumes at ("data.step");
+// a resume checks both against this run, since the rows of step s are a
+// function of all of them (zest/data/global_batch.h) and a change would
+// continue from another position without a word.
+std::string data_identity(const llama::Options& opt, examples::TokenData& data) {
+  return fmt::format("format {}, data {} ({} documents, {} tokens), rows of {}{}, seed {}, global batch {}", opt.format,
+                     opt.data, data.dataset().size(), data.plan(0).tokens(), opt.max_seq_len,
+                     opt.packing ? " packed" : "", opt.seed, opt.batch);
+}
+
+zest::UserState data_state(const std::string& identity, int64_t step) {
+  zest::UserState s;
+  s.global["data.identity"] = zest::to_bytes(identity);
+  s.global["data.step"] = zest::to_bytes(step);
+  return s;
+}
+
+void train_tokenized(const llama::Options& opt, const zest::EngineConfig& config, zest::Engine& engine,
+                     examples::MeshTrainer& trainer, zest::TorchModule& zt, int64_t first, bool printer,
+                     const zest::UserState& loaded, int world_size) {
   const int world = engine.comm().size(), rank = engine.comm().rank();
   const int64_t accum = opt.accum, rows = opt.batch / world, rows_per_micro = rows / accum;
   examples::TokenData data(opt, opt.data, opt.model.vocab_size, opt.max_seq_len, opt.batch, opt.seed);
   std::unique_ptr<zest::TokenDataset> held_out;
   if (!opt.val_data.empty()) held_out = zest::open_token_dataset(opt.format, opt.val_data, opt.model.vocab_size);
   const zest::RowPlanOptions row_options{.max_seq_len = opt.max_seq_len, .packing = opt.packing};
+  const std::string identity = data_identity(opt, data);
+  if (!opt.load_dir.empty()) {
+    const auto saved = loaded.global.find("data.identity");
+    ZEST_CHECK(saved != loaded.global.end(),
+               "--load {}: the checkpoint records no tokenized data (a run on the fortune corpus, or a pretraining "
+               "save): its data position cannot continue; fine-tune from its weights with --hf, or give the "
+               "checkpoint of this data",
+               opt.load_dir);
+    const std::string was(reinterpret_cast<const char*>(saved->second.data()), saved->second.size());
+    ZEST_CHECK(was == identity,
+               "--load {}: the checkpoint read {}; this run reads {}: the rows of each step would differ, so "
+               "the data position would not continue. Give the same data, --max-seq-len, --packing, --seed and "
+               "--batch",
+               opt.load_dir, was, identity);
+    const int64_t step = zest::from_bytes<int64_t>(loaded.global.at("data.step"));
+    ZEST_CHECK(step == first, "--load {}: the data position is step {}, the engine's {}", opt.load_dir, step, first);
+  }
   const int64_t last = opt.epochs > 0 ? data.steps(opt.epochs) : first + opt.steps;
   if (printer) {
     const zest::RowPlan& plan = data.plan(0);
@@ -160,7 +198,10 @@ void train_tokenized(const llama::Options& opt, zest::Engine& engine, examples::
     }
     if ((step + 1 - first) % opt.eval_every == 0 || end) validate(step + 1);
     if (opt.save_every > 0 && (step + 1) % opt.save_every == 0 && !end) {
-      const std::string dir = zt.save(opt.save_dir);
+      zest::UserState state = data_state(identity, step + 1);
+      zest::CheckpointOptions co;
+      co.user_state = &state;
+      const std::string dir = zt.save(opt.save_dir, co);
       if (printer) fmt::print("saved {}\n", dir);
     }
   }
@@ -170,6 +211,8 @@ void train_tokenized(const llama::Options& opt, zest::Engine& engine, examples::
                static_cast<double>(trained_total) / seconds);
   }
   if (printer && held_out && last > first) fmt::print("final validation loss, stage {}: {:.17g}\n", opt.stage, val_loss);
+  zest::UserState state = data_state(identity, std::max(last, first));
+  finish(opt, config, engine, zt, world_size, printer, &state);
 }
 
 void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, const zest::EngineConfig& config,
@@ -199,16 +242,18 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
   model->set_loss_chunk(opt.loss_chunk);
 
   int64_t first = 0;
+  zest::UserState loaded;
   if (!opt.load_dir.empty()) {
-    zt->load(opt.load_dir);
+    zest::CheckpointOptions co;
+    co.user_state = &loaded;
+    zt->load(opt.load_dir, co);
     first = engine.progress().applied_steps + engine.progress().skipped_steps;
     if (printer) fmt::print("resumed from {} at step {}\n", opt.load_dir, first);
   }
   const int64_t accum = opt.accum, rows = opt.batch / world, rows_per_micro = rows / accum, context = opt.context;
   examples::MeshTrainer trainer(mesh ? &*mesh : nullptr, *zt, *model, rows_per_micro, context, opt.pipeline_schedule);
   if (corpus_or_null == nullptr) {
-    train_tokenized(opt, engine, trainer, *zt, first, printer);
-    finish(opt, config, engine, *zt, world, printer);
+    train_tokenized(opt, config, engine, trainer, *zt, first, printer, loaded, world);
     return;
   }
   const examples::Corpus& corpus = *corpus_or_null;
@@ -254,7 +299,7 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
 
 // The memory report, and the checkpoint and export after the last step.
 void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::Engine& engine, zest::TorchModule& zt,
-            int world, bool printer) {
+            int world, bool printer, zest::UserState* saved) {
   const std::vector<zest::MemoryReport> memory = examples::gather_memory(engine);
   const zest::MemoryEstimate estimate = zest::estimate_memory(examples::describe_model(engine.layout()),
                                                               zest::EstimateOptions::from_config(config, world));
@@ -264,7 +309,9 @@ void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::E
     fmt::print("\nparameters on the device, frozen and trainable:\n{}", examples::format_parameter_split(memory, estimate));
   }
   if (!opt.save_dir.empty()) {
-    const std::string dir = zt.save(opt.save_dir);
+    zest::CheckpointOptions co;
+    co.user_state = saved;
+    const std::string dir = zt.save(opt.save_dir, co);
     if (printer) fmt::print("saved {}\n", dir);
   }
   if (!opt.export_hf_dir.empty()) {
