@@ -105,6 +105,20 @@ TorchModule::TorchModule(Engine& engine, std::shared_ptr<torch::nn::Module> modu
     engine_.add_unit(f.name, std::move(specs));
   }
   DeferredValues deferred(found, options);
+  // InitFrom::kZeros starts every parameter at zero: one the module gave
+  // values (an adapter's random A, a layer built eagerly) would lose them
+  // without a word.
+  if (options.init_from == InitFrom::kZeros) {
+    for (const FoundUnit& f : found) {
+      for (const auto& [name, t] : f.params) {
+        ZEST_CHECK(is_placeholder(t) || t.numel() == 0 || t.detach().count_nonzero().item<int64_t>() == 0,
+                   "TorchModuleOptions::init_from is kZeros, which would zero parameter '{}', whose values the "
+                   "module set (not all zero): use InitFrom::kRank0 (or kEveryRank) to keep them, or make it a "
+                   "placeholder (make_placeholders) when a weights import fills it",
+                   name);
+      }
+    }
+  }
   engine_.finalize(
       [&](const ParamLayout& p, std::span<float> values) {
         if (deferred.owns(p.name)) return deferred.fill(p, values);

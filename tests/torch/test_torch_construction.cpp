@@ -178,6 +178,36 @@ TEST_CASE("deferred construction: refused without values, and build_unit's mista
   });
 }
 
+TEST_CASE("init_from kZeros never zeroes values the module set: refused by name, placeholders and zeros accepted") {
+  run_inprocess(1, [&](Communicator& comm) {
+    {
+      CachingAllocator alloc(make_host_allocator());
+      Engine engine(zest_config({}, 3), comm, alloc, Stream::default_for(Device::host()));
+      auto model = std::make_shared<Stack>(2, 8, false);  // built eagerly: random values
+      TorchModuleOptions o;
+      o.units = model->units();
+      o.init_from = InitFrom::kZeros;
+      CHECK_THROWS_WITH_AS(TorchModule(engine, model, o),
+                           doctest::Contains("init_from is kZeros, which would zero parameter 'blocks.0.weight'"),
+                           Error);
+    }
+    {
+      CachingAllocator alloc(make_host_allocator());
+      Engine engine(zest_config({}, 3), comm, alloc, Stream::default_for(Device::host()));
+      auto model = std::make_shared<Stack>(2, 8, false);
+      {
+        const torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.zero_();
+      }
+      TorchModuleOptions o;
+      o.units = model->units();
+      o.init_from = InitFrom::kZeros;
+      TorchModule zt(engine, model, o);  // zeros lose nothing
+      CHECK(engine.param_master("blocks.1.weight") == std::vector<float>(64, 0.0f));
+    }
+  });
+}
+
 TEST_CASE("deferred construction: a rank grows by its shards and one unit, not by the model") {
   // 16 units of 1024 x 1024 (+ bias): 16.8M parameters, 64 MiB in fp32. On
   // 4 in-process ranks at stage 3 (fp32 AdamW) each rank's model states
