@@ -10,7 +10,8 @@
 #   2. exact resume: 3 steps, a checkpoint, 3 more from it end with the bits
 #      of 6 uninterrupted steps (the data position follows the step count),
 #      and a resume reading other rows (another --seed) is refused by name;
-#   3. --epochs 2 runs the steps of two epochs.
+#   3. --warmup with --lr-decay cosine gives transformers' rates;
+#   4. --epochs 2 runs the steps of two epochs.
 # Exit 0 and "agree" when all hold.
 set -eu
 bin=$1
@@ -20,9 +21,12 @@ trap 'rm -rf "$work"' EXIT
 python3 "$root/tests/tools/token_data_writer.py" jsonl "$work/train.jsonl" --vocab 256 --records 160
 python3 "$root/tests/tools/token_data_writer.py" jsonl "$work/val.jsonl" --vocab 256 --records 24
 common="--format jsonl --data $work/train.jsonl --val-data $work/val.jsonl --max-seq-len 64 --packing --batch 8
-        --eval-every 100 --print-every 100"
+        --eval-every 100"
 final() { sed -n 's/^final validation loss, stage [0-3]: //p'; }
-run() { "$bin" $common "$@" > "$work/out.txt" 2>&1 || { cat "$work/out.txt"; echo "MISMATCH: $* failed"; exit 1; }; final < "$work/out.txt"; }
+run() {
+  "$bin" $common "$@" > "$work/out.txt" 2>&1 || { cat "$work/out.txt" >&2; echo "MISMATCH: $* failed" >&2; exit 1; }
+  final < "$work/out.txt"
+}
 
 a=$(run --ranks 1 --accum 4 --stage 0 --steps 6)
 b=$(run --ranks 2 --accum 2 --stage 3 --steps 6)
@@ -43,6 +47,13 @@ if "$bin" $common --ranks 2 --stage 3 --steps 1 --load "$work/ckpt" --seed 99 > 
   echo "MISMATCH: a resume with another --seed was not refused"; exit 1
 fi
 grep -q "the rows of each step would differ" "$work/out.txt" || { cat "$work/out.txt"; echo "MISMATCH: refusal"; exit 1; }
+
+# --warmup 2 --lr-decay cosine over 6 steps: 0, lr/2, lr, then half a cosine
+# (transformers' get_cosine_schedule_with_warmup at lr 1e-3).
+run --ranks 2 --stage 3 --steps 6 --print-every 1 --warmup 2 --lr-decay cosine > /dev/null
+lrs=$(sed -n 's/^step .* lr \([0-9.e+-]*\) .*/\1/p' "$work/out.txt" | tr '\n' ' ')
+echo "--warmup 2 --lr-decay cosine, lr by step: $lrs"
+[ "$lrs" = "0.00e+00 5.00e-04 1.00e-03 8.54e-04 5.00e-04 1.46e-04 " ] || { echo "MISMATCH: schedule"; exit 1; }
 
 run --ranks 2 --stage 1 --epochs 2 > /dev/null
 steps=$(grep -c '^step .* epoch ' "$work/out.txt" || true)

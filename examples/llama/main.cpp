@@ -25,6 +25,8 @@
 // examples/gpt/main.cpp (which says why).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <numbers>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -98,6 +100,24 @@ std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engi
 void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::Engine& engine, zest::TorchModule& zt,
             int world, bool printer, zest::UserState* saved = nullptr);
 
+// --warmup and --lr-decay over a run of `total` steps, as transformers'
+// get_linear_schedule_with_warmup / get_cosine_schedule_with_warmup (and
+// torchtune's) compute them: the optimizer step after `applied` steps runs at
+// lr x lambda(applied), lambda rising linearly from 0 over the warmup, then
+// 1, or falling linearly or by half a cosine to 0 at `total`. A function of
+// the applied steps, which a checkpoint restores: a resume continues it.
+void set_schedule(zest::Engine& engine, const llama::Options& opt, int64_t total) {
+  if (opt.warmup == 0 && opt.lr_decay == "none") return;
+  engine.set_lr_schedule([lr = static_cast<double>(opt.lr), warmup = opt.warmup, total, decay = opt.lr_decay](int64_t step) {
+    if (step < warmup) return lr * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
+    if (decay == "none") return lr;
+    const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
+    if (decay == "linear") return lr * std::max(0.0, static_cast<double>(total - step) / span);
+    const double progress = static_cast<double>(step - warmup) / span;
+    return lr * std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+  });
+}
+
 // Note [a step of tokenized data]: every rank reads its own rows of the
 // step's global batch (its share, then its micro-batches), the ranks add up
 // the batch's trained tokens (one collective of one integer), and each
@@ -151,6 +171,7 @@ void train_tokenized(const llama::Options& opt, const zest::EngineConfig& config
     ZEST_CHECK(step == first, "--load {}: the data position is step {}, the engine's {}", opt.load_dir, step, first);
   }
   const int64_t last = opt.epochs > 0 ? data.steps(opt.epochs) : first + opt.steps;
+  set_schedule(engine, opt, last);
   if (printer) {
     const zest::RowPlan& plan = data.plan(0);
     fmt::print("data {} ({}): {} documents, epoch 0 {} rows of {} tokens{} ({} tokens, {} documents truncated), {} "
@@ -257,6 +278,7 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
     return;
   }
   const examples::Corpus& corpus = *corpus_or_null;
+  set_schedule(engine, opt, first + opt.steps);
   const int64_t windows = examples::validation_windows(corpus, opt.val_windows, context, world);
   double val_loss = 0.0;
   const auto validate = [&](int64_t step) {

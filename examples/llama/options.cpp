@@ -18,7 +18,7 @@ std::string usage() {
          "             [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
          "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16]\n"
          "             [--export-adapters] [--recompute] [--timeout SECONDS] [--accum N] [--save-every N]\n"
-         "             [--loss-chunk TOKENS]\n"
+         "             [--loss-chunk TOKENS] [--warmup STEPS] [--lr-decay none|linear|cosine]\n"
          "             [--tp N] [--pp N] [--pipeline-schedule 1f1b|gpipe]\n"
          "Without --config or --hf: 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256.\n"
          "--tp and --pp: ranks = dp x tp x pp (Megatron's order); tp divides the heads, the key-value heads,\n"
@@ -43,6 +43,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
   app.add_option("--save-every", o.save_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--loss-chunk", o.loss_chunk)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--warmup", o.warmup)->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--lr-decay", o.lr_decay)->check(CLI::IsMember({"none", "linear", "cosine"}));
   CLI::Option* hf = examples::add_pretrained_flags(app, o, shard_size);
   app.get_option("--config")->excludes(hf);
   std::string schedule;

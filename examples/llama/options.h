@@ -38,6 +38,11 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::
   bool recompute = false;
   int64_t save_every = 0;  // --save-every N: a checkpoint to --save every N steps as well
   int64_t loss_chunk = 0;  // --loss-chunk N: the head and loss N tokens at a time (model.h)
+  // --warmup N and --lr-decay none|linear|cosine: Hugging Face's (and
+  // torchtune's) schedules over the run's steps: linear warmup from 0, then
+  // constant, linear or cosine decay to 0 (get_*_schedule_with_warmup).
+  int64_t warmup = 0;
+  std::string lr_decay = "none";
 };
 
 std::string usage();
