@@ -22,6 +22,16 @@ MeshTrainer::MeshTrainer(const zest::DeviceMesh* mesh, zest::TorchModule& zt, St
   }
 }
 
+namespace {
+
+// The batch's packing (positions and document ids on `device`, or none) on the model.
+void set_packing_of(StagedLm& model, const Batch& b, const torch::Device& device) {
+  model.set_packing(b.positions.defined() ? b.positions.to(device) : torch::Tensor(),
+                    b.documents.defined() ? b.documents.to(device) : torch::Tensor());
+}
+
+}  // namespace
+
 MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batches, int64_t global_trained) {
   const torch::Device device = zest::torch_device(zt_.engine().comm().device());
   const UnitRunner run = runner(zt_);
@@ -35,8 +45,7 @@ MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batche
     return per_token > 0 ? model_.loss_sum(logits, targets) * per_token : model_.loss(logits, targets);
   };
   const auto forward = [&](const Batch& b, const torch::Tensor& in) {
-    model_.set_packing(b.positions.defined() ? b.positions.to(device) : torch::Tensor(),
-                       b.documents.defined() ? b.documents.to(device) : torch::Tensor());
+    set_packing_of(model_, b, device);
     return model_.forward_stage(in.defined() ? in : b.inputs.to(device), run);
   };
   Step out;
@@ -61,8 +70,7 @@ MeshTrainer::Step MeshTrainer::train_step(const std::vector<Batch>& micro_batche
 double MeshTrainer::loss_sum(const Batch& b) {
   const torch::Device device = zest::torch_device(zt_.engine().comm().device());
   const torch::NoGradGuard no_grad;
-  model_.set_packing(b.positions.defined() ? b.positions.to(device) : torch::Tensor(),
-                     b.documents.defined() ? b.documents.to(device) : torch::Tensor());
+  set_packing_of(model_, b, device);
   const torch::Tensor logits = forward_only(b.inputs.to(device));
   model_.set_packing({}, {});
   const double sum =
