@@ -16,7 +16,6 @@
 // that mixed sizes cause.
 //
 //   allocator_bench [--device host|cuda:N] [--iters N] [--quick]
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -34,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/cli.h"
 #include "zest/core/check.h"
 #include "zest/core/device.h"
 #include "zest/core/stream.h"
@@ -75,7 +75,7 @@ void print_usage(std::FILE* out) {
 // Returns an exit code when the program should stop here; throws zest::Error
 // for a bad value.
 std::optional<int> parse_args(int argc, char** argv, Options& opt) {
-  CLI::App app;
+  cli::App app;
   app.set_help_flag();  // print_usage is the help
   bool help = false;
   std::string device = "host";
@@ -83,10 +83,10 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
   app.add_flag("-h,--help", help);
   app.add_flag("--quick", opt.quick);
   app.add_option("--device", device);
-  app.add_option("--iters", iters)->check(CLI::Range(int64_t{1}, static_cast<int64_t>(kMaxIters)));
+  app.add_option("--iters", iters)->check(cli::Range(int64_t{1}, static_cast<int64_t>(kMaxIters)));
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const cli::UsageError& e) {
     fmt::print(stderr, "allocator_bench: {}\n", e.what());
     print_usage(stderr);
     return 2;

@@ -33,7 +33,6 @@
 // machine with fewer cores than ranks the threads take turns and the numbers
 // say more about scheduling than about the backend. On the GPU it runs
 // kernels that read every rank's buffer directly.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,6 +48,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/cli.h"
 #include "zest/launch/bootstrap.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/comm/mpi_comm.h"
@@ -115,7 +115,7 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
     print_usage(stderr);
     return std::optional<int>(2);
   };
-  CLI::App app;
+  cli::App app;
   app.set_help_flag();  // print_usage is the help
   bool help = false;
   std::string device;
@@ -124,16 +124,16 @@ std::optional<int> parse_args(int argc, char** argv, Options& opt) {
   std::string dtype = "fp32";
   app.add_flag("-h,--help", help);
   app.add_flag("--quick", opt.quick);
-  app.add_option("--backend", opt.backend)->check(CLI::IsMember({"inprocess", "nccl", "mpi"}));
-  CLI::Option* ranks = app.add_option("--ranks", opt.ranks)->check(CLI::Range(1, 1024));
-  CLI::Option* device_option = app.add_option("--device", device);
-  app.add_option("--iters", iters)->check(CLI::Range(int64_t{1}, kMaxIters));
-  app.add_option("--rounds", opt.rounds)->check(CLI::Range(1, 1000));
-  app.add_option("--spin", spin_us, "microseconds")->check(CLI::Range(int64_t{0}, int64_t{1'000'000}));
-  app.add_option("--dtype", dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--backend", opt.backend)->check(cli::IsMember({"inprocess", "nccl", "mpi"}));
+  cli::Option* ranks = app.add_option("--ranks", opt.ranks)->check(cli::Range(1, 1024));
+  cli::Option* device_option = app.add_option("--device", device);
+  app.add_option("--iters", iters)->check(cli::Range(int64_t{1}, kMaxIters));
+  app.add_option("--rounds", opt.rounds)->check(cli::Range(1, 1000));
+  app.add_option("--spin", spin_us, "microseconds")->check(cli::Range(int64_t{0}, int64_t{1'000'000}));
+  app.add_option("--dtype", dtype)->check(cli::IsMember({"fp32", "bf16", "fp16"}));
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const cli::UsageError& e) {
     return bad(e.what());
   }
   if (help) {

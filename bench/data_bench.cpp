@@ -97,11 +97,11 @@ double rows_rate(const zest::TokenDataset& data, const Options& o, int64_t& trai
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app("data_bench: the fine-tuning data path's tokens/s", "data_bench");
-  app.add_option("--documents", o.documents)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  app.add_option("--tokens-per-doc", o.tokens_per_doc)->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
-  app.add_option("--row", o.row)->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
-  app.add_option("--rounds", o.rounds)->check(CLI::Range(1, 1000));
+  cli::App app("data_bench: the fine-tuning data path's tokens/s", "data_bench");
+  app.add_option("--documents", o.documents)->check(cli::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--tokens-per-doc", o.tokens_per_doc)->check(cli::Range(int64_t{2}, int64_t{1} << 20));
+  app.add_option("--row", o.row)->check(cli::Range(int64_t{2}, int64_t{1} << 24));
+  app.add_option("--rounds", o.rounds)->check(cli::Range(1, 1000));
   app.add_option("--dir", o.dir);
   const std::string usage = app.help();
   try {

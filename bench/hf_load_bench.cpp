@@ -41,9 +41,9 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "cli/cli.h"
 #include "zest/checkpoint/safetensors.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/core/check.h"
@@ -209,20 +209,20 @@ LoadTimes load(const Options& opt, const Model& m, int ranks, bool frozen, bool 
 
 int main(int argc, char** argv) {
   Options opt;
-  CLI::App app("hf_load_bench: loading a Hugging Face directory into an engine against a raw read of its files");
-  app.add_option("--mb", opt.mb, "MiB of bf16 tensor data")->check(CLI::Range(size_t{1}, size_t{1} << 20));
-  app.add_option("--ranks", opt.ranks, "the largest world (1 is always run too)")->check(CLI::Range(1, 64));
-  app.add_option("--shard-mb", opt.shard_mb, "MiB per shard at most")->check(CLI::Range(size_t{1}, size_t{1} << 20));
-  app.add_option("--repeat", opt.repeat, "runs of each measurement")->check(CLI::Range(1, 1000));
+  cli::App app("hf_load_bench: loading a Hugging Face directory into an engine against a raw read of its files");
+  app.add_option("--mb", opt.mb, "MiB of bf16 tensor data")->check(cli::Range(size_t{1}, size_t{1} << 20));
+  app.add_option("--ranks", opt.ranks, "the largest world (1 is always run too)")->check(cli::Range(1, 64));
+  app.add_option("--shard-mb", opt.shard_mb, "MiB per shard at most")->check(cli::Range(size_t{1}, size_t{1} << 20));
+  app.add_option("--repeat", opt.repeat, "runs of each measurement")->check(cli::Range(1, 1000));
   app.add_option("--cache", opt.cache, "page cache: cold (dropped before each run), warm, or both")
-      ->check(CLI::IsMember({"cold", "warm", "both"}));
+      ->check(cli::IsMember({"cold", "warm", "both"}));
   app.add_option("--read", opt.read, "how the load reads: pread (the default), map, or both")
-      ->check(CLI::IsMember({"map", "pread", "both"}));
+      ->check(cli::IsMember({"map", "pread", "both"}));
   app.add_option("--dir", opt.dir, "where to write the checkpoint (default: a temporary directory, removed)");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // prints the help, or the error naming the flag
+  } catch (const cli::UsageError& e) {
+    return cli::usage_exit("hf_load_bench", e, app.help());  // the help, or the error naming the flag
   }
   try {
     const bool temp = opt.dir.empty();

@@ -75,20 +75,20 @@ void raw_io(const zest::SwapFile& file, zest::AioOp op, uint64_t bytes, zest::Al
 
 Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  CLI::App app("nvme_bench: the NVMe tier's read and write GB/s against raw O_DIRECT I/O", "nvme_bench");
+  cli::App app("nvme_bench: the NVMe tier's read and write GB/s against raw O_DIRECT I/O", "nvme_bench");
   app.add_option("--dir", o.dir, "directory of the swap file (on the drive to measure)");
-  app.add_option("--mb", o.mb, "MiB written and read")->check(CLI::Range(int64_t{1}, int64_t{1} << 22));
+  app.add_option("--mb", o.mb, "MiB written and read")->check(cli::Range(int64_t{1}, int64_t{1} << 22));
   app.add_option("--buffer-mb", o.buffer_mb, "MiB of each ring buffer (and of each raw pwrite/pread)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
-  app.add_option("--buffers", o.buffers, "ring buffers (buffer_count)")->check(CLI::Range(1, 1024));
+      ->check(cli::Range(int64_t{1}, int64_t{1} << 12));
+  app.add_option("--buffers", o.buffers, "ring buffers (buffer_count)")->check(cli::Range(1, 1024));
   app.add_option("--block-kb", o.block_kb, "KiB of one I/O request (aio.block_size)")
-      ->check(CLI::Range(int64_t{4}, int64_t{1} << 20));
-  app.add_option("--queue-depth", o.queue_depth, "requests in flight (aio.queue_depth)")->check(CLI::Range(1, 65536));
-  app.add_option("--threads", o.threads, "thread-pool threads (aio.intra_op_parallelism)")->check(CLI::Range(1, 1024));
+      ->check(cli::Range(int64_t{4}, int64_t{1} << 20));
+  app.add_option("--queue-depth", o.queue_depth, "requests in flight (aio.queue_depth)")->check(cli::Range(1, 65536));
+  app.add_option("--threads", o.threads, "thread-pool threads (aio.intra_op_parallelism)")->check(cli::Range(1, 1024));
   app.add_flag("--single-submit", o.single_submit, "one io_uring_submit per request (aio.single_submit)");
-  app.add_option("--repeat", o.repeat, "runs of each measurement (median)")->check(CLI::Range(1, 100));
+  app.add_option("--repeat", o.repeat, "runs of each measurement (median)")->check(cli::Range(1, 100));
   app.add_option("--backend", o.backend, "all, io_uring or thread-pool")
-      ->check(CLI::IsMember({"all", "io_uring", "thread-pool"}));
+      ->check(cli::IsMember({"all", "io_uring", "thread-pool"}));
   usage = app.help();
   cli::parse(app, argc, argv);
   if (o.block_kb % 4 != 0) cli::usage_error("--block-kb {} is not a multiple of 4", o.block_kb);

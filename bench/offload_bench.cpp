@@ -215,17 +215,17 @@ Times run(const Options& opt, Mode mode) {
 // either way.
 Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  CLI::App app("offload_bench: the pipelined optimizer step of offload_optimizer", "offload_bench");
-  app.add_option("--params", o.params, "parameters P")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("--units", o.units, "units the parameters are split into")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--steps", o.steps, "timed steps, after one untimed")->check(CLI::Range(1, 1000));
-  app.add_option("--stage", o.stage, "ZeRO stage")->check(CLI::Range(1, 3));
-  app.add_option("--host-threads", o.host_threads, "threads of the host optimizer")->check(CLI::Range(1, 1024));
-  app.add_option("--dtype", o.dtype, "compute dtype")->check(CLI::IsMember({"bf16", "fp32"}));
+  cli::App app("offload_bench: the pipelined optimizer step of offload_optimizer", "offload_bench");
+  app.add_option("--params", o.params, "parameters P")->check(cli::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--units", o.units, "units the parameters are split into")->check(cli::Range(1, 1 << 20));
+  app.add_option("--steps", o.steps, "timed steps, after one untimed")->check(cli::Range(1, 1000));
+  app.add_option("--stage", o.stage, "ZeRO stage")->check(cli::Range(1, 3));
+  app.add_option("--host-threads", o.host_threads, "threads of the host optimizer")->check(cli::Range(1, 1024));
+  app.add_option("--dtype", o.dtype, "compute dtype")->check(cli::IsMember({"bf16", "fp32"}));
   app.add_option("--device", o.device, "host, or cuda:N");
   app.add_flag("--pin", o.pin, "pinned host memory (CUDA)");
   app.add_option("--nvme", o.nvme, "offload to a swap file in this directory too");
-  app.add_option("--buffer-count", o.buffer_count, "the swap ring's buffers (--nvme)")->check(CLI::Range(1, 64));
+  app.add_option("--buffer-count", o.buffer_count, "the swap ring's buffers (--nvme)")->check(cli::Range(1, 64));
   usage = app.help();
   cli::parse(app, argc, argv);
   if (o.params < o.units) cli::usage_error("--params {} is fewer than --units {}", o.params, o.units);

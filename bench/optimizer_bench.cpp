@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "cli/cli.h"
 #include "zest/core/check.h"
 #include "zest/core/cpu_isa.h"
 #include "zest/core/device.h"
@@ -70,17 +70,16 @@ int main(int argc, char** argv) {
     int iters = 20;
     int threads = 1;
     std::string dtype_name = "bf16";  // of the gradient in and the parameter out
-    CLI::App app("optimizer_bench: the fused AdamW update against a copy of the same bytes");
+    cli::App app("optimizer_bench: the fused AdamW update against a copy of the same bytes");
     app.add_option("--device", device_name, "host or cuda:N");
-    app.add_option("--numel", numel, "parameters")->check(CLI::Range(size_t{1}, size_t{1} << 36));
-    app.add_option("--iters", iters)->check(CLI::Range(1, 1 << 20));
-    app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
-    app.add_option("--threads", threads, "host loops' threads")->check(CLI::Range(1, 1024));
+    app.add_option("--numel", numel, "parameters")->check(cli::Range(size_t{1}, size_t{1} << 36));
+    app.add_option("--iters", iters)->check(cli::Range(1, 1 << 20));
+    app.add_option("--dtype", dtype_name)->check(cli::IsMember({"bf16", "fp16", "fp32"}));
+    app.add_option("--threads", threads, "host loops' threads")->check(cli::Range(1, 1024));
     try {
       app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      const int help = app.exit(e);  // prints the help, or the error naming the flag
-      return help == 0 ? 0 : 2;
+    } catch (const cli::UsageError& e) {
+      return cli::usage_exit("optimizer_bench", e, app.help());  // the help, or the error naming the flag
     }
     const zest::Device device = zest::parse_device(device_name);
     const zest::DType dtype = zest::parse_dtype(dtype_name);

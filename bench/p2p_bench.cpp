@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 
+#include "cli/cli.h"
 #include "zest/comm/inprocess_comm.h"
 #include "zest/comm/mpi_comm.h"
 
@@ -82,13 +82,12 @@ void bench(Communicator& comm, const char* backend) {
 
 int main(int argc, char** argv) {
   bool mpi = false;
-  CLI::App app("p2p_bench: a pipeline neighbours' exchange (one send_recv each way) against memcpy of its bytes");
+  cli::App app("p2p_bench: a pipeline neighbours' exchange (one send_recv each way) against memcpy of its bytes");
   app.add_flag("--mpi", mpi, "2 processes over MPI (run under mpirun -np 2); default: 2 in-process ranks");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int help = app.exit(e);  // prints the help, or the error naming the flag
-    return help == 0 ? 0 : 2;
+  } catch (const cli::UsageError& e) {
+    return cli::usage_exit("p2p_bench", e, app.help());  // the help, or the error naming the flag
   }
   if (!mpi) {
     run_inprocess(2, [](Communicator& comm) { bench(comm, "in-process"); });

@@ -152,13 +152,13 @@ double mlp_step_ms(const Options& o, bool tensor_parallel) {
 
 Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  CLI::App app("parallel_bench: the pipeline bubble against its formula, and tp = 2 against dp = 2", "parallel_bench");
-  app.add_option("--width", o.width, "the layers' width")->check(CLI::Range(int64_t{8}, int64_t{1} << 14));
-  app.add_option("--layers", o.layers, "layers in all")->check(CLI::Range(1, 1024));
-  app.add_option("--rows", o.rows, "rows of a micro-batch")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  app.add_option("--steps", o.steps, "timed steps")->check(CLI::Range(1, 1000));
-  app.add_option("--pp", o.pp, "pipeline sizes")->delimiter(',')->check(CLI::Range(2, 64));
-  app.add_option("--micro", o.micro, "micro-batch counts")->delimiter(',')->check(CLI::Range(1, 1024));
+  cli::App app("parallel_bench: the pipeline bubble against its formula, and tp = 2 against dp = 2", "parallel_bench");
+  app.add_option("--width", o.width, "the layers' width")->check(cli::Range(int64_t{8}, int64_t{1} << 14));
+  app.add_option("--layers", o.layers, "layers in all")->check(cli::Range(1, 1024));
+  app.add_option("--rows", o.rows, "rows of a micro-batch")->check(cli::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--steps", o.steps, "timed steps")->check(cli::Range(1, 1000));
+  app.add_option("--pp", o.pp, "pipeline sizes")->delimiter(',')->check(cli::Range(2, 64));
+  app.add_option("--micro", o.micro, "micro-batch counts")->delimiter(',')->check(cli::Range(1, 1024));
   app.add_flag("--verbose", o.verbose, "each stage's batch, compute and micro-step seconds per step");
   usage = app.help();
   cli::parse(app, argc, argv);

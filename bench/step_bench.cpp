@@ -267,24 +267,24 @@ Phases run_stage(const Options& opt, int stage) {
 Options parse(int argc, char** argv, std::string& usage) {
   Options o;
   std::string dtype = "bf16";
-  CLI::App app("step_bench: one engine step on W in-process ranks at stages 0-3 against memcpy bounds", "step_bench");
-  app.add_option("--params", o.params, "parameters P")->check(CLI::Range(size_t{1}, size_t{1} << 40));
-  app.add_option("--ranks", o.ranks, "in-process ranks W")->check(CLI::Range(1, 1024));
-  app.add_option("--units", o.units, "units the parameters are split into")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--steps", o.steps, "timed steps, after one untimed")->check(CLI::Range(1, 1000));
+  cli::App app("step_bench: one engine step on W in-process ranks at stages 0-3 against memcpy bounds", "step_bench");
+  app.add_option("--params", o.params, "parameters P")->check(cli::Range(size_t{1}, size_t{1} << 40));
+  app.add_option("--ranks", o.ranks, "in-process ranks W")->check(cli::Range(1, 1024));
+  app.add_option("--units", o.units, "units the parameters are split into")->check(cli::Range(1, 1 << 20));
+  app.add_option("--steps", o.steps, "timed steps, after one untimed")->check(cli::Range(1, 1000));
   app.add_option("--stages", o.stages, "ZeRO stages to run, comma-separated")
       ->delimiter(',')
-      ->check(CLI::Range(0, 3));
-  app.add_option("--dtype", dtype, "compute dtype")->check(CLI::IsMember({"bf16", "fp32"}));
+      ->check(cli::Range(0, 3));
+  app.add_option("--dtype", dtype, "compute dtype")->check(cli::IsMember({"bf16", "fp32"}));
   std::string device = "host";
   app.add_option("--device", device, "host or cuda:N");
   app.add_option("--reuse-distance", o.reuse_distance,
                  "stage3_max_reuse_distance (elements; DeepSpeed's default 1e9; 0 gathers every unit again in "
                  "backward)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+      ->check(cli::Range(int64_t{0}, int64_t{1} << 50));
   app.add_option("--prefetch", o.prefetch,
                  "stage3_prefetch_bucket_size (elements; DeepSpeed's default 5e7, the whole of a model this size)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+      ->check(cli::Range(int64_t{0}, int64_t{1} << 50));
   usage = app.help();
   cli::parse(app, argc, argv);
   if (o.params < static_cast<size_t>(o.units)) {

@@ -239,15 +239,15 @@ void measure_loss_memory() {
 // either way.
 Options parse(int argc, char** argv, std::string& usage) {
   Options o;
-  CLI::App app("torch_step_bench: a libtorch training step, plain and through zest::TorchModule", "torch_step_bench");
-  app.add_option("--layers", o.model.layers)->check(CLI::Range(int64_t{1}, int64_t{1024}));
-  app.add_option("--d-model", o.model.d_model)->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  app.add_option("--heads", o.model.heads)->check(CLI::Range(int64_t{1}, int64_t{1024}));
-  app.add_option("--context", o.model.context)->check(CLI::Range(int64_t{2}, int64_t{1} << 16));
-  app.add_option("--batch", o.batch)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--steps", o.steps)->check(CLI::Range(1, 1 << 20));
-  app.add_option("--rounds", o.rounds)->check(CLI::Range(1, 1000));
-  app.add_option("--ranks", o.ranks)->delimiter(',')->check(CLI::Range(1, 64));
+  cli::App app("torch_step_bench: a libtorch training step, plain and through zest::TorchModule", "torch_step_bench");
+  app.add_option("--layers", o.model.layers)->check(cli::Range(int64_t{1}, int64_t{1024}));
+  app.add_option("--d-model", o.model.d_model)->check(cli::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--heads", o.model.heads)->check(cli::Range(int64_t{1}, int64_t{1024}));
+  app.add_option("--context", o.model.context)->check(cli::Range(int64_t{2}, int64_t{1} << 16));
+  app.add_option("--batch", o.batch)->check(cli::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--steps", o.steps)->check(cli::Range(1, 1 << 20));
+  app.add_option("--rounds", o.rounds)->check(cli::Range(1, 1000));
+  app.add_option("--ranks", o.ranks)->delimiter(',')->check(cli::Range(1, 64));
   app.add_flag("--unused-unit", o.unused_unit, "count the collectives of steps that leave a unit unused");
   app.add_flag("--loss-memory", o.loss_memory, "the chunked loss's peak memory against the whole logits'");
   usage = app.help();

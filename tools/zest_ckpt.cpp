@@ -261,14 +261,14 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
 
 int main(int argc, char** argv) {
   try {
-    CLI::App app("zest-ckpt");
+    cli::App app("zest-ckpt");
     std::vector<std::string> args;  // the command, then its paths
     std::string dtype_name = "fp32";
     int world = 0, stage = -1;
     app.add_option("args", args);
-    app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-    app.add_option("--world", world)->check(CLI::Range(1, 1 << 20));
-    app.add_option("--stage", stage)->check(CLI::Range(0, 3));
+    app.add_option("--dtype", dtype_name)->check(cli::IsMember({"fp32", "bf16", "fp16"}));
+    app.add_option("--world", world)->check(cli::Range(1, 1 << 20));
+    app.add_option("--stage", stage)->check(cli::Range(0, 3));
     cli::parse(app, argc, argv);
     if (args.empty()) usage_error("a command is needed");
     const std::string cmd = args[0];

@@ -188,7 +188,7 @@ std::map<std::string, std::string> parse_flags(int argc, char** argv) {
       {"--tp", "--tensor-model-parallel-size"}, {"--pp", "--pipeline-model-parallel-size"},
       {"--layers", "--num-layers"},             {"--heads", "--num-attention-heads"},
       {"--vocab", "--vocab-size"},              {"--seq", "--max-position-embeddings"}};
-  CLI::App app("zest-estimate");
+  cli::App app("zest-estimate");
   std::map<std::string, std::string> values;
   for (const char* f : kFlags) app.add_option(f, values[f]);
   for (const auto& [f, alias] : kAliased) app.add_option(fmt::format("{},{}", f, alias), values[f]);

@@ -36,19 +36,19 @@ struct LmRunOptions {
 // --ranks, --launch, --offload, --steps, --batch, --lr, --seed, --threads,
 // --data, --eval-every, --val-windows, --print-every, --save, --load and
 // --timeout, each with its range.
-inline void add_lm_run_flags(CLI::App& app, LmRunOptions& o) {
+inline void add_lm_run_flags(cli::App& app, LmRunOptions& o) {
   app.add_flag("--launch", o.launch);
   app.add_flag("--offload", o.offload);
-  app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 16));
-  app.add_option("--steps", o.steps)->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--batch", o.batch)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--ranks", o.ranks)->check(cli::Range(1, 1 << 16));
+  app.add_option("--steps", o.steps)->check(cli::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--batch", o.batch)->check(cli::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--lr", o.lr)->check(cli::real_range(0, 10));
   app.add_option("--seed", o.seed);
-  app.add_option("--threads", o.threads)->check(CLI::Range(1, 1024));
+  app.add_option("--threads", o.threads)->check(cli::Range(1, 1024));
   app.add_option("--data", o.data);
-  app.add_option("--eval-every", o.eval_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("--val-windows", o.val_windows)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  app.add_option("--print-every", o.print_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--eval-every", o.eval_every)->check(cli::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--val-windows", o.val_windows)->check(cli::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--print-every", o.print_every)->check(cli::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--save", o.save_dir);
   app.add_option("--load", o.load_dir);
   cli::add_timeout(app, o.comm);
@@ -76,10 +76,10 @@ struct MeshFlags {
 
 // --tp, --pp and --pipeline-schedule into `o`; finish_mesh_flags after
 // parsing.
-inline void add_mesh_flags(CLI::App& app, MeshFlags& o, std::string& schedule) {
-  app.add_option("--tp", o.tp)->check(CLI::Range(1, 1 << 12));
-  app.add_option("--pp", o.pp)->check(CLI::Range(1, 1 << 12));
-  app.add_option("--pipeline-schedule", schedule)->check(CLI::IsMember({"1f1b", "gpipe"}));
+inline void add_mesh_flags(cli::App& app, MeshFlags& o, std::string& schedule) {
+  app.add_option("--tp", o.tp)->check(cli::Range(1, 1 << 12));
+  app.add_option("--pp", o.pp)->check(cli::Range(1, 1 << 12));
+  app.add_option("--pipeline-schedule", schedule)->check(cli::IsMember({"1f1b", "gpipe"}));
 }
 inline void finish_mesh_flags(MeshFlags& o, const std::string& schedule) {
   if (schedule == "gpipe") o.pipeline_schedule = zest::PipelineKind::kGPipe;

@@ -20,13 +20,13 @@ zest::LoraOptions PretrainedOptions::lora() const {
   return l;
 }
 
-CLI::Option* add_pretrained_flags(CLI::App& app, PretrainedOptions& o, std::string& shard_size) {
-  app.add_option("--lora", o.lora_r)->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
+cli::Option* add_pretrained_flags(cli::App& app, PretrainedOptions& o, std::string& shard_size) {
+  app.add_option("--lora", o.lora_r)->check(cli::Range(int64_t{0}, int64_t{1} << 16));
   app.add_option("--lora-alpha", o.lora_alpha)->check(cli::real_range(1e-6, 1e6));
-  CLI::Option* hf = app.add_option("--hf", o.hf_dir);
+  cli::Option* hf = app.add_option("--hf", o.hf_dir);
   app.add_option("--export-hf", o.export_hf_dir);
   app.add_option("--max-shard-size", shard_size);
-  app.add_option("--export-dtype", o.export_dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--export-dtype", o.export_dtype)->check(cli::IsMember({"fp32", "bf16", "fp16"}));
   app.add_flag("--export-adapters", o.export_adapters);
   return hf;
 }

@@ -33,7 +33,7 @@ struct PretrainedOptions {
 
 // Adds the flags above; `shard_size` receives --max-shard-size's text, for
 // parse_byte_size once parsing is done. Returns the --hf option.
-CLI::Option* add_pretrained_flags(CLI::App& app, PretrainedOptions& o, std::string& shard_size);
+cli::Option* add_pretrained_flags(cli::App& app, PretrainedOptions& o, std::string& shard_size);
 // After parsing: the shard size, and the combinations that cannot work.
 // Throws cli::UsageError.
 void finish_pretrained_flags(PretrainedOptions& o, const std::string& shard_size);

@@ -8,12 +8,12 @@
 
 namespace examples {
 
-void add_token_data_flags(CLI::App& app, TokenDataFlags& flags) {
-  app.add_option("--format", flags.format)->check(CLI::IsMember({"fortunes", "megatron", "jsonl"}));
+void add_token_data_flags(cli::App& app, TokenDataFlags& flags) {
+  app.add_option("--format", flags.format)->check(cli::IsMember({"fortunes", "megatron", "jsonl"}));
   app.add_option("--val-data", flags.val_data);
-  app.add_option("--max-seq-len", flags.max_seq_len)->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
+  app.add_option("--max-seq-len", flags.max_seq_len)->check(cli::Range(int64_t{2}, int64_t{1} << 24));
   app.add_flag("--packing", flags.packing);
-  app.add_option("--epochs", flags.epochs)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--epochs", flags.epochs)->check(cli::Range(int64_t{1}, int64_t{1} << 20));
 }
 
 void check_token_data_flags(const TokenDataFlags& flags) {

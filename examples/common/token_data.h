@@ -38,7 +38,7 @@ struct TokenDataFlags {
 };
 
 // --format, --val-data, --max-seq-len, --packing, --epochs.
-void add_token_data_flags(CLI::App& app, TokenDataFlags& flags);
+void add_token_data_flags(cli::App& app, TokenDataFlags& flags);
 // After parsing: throws cli::UsageError for a flag that needs --format.
 void check_token_data_flags(const TokenDataFlags& flags);
 

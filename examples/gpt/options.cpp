@@ -32,7 +32,7 @@ std::string usage() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  CLI::App app("gpt");
+  cli::App app("gpt");
   int stage = -1;
   std::vector<int> stages;
   bool untied = false;
@@ -42,20 +42,20 @@ Options parse_options(int argc, char** argv) {
   app.add_flag("--untied", untied);
   app.add_flag("--offload-param", o.offload_param);
   app.add_flag("--digest", o.digest);
-  CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
-  app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);
-  app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cli::Option* one = app.add_option("--stage", stage)->check(cli::Range(0, 3));
+  app.add_option("--stages", stages)->delimiter(',')->check(cli::Range(0, 3))->excludes(one);
+  app.add_option("--dtype", o.dtype)->check(cli::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--config", o.config_path);
-  app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
-  app.add_option("--warmup", o.warmup)->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--schedule-steps", o.schedule_steps)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("--layers", o.model.layers)->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
-  app.add_option("--heads", o.model.heads)->check(CLI::Range(int64_t{1}, int64_t{1} << 12));
-  app.add_option("--d-model", o.model.d_model)->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  app.add_option("--context", o.model.context)->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  app.add_option("--vocab", o.model.vocab)->check(CLI::Range(int64_t{256}, int64_t{1} << 20));
+  app.add_option("--accum", o.accum)->check(cli::Range(1, 1 << 20));
+  app.add_option("--warmup", o.warmup)->check(cli::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--schedule-steps", o.schedule_steps)->check(cli::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--layers", o.model.layers)->check(cli::Range(int64_t{1}, int64_t{1} << 12));
+  app.add_option("--heads", o.model.heads)->check(cli::Range(int64_t{1}, int64_t{1} << 12));
+  app.add_option("--d-model", o.model.d_model)->check(cli::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--context", o.model.context)->check(cli::Range(int64_t{1}, int64_t{1} << 16));
+  app.add_option("--vocab", o.model.vocab)->check(cli::Range(int64_t{256}, int64_t{1} << 20));
   app.add_option("--export", o.export_path);
-  app.add_option("--sample-bytes", o.sample.length)->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  app.add_option("--sample-bytes", o.sample.length)->check(cli::Range(int64_t{0}, int64_t{1} << 20));
   app.add_option("--temperature", o.sample.temperature)->check(cli::real_range(0, 100));
   app.add_option("--sample-seed", o.sample.seed);
   app.add_option("--prompt", o.prompt);

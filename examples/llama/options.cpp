@@ -30,22 +30,22 @@ std::string usage() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  CLI::App app("llama");
+  cli::App app("llama");
   bool tied = false;
   std::string shard_size;
   examples::add_lm_run_flags(app, o);
   app.add_flag("--tied", tied);
   app.add_flag("--recompute", o.recompute);
-  app.add_option("--stage", o.stage)->check(CLI::Range(0, 3));
-  app.add_option("--dtype", o.dtype)->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--stage", o.stage)->check(cli::Range(0, 3));
+  app.add_option("--dtype", o.dtype)->check(cli::IsMember({"fp32", "bf16"}));
   app.add_option("--config", o.config_path);
-  app.add_option("--context", o.context)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
-  app.add_option("--save-every", o.save_every)->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("--loss-chunk", o.loss_chunk)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  app.add_option("--warmup", o.warmup)->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  app.add_option("--lr-decay", o.lr_decay)->check(CLI::IsMember({"none", "linear", "cosine"}));
-  CLI::Option* hf = examples::add_pretrained_flags(app, o, shard_size);
+  app.add_option("--context", o.context)->check(cli::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--accum", o.accum)->check(cli::Range(1, 1 << 20));
+  app.add_option("--save-every", o.save_every)->check(cli::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--loss-chunk", o.loss_chunk)->check(cli::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--warmup", o.warmup)->check(cli::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--lr-decay", o.lr_decay)->check(cli::IsMember({"none", "linear", "cosine"}));
+  cli::Option* hf = examples::add_pretrained_flags(app, o, shard_size);
   app.get_option("--config")->excludes(hf);
   std::string schedule;
   examples::add_mesh_flags(app, o, schedule);

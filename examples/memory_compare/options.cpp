@@ -17,14 +17,14 @@ std::string usage() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  CLI::App app("memory_compare");
-  app.add_option("--stages", o.stages)->delimiter(',')->check(CLI::Range(0, 3));
-  app.add_option("--worlds", o.worlds)->delimiter(',')->check(CLI::Range(1, 64));
-  app.add_option("--steps", o.steps)->check(CLI::Range(1L, 1'000'000L));
-  app.add_option("--hidden", o.shape.hidden)->check(CLI::Range(1, 1 << 14));
-  app.add_option("--layers", o.shape.layers)->check(CLI::Range(1, 1024));
-  app.add_option("--rows", o.rows_per_rank)->check(CLI::Range(1, 1 << 16));
-  app.add_option("--seed", o.seed)->check(CLI::Range(0u, ~0u));
+  cli::App app("memory_compare");
+  app.add_option("--stages", o.stages)->delimiter(',')->check(cli::Range(0, 3));
+  app.add_option("--worlds", o.worlds)->delimiter(',')->check(cli::Range(1, 64));
+  app.add_option("--steps", o.steps)->check(cli::Range(1L, 1'000'000L));
+  app.add_option("--hidden", o.shape.hidden)->check(cli::Range(1, 1 << 14));
+  app.add_option("--layers", o.shape.layers)->check(cli::Range(1, 1024));
+  app.add_option("--rows", o.rows_per_rank)->check(cli::Range(1, 1 << 16));
+  app.add_option("--seed", o.seed)->check(cli::Range(0u, ~0u));
   app.add_option("--markdown", o.markdown_path);
   app.add_option("--svg", o.svg_path);
   cli::add_timeout(app, o.comm);

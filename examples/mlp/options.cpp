@@ -20,7 +20,7 @@ std::string usage() {
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  CLI::App app("mlp");
+  cli::App app("mlp");
   int stage = -1;
   std::vector<int> stages;
   std::string device_name;
@@ -29,25 +29,25 @@ Options parse_options(int argc, char** argv) {
   app.add_flag("--table", o.table);
   app.add_flag("--digest", o.digest);
   app.add_flag("--comm-report", o.comm_report);
-  app.add_option("--ranks", o.ranks)->check(CLI::Range(1, 1 << 20));
-  CLI::Option* one = app.add_option("--stage", stage)->check(CLI::Range(0, 3));
-  app.add_option("--stages", stages)->delimiter(',')->check(CLI::Range(0, 3))->excludes(one);
+  app.add_option("--ranks", o.ranks)->check(cli::Range(1, 1 << 20));
+  cli::Option* one = app.add_option("--stage", stage)->check(cli::Range(0, 3));
+  app.add_option("--stages", stages)->delimiter(',')->check(cli::Range(0, 3))->excludes(one);
   app.add_option("--dtype", o.dtype);  // checked below, with the examples' message
-  app.add_option("--steps", o.steps)->check(CLI::Range(0L, 1L << 40));
-  app.add_option("--batch", o.batch)->check(CLI::Range(1, 1 << 20));
-  app.add_option("--accum", o.accum)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--steps", o.steps)->check(cli::Range(0L, 1L << 40));
+  app.add_option("--batch", o.batch)->check(cli::Range(1, 1 << 20));
+  app.add_option("--accum", o.accum)->check(cli::Range(1, 1 << 20));
   app.add_option("--lr", o.lr)->check(cli::real_range(0, 1e6));
-  app.add_option("--layers", o.shape.layers)->check(CLI::Range(1, 1 << 20));
-  app.add_option("--hidden", o.shape.hidden)->check(CLI::Range(1, 1 << 20));
-  app.add_option("--seed", o.seed)->check(CLI::Range(0u, ~0u));
+  app.add_option("--layers", o.shape.layers)->check(cli::Range(1, 1 << 20));
+  app.add_option("--hidden", o.shape.hidden)->check(cli::Range(1, 1 << 20));
+  app.add_option("--seed", o.seed)->check(cli::Range(0u, ~0u));
   app.add_option("--config", o.config_path);
   app.add_option("--device", device_name);
-  app.add_option("--print-every", o.print_every)->check(CLI::Range(1L, 1L << 40));
+  app.add_option("--print-every", o.print_every)->check(cli::Range(1L, 1L << 40));
   app.add_option("--save", o.save_dir);
   app.add_option("--load", o.load_dir);
-  app.add_option("--offload", o.offload)->check(CLI::IsMember({"cpu", "nvme"}));
+  app.add_option("--offload", o.offload)->check(cli::IsMember({"cpu", "nvme"}));
   app.add_option("--nvme-path", o.nvme_path);
-  app.add_option("--host-memory", o.host_memory_mib)->check(CLI::Range(1L, 1L << 30));
+  app.add_option("--host-memory", o.host_memory_mib)->check(cli::Range(1L, 1L << 30));
   cli::parse(app, argc, argv);
   if (o.offload == "nvme" && o.nvme_path.empty()) {
     throw UsageError("--offload nvme needs --nvme-path DIR: the directory of the swap files (it must exist)");
