@@ -13,8 +13,9 @@
 #   few units a target (CMake's unity build), each source with its own
 #   #line, so messages name the file: the headers every unit includes (the
 #   standard library, fmt, doctest, libtorch's templates) are read and
-#   instantiated once a batch instead of once a file. A file whose internal
-#   names collide with another's in its batch sets SKIP_UNITY_BUILD_INCLUSION.
+#   instantiated once a batch instead of once a file. A test file whose
+#   internal names collide with another's in its batch puts its body in a
+#   namespace named after the file.
 set(ZEST_DEBUG_INFO lines CACHE STRING "Debug information of RelWithDebInfo builds: lines or full")
 set_property(CACHE ZEST_DEBUG_INFO PROPERTY STRINGS lines full)
 if(ZEST_DEBUG_INFO STREQUAL "lines")

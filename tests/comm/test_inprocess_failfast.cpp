@@ -11,6 +11,8 @@
 
 #include "zest/comm/inprocess_comm.h"
 
+namespace test_inprocess_failfast {
+
 using namespace zest;
 using Clock = std::chrono::steady_clock;
 
@@ -222,3 +224,5 @@ TEST_CASE("a rank whose function returns while the others still call collectives
     std::this_thread::sleep_for(std::chrono::milliseconds(20 * comm.rank()));
   }, Device::host(), ten_minutes());
 }
+
+}  // namespace test_inprocess_failfast

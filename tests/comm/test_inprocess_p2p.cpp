@@ -14,6 +14,8 @@
 #include "comm/p2p_conformance.h"
 #include "zest/comm/inprocess_comm.h"
 
+namespace test_inprocess_p2p {
+
 using namespace zest;
 using Clock = std::chrono::steady_clock;
 
@@ -203,3 +205,5 @@ TEST_CASE("bad transfer arguments get clear errors and leave the communicator us
     CHECK_FALSE(comm.aborted());
   });
 }
+
+}  // namespace test_inprocess_p2p

@@ -6,6 +6,8 @@
 #include "zest/config/config.h"
 #include "zest/core/check.h"
 
+namespace test_config_auto {
+
 using namespace zest;
 
 namespace {
@@ -163,3 +165,5 @@ TEST_CASE("the header's example") {
   REQUIRE(cfg.ignored.size() == 1);
   CHECK(cfg.ignored[0].key == "memory_breakdown");
 }
+
+}  // namespace test_config_auto

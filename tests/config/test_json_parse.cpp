@@ -13,6 +13,8 @@
 #include "zest/core/check.h"
 #include "zest/estimate/memory_estimate.h"
 
+namespace test_json_parse {
+
 using namespace zest;
 using zest::test::error_of;
 using nlohmann::json;
@@ -96,3 +98,5 @@ TEST_CASE("config files, checkpoint manifests and units files all go through it"
             == "units: byte 36 (at [0].name): the key \"name\" appears twice in one object; each key may appear "
                "once (which of the two was meant?)");
 }
+
+}  // namespace test_json_parse

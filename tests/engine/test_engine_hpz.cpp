@@ -10,6 +10,8 @@
 #include "engine_harness.h"
 #include "zest/engine/layout_constants.h"
 
+namespace test_engine_hpz {
+
 using namespace zest;
 using namespace zest::test;
 
@@ -164,3 +166,5 @@ TEST_CASE("zero_hpz_partition_size from a DeepSpeed file: honoured at stage 3, n
                        Error);
   CHECK_NOTHROW(construct(hpz_config(8)));  // min(H, W) = W: flat stage 3
 }
+
+}  // namespace test_engine_hpz

@@ -16,6 +16,8 @@
 #include "zest/hf/hf_export.h"
 #include "zest/hf/hf_import.h"
 
+namespace test_hf_export {
+
 using namespace zest;
 using namespace zest::test;
 namespace fs = std::filesystem;
@@ -326,3 +328,5 @@ TEST_CASE("adapters exported apart under PEFT's names are read back with the sha
     CHECK(import_hf(*engine, tmp / "apart", skip).adapters_loaded == 0);
   });
 }
+
+}  // namespace test_hf_export

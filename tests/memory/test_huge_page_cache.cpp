@@ -15,6 +15,8 @@
 
 #include "zest/memory/huge_page_cache.h"
 
+namespace test_huge_page_cache {
+
 using namespace zest;
 
 namespace {
@@ -180,3 +182,5 @@ TEST_CASE("huge page cache: threads allocating and freeing keep the books") {
   CHECK(s.peak_in_use_bytes <= size_t{kThreads} * 3 * 6 * kMiB);
   CHECK(s.idle_bytes <= s.peak_in_use_bytes);
 }
+
+}  // namespace test_huge_page_cache

@@ -25,6 +25,8 @@
 #include "zest/memory/raw_allocator.h"
 #include "zest/mesh/device_mesh.h"
 
+namespace test_mesh_export {
+
 using namespace zest;
 namespace fs = std::filesystem;
 
@@ -217,3 +219,5 @@ TEST_CASE("a mesh export that fails on the writer fails on every rank of the mes
     if (r > 0) CHECK(errors[r].find("opening the weights file failed") != std::string::npos);
   }
 }
+
+}  // namespace test_mesh_export

@@ -26,6 +26,8 @@
 #include "zest/config/config.h"
 #include "zest/engine/detail/optimizer_offload.h"
 
+namespace test_offload_nvme {
+
 using namespace zest;
 using namespace zest::test;
 namespace fs = std::filesystem;
@@ -384,3 +386,5 @@ TEST_CASE("a failed nvme step on one rank of 2 throws on both, each keeps the st
   }
   set_offload_swap_io({});
 }
+
+}  // namespace test_offload_nvme

@@ -16,6 +16,8 @@
 #include "zest/core/units.h"
 #include "zest/estimate/memory_estimate.h"
 
+namespace test_offload_nvme_capacity {
+
 using namespace zest;
 using namespace zest::test;
 
@@ -132,3 +134,5 @@ TEST_CASE("offload_optimizer nvme: 4x the host's memory per rank trains at stage
   // 4M elements a rank: the ring four 3 MiB records.
   check_trains_beyond_the_host(3, 2, 128, 4, 16 * kMiB);
 }
+
+}  // namespace test_offload_nvme_capacity

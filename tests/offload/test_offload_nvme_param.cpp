@@ -30,6 +30,8 @@
 #include "zest/engine/detail/param_swap.h"
 #include "zest/nvme/swap_file.h"
 
+namespace test_offload_nvme_param {
+
 using namespace zest;
 using namespace zest::test;
 namespace fs = std::filesystem;
@@ -566,3 +568,5 @@ TEST_CASE("ParamSwap::write_piece stages a shard's pieces and writes the slot on
   swap.read(1, 0, 300, reinterpret_cast<std::byte*>(unit1.data()));
   CHECK(unit1 == piece);
 }
+
+}  // namespace test_offload_nvme_param

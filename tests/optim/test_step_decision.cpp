@@ -13,6 +13,8 @@
 #include "zest/optim/optimizer.h"
 #include "zest/optim/step_decision.h"
 
+namespace test_step_decision {
+
 using namespace zest;
 
 namespace {
@@ -132,3 +134,5 @@ TEST_CASE("an optimizer step follows a decision: skipped when not finite, else i
   skipped.decision = decision_at(bad.data());
   CHECK(run(skipped) == w0);  // untouched
 }
+
+}  // namespace test_step_decision

@@ -17,6 +17,8 @@
 #include "zest/comm/inprocess_comm.h"
 #include "zest/memory/raw_allocator.h"
 
+namespace test_gpt_example {
+
 namespace {
 
 gpt::Config tiny() {
@@ -191,3 +193,5 @@ TEST_CASE("gpt timing line: medians after the untimed steps, an even count's as 
   CHECK(few.format() ==
         "step_ms_median=8.000 timed_steps=2 reduce_ms=1.500 norm_ms=0.000 optimizer_ms=0.000 gather_ms=0.000");
 }
+
+}  // namespace test_gpt_example

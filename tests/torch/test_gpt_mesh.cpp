@@ -36,6 +36,8 @@
 #include "zest/checkpoint/safetensors.h"
 #include "zest/comm/inprocess_comm.h"
 
+namespace test_gpt_mesh {
+
 namespace {
 
 using namespace mesh_run;
@@ -255,3 +257,5 @@ TEST_CASE("gpt over a mesh: dp x tp x pp = 2 x 2 x 2 exports the one-rank model'
     fs::remove_all(root);
   }
 }
+
+}  // namespace test_gpt_mesh

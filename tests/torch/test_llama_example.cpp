@@ -21,6 +21,8 @@
 #include "zest/core/check.h"
 #include "zest/memory/raw_allocator.h"
 
+namespace test_llama_example {
+
 namespace {
 
 llama::Config tiny(bool tied) { return llama_test_config(tied); }
@@ -331,3 +333,5 @@ TEST_CASE("llama --lora: only the adapters train, stages 0-3 (units kept whole a
 TEST_CASE("llama --lora at stage 3 with every unit sharded: as stage 0, bit for bit") {
   check_lora_trains_adapters_only({0, 3}, 0);
 }
+
+}  // namespace test_llama_example

@@ -33,6 +33,8 @@
 #include "trainer.h"
 #include "zest/comm/inprocess_comm.h"
 
+namespace test_llama_mesh {
+
 namespace {
 
 using namespace mesh_run;
@@ -233,3 +235,5 @@ TEST_CASE("llama over a mesh: LoRA on the split layers trains the one-rank adapt
     check_same_bits(stage0, train(shape, 3, {.lora_r = 4}));
   }
 }
+
+}  // namespace test_llama_mesh

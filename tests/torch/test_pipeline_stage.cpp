@@ -24,6 +24,8 @@
 #include "zest/torch/torch_module.h"
 #include "../error_of.h"
 
+namespace test_pipeline_stage {
+
 using namespace zest;
 
 namespace {
@@ -355,3 +357,5 @@ TEST_CASE("dp x tp x pp = 2 x 2 x 2 trains the one-rank model, bit for bit acros
     });
   }
 }
+
+}  // namespace test_pipeline_stage

@@ -28,6 +28,8 @@
 #include "zest/torch/torch_module.h"
 #include "../error_of.h"
 
+namespace test_tensor_parallel {
+
 using namespace zest;
 
 namespace {
@@ -432,3 +434,5 @@ TEST_CASE("partitioned_parameters names the split parameters, not the replicated
                                                                {"qkv.bias", {0, 3}}});
   });
 }
+
+}  // namespace test_tensor_parallel
