@@ -1,6 +1,7 @@
 #include "optimizer_bench_torch.h"
 
-#include <torch/torch.h>
+#include <ATen/Parallel.h>
+#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <chrono>
