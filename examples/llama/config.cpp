@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <numbers>
@@ -46,6 +47,13 @@ std::string text(const json& j, const char* key, const std::string& fallback, co
 
 // The scaling from `s` (rope_scaling, or transformers 5's rope_parameters,
 // named `key`).
+std::string architecture_of(const std::string& family) {
+  if (family == "mistral") return "MistralForCausalLM";
+  if (family == "qwen2") return "Qwen2ForCausalLM";
+  if (family == "qwen3") return "Qwen3ForCausalLM";
+  return "LlamaForCausalLM";
+}
+
 RopeScaling read_rope_scaling(const json& j, const char* key, const std::string& where) {
   // transformers 5 moved original_max_position_embeddings into the rope
   // parameters; a config that still has it at the top is read as it reads it.
@@ -90,6 +98,26 @@ RopeScaling read_rope_scaling(const json& j, const char* key, const std::string&
   return r;
 }
 
+// The family, from "model_type", else the first of "architectures", else
+// llama; one this model does not compute is refused by name.
+std::string family_of(const json& j, const std::string& where) {
+  std::string family = text(j, "model_type", "", where);
+  if (family.empty() && j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
+    family = j["architectures"][0].get<std::string>();
+    for (const char* known : {"llama", "mistral", "qwen2", "qwen3"}) {
+      if (family == architecture_of(known)) family = known;
+    }
+  }
+  if (family.empty()) family = "llama";
+  if (family != "llama" && family != "mistral" && family != "qwen2" && family != "qwen3") {
+    fail(where, fmt::format("model_type \"{}\" is not supported (supported: llama, mistral, qwen2, qwen3): its "
+                            "modules or parameter names differ from theirs",
+                            family));
+  }
+  return family;
+}
+
 }  // namespace
 
 Config Config::from_json(const std::string& content, const std::string& where) {
@@ -101,6 +129,7 @@ Config Config::from_json(const std::string& content, const std::string& where) {
   }
   if (!j.is_object()) fail(where, "expected a JSON object of LlamaConfig's keys");
   Config c;
+  c.model_type = family_of(j, where);
   // LlamaConfig's defaults where a key is absent; the sizes are required.
   for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}) {
     if (!j.contains(key)) fail(where, fmt::format("\"{}\" is missing: a Llama config.json names every size", key));
@@ -111,7 +140,8 @@ Config Config::from_json(const std::string& content, const std::string& where) {
   c.num_hidden_layers = integer(j, "num_hidden_layers", 32, where);
   c.num_attention_heads = integer(j, "num_attention_heads", 32, where);
   c.num_key_value_heads = integer(j, "num_key_value_heads", c.num_attention_heads, where);
-  c.head_dim = integer(j, "head_dim", 0, where);
+  // Qwen3Config's head_dim is 128 when absent; the others' hidden / heads.
+  c.head_dim = integer(j, "head_dim", c.model_type == "qwen3" ? 128 : 0, where);
   c.rms_norm_eps = number(j, "rms_norm_eps", 1e-6, where);
   c.rope_theta = number(j, "rope_theta", 10000.0, where);
   if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
@@ -127,39 +157,46 @@ Config Config::from_json(const std::string& content, const std::string& where) {
   } else {
     c.rope_scaling = read_rope_scaling(j, "rope_scaling", where);
   }
-  c.model_type = text(j, "model_type", "", where);
-  if (c.model_type.empty() && j.contains("architectures") && j["architectures"].is_array() &&
-      !j["architectures"].empty() && j["architectures"][0].is_string()) {
-    const std::string arch = j["architectures"][0].get<std::string>();
-    c.model_type = arch == "LlamaForCausalLM" ? "llama" : arch == "MistralForCausalLM" ? "mistral" : arch;
-  }
-  if (c.model_type.empty()) c.model_type = "llama";
-  if (c.model_type != "llama" && c.model_type != "mistral") {
-    fail(where, fmt::format("model_type \"{}\" is not supported (supported: llama, mistral): its modules or "
-                            "parameter names differ from LlamaForCausalLM's",
-                            c.model_type));
-  }
   if (c.model_type == "mistral") c.sliding_window = integer(j, "sliding_window", 0, where);
   if (c.sliding_window < 0) fail(where, fmt::format("sliding_window {} must be positive or null", c.sliding_window));
   if (c.model_type == "llama" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     fail(where, "\"sliding_window\" in a llama config: LlamaForCausalLM has no sliding window (model_type mistral "
                 "has)");
   }
+  // Qwen2Config and Qwen3Config keep "sliding_window" (4096 by default) but
+  // use it only with use_sliding_window, from layer max_window_layers on
+  // (refused below); their released configs have it false.
   if (number(j, "attention_dropout", 0.0, where) != 0.0) {
     fail(where, "attention_dropout other than 0 is not supported: the attention probabilities are used whole");
   }
   if (number(j, "partial_rotary_factor", 1.0, where) != 1.0) {
     fail(where, "partial_rotary_factor other than 1 is not supported: rotary embeddings over the whole head_dim");
   }
-  for (const char* key : {"layer_types", "num_local_experts", "num_experts", "use_sliding_window"}) {
+  // transformers 5 writes the layer types it derived; all full attention is
+  // what every family here computes.
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& types = j["layer_types"];
+    const bool full = types.is_array() && std::all_of(types.begin(), types.end(), [](const json& t) {
+      return t.is_string() && t.get<std::string>() == "full_attention";
+    });
+    if (!full) {
+      fail(where, fmt::format("\"layer_types\" {} changes the model and is not supported: every layer here is "
+                              "\"full_attention\"",
+                              types.dump()));
+    }
+  }
+  for (const char* key : {"num_local_experts", "num_experts", "use_sliding_window"}) {
     if (j.contains(key) && !j[key].is_null() && !(j[key].is_boolean() && !j[key].get<bool>())) {
       fail(where, fmt::format("\"{}\" changes the model and is not supported by this family's model", key));
     }
   }
   c.max_position_embeddings = integer(j, "max_position_embeddings", 2048, where);
   c.tie_word_embeddings = boolean(j, "tie_word_embeddings", false, where);
-  c.attention_bias = boolean(j, "attention_bias", false, where);
-  c.mlp_bias = boolean(j, "mlp_bias", false, where);
+  // LlamaConfig's attention_bias (q, k, v and o) and mlp_bias; Qwen3Config's
+  // attention_bias. MistralConfig and Qwen2Config have neither: their
+  // modules' biases are fixed (none, or Qwen2's on q, k and v).
+  if (c.model_type == "llama" || c.model_type == "qwen3") c.attention_bias = boolean(j, "attention_bias", false, where);
+  if (c.model_type == "llama") c.mlp_bias = boolean(j, "mlp_bias", false, where);
   c.hidden_act = text(j, "hidden_act", "silu", where);
   // Newer transformers write "dtype" where older ones wrote "torch_dtype".
   c.torch_dtype = text(j, "torch_dtype", text(j, "dtype", "float32", where), where);
@@ -185,15 +222,15 @@ Config Config::from_json_file(const std::string& path) {
 
 std::string Config::to_json() const {
   nlohmann::ordered_json j;
-  j["architectures"] = {model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"};
-  j["attention_bias"] = attention_bias;
+  j["architectures"] = {architecture_of(model_type)};
+  if (model_type == "llama" || model_type == "qwen3") j["attention_bias"] = attention_bias;
   j["head_dim"] = resolved_head_dim();
   j["hidden_act"] = hidden_act;
   j["hidden_size"] = hidden_size;
   j["initializer_range"] = initializer_range;
   j["intermediate_size"] = intermediate_size;
   j["max_position_embeddings"] = max_position_embeddings;
-  j["mlp_bias"] = mlp_bias;
+  if (model_type == "llama") j["mlp_bias"] = mlp_bias;
   j["model_type"] = model_type;
   j["num_attention_heads"] = num_attention_heads;
   j["num_hidden_layers"] = num_hidden_layers;
@@ -219,6 +256,11 @@ std::string Config::to_json() const {
     } else {
       j["sliding_window"] = nullptr;
     }
+  }
+  if (model_type == "qwen2" || model_type == "qwen3") {
+    j["max_window_layers"] = num_hidden_layers;
+    j["sliding_window"] = nullptr;
+    j["use_sliding_window"] = false;
   }
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["torch_dtype"] = torch_dtype;
@@ -262,7 +304,8 @@ void Config::validate() const {
 int64_t Config::parameters() const {
   const int64_t h = hidden_size, d = resolved_head_dim(), q = num_attention_heads * d,
                 kv = num_key_value_heads * d, m = intermediate_size;
-  const int64_t attn = h * q + 2 * h * kv + q * h + (attention_bias ? q + 2 * kv + h : 0);
+  const int64_t attn = h * q + 2 * h * kv + q * h + (qkv_bias() ? q + 2 * kv : 0) + (o_bias() ? h : 0) +
+                       (qk_norm() ? 2 * d : 0);
   const int64_t mlp = 3 * h * m + (mlp_bias ? 2 * m + h : 0);
   const int64_t layer = attn + mlp + 2 * h;
   return vocab_size * h * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + h;
@@ -287,18 +330,22 @@ std::vector<float> rope_inv_freq(const Config& c) {
   if (s.type == "linear") {
     for (float& f : inv) f /= static_cast<float>(s.factor);
   } else if (s.type == "llama3") {
-    // _compute_llama3_parameters.
+    // _compute_llama3_parameters, in fp32 as torch computes it on the fp32
+    // inv_freq: Python scalars cast to float, `a / tensor` as
+    // tensor.reciprocal() * a (torch's Tensor.__rtruediv__), left to right.
     const double old_len = static_cast<double>(s.original_max_position_embeddings);
-    const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+    const float factor = static_cast<float>(s.factor), low = static_cast<float>(s.low_freq_factor);
+    const float low_wavelen = static_cast<float>(old_len / s.low_freq_factor);
+    const float high_wavelen = static_cast<float>(old_len / s.high_freq_factor);
+    const float range = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+    const float two_pi = static_cast<float>(2.0 * std::numbers::pi), old_len_f = static_cast<float>(old_len);
     for (float& f : inv) {
-      const double wavelen = 2.0 * std::numbers::pi / f;
-      const float scaled = wavelen > low_wavelen ? f / static_cast<float>(s.factor) : f;
-      if (wavelen < high_wavelen || wavelen > low_wavelen) {
-        f = scaled;
-      } else {
-        const double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        f = static_cast<float>((1.0 - smooth) * scaled / s.factor + smooth * scaled);
-      }
+      const float wavelen = (1.0f / f) * two_pi;
+      const float kept = wavelen > low_wavelen ? f / factor : f;
+      const float smooth = ((1.0f / wavelen) * old_len_f - low) / range;
+      const float smoothed = (1.0f - smooth) * kept / factor + smooth * kept;
+      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+      f = medium ? smoothed : kept;
     }
   }
   return inv;

@@ -14,13 +14,20 @@
 // scaling's keys (top-level rope_theta the fallback, as its
 // standardize_rope_params does).
 //
-// The family, from "model_type" (else "architectures"; neither: llama):
-// llama, and mistral (MistralForCausalLM: Llama's modules and names plus
-// "sliding_window", a query seeing the keys less than that many tokens
-// back). Other families (qwen2, qwen3, mixtral, gemma, ...) are refused by
-// name, as is any key that changes the function and is not honoured
-// (attention_dropout > 0, partial_rotary_factor != 1, per-layer rope
-// parameters or layer types, experts).
+// The family, from "model_type" (else "architectures"; neither: llama),
+// each with its transformers class's keys, defaults and modules:
+//   llama    LlamaForCausalLM (attention_bias on q, k, v and o; mlp_bias)
+//   mistral  MistralForCausalLM: Llama's modules without biases, plus
+//            "sliding_window", a query seeing the keys less than that many
+//            tokens back
+//   qwen2    Qwen2ForCausalLM (Qwen2/2.5): biases on q, k and v, none on o
+//   qwen3    Qwen3ForCausalLM: per-head RMSNorms of the queries and keys
+//            (self_attn.q_norm, k_norm: [head_dim]) before RoPE, head_dim
+//            128 when absent, attention_bias on q, k, v and o
+// Other families (mixtral, gemma, ...) are refused by name, as is any key
+// that changes the function and is not honoured (attention_dropout > 0,
+// partial_rotary_factor != 1, per-layer rope parameters, layer types other
+// than full attention, Qwen's use_sliding_window, experts).
 #pragma once
 
 #include <cstdint>
@@ -55,7 +62,7 @@ struct Config {
   bool mlp_bias = false;
   std::string hidden_act = "silu";
   std::string torch_dtype = "float32";
-  std::string model_type = "llama";  // llama or mistral
+  std::string model_type = "llama";  // llama, mistral, qwen2 or qwen3
   int64_t sliding_window = 0;        // mistral's; 0: none (every earlier token seen)
   double initializer_range = 0.02;
 
@@ -68,6 +75,10 @@ struct Config {
   // "model_type": "llama").
   std::string to_json() const;
 
+  // The family's attention biases and norms.
+  bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
+  bool o_bias() const { return model_type != "qwen2" && attention_bias; }
+  bool qk_norm() const { return model_type == "qwen3"; }
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   // Throws std::invalid_argument naming the field (sizes >= 1, heads a
   // multiple of kv heads, hidden_size a multiple of heads when head_dim is

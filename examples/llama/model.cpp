@@ -83,14 +83,16 @@ torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole,
   return whole;  // the RMSNorms
 }
 
-RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
+RMSNormImpl::RMSNormImpl(int64_t size, double eps, zest::Communicator* grad_allreduce)
+    : eps_(eps), grad_allreduce_(grad_allreduce) {
   weight = register_parameter("weight", torch::ones({size}));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   const torch::Tensor h = x.to(torch::kFloat);
   const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
+  const torch::Tensor w = grad_allreduce_ != nullptr ? zest::tp::copy_to_region(weight, *grad_allreduce_) : weight;
+  return w * (h * torch::rsqrt(variance + eps_)).to(x.scalar_type());
 }
 
 namespace {
@@ -140,18 +142,26 @@ LlamaAttentionImpl::LlamaAttentionImpl(const Config& c, zest::Communicator* tp)
   // evenly: rank r's query heads [r H/tp, (r+1) H/tp) read the kv heads
   // [r KV/tp, (r+1) KV/tp), which are the ones it holds (repeat_kv).
   using zest::tp::ParallelLinearOptions;
-  const bool bias = c.attention_bias;
+  const bool bias = c.qkv_bias();
   examples::make_projection(*this, "q_proj", ParallelLinearOptions(h, q).bias(bias), tp, q_proj, q_proj_tp);
   examples::make_projection(*this, "k_proj", ParallelLinearOptions(h, kv).bias(bias), tp, k_proj, k_proj_tp);
   examples::make_projection(*this, "v_proj", ParallelLinearOptions(h, kv).bias(bias), tp, v_proj, v_proj_tp);
-  examples::make_projection(*this, "o_proj", ParallelLinearOptions(q, h).bias(bias), tp, o_proj, o_proj_tp);
+  examples::make_projection(*this, "o_proj", ParallelLinearOptions(q, h).bias(c.o_bias()), tp, o_proj, o_proj_tp);
+  if (c.qk_norm()) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim_, c.rms_norm_eps, tp));
+    k_norm = register_module("k_norm", RMSNorm(head_dim_, c.rms_norm_eps, tp));
+  }
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Rotary& rope) {
   const int64_t B = x.size(0), T = x.size(1);
   const auto heads = [&](const torch::Tensor& t) { return t.view({B, T, -1, head_dim_}).transpose(1, 2); };
-  torch::Tensor q = heads(q_proj ? q_proj->forward(x) : q_proj_tp->forward(x));
-  torch::Tensor k = heads(k_proj ? k_proj->forward(x) : k_proj_tp->forward(x));
+  // qwen3: each head's query and key RMS-normalized before RoPE.
+  const auto normed_heads = [&](const torch::Tensor& t, RMSNorm& norm) {
+    return norm ? norm->forward(t.view({B, T, -1, head_dim_})).transpose(1, 2) : heads(t);
+  };
+  torch::Tensor q = normed_heads(q_proj ? q_proj->forward(x) : q_proj_tp->forward(x), q_norm);
+  torch::Tensor k = normed_heads(k_proj ? k_proj->forward(x) : k_proj_tp->forward(x), k_norm);
   const torch::Tensor v = heads(v_proj ? v_proj->forward(x) : v_proj_tp->forward(x));
   // apply_rotary_pos_emb: cos and sin [T, d] broadcast over batch and heads.
   q = q * rope.cos + rotate_half(q) * rope.sin;

@@ -5,7 +5,8 @@
 //
 //   model.embed_tokens.weight                       [vocab, hidden]
 //   model.layers.{i}.input_layernorm.weight         [hidden]
-//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ .bias with attention_bias)
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight (+ .bias: config.h's family)
+//   model.layers.{i}.self_attn.{q,k}_norm.weight   [head_dim], qwen3 only
 //   model.layers.{i}.post_attention_layernorm.weight
 //   model.layers.{i}.mlp.{gate,up,down}_proj.weight (+ .bias with mlp_bias)
 //   model.norm.weight                               [hidden]
@@ -71,12 +72,17 @@ torch::Tensor part_of_whole(const std::string& name, const torch::Tensor& whole,
 
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t size, double eps);
+  // grad_allreduce: a norm of each tensor-parallel rank's own heads (qwen3's
+  // q_norm and k_norm): its weight, the same on every rank, passes through
+  // zest::tp::copy_to_region, so its gradient (this rank's heads' part) is
+  // summed over the group, as transformers' "replicated_with_grad_allreduce".
+  RMSNormImpl(int64_t size, double eps, zest::Communicator* grad_allreduce = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
 
  private:
   double eps_;
+  zest::Communicator* grad_allreduce_;
 };
 TORCH_MODULE(RMSNorm);
 
@@ -108,6 +114,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   // Under tensor parallelism instead, with the same names.
   zest::tp::ColumnParallelLinear q_proj_tp{nullptr}, k_proj_tp{nullptr}, v_proj_tp{nullptr};
   zest::tp::RowParallelLinear o_proj_tp{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qwen3's, over each head's head_dim values
 
  private:
   int64_t heads_, kv_heads_, head_dim_;

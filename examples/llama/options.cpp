@@ -21,6 +21,7 @@ std::string usage() {
          "             [--loss-chunk TOKENS] [--warmup STEPS] [--lr-decay none|linear|cosine]\n"
          "             [--tp N] [--pp N] [--pipeline-schedule 1f1b|gpipe]\n"
          "Without --config or --hf: 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256.\n"
+         "config.json's model_type: llama, mistral, qwen2 or qwen3 (docs/FINE_TUNING.md).\n"
          "--tp and --pp: ranks = dp x tp x pp (Megatron's order); tp divides the heads, the key-value heads,\n"
          "intermediate_size and the vocabulary, pp is at most the layers, and --accum sets the pipeline's\n"
          "micro-batches.\n"

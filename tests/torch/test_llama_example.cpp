@@ -15,6 +15,7 @@
 #include "config.h"
 #include "llama_test_config.h"
 #include "model.h"
+#include "rope_reference.h"
 #include "torch_doctest.h"
 #include "trainer.h"
 #include "zest/comm/inprocess_comm.h"
@@ -177,16 +178,7 @@ TEST_CASE("llama forward: HF's arithmetic written out step by step with plain to
       }
       return y;
     };
-    // cos/sin table: angle[t][j] = t * theta^(-2(j mod D/2)/D).
-    torch::Tensor angle = torch::empty({T, D});
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < D; ++j)
-        angle[t][j] = static_cast<double>(t) * std::pow(100.0, -2.0 * static_cast<double>(j % (D / 2)) / D);
-    const torch::Tensor cos = angle.cos(), sin = angle.sin();
-    const auto rope = [&](const torch::Tensor& x) {  // [B, h, T, D]
-      const torch::Tensor rot = torch::cat({-x.slice(-1, D / 2, D), x.slice(-1, 0, D / 2)}, -1);
-      return x * cos + rot * sin;
-    };
+    const RopeReference rope(T, D, 100.0);
     torch::Tensor x = P["model.embed_tokens.weight"].index_select(0, tokens.reshape({-1})).reshape({2, T, 16});
     for (int i = 0; i < 2; ++i) {
       const std::string l = "model.layers." + std::to_string(i) + ".";

@@ -5,6 +5,11 @@
 // the window of tokens ending there, alone), and every key or family that
 // would change the function without being honoured refused by name.
 //
+// Qwen2 and Qwen3 against their published configs' parameter counts and
+// against modeling_qwen2.py's and modeling_qwen3.py's arithmetic written out
+// with plain torch ops (the same 1e-5 absolute on logits ~1: the same sums
+// in another order).
+//
 // Tolerance: the window computed alone has other matrix shapes and other
 // absolute positions (RoPE's scores depend on the difference only up to
 // rounding): a few fp32 ulps of logits ~1, 1e-5 absolute.
@@ -13,6 +18,7 @@
 #include "config.h"
 #include "llama_test_config.h"
 #include "model.h"
+#include "rope_reference.h"
 #include "torch_doctest.h"
 
 namespace {
@@ -59,8 +65,8 @@ TEST_CASE("llama config: families and keys that change the function are read or 
     CAPTURE(rest);
     CHECK_THROWS_WITH_AS(parse(rest), doctest::Contains(what), std::invalid_argument);
   };
-  refused(R"(, "model_type": "qwen2")", "model_type \"qwen2\" is not supported");
-  refused(R"(, "model_type": "qwen3")", "model_type \"qwen3\" is not supported");
+  refused(R"(, "model_type": "gemma")", "model_type \"gemma\" is not supported");
+  refused(R"(, "model_type": "qwen2", "use_sliding_window": true)", "\"use_sliding_window\" changes the model");
   refused(R"(, "architectures": ["MixtralForCausalLM"])", "model_type \"MixtralForCausalLM\" is not supported");
   refused(R"(, "sliding_window": 4096)", "LlamaForCausalLM has no sliding window");
   refused(R"(, "attention_dropout": 0.1)", "attention_dropout");
@@ -68,7 +74,9 @@ TEST_CASE("llama config: families and keys that change the function are read or 
   refused(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})",
           "partial_rotary_factor");
   refused(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"}})", "per layer type");
-  refused(R"(, "layer_types": ["full_attention"])", "\"layer_types\" changes the model");
+  refused(R"(, "layer_types": ["full_attention", "sliding_attention"])", "\"layer_types\" [");
+  // transformers 5 writes the layer types it derived: all full attention is read.
+  CHECK(parse(R"(, "layer_types": ["full_attention"])").model_type == "llama");
   refused(R"(, "num_local_experts": 8)", "\"num_local_experts\" changes the model");
   refused(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0})", "rope_type \"yarn\" is not supported");
   refused(R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0}, "rope_scaling": {"rope_type": "linear",
@@ -94,4 +102,149 @@ TEST_CASE("mistral's sliding window: each position sees the window that ends the
   llama::LlamaForCausalLM plain(c, 3);
   CHECK(torch::equal(wide->forward(tokens), plain->forward(tokens)));
   CHECK(!torch::allclose(full, plain->forward(tokens), 0.0, 1e-3));  // the window changes the function
+}
+
+namespace {
+
+llama::Config published(const std::string& file) {
+  return llama::Config::from_json_file(std::string(ZEST_SOURCE_DIR) + "/tests/tools/hf_configs/" + file);
+}
+
+}  // namespace
+
+TEST_CASE("qwen2 and qwen3 configs: the published sizes and parameter counts, and the family's keys written back") {
+  // Qwen2.5-7B: 7.62B parameters (7,615,616,512 counted from its tensors),
+  // biases on q, k and v only; its sliding_window unused (use_sliding_window
+  // false).
+  const llama::Config q2 = published("qwen2.5_7b.json");
+  CHECK(q2.model_type == "qwen2");
+  CHECK(q2.resolved_head_dim() == 128);
+  CHECK(q2.qkv_bias());
+  CHECK_FALSE(q2.o_bias());
+  CHECK_FALSE(q2.qk_norm());
+  CHECK(q2.sliding_window == 0);
+  CHECK(q2.rope_theta == 1000000.0);
+  CHECK(q2.parameters() == 7'615'616'512);
+  // Qwen3-0.6B: 596,049,920 with its tied embeddings counted once; q_norm
+  // and k_norm of head_dim 128 (not hidden / heads = 64).
+  const llama::Config q3 = published("qwen3_0.6b.json");
+  CHECK(q3.model_type == "qwen3");
+  CHECK(q3.resolved_head_dim() == 128);
+  CHECK(q3.qk_norm());
+  CHECK_FALSE(q3.qkv_bias());
+  CHECK(q3.parameters() == 596'049'920);
+  // head_dim absent: Qwen3Config's default of 128.
+  CHECK(parse(R"(, "model_type": "qwen3")").resolved_head_dim() == 128);
+  CHECK(parse(R"(, "model_type": "qwen2")").resolved_head_dim() == 4);
+  // Written back with the family's class and keys, and read the same.
+  for (const llama::Config& c : {q2, q3}) {
+    const std::string text = c.to_json();
+    CAPTURE(text);
+    const llama::Config back = llama::Config::from_json(text);
+    CHECK(back.model_type == c.model_type);
+    CHECK(back.parameters() == c.parameters());
+    CHECK(back.resolved_head_dim() == c.resolved_head_dim());
+    CHECK(text.find("\"use_sliding_window\": false") != std::string::npos);
+    CHECK(text.find("mlp_bias") == std::string::npos);  // not a key of Qwen2Config or Qwen3Config
+  }
+  CHECK(q2.to_json().find("Qwen2ForCausalLM") != std::string::npos);
+  CHECK(q2.to_json().find("attention_bias") == std::string::npos);
+  CHECK(q3.to_json().find("Qwen3ForCausalLM") != std::string::npos);
+  CHECK(parse(R"(, "architectures": ["Qwen3ForCausalLM"])").model_type == "qwen3");
+}
+
+TEST_CASE("qwen2 and qwen3 forward: transformers' arithmetic written out step by step with plain torch ops") {
+  for (const char* family : {"qwen2", "qwen3"}) {
+    CAPTURE(family);
+    llama::Config c = parse(std::string(R"(, "model_type": ")") + family + R"(", "head_dim": 6, "rope_theta": 100.0)");
+    c.num_hidden_layers = 2;
+    llama::LlamaForCausalLM model(c, 3);
+    torch::NoGradGuard no_grad;
+    auto P = model->named_parameters();
+    // Qwen2's names: q, k and v biases, no o bias; Qwen3's: q_norm and k_norm.
+    const bool qwen3 = std::string(family) == "qwen3";
+    CHECK(P.contains("model.layers.1.self_attn.q_proj.bias") == !qwen3);
+    CHECK(P.contains("model.layers.1.self_attn.v_proj.bias") == !qwen3);
+    CHECK_FALSE(P.contains("model.layers.1.self_attn.o_proj.bias"));
+    CHECK_FALSE(P.contains("model.layers.1.mlp.up_proj.bias"));
+    CHECK(P.contains("model.layers.1.self_attn.q_norm.weight") == qwen3);
+    CHECK(P.contains("model.layers.1.self_attn.k_norm.weight") == qwen3);
+    int64_t count = 0;
+    for (const auto& p : P) count += p.value().numel();
+    CHECK(count == c.parameters());
+    // Biases and norm weights away from their initial 0 and 1, so that
+    // they count.
+    for (const auto& p : P) {
+      if (p.key().ends_with(".bias") || p.key().ends_with("_norm.weight")) p.value().normal_(1.0, 0.3);
+    }
+    torch::Generator gen = torch::make_generator<torch::CPUGeneratorImpl>(4);
+    const int64_t B = 2, T = 8, H = 4, KV = 2, D = 6;
+    const torch::Tensor tokens = torch::randint(300, {B, T}, gen);
+    const torch::Tensor logits = model->forward(tokens);
+
+    const auto rms = [&](const torch::Tensor& x, const std::string& w) {
+      return P[w] * (x / torch::sqrt((x * x).mean(-1, true) + c.rms_norm_eps));
+    };
+    const auto lin = [&](const torch::Tensor& x, const std::string& m) {
+      torch::Tensor y = torch::matmul(x, P[m + ".weight"].t());
+      return P.contains(m + ".bias") ? y + P[m + ".bias"] : y;
+    };
+    const RopeReference rope(T, D, 100.0);
+    torch::Tensor x = P["model.embed_tokens.weight"].index_select(0, tokens.reshape({-1})).reshape({B, T, 16});
+    for (int i = 0; i < 2; ++i) {
+      const std::string l = "model.layers." + std::to_string(i) + ".";
+      const torch::Tensor h = rms(x, l + "input_layernorm.weight");
+      // modeling_qwen3: self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+      torch::Tensor q = lin(h, l + "self_attn.q_proj").reshape({B, T, H, D});
+      torch::Tensor k = lin(h, l + "self_attn.k_proj").reshape({B, T, KV, D});
+      if (qwen3) {
+        q = rms(q, l + "self_attn.q_norm.weight");
+        k = rms(k, l + "self_attn.k_norm.weight");
+      }
+      q = rope(q.permute({0, 2, 1, 3}));
+      k = rope(k.permute({0, 2, 1, 3}));
+      const torch::Tensor v = lin(h, l + "self_attn.v_proj").reshape({B, T, KV, D}).permute({0, 2, 1, 3});
+      const torch::Tensor kk = k.repeat_interleave(H / KV, 1), vv = v.repeat_interleave(H / KV, 1);
+      torch::Tensor s = torch::matmul(q, kk.transpose(-1, -2)) / std::sqrt(6.0);
+      s = s + torch::full({T, T}, -1e30).triu(1);
+      const torch::Tensor a = torch::matmul(torch::softmax(s, -1), vv).permute({0, 2, 1, 3}).reshape({B, T, H * D});
+      x = x + lin(a, l + "self_attn.o_proj");
+      const torch::Tensor g = rms(x, l + "post_attention_layernorm.weight");
+      const torch::Tensor gate = lin(g, l + "mlp.gate_proj");
+      x = x + lin(gate * torch::sigmoid(gate) * lin(g, l + "mlp.up_proj"), l + "mlp.down_proj");
+    }
+    x = rms(x, "model.norm.weight");
+    const torch::Tensor want = torch::matmul(x, P["lm_head.weight"].t());
+    CHECK((logits - want).abs().max().item<double>() <= 1e-5);
+    CHECK(want.abs().max().item<double>() > 0.05);
+  }
+}
+
+TEST_CASE("llama3 rope scaling: transformers' smoothing in fp32, bit for bit with torch's ops in its order") {
+  // modeling_rope_utils._compute_llama3_parameters on the fp32 inv_freq:
+  // wavelen = 2 * math.pi / inv_freq, the smooth factor and the blend, each
+  // a torch op on fp32 tensors (a Python scalar over a tensor is
+  // Tensor.__rtruediv__: reciprocal, then times the scalar). Llama-3.2's
+  // scaling (factor 32, 1 and 4, 8192) over head_dim 64 and 128 puts
+  // several frequencies in the smoothed band.
+  for (int64_t head_dim : {64, 128}) {
+    CAPTURE(head_dim);
+    llama::Config c = parse(R"(, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})");
+    c.head_dim = head_dim;
+    llama::Config plain = c;
+    plain.rope_scaling = {};
+    const torch::Tensor inv_freq = torch::tensor(llama::rope_inv_freq(plain), torch::kFloat);
+    const double pi = 3.141592653589793, factor = 32.0, low = 1.0, high = 4.0, old_len = 8192;
+    const double low_wavelen = old_len / low, high_wavelen = old_len / high;
+    const torch::Tensor wavelen = inv_freq.reciprocal() * (2 * pi);
+    torch::Tensor inv_llama = torch::where(wavelen > low_wavelen, inv_freq / factor, inv_freq);
+    const torch::Tensor smooth = (wavelen.reciprocal() * old_len - low) / (high - low);
+    const torch::Tensor smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama;
+    const torch::Tensor medium = (wavelen < high_wavelen).logical_not() & (wavelen > low_wavelen).logical_not();
+    inv_llama = torch::where(medium, smoothed, inv_llama);
+    const torch::Tensor got = torch::tensor(llama::rope_inv_freq(c), torch::kFloat);
+    CHECK(medium.sum().item<int64_t>() >= 2);
+    CHECK(torch::equal(got, inv_llama));
+  }
 }

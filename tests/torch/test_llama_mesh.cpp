@@ -39,12 +39,17 @@ namespace {
 
 using namespace mesh_run;
 
-llama::Config tiny(bool tied) { return llama_test_config(tied); }
+llama::Config tiny(bool tied, const std::string& family = "llama") {
+  llama::Config c = llama_test_config(tied);
+  c.model_type = family;
+  return c;
+}
 
 constexpr uint64_t kSeed = 5;
 
 struct RunOptions {
   bool tied = false;
+  std::string family = "llama";  // qwen2: q, k and v biases; qwen3: q_norm and k_norm
   int64_t lora_r = 0;  // adapters of this rank on every projection, the base frozen
   bool recompute = false;
   zest::PipelineKind schedule = zest::PipelineKind::k1F1B;
@@ -53,10 +58,10 @@ struct RunOptions {
 
 // The Llama of `placement`, its parameters drawn from `model_seed`, with
 // adapters of rank lora_r (the base frozen) when lora_r > 0, and its wrap.
-Options model_options(bool tied, int64_t lora_r, uint64_t model_seed) {
+Options model_options(bool tied, int64_t lora_r, uint64_t model_seed, const std::string& family = "llama") {
   Options o;
-  o.build = [tied, lora_r, model_seed](const examples::Placement& placement) {
-    llama::LlamaForCausalLM model(tiny(tied), model_seed, placement);
+  o.build = [tied, lora_r, model_seed, family](const examples::Placement& placement) {
+    llama::LlamaForCausalLM model(tiny(tied, family), model_seed, placement);
     if (lora_r > 0) {
       zest::LoraOptions lora;
       lora.r = lora_r;
@@ -73,7 +78,7 @@ Options model_options(bool tied, int64_t lora_r, uint64_t model_seed) {
 
 // Every rank's run on `shape` (a mesh; none for the plain one-rank path).
 std::vector<Run> train(std::optional<zest::MeshShape> shape, int stage, const RunOptions& opt = {}) {
-  Options o = model_options(opt.tied, opt.lora_r, kSeed);
+  Options o = model_options(opt.tied, opt.lora_r, kSeed, opt.family);
   if (opt.recompute) {
     o.after_wrap = [](zest::TorchModule& zt, Model& m) {
       std::dynamic_pointer_cast<llama::LlamaForCausalLMImpl>(m.module)->set_layer_runner(llama::checkpointing(zt));
@@ -104,6 +109,27 @@ TEST_CASE("llama over a mesh: dp x tp x pp in {1,2}^3 trains the one-rank model,
   CHECK(whole.losses.back() < whole.losses.front());
   check_every_mesh(whole, [](const zest::MeshShape& shape, int stage) { return train(shape, stage); },
                    llama::part_of_whole);
+}
+
+TEST_CASE("qwen2 and qwen3 over a mesh: dp x tp x pp = 2 x 2 x 2 trains the one-rank model, bit for bit across stages") {
+  // qwen2's q, k and v biases split with their rows; qwen3's q_norm and
+  // k_norm whole on each tp rank, their gradients (each rank's heads' part)
+  // summed over tp: without that sum the two ranks' norms would drift apart
+  // and from the one-rank model's.
+  for (const char* family : {"qwen2", "qwen3"}) {
+    CAPTURE(family);
+    const Run whole = train(std::nullopt, 0, {.family = family}).at(0);
+    CHECK(whole.losses.back() < whole.losses.front());
+    const zest::MeshShape shape{.dp = 2, .tp = 2, .pp = 2};
+    const std::vector<Run> mesh = train(shape, 1, {.family = family});
+    check_against_whole(mesh, whole, 2);
+    check_same_bits(mesh, train(shape, 3, {.family = family}));
+    const std::string norm = "model.layers.0.self_attn.q_norm.weight";
+    if (std::string(family) == "qwen3") {
+      REQUIRE(whole.masters.count(norm) == 1);
+      CHECK_FALSE(torch::equal(whole.masters.at(norm), torch::ones({6})));  // it trained
+    }
+  }
 }
 
 TEST_CASE("llama over a mesh: a head tied across the stages, GPipe, and recomputed layers keep the bits") {
