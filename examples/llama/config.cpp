@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <numbers>
 #include <sstream>
 #include <stdexcept>
 
@@ -56,8 +55,13 @@ std::string architecture_of(const std::string& family) {
 
 RopeScaling read_rope_scaling(const json& j, const char* key, const std::string& where) {
   // transformers 5 moved original_max_position_embeddings into the rope
-  // parameters; a config that still has it at the top is read as it reads it.
+  // parameters; a config that still has it at the top is read as it reads it
+  // (both, with different values: refused).
   const auto top_level = [&](const json& s, const char* name) {
+    if (s.contains(name) && j.contains(name) && s[name] != j[name]) {
+      fail(where, fmt::format("\"{}\" is {} at the top level and {} in \"{}\": give one", name, j[name].dump(),
+                              s[name].dump(), key));
+    }
     return s.contains(name) ? s[name] : j.contains(name) ? j[name] : json();
   };
   RopeScaling r;
@@ -76,8 +80,12 @@ RopeScaling read_rope_scaling(const json& j, const char* key, const std::string&
   }
   // transformers reads the legacy "type" when "rope_type" is absent.
   r.type = text(s, "rope_type", text(s, "type", "default", at), at);
-  if (r.type != "default" && r.type != "linear" && r.type != "llama3") {
-    fail(at, fmt::format("rope_type \"{}\" is not supported (supported: default, linear, llama3)", r.type));
+  if (r.type != "default" && r.type != "linear" && r.type != "llama3" && r.type != "yarn" && r.type != "dynamic") {
+    fail(at, fmt::format("rope_type \"{}\" is not supported (supported: default, linear, llama3, yarn, dynamic)",
+                         r.type));
+  }
+  if (r.type != "default" && r.type != "llama3" && (!s.contains("factor") || s["factor"].is_null())) {
+    fail(at, fmt::format("{} scaling needs \"factor\"", r.type));
   }
   r.factor = number(s, "factor", 1.0, at);
   if (r.type != "default" && !(r.factor >= 1.0)) fail(at, fmt::format("factor {} must be at least 1", r.factor));
@@ -94,6 +102,27 @@ RopeScaling read_rope_scaling(const json& j, const char* key, const std::string&
     if (!(r.high_freq_factor > r.low_freq_factor)) {
       fail(at, "high_freq_factor must be larger than low_freq_factor");
     }
+  }
+  if (r.type == "yarn") {
+    // transformers 5's _compute_yarn_parameters; 0: max_position_embeddings
+    // (its standardize_rope_params), resolved by from_json.
+    const json original = top_level(s, "original_max_position_embeddings");
+    r.original_max_position_embeddings =
+        original.is_null()
+            ? 0
+            : integer(json{{"original_max_position_embeddings", original}}, "original_max_position_embeddings", 0, at);
+    r.attention_factor = number(s, "attention_factor", 0.0, at);
+    if (s.contains("attention_factor") && !s["attention_factor"].is_null() && !(r.attention_factor > 0.0)) {
+      fail(at, fmt::format("attention_factor {} must be positive", r.attention_factor));
+    }
+    // `rope_parameters.get("beta_fast") or 32`: absent, null or 0 is the default.
+    r.beta_fast = number(s, "beta_fast", 0.0, at);
+    r.beta_slow = number(s, "beta_slow", 0.0, at);
+    if (r.beta_fast == 0.0) r.beta_fast = 32.0;
+    if (r.beta_slow == 0.0) r.beta_slow = 1.0;
+    r.mscale = number(s, "mscale", 0.0, at);
+    r.mscale_all_dim = number(s, "mscale_all_dim", 0.0, at);
+    r.truncate = boolean(s, "truncate", true, at);
   }
   return r;
 }
@@ -191,6 +220,12 @@ Config Config::from_json(const std::string& content, const std::string& where) {
     }
   }
   c.max_position_embeddings = integer(j, "max_position_embeddings", 2048, where);
+  if (c.rope_scaling.type == "yarn" && c.rope_scaling.original_max_position_embeddings == 0) {
+    c.rope_scaling.original_max_position_embeddings = c.max_position_embeddings;
+  }
+  if (c.rope_scaling.type == "yarn" && c.rope_scaling.original_max_position_embeddings < 1) {
+    fail(where, "original_max_position_embeddings must be at least 1");
+  }
   c.tie_word_embeddings = boolean(j, "tie_word_embeddings", false, where);
   // LlamaConfig's attention_bias (q, k, v and o) and mlp_bias; Qwen3Config's
   // attention_bias. MistralConfig and Qwen2Config have neither: their
@@ -246,6 +281,15 @@ std::string Config::to_json() const {
       s["low_freq_factor"] = rope_scaling.low_freq_factor;
       s["high_freq_factor"] = rope_scaling.high_freq_factor;
       s["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+    }
+    if (rope_scaling.type == "yarn") {
+      s["original_max_position_embeddings"] = rope_scaling.original_max_position_embeddings;
+      if (rope_scaling.attention_factor > 0.0) s["attention_factor"] = rope_scaling.attention_factor;
+      s["beta_fast"] = rope_scaling.beta_fast;
+      s["beta_slow"] = rope_scaling.beta_slow;
+      if (rope_scaling.mscale != 0.0) s["mscale"] = rope_scaling.mscale;
+      if (rope_scaling.mscale_all_dim != 0.0) s["mscale_all_dim"] = rope_scaling.mscale_all_dim;
+      if (!rope_scaling.truncate) s["truncate"] = false;
     }
     j["rope_scaling"] = s;
   }
@@ -315,40 +359,6 @@ std::string Config::str() const {
   return fmt::format("{} layers, hidden {}, {} heads ({} kv, head_dim {}), intermediate {}, vocab {}, {} head",
                      num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, resolved_head_dim(),
                      intermediate_size, vocab_size, tie_word_embeddings ? "tied" : "untied");
-}
-
-std::vector<float> rope_inv_freq(const Config& c) {
-  const int64_t dim = c.resolved_head_dim();
-  std::vector<float> inv(static_cast<size_t>(dim / 2));
-  // torch: 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)),
-  // the exponent in fp32, the power in fp32.
-  for (size_t i = 0; i < inv.size(); ++i) {
-    const float exponent = static_cast<float>(2 * static_cast<int64_t>(i)) / static_cast<float>(dim);
-    inv[i] = 1.0f / std::pow(static_cast<float>(c.rope_theta), exponent);
-  }
-  const RopeScaling& s = c.rope_scaling;
-  if (s.type == "linear") {
-    for (float& f : inv) f /= static_cast<float>(s.factor);
-  } else if (s.type == "llama3") {
-    // _compute_llama3_parameters, in fp32 as torch computes it on the fp32
-    // inv_freq: Python scalars cast to float, `a / tensor` as
-    // tensor.reciprocal() * a (torch's Tensor.__rtruediv__), left to right.
-    const double old_len = static_cast<double>(s.original_max_position_embeddings);
-    const float factor = static_cast<float>(s.factor), low = static_cast<float>(s.low_freq_factor);
-    const float low_wavelen = static_cast<float>(old_len / s.low_freq_factor);
-    const float high_wavelen = static_cast<float>(old_len / s.high_freq_factor);
-    const float range = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
-    const float two_pi = static_cast<float>(2.0 * std::numbers::pi), old_len_f = static_cast<float>(old_len);
-    for (float& f : inv) {
-      const float wavelen = (1.0f / f) * two_pi;
-      const float kept = wavelen > low_wavelen ? f / factor : f;
-      const float smooth = ((1.0f / wavelen) * old_len_f - low) / range;
-      const float smoothed = (1.0f - smooth) * kept / factor + smooth * kept;
-      const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
-      f = medium ? smoothed : kept;
-    }
-  }
-  return inv;
 }
 
 }  // namespace llama

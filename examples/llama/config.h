@@ -7,9 +7,10 @@
 //   llama::Config c = llama::Config::from_json_file("Llama-3.2-1B/config.json");
 //   std::string text = c.to_json();   // what --export-hf writes back
 //
-// rope_scaling: null, or {"rope_type": "default" | "linear" | "llama3", ...}
-// ("type" is read as rope_type, as transformers does); any other kind
-// (dynamic, yarn, longrope, ...) is refused by name. transformers 5's layout
+// rope_scaling: null, or {"rope_type": "default" | "linear" | "llama3" |
+// "yarn" | "dynamic", ...} ("type" is read as rope_type, as transformers
+// does), computed as transformers 5's modeling_rope_utils computes them;
+// any other kind (longrope, ...) is refused by name. transformers 5's layout
 // is read too: "rope_parameters" holding rope_type, rope_theta and the
 // scaling's keys (top-level rope_theta the fallback, as its
 // standardize_rope_params does).
@@ -37,12 +38,21 @@
 namespace llama {
 
 struct RopeScaling {
-  std::string type = "default";  // default (none), linear or llama3
+  std::string type = "default";  // default (none), linear, llama3, yarn or dynamic
   double factor = 1.0;
   // llama3 only.
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  // llama3 and yarn (yarn: max_position_embeddings when absent).
   int64_t original_max_position_embeddings = 8192;
+  // yarn only: 0 is absent (transformers' defaults: attention_factor from
+  // factor and mscale, beta_fast 32, beta_slow 1).
+  double attention_factor = 0.0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  bool truncate = true;
 };
 
 struct Config {
@@ -89,9 +99,5 @@ struct Config {
   // "4 layers, hidden 128, 4 heads (2 kv, head_dim 32), intermediate 352, vocab 256, untied head"
   std::string str() const;
 };
-
-// RoPE's inverse frequencies, HF's _compute_default_rope_parameters (and
-// _compute_linear/_llama3_ when scaled), fp32: head_dim / 2 values.
-std::vector<float> rope_inv_freq(const Config& c);
 
 }  // namespace llama

@@ -109,19 +109,33 @@ torch::Tensor blocked_keys(const Config& c, int64_t T, torch::Device device) {
 
 }  // namespace
 
-Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device) {
-  const std::vector<float> inv = rope_inv_freq(c);
+namespace {
+
+// cos and sin of emb times the scaling (yarn's attention factor; 1 for the
+// others, an exact no-op), in fp32 as transformers computes them, then cast.
+std::pair<torch::Tensor, torch::Tensor> cos_sin(const Config& c, const torch::Tensor& emb, torch::ScalarType dtype) {
+  const double scaling = rope_attention_scaling(c);
+  if (scaling == 1.0) return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  const float f = static_cast<float>(scaling);
+  return {(emb.cos() * f).to(dtype), (emb.sin() * f).to(dtype)};
+}
+
+}  // namespace
+
+Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device, int64_t rope_len) {
+  const std::vector<float> inv = rope_inv_freq(c, rope_len);
   const torch::Tensor inv_freq = torch::tensor(inv, torch::kFloat).to(device);
   const torch::Tensor positions = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(device));
   // inv_freq[:, None] @ position_ids[None, :], transposed: [T, d/2], in fp32.
   const torch::Tensor freqs = torch::matmul(inv_freq.unsqueeze(1), positions.unsqueeze(0)).transpose(0, 1);
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(dtype), emb.sin().to(dtype), c.sliding_window > 0 ? blocked_keys(c, T, device) : torch::Tensor()};
+  auto [cos, sin] = cos_sin(c, emb, dtype);
+  return {cos, sin, c.sliding_window > 0 ? blocked_keys(c, T, device) : torch::Tensor()};
 }
 
 Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tensor& documents,
-              torch::ScalarType dtype) {
-  const std::vector<float> inv = rope_inv_freq(c);
+              torch::ScalarType dtype, int64_t rope_len) {
+  const std::vector<float> inv = rope_inv_freq(c, rope_len);
   const torch::Tensor inv_freq = torch::tensor(inv, torch::kFloat).to(positions.device());
   // inv_freq[None, :, None] @ position_ids[:, None, :], transposed: [B, T, d/2].
   const torch::Tensor freqs =
@@ -129,7 +143,8 @@ Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tens
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);  // [B, 1, T, d]
   const int64_t T = positions.size(1);
   const torch::Tensor other_document = documents.unsqueeze(2) != documents.unsqueeze(1);  // [B, T, T]
-  return {emb.cos().to(dtype), emb.sin().to(dtype), (other_document | blocked_keys(c, T, positions.device())).unsqueeze(1)};
+  auto [cos, sin] = cos_sin(c, emb, dtype);
+  return {cos, sin, (other_document | blocked_keys(c, T, positions.device())).unsqueeze(1)};
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const Config& c, zest::Communicator* tp)
@@ -258,7 +273,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, uint64_t seed, const
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, uint64_t seed,
                                            const std::function<LlamaDecoderLayer(int64_t)>& make_layer,
                                            bool placeholders, const Placement& placement)
-    : config_(c), placement_(placement) {
+    : config_(c), placement_(placement), rope_cached_len_(c.max_position_embeddings) {
   c.validate();
   validate(placement, c);
   placement_.tp = placement.split_group();
@@ -331,7 +346,16 @@ torch::Tensor LlamaForCausalLMImpl::forward_stage(const torch::Tensor& input, co
 torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, const UnitRunner& run,
                                                  const LayerRunner& run_layer) {
   const int64_t T = input.size(1);
-  if (T > config_.max_position_embeddings) {
+  // yarn's context is factor x its original length; dynamic scaling grows
+  // with the sequence; the others stop at max_position_embeddings.
+  const RopeScaling& scaling = config_.rope_scaling;
+  const int64_t longest =
+      scaling.type == "dynamic" ? std::numeric_limits<int64_t>::max()
+      : scaling.type == "yarn"
+          ? std::max(config_.max_position_embeddings,
+                     static_cast<int64_t>(scaling.factor * static_cast<double>(scaling.original_max_position_embeddings)))
+          : config_.max_position_embeddings;
+  if (T > longest) {
     throw std::invalid_argument(fmt::format("a sequence of {} tokens is longer than max_position_embeddings {}", T,
                                             config_.max_position_embeddings));
   }
@@ -343,9 +367,11 @@ torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, con
                                               "another batch",
                                               c10::str(positions_.sizes()), input.size(0), T));
     }
-    rope = rotary(config_, positions_.to(x.device()), documents_.to(x.device()), x.scalar_type());
+    const int64_t seq_len = positions_.max().item<int64_t>() + 1;  // transformers': max(position_ids) + 1
+    rope = rotary(config_, positions_.to(x.device()), documents_.to(x.device()), x.scalar_type(),
+                  rope_dynamic_length(config_, seq_len, rope_cached_len_));
   } else {
-    rope = rotary(config_, T, x.scalar_type(), x.device());
+    rope = rotary(config_, T, x.scalar_type(), x.device(), rope_dynamic_length(config_, T, rope_cached_len_));
   }
   for (LlamaDecoderLayer layer : layers()) {
     x = run_layer ? run_layer(layer, x, rope) : run(*layer, [&] { return layer->forward(x, rope); });

@@ -47,6 +47,7 @@
 
 #include "common/staged_lm.h"
 #include "config.h"
+#include "rope.h"
 #include "zest/comm/communicator.h"
 #include "zest/torch/lora.h"
 #include "zest/torch/tensor_parallel.h"
@@ -96,12 +97,13 @@ struct Rotary {
   torch::Tensor cos, sin;
   torch::Tensor blocked;
 };
-Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device);
+// rope_len: dynamic scaling's length (rope_dynamic_length); 0 otherwise.
+Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device, int64_t rope_len = 0);
 // Packed rows (data/packed_rows.h): positions and document ids [B, T] int64,
 // on the model's device. As transformers computes the rotary tables of
 // position_ids (in fp32: inv_freq times each position).
 Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tensor& documents,
-              torch::ScalarType dtype);
+              torch::ScalarType dtype, int64_t rope_len = 0);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
@@ -249,6 +251,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public examples::StagedLm
   Placement placement_;
   LayerRunner layer_runner_;
   torch::Tensor positions_, documents_;  // set_packing's; undefined: unpacked rows
+  int64_t rope_cached_len_;              // dynamic scaling's (rope_dynamic_length)
   int64_t loss_chunk_ = 0;
   UnitRunner head_runner_;  // the last forward's, for a chunked loss
   std::function<torch::Tensor(const torch::Tensor&)> tie_;

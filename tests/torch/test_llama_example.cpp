@@ -135,10 +135,10 @@ TEST_CASE("llama config.json: LlamaConfig's keys and defaults, refused kinds nam
     CHECK_THROWS_WITH_AS(llama::Config::from_json(json, "cfg"), doctest::Contains(message), std::invalid_argument);
   };
   const std::string sizes = R"("vocab_size": 300, "hidden_size": 64, "intermediate_size": 100, "num_hidden_layers": 1, )";
-  refused("{" + sizes + R"("num_attention_heads": 4, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})",
-          "rope_type \"yarn\" is not supported");
-  refused("{" + sizes + R"("num_attention_heads": 4, "rope_scaling": {"type": "dynamic", "factor": 2.0}})",
-          "rope_type \"dynamic\"");
+  refused("{" + sizes + R"("num_attention_heads": 4, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})",
+          "rope_type \"longrope\" is not supported");
+  refused("{" + sizes + R"("num_attention_heads": 4, "rope_scaling": {"type": "dynamic"}})",
+          "dynamic scaling needs \"factor\"");
   refused("{" + sizes + R"("num_attention_heads": 4, "hidden_act": "gelu"})", "hidden_act \"gelu\" is not supported");
   refused("{" + sizes + R"("num_attention_heads": 3, "num_key_value_heads": 2})", "not a multiple of num_key_value_heads");
   refused(R"({"vocab_size": 300})", "\"hidden_size\" is missing");

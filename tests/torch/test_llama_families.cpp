@@ -13,7 +13,11 @@
 // Tolerance: the window computed alone has other matrix shapes and other
 // absolute positions (RoPE's scores depend on the difference only up to
 // rounding): a few fp32 ulps of logits ~1, 1e-5 absolute.
+#include <algorithm>
+#include <cmath>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "config.h"
 #include "llama_test_config.h"
@@ -78,7 +82,10 @@ TEST_CASE("llama config: families and keys that change the function are read or 
   // transformers 5 writes the layer types it derived: all full attention is read.
   CHECK(parse(R"(, "layer_types": ["full_attention"])").model_type == "llama");
   refused(R"(, "num_local_experts": 8)", "\"num_local_experts\" changes the model");
-  refused(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0})", "rope_type \"yarn\" is not supported");
+  refused(R"(, "rope_parameters": {"rope_type": "longrope", "factor": 4.0})", "rope_type \"longrope\" is not supported");
+  refused(R"(, "rope_parameters": {"rope_type": "yarn"})", "yarn scaling needs \"factor\"");
+  refused(R"(, "original_max_position_embeddings": 32, "rope_parameters": {"rope_type": "yarn", "factor": 2.0,
+      "original_max_position_embeddings": 16})", "give one");
   refused(R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0}, "rope_scaling": {"rope_type": "linear",
       "factor": 4.0})", "disagree");
 }
@@ -247,4 +254,101 @@ TEST_CASE("llama3 rope scaling: transformers' smoothing in fp32, bit for bit wit
     CHECK(medium.sum().item<int64_t>() >= 2);
     CHECK(torch::equal(got, inv_llama));
   }
+}
+
+TEST_CASE("yarn rope scaling: transformers 5's frequencies and attention factor, bit for bit with torch's ops") {
+  // _compute_yarn_parameters: the correction range in Python's doubles, the
+  // ramp and the blend as torch ops on fp32 tensors. Qwen2.5's long-context
+  // recipe (factor 4 over 32768 at theta 1e6, head_dim 128) and DeepSeek's
+  // mscale form (factor 40 over 4096, mscale = mscale_all_dim = 0.707).
+  struct Case {
+    const char* scaling;
+    double theta, factor, original;
+    int64_t dim;
+    double mscale, mscale_all_dim;
+  };
+  for (const Case& k : {Case{R"("factor": 4.0, "original_max_position_embeddings": 32768)", 1e6, 4.0, 32768, 128, 0, 0},
+                        Case{R"("factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 0.707,
+                               "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1)",
+                             10000.0, 40.0, 4096, 64, 0.707, 0.707}}) {
+    CAPTURE(k.scaling);
+    llama::Config c = parse(fmt::format(R"(, "rope_theta": {}, "rope_parameters": {{"rope_type": "yarn", {}}})",
+                                        k.theta, k.scaling));
+    c.head_dim = k.dim;
+    const double pi = 3.141592653589793;
+    const auto correction_dim = [&](double rotations) {
+      return (k.dim * std::log(k.original / (rotations * 2 * pi))) / (2 * std::log(k.theta));
+    };
+    const double low = std::max(std::floor(correction_dim(32)), 0.0);
+    const double high = std::min(std::ceil(correction_dim(1)), static_cast<double>(k.dim - 1));
+    const torch::Tensor pos_freqs =
+        torch::pow(k.theta, torch::arange(0, k.dim, 2).to(torch::kFloat) / static_cast<double>(k.dim));
+    const torch::Tensor extrapolation = 1.0 / pos_freqs, interpolation = 1.0 / (k.factor * pos_freqs);
+    const torch::Tensor ramp = ((torch::arange(k.dim / 2, torch::kFloat) - low) / (high - low)).clamp(0, 1);
+    const torch::Tensor factor = 1 - ramp;
+    const torch::Tensor want = interpolation * (1 - factor) + extrapolation * factor;
+    CHECK(torch::equal(torch::tensor(llama::rope_inv_freq(c), torch::kFloat), want));
+    const auto mscale = [](double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; };
+    const double attention = k.mscale != 0 ? mscale(k.factor, k.mscale) / mscale(k.factor, k.mscale_all_dim)
+                                           : mscale(k.factor, 1.0);
+    CHECK(llama::rope_attention_scaling(c) == attention);
+    // cos and sin scaled by it in fp32 before the cast.
+    const llama::Rotary r = llama::rotary(c, 5, torch::kFloat, torch::kCPU);
+    const torch::Tensor t = torch::arange(5, torch::kFloat);
+    const torch::Tensor freqs = torch::matmul(want.unsqueeze(1), t.unsqueeze(0)).transpose(0, 1);
+    const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+    CHECK(torch::equal(r.cos, emb.cos() * static_cast<float>(attention)));
+    CHECK(torch::equal(r.sin, emb.sin() * static_cast<float>(attention)));
+  }
+  // The context is factor x the original length: a yarn model takes
+  // sequences past max_position_embeddings (64 here) up to 2 x 64.
+  llama::Config c = parse(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 2.0})");
+  CHECK(c.rope_scaling.original_max_position_embeddings == 64);
+  llama::LlamaForCausalLM model(c, 1);
+  const torch::NoGradGuard no_grad;
+  CHECK(model->forward(torch::zeros({1, 128}, torch::kLong)).size(1) == 128);
+  CHECK_THROWS_WITH_AS(model->forward(torch::zeros({1, 129}, torch::kLong)), doctest::Contains("longer than"),
+                       std::invalid_argument);
+  llama::LlamaForCausalLM plain(parse(""), 1);
+  CHECK_THROWS_WITH_AS(plain->forward(torch::zeros({1, 65}, torch::kLong)), doctest::Contains("longer than"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("dynamic rope scaling: transformers' growing and reset lengths, and its fp32 base, bit for bit") {
+  llama::Config c = parse(R"(, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0})");
+  c.head_dim = 16;
+  // dynamic_rope_update: the longest batch so far past max_position_embeddings
+  // (64), back to the original frequencies below it.
+  int64_t cached = c.max_position_embeddings;
+  CHECK(llama::rope_dynamic_length(c, 40, cached) == 64);
+  CHECK(llama::rope_dynamic_length(c, 100, cached) == 100);
+  CHECK(llama::rope_dynamic_length(c, 80, cached) == 100);  // kept: not below the original length
+  CHECK(llama::rope_dynamic_length(c, 64, cached) == 100);
+  CHECK(llama::rope_dynamic_length(c, 63, cached) == 64);   // reset
+  // Within max_position_embeddings: the default frequencies exactly.
+  llama::Config plain = c;
+  plain.rope_scaling = {};
+  CHECK(llama::rope_inv_freq(c, 64) == llama::rope_inv_freq(plain));
+  // Past it: _compute_dynamic_ntk_parameters with seq_len a tensor
+  // (max(position_ids) + 1), every step an fp32 op.
+  for (int64_t len : {65, 100, 1000}) {
+    CAPTURE(len);
+    const torch::Tensor seq = torch::tensor(len, torch::kLong);
+    const torch::Tensor base = 500000.0 * ((2.0 * seq / 64) - (2.0 - 1)).pow(16.0 / 14.0);
+    const torch::Tensor want = 1.0 / base.pow(torch::arange(0, 16, 2, torch::kLong).to(torch::kFloat) / 16);
+    CHECK(torch::equal(torch::tensor(llama::rope_inv_freq(c, len), torch::kFloat), want));
+  }
+  // The model keeps the length between forwards: 80 tokens after 100 use
+  // the frequencies of 100, not those of a first batch of 80; a batch
+  // shorter than 64 resets them.
+  llama::LlamaForCausalLM grown(c, 1), fresh(c, 1);
+  const torch::NoGradGuard no_grad;
+  const torch::Tensor tokens = torch::randint(0, 300, {1, 80}, torch::kLong);
+  const torch::Tensor first = fresh->forward(tokens);
+  const torch::Tensor short_tokens = tokens.narrow(1, 0, 40);
+  const torch::Tensor short_first = fresh->forward(short_tokens);
+  grown->forward(torch::zeros({1, 100}, torch::kLong));
+  CHECK_FALSE(torch::allclose(grown->forward(tokens), first, 0.0, 1e-6));
+  CHECK(torch::equal(grown->forward(short_tokens), short_first));
+  CHECK(torch::equal(grown->forward(tokens), first));  // after the reset, as a first batch of 80
 }
