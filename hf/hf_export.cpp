@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -205,6 +206,57 @@ void write_text(const std::string& path, const std::string& text) {
   f.commit();
 }
 
+// Note [an export never destroys what it did not write]
+// An export publishes its directory whole, replacing what was there (one
+// rename, CheckpointPublisher). Pointed at the model the run started from,
+// at a checkpoint root or at an unrelated directory, that would delete
+// what no export wrote: the base model's weights and tokenizer, a
+// checkpoint, a user's files. So before anything is written the
+// destination, with links resolved, is compared with the run's inputs
+// (HfExportOptions::inputs and config_from): neither may lie within the
+// other. An existing destination may hold only the files an export writes
+// (so a previous export is replaced, atomically). HfExportOptions::replace
+// lifts both refusals, and each error names it.
+bool written_by_export(const std::string& name) {
+  static const std::regex shard(R"(model-[0-9]{5}-of-[0-9]{5}\.safetensors)");
+  return name == kHfConfigFileName || name == kHfIndexFileName || name == "model.safetensors" ||
+         name == kHfAdapterConfigFileName || name == "adapter_model.safetensors" || std::regex_match(name, shard);
+}
+
+void check_destination(const fs::path& target, const HfExportOptions& options) {
+  if (options.replace) return;
+  constexpr const char* kHow = "export elsewhere, or set HfExportOptions::replace (--export-replace) to replace it";
+  std::error_code ec;
+  const fs::path dest = fs::weakly_canonical(fs::absolute(target), ec);
+  ZEST_CHECK(!ec, "Hugging Face export: cannot resolve '{}': {}", target.string(), ec.message());
+  // a within b: equal, or a lies inside b.
+  const auto within = [](const fs::path& a, const fs::path& b) {
+    return std::mismatch(b.begin(), b.end(), a.begin(), a.end()).first == b.end();
+  };
+  std::vector<std::string> inputs = options.inputs;
+  inputs.push_back(options.config_from);
+  for (const std::string& input : inputs) {
+    if (input.empty()) continue;
+    const fs::path in = fs::weakly_canonical(fs::absolute(input), ec);
+    if (ec) continue;  // what cannot be resolved cannot be overwritten by the rename
+    const char* how = dest == in ? "is" : within(dest, in) ? "lies inside" : within(in, dest) ? "contains" : nullptr;
+    ZEST_CHECK(how == nullptr,
+               "Hugging Face export to '{}': the destination {} '{}', which this run reads or writes, and publishing "
+               "the export would replace it; {}",
+               target.string(), how, input, kHow);
+  }
+  if (!fs::exists(fs::symlink_status(target))) return;
+  ZEST_CHECK(fs::is_directory(fs::symlink_status(target)),
+             "Hugging Face export to '{}': it exists and is not a directory; {}", target.string(), kHow);
+  for (const fs::directory_entry& e : fs::directory_iterator(target)) {
+    const std::string name = e.path().filename().string();
+    ZEST_CHECK(e.is_regular_file(ec) && !e.is_symlink(ec) && written_by_export(name),
+               "Hugging Face export to '{}': it holds '{}', which an export does not write, and publishing the export "
+               "would delete it; {}",
+               target.string(), name, kHow);
+  }
+}
+
 // Rank 0's side of an export: the plan, the open writers, the publisher.
 class ExportWriter {
  public:
@@ -214,6 +266,7 @@ class ExportWriter {
     if (target.filename().empty()) target = target.parent_path();
     ZEST_CHECK(!target.empty() && !target.filename().empty(), "Hugging Face export: '{}' is not a directory name",
                dir);
+    check_destination(target, options);
     const fs::path root = target.has_parent_path() ? target.parent_path() : fs::path(".");
     publisher_ = std::make_unique<CheckpointPublisher>(root.string(), target.filename().string(), false);
     writers_.resize(plan_.files.size());

@@ -83,6 +83,14 @@ struct HfExportOptions {
   // Called on rank 0 after each tensor with (tensor bytes written, total).
   // Unset: rank 0 logs the progress every few seconds of a long export.
   std::function<void(uint64_t done, uint64_t total)> progress{};
+  // What the run read or writes elsewhere (the model it started from, a
+  // checkpoint root, its data): a destination that is, contains or lies
+  // inside one of these, or config_from, is refused, as is one holding a
+  // file that an export does not write (tokenizer.json, README.md, ...),
+  // before anything is written (Note [an export never destroys what it did
+  // not write]). replace: replace such a destination all the same.
+  std::vector<std::string> inputs{};
+  bool replace = false;
 };
 
 struct HfExportReport {

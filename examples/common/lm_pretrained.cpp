@@ -28,6 +28,7 @@ cli::Option* add_pretrained_flags(cli::App& app, PretrainedOptions& o, std::stri
   app.add_option("--max-shard-size", shard_size);
   app.add_option("--export-dtype", o.export_dtype)->check(cli::IsMember({"fp32", "bf16", "fp16"}));
   app.add_flag("--export-adapters", o.export_adapters);
+  app.add_flag("--export-replace", o.export_replace);
   return hf;
 }
 
@@ -109,8 +110,12 @@ void merge_adapters(Pending& pending, double scale, std::vector<zest::HfTensor>&
 }  // namespace
 
 void export_pretrained(zest::Engine& engine, const PretrainedOptions& o, const std::string& config_json,
-                       const std::string& checkpoint_dtype, const std::vector<std::string>& lora_targets) {
+                       const std::string& checkpoint_dtype, const std::vector<std::string>& lora_targets,
+                       const std::vector<std::string>& run_inputs) {
   zest::HfExportOptions e;
+  e.inputs = run_inputs;
+  e.inputs.push_back(o.hf_dir);
+  e.replace = o.export_replace;
   e.dtype = export_dtype(o, checkpoint_dtype);
   e.max_shard_size = static_cast<uint64_t>(o.max_shard_size);
   if (!config_json.empty()) {

@@ -27,6 +27,7 @@ struct PretrainedOptions {
   int64_t max_shard_size = int64_t{5} * 1000 * 1000 * 1000;  // --max-shard-size, HF's "5GB"
   std::string export_dtype;  // --export-dtype fp32|bf16|fp16; empty: the checkpoint's, bf16 from scratch
   bool export_adapters = false;  // --export-adapters: PEFT's adapter files, not merged
+  bool export_replace = false;   // --export-replace: HfExportOptions::replace
 
   zest::LoraOptions lora() const;
 };
@@ -53,8 +54,12 @@ zest::HfImportReport load_pretrained(zest::TorchModule& zt, const std::string& d
 // training gives the files back bit for bit), else bf16. With LoRA the
 // adapters are merged into their weights, or with --export-adapters written
 // apart as adapter_model.safetensors and adapter_config.json (targets:
-// `lora_targets`). Prints what was written (rank 0). Collective.
+// `lora_targets`). `run_inputs`: what else the run read or wrote (its
+// checkpoint roots, data, config), which the export must not replace, as
+// the --hf directory (HfExportOptions::inputs). Prints what was written
+// (rank 0). Collective.
 void export_pretrained(zest::Engine& engine, const PretrainedOptions& o, const std::string& config_json,
-                       const std::string& checkpoint_dtype, const std::vector<std::string>& lora_targets);
+                       const std::string& checkpoint_dtype, const std::vector<std::string>& lora_targets,
+                       const std::vector<std::string>& run_inputs);
 
 }  // namespace examples

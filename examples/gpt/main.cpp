@@ -180,7 +180,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   }
   if (!opt.export_hf_dir.empty()) {
     examples::export_pretrained(engine, opt, opt.model.to_json(opt.pretrained_dtype), opt.pretrained_dtype,
-                                gpt::lora_targets());
+                                gpt::lora_targets(), {opt.save_dir, opt.load_dir, opt.data, opt.export_path});
   }
   if (opt.sample.length > 0) {
     out.sample = gpt::generate([&](const torch::Tensor& tokens) { return trainer.last_logits(tokens); }, context,

@@ -19,6 +19,7 @@ std::string usage() {
          "           [--sample-bytes N] [--temperature T] [--sample-seed N] [--prompt TEXT]\n"
          "           [--timeout SECONDS] [--lora R] [--lora-alpha A] [--hf DIR] [--export-hf DIR]\n"
          "           [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16] [--export-adapters]\n"
+         "           [--export-replace]\n"
          "           [--digest] [--device host|cuda[:N]] [--tp N] [--pp N] [--pipeline-schedule 1f1b|gpipe]\n"
          "GPT-2 small: --layers 12 --heads 12 --d-model 768 --context 1024 --vocab 50257\n"
          "--tp and --pp: ranks = dp x tp x pp (Megatron's order); tp divides --heads and --vocab, pp is at most\n"

@@ -340,7 +340,8 @@ void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::E
     // config.json: the loaded checkpoint's, or the sizes trained from scratch.
     examples::export_pretrained(engine, opt, opt.hf_dir.empty() ? opt.model.to_json() : std::string(),
                                 opt.hf_dir.empty() ? std::string("bfloat16") : opt.model.torch_dtype,
-                                zest::llama_lora_targets());
+                                zest::llama_lora_targets(),
+                                {opt.save_dir, opt.load_dir, opt.config_path, opt.data, opt.val_data});
   }
   if (printer) std::fflush(stdout);
 }

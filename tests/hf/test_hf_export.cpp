@@ -158,6 +158,7 @@ TEST_CASE("the export is published atomically: a failed export leaves the direct
   HfExportOptions options;
   options.config_json = "{}";
   options.max_shard_size = kShard;
+  options.replace = true;  // old.txt is no file of an export's
   options.transform = [](int unit, std::vector<HfTensor>&, HfExportPass pass) {
     if (unit == 2 && pass == HfExportPass::kWrite) throw std::runtime_error("the transform failed");
   };
@@ -277,6 +278,53 @@ TEST_CASE("export refuses bad options on every rank before writing anything") {
   options.adapter = [](const std::string& name) { return name == "lm_head.weight"; };
   CHECK(fails(options).find("adapter_config_json") != std::string::npos);
   CHECK_FALSE(fs::exists(tmp / "out"));
+}
+
+TEST_CASE("an export never replaces what it did not write: the run's inputs and foreign files, unless replace") {
+  TempDir tmp;
+  write_llama_checkpoint(tmp / "in", "bf16", kShard);
+  std::ofstream(tmp / "in/tokenizer.json") << "{}";
+  fs::create_directories(tmp / "ckpt/step_000002");
+  std::ofstream(tmp / "ckpt/latest") << "step_000002";
+  std::set<std::string> before;
+  for (const fs::directory_entry& d : fs::directory_iterator(tmp / "in")) before.insert(d.path().filename().string());
+  HfExportOptions options;
+  options.config_from = tmp / "in";
+  options.max_shard_size = kShard;
+  options.inputs = {tmp / "ckpt"};
+  const auto refused = [&](const std::string& to, const char* what) {
+    CAPTURE(to);
+    const std::string e = error_of([&] { import_train_export(2, 3, tmp / "in", 0, to, options); });
+    CHECK(e.find(what) != std::string::npos);
+    CHECK(e.find("--export-replace") != std::string::npos);
+  };
+  refused(tmp / "in", "the destination is '");                  // the model the run started from
+  refused(tmp / "in/", "the destination is '");
+  refused(tmp / "in/../in", "the destination is '");
+  refused(tmp / "in/sub", "the destination lies inside '");
+  refused(tmp / "ckpt", "the destination is '");                 // a checkpoint root
+  refused(tmp.path, "the destination contains '");               // the directory holding both
+  fs::create_directories(tmp / "mine");
+  std::ofstream(tmp / "mine/notes.txt") << "a user's file";
+  refused(tmp / "mine", "it holds 'notes.txt', which an export does not write");
+  fs::create_symlink(tmp / "in", tmp / "link");
+  refused(tmp / "link", "the destination is '");                 // through a link
+  // Nothing was touched.
+  std::set<std::string> after;
+  for (const fs::directory_entry& d : fs::directory_iterator(tmp / "in")) after.insert(d.path().filename().string());
+  CHECK(after == before);
+  CHECK(read_text_file(tmp / "mine/notes.txt") == "a user's file");
+  CHECK(fs::exists(tmp / "ckpt/step_000002"));
+
+  // A new directory, then the same one again: a previous export is replaced.
+  import_train_export(2, 3, tmp / "in", 0, tmp / "out", options);
+  import_train_export(2, 3, tmp / "in", 0, tmp / "out", options);
+  CHECK(compare_dirs(tmp / "in", tmp / "out") == 0);
+  // replace: the user's directory is replaced all the same.
+  options.replace = true;
+  import_train_export(2, 3, tmp / "in", 0, tmp / "mine", options);
+  CHECK_FALSE(fs::exists(tmp / "mine/notes.txt"));
+  CHECK(compare_dirs(tmp / "in", tmp / "mine") == 0);
 }
 
 TEST_CASE("adapters exported apart under PEFT's names are read back with the shards, or refused by name") {
