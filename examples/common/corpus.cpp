@@ -2,24 +2,21 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "zest/core/check.h"
+#include "zest/core/file_io.h"
 
 namespace examples {
 namespace {
 
 constexpr size_t kHoldOutEvery = 20;
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("cannot read {}", path.string()));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// Not a FIFO or a device (which would block).
+std::string read_file(const std::filesystem::path& path) { return zest::read_text_file(path.string()); }
 
 // The fortune files of a directory in name order: regular files, not the
 // strfile indexes (*.dat) nor the *.u8 links to the same files.

@@ -4,13 +4,15 @@
 #include "common/vocab_head.h"
 
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "zest/core/check.h"
+#include "zest/core/file_io.h"
 
 namespace gpt {
 
@@ -49,9 +51,14 @@ std::string Config::to_json(const std::string& torch_dtype) const {
 }
 
 Config Config::from_json_file(const std::string& path, std::string* torch_dtype) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument(fmt::format("cannot open {}", path));
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::string text;
+  try {
+    // Not a FIFO or a device (which would block), at most a few MiB.
+    text = zest::read_text_file(path, {.max_bytes = uint64_t{4} << 20, .follow_links = true});
+  } catch (const zest::Error& e) {
+    throw std::invalid_argument(e.message());
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) throw std::invalid_argument(fmt::format("{} is not a JSON object", path));
   Config c;
   const auto size = [&](const char* key, int64_t& out) {

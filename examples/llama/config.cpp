@@ -2,15 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "zest/core/check.h"
+#include "zest/core/file_io.h"
+
 namespace llama {
 namespace {
+
+constexpr uint64_t kMaxConfigBytes = uint64_t{4} << 20;
 
 using nlohmann::json;
 
@@ -23,6 +26,9 @@ using nlohmann::json;
 int64_t integer(const json& j, const char* key, int64_t fallback, const std::string& where) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   if (!j[key].is_number_integer()) fail(where, fmt::format("\"{}\" must be a whole number, not {}", key, j[key].dump()));
+  if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    fail(where, fmt::format("\"{}\" is {}, out of range", key, j[key].dump()));
+  }
   return j[key].get<int64_t>();
 }
 
@@ -161,7 +167,10 @@ Config Config::from_json(const std::string& content, const std::string& where) {
   c.model_type = family_of(j, where);
   // LlamaConfig's defaults where a key is absent; the sizes are required.
   for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}) {
-    if (!j.contains(key)) fail(where, fmt::format("\"{}\" is missing: a Llama config.json names every size", key));
+    if (!j.contains(key) || j[key].is_null()) {
+      fail(where, fmt::format("\"{}\" is {}: a Llama config.json names every size", key,
+                              j.contains(key) ? "null" : "missing"));
+    }
   }
   c.vocab_size = integer(j, "vocab_size", 32000, where);
   c.hidden_size = integer(j, "hidden_size", 4096, where);
@@ -248,11 +257,14 @@ Config Config::from_json(const std::string& content, const std::string& where) {
 }
 
 Config Config::from_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument(fmt::format("{}: cannot be read; give the checkpoint's config.json", path));
-  std::stringstream s;
-  s << in.rdbuf();
-  return from_json(s.str(), path);
+  std::string text;
+  try {
+    // Not a FIFO or a device (which would block), at most a few MiB.
+    text = zest::read_text_file(path, {.max_bytes = kMaxConfigBytes, .follow_links = true});
+  } catch (const zest::Error& e) {
+    throw std::invalid_argument(fmt::format("{}; give the checkpoint's config.json", e.message()));
+  }
+  return from_json(text, path);
 }
 
 std::string Config::to_json() const {
@@ -322,6 +334,23 @@ void Config::validate() const {
   positive("num_attention_heads", num_attention_heads);
   positive("num_key_value_heads", num_key_value_heads);
   positive("max_position_embeddings", max_position_embeddings);
+  // Far above every released model's, and low enough that a wrong value is
+  // refused before a layer is built, not after hours of building (or a
+  // failed allocation deep in libtorch).
+  const auto bounded = [](const char* name, int64_t v, int64_t most) {
+    if (v > most) {
+      throw std::invalid_argument(
+          fmt::format("{} is {}; at most {} is accepted (no released model comes near)", name, v, most));
+    }
+  };
+  bounded("vocab_size", vocab_size, int64_t{1} << 22);
+  bounded("hidden_size", hidden_size, int64_t{1} << 17);
+  bounded("intermediate_size", intermediate_size, int64_t{1} << 20);
+  bounded("num_hidden_layers", num_hidden_layers, 4096);
+  bounded("num_attention_heads", num_attention_heads, 4096);
+  bounded("num_key_value_heads", num_key_value_heads, 4096);
+  bounded("head_dim", head_dim, 4096);
+  bounded("max_position_embeddings", max_position_embeddings, int64_t{1} << 30);
   if (head_dim < 0) throw std::invalid_argument(fmt::format("head_dim is {}; it must be at least 1", head_dim));
   if (vocab_size < 256) {
     throw std::invalid_argument(

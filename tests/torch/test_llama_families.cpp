@@ -15,7 +15,11 @@
 // rounding): a few fp32 ulps of logits ~1, 1e-5 absolute.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -351,4 +355,31 @@ TEST_CASE("dynamic rope scaling: transformers' growing and reset lengths, and it
   CHECK_FALSE(torch::allclose(grown->forward(tokens), first, 0.0, 1e-6));
   CHECK(torch::equal(grown->forward(short_tokens), short_first));
   CHECK(torch::equal(grown->forward(tokens), first));  // after the reset, as a first batch of 80
+}
+
+TEST_CASE("llama config.json: a FIFO or a device is refused at once, and sizes out of bounds or null by name") {
+  const std::string dir = std::filesystem::temp_directory_path() / fmt::format("zest_llama_fifo_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/config.json";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Nobody writes the FIFO: a blocking open would never return.
+  CHECK_THROWS_WITH_AS(llama::Config::from_json_file(fifo), doctest::Contains("config.json"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(llama::Config::from_json_file("/dev/zero"), doctest::Contains("/dev/zero"),
+                       std::invalid_argument);
+  std::filesystem::remove_all(dir);
+  // kSizes with one size replaced.
+  const auto refused = [](const std::string& key, const std::string& value, const char* what) {
+    std::string sizes = "{" + kSizes + "}";
+    const size_t at = sizes.find("\"" + key + "\": ");
+    REQUIRE(at != std::string::npos);
+    const size_t begin = at + key.size() + 4, end = sizes.find_first_of(",}", begin);
+    sizes.replace(begin, end - begin, value);
+    CAPTURE(sizes);
+    CHECK_THROWS_WITH_AS(llama::Config::from_json(sizes), doctest::Contains(what), std::invalid_argument);
+  };
+  // A billion layers would be built 40 a second before any tensor is read.
+  refused("num_hidden_layers", "1000000000", "num_hidden_layers is 1000000000; at most 4096");
+  refused("hidden_size", "1099511627776", "hidden_size is 1099511627776; at most 131072");
+  refused("intermediate_size", "18446744073709551615", "\"intermediate_size\" is 18446744073709551615, out of range");
+  refused("hidden_size", "null", "\"hidden_size\" is null");
 }
