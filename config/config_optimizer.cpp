@@ -334,8 +334,11 @@ void read_scheduler(Section& top, FileState& file) {
       if (c.kind == LrScheduleKind::kWarmupLR) c.warmup_max_lr = file.out.optimizer.lr;
       p->read_double("warmup_max_lr", c.warmup_max_lr, 0.0, 1e6, &max_lr);
     }
-    // DeepSpeed's schedules raise on warmup_num_steps <= 0.
-    p->read_int("warmup_num_steps", c.warmup_num_steps, 1, kMaxCount, &warmup);
+    // DeepSpeed's schedules take max(2, warmup_num_steps) (lr_schedules.py),
+    // so 0 and less are accepted and warm up over 2 steps, as the schedule
+    // here does (optim/lr_schedule.cpp).
+    p->read_int("warmup_num_steps", c.warmup_num_steps, -kMaxCount, kMaxCount, &warmup);
+    c.warmup_num_steps = std::max<int64_t>(0, c.warmup_num_steps);
     if (c.kind != LrScheduleKind::kWarmupLR) p->read_int("total_num_steps", c.total_num_steps, 1, kMaxCount, &total);
     const int wt = p->read_choice("warmup_type", {"log", "linear"});
     if (wt >= 0) c.warmup_type = wt == 0 ? WarmupType::kLog : WarmupType::kLinear;

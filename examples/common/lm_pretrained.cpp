@@ -22,7 +22,14 @@ zest::LoraOptions PretrainedOptions::lora() const {
 
 cli::Option* add_pretrained_flags(cli::App& app, PretrainedOptions& o, std::string& shard_size) {
   app.add_option("--lora", o.lora_r)->check(cli::Range(int64_t{0}, int64_t{1} << 16));
-  app.add_option("--lora-alpha", o.lora_alpha)->check(cli::real_range(1e-6, 1e6));
+  app.add_option_function(
+         "--lora-alpha",
+         [&o](const double& alpha) {
+           o.lora_alpha = alpha;
+           o.lora_alpha_given = true;
+         },
+         "the adapters' alpha (with --lora)")
+      ->check(cli::real_range(1e-6, 1e6));
   cli::Option* hf = app.add_option("--hf", o.hf_dir);
   app.add_option("--export-hf", o.export_hf_dir);
   app.add_option("--max-shard-size", shard_size);
@@ -35,6 +42,7 @@ cli::Option* add_pretrained_flags(cli::App& app, PretrainedOptions& o, std::stri
 void finish_pretrained_flags(PretrainedOptions& o, const std::string& shard_size) {
   if (!shard_size.empty()) o.max_shard_size = parse_byte_size(shard_size);
   if (o.export_adapters && o.lora_r == 0) cli::usage_error("--export-adapters needs --lora R: there are no adapters");
+  if (o.lora_alpha_given && o.lora_r == 0) cli::usage_error("--lora-alpha needs --lora R: there are no adapters");
 }
 
 int64_t parse_byte_size(const std::string& text) {

@@ -22,6 +22,7 @@ namespace examples {
 struct PretrainedOptions {
   int64_t lora_r = 0;       // --lora R; 0: full fine-tuning
   double lora_alpha = 8.0;  // --lora-alpha, PEFT's default
+  bool lora_alpha_given = false;
   std::string hf_dir;         // --hf: config.json and *.safetensors to start from
   std::string export_hf_dir;  // --export-hf: written after training
   int64_t max_shard_size = int64_t{5} * 1000 * 1000 * 1000;  // --max-shard-size, HF's "5GB"

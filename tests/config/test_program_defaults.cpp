@@ -7,6 +7,7 @@
 
 #include "config_test_helpers.h"
 #include "zest/config/detail/config_reader.h"
+#include "zest/optim/lr_schedule.h"
 
 using namespace zest;
 
@@ -122,10 +123,22 @@ TEST_CASE("a total_num_steps within the warmup is a warning, as in DeepSpeed, an
   CHECK(eq.warnings.empty());
   // WarmupDecayLR's warmup_max_lr default stays 0.001, unlike WarmupLR's.
   CHECK(c.scheduler.warmup_max_lr == 0.001);
-  // DeepSpeed's schedules raise on a warmup of 0 steps.
-  CHECK(test::error_of(R"({"optimizer": {"type": "AdamW"}, "scheduler": {"type": "WarmupLR",
-      "params": {"warmup_num_steps": 0}}})") == "config: scheduler.params.warmup_num_steps is 0; allowed: 1 to "
-                                                 "1125899906842624");
+  // DeepSpeed's schedules take max(2, warmup_num_steps): 0 and -3 warm up
+  // over 2 steps, the rates step by step those of a warmup of 2.
+  const auto schedule = [](const char* warmup) {
+    return parse_config_json(fmt::format(R"({{"optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}},
+        "scheduler": {{"type": "WarmupLR", "params": {{"warmup_num_steps": {}}}}}}})",
+                                         warmup),
+                             AutoValues{})
+        .scheduler;
+  };
+  const LrScheduleConfig two = schedule("2");
+  for (const char* warmup : {"0", "1", "-3"}) {
+    CAPTURE(warmup);
+    const LrScheduleConfig s = schedule(warmup);
+    for (int64_t step = 0; step < 5; ++step) CHECK(lr_for_step(s, 0.01, step) == lr_for_step(two, 0.01, step));
+  }
+  CHECK(lr_for_step(two, 0.01, 0) < lr_for_step(two, 0.01, 2));  // a warmup, not a constant
 }
 
 TEST_CASE("messages say what was written") {
