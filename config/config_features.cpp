@@ -3,6 +3,8 @@
 // reason, and keys that ask for a feature ZEST lacks, refused by name. The
 // sections DeepSpeed validates (its pydantic models) keep their key checks
 // even when ignored, so a misspelt key inside one is still refused.
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "zest/config/detail/config_sections.h"
@@ -128,7 +130,9 @@ void read_other_features(Section& top, FileState& file) {
   EngineConfig& c = file.out;
   top.read_bool("prescale_gradients", c.prescale_gradients);
   top.read_double("gradient_predivide_factor", c.gradient_predivide_factor, 1e-30, 1e30);
-  top.read_int("steps_per_print", c.steps_per_print, 1, kMaxCount);  // null: DeepSpeed's default, no lines
+  // null: DeepSpeed's default, no lines. Any positive count, as DeepSpeed
+  // takes it (2e16: in effect never).
+  top.read_int("steps_per_print", c.steps_per_print, 1, std::numeric_limits<int64_t>::max());
   top.read_bool("wall_clock_breakdown", c.wall_clock_breakdown);
   read_ignored(top);
   read_refused(top);

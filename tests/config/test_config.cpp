@@ -246,6 +246,8 @@ TEST_CASE("keys about what ZEST does not do are accepted and listed with the rea
   CHECK(got == want);
   // Read, not ignored: the Engine's progress lines.
   CHECK(c.steps_per_print == 10);
+  // DeepSpeed takes any positive count, a float of whole value too.
+  CHECK(test::parse(R"({"steps_per_print": 2e16})").steps_per_print == int64_t{20000000000000000});
   CHECK_FALSE(c.wall_clock_breakdown);
   CHECK(ignored_reason(c, "cuda_visible_devices") == "DeepSpeed does not read this key either");
   CHECK(ignored_reason(c, "_comment") == "a comment");
