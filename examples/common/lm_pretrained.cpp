@@ -45,6 +45,26 @@ void finish_pretrained_flags(PretrainedOptions& o, const std::string& shard_size
   if (o.lora_alpha_given && o.lora_r == 0) cli::usage_error("--lora-alpha needs --lora R: there are no adapters");
 }
 
+NamedOptions shared_run_options(const LmRunOptions& run, const PretrainedOptions& pretrained, const MeshFlags& mesh) {
+  return {{"--offload", fmt::format("{}", run.offload)},
+          {"--steps", fmt::format("{}", run.steps)},
+          {"--batch", fmt::format("{}", run.batch)},
+          {"--lr", fmt::format("{}", run.lr)},
+          {"--seed", fmt::format("{}", run.seed)},
+          {"--data", run.data},
+          {"--eval-every", fmt::format("{}", run.eval_every)},
+          {"--val-windows", fmt::format("{}", run.val_windows)},
+          {"--save", run.save_dir},
+          {"--load", run.load_dir},
+          {"--lora", fmt::format("{}", pretrained.lora_r)},
+          {"--lora-alpha", fmt::format("{}", pretrained.lora_alpha)},
+          {"--hf", pretrained.hf_dir},
+          {"--export-hf", pretrained.export_hf_dir},
+          {"--tp", fmt::format("{}", mesh.tp)},
+          {"--pp", fmt::format("{}", mesh.pp)},
+          {"--pipeline-schedule", fmt::format("{}", static_cast<int>(mesh.pipeline_schedule))}};
+}
+
 int64_t parse_byte_size(const std::string& text) {
   size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0) ++digits;

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "common/lm_options.h"
+#include "common/rank_agreement.h"
 #include "zest/core/dtype.h"
 #include "zest/engine/engine.h"
 #include "zest/hf/hf_import.h"
@@ -39,6 +41,12 @@ cli::Option* add_pretrained_flags(cli::App& app, PretrainedOptions& o, std::stri
 // After parsing: the shard size, and the combinations that cannot work.
 // Throws cli::UsageError.
 void finish_pretrained_flags(PretrainedOptions& o, const std::string& shard_size);
+
+// The options of LmRunOptions, PretrainedOptions and MeshFlags that every
+// rank must be started with alike (for check_ranks_agree): what is run, on
+// what data, from and to which checkpoints, on which mesh. Not --ranks,
+// --threads, --print-every or --timeout.
+NamedOptions shared_run_options(const LmRunOptions& run, const PretrainedOptions& pretrained, const MeshFlags& mesh);
 
 // "5GB", "500MB", "2GiB", "123456": bytes, as transformers' max_shard_size
 // reads them (KB, MB, GB decimal; KiB, MiB, GiB binary). Throws UsageError.

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/corpus.h"
 #include "common/describe_model.h"
@@ -83,6 +84,16 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
                 zest::Communicator& comm) {
   torch::set_num_threads(opt.threads);  // see the top of this file
   const bool printer = comm.rank() == 0;
+  examples::NamedOptions shared = examples::shared_run_options(opt, opt, opt);
+  shared.insert(shared.end(), {{"the model (--layers, --heads, --d-model, ...)", opt.model.to_json(opt.pretrained_dtype)},
+                               {"--stages", fmt::format("{}", fmt::join(opt.stages, ","))},
+                               {"--dtype", opt.dtype},
+                               {"--offload-param", fmt::format("{}", opt.offload_param)},
+                               {"--config", opt.config_path},
+                               {"--accum", fmt::format("{}", opt.accum)},
+                               {"--warmup", fmt::format("{}", opt.warmup)},
+                               {"--schedule-steps", fmt::format("{}", opt.schedule_steps)}});
+  examples::check_ranks_agree(comm, shared);
   // With --tp or --pp each rank holds a part of the model and the engine
   // shards it over the data-parallel group; the batch's rows are split
   // over that group.

@@ -240,6 +240,23 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
            zest::Communicator& comm) {
   torch::set_num_threads(opt.threads);
   const bool printer = comm.rank() == 0;
+  examples::NamedOptions shared = examples::shared_run_options(opt, opt, opt);
+  shared.insert(shared.end(), {{"the model (--config, --tied)", opt.model.to_json()},
+                               {"--stage", fmt::format("{}", opt.stage)},
+                               {"--dtype", opt.dtype},
+                               {"--context", fmt::format("{}", opt.context)},
+                               {"--accum", fmt::format("{}", opt.accum)},
+                               {"--recompute", fmt::format("{}", opt.recompute)},
+                               {"--save-every", fmt::format("{}", opt.save_every)},
+                               {"--loss-chunk", fmt::format("{}", opt.loss_chunk)},
+                               {"--warmup", fmt::format("{}", opt.warmup)},
+                               {"--lr-decay", opt.lr_decay},
+                               {"--format", opt.format},
+                               {"--val-data", opt.val_data},
+                               {"--max-seq-len", fmt::format("{}", opt.max_seq_len)},
+                               {"--packing", fmt::format("{}", opt.packing)},
+                               {"--epochs", fmt::format("{}", opt.epochs)}});
+  examples::check_ranks_agree(comm, shared);
   // With --tp or --pp each rank holds a part of the model and the engine
   // shards it over the data-parallel group; the batch's rows are split over
   // that group.
