@@ -1,11 +1,13 @@
 #include "zest/torch/lora.h"
 
 #include <cmath>
+#include <memory>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "zest/core/check.h"
+#include "zest/hf/hf_export.h"
 #include "zest/torch/tensor_parallel.h"
 
 namespace zest {
@@ -202,6 +204,75 @@ std::string adapter_config_json(const LoraOptions& lora, const std::vector<std::
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = true;
   return j.dump(2);
+}
+
+namespace {
+
+// The merge as an export transform: adapters wait in `pending` until the
+// unit of the weight they adapt is written.
+using Pending = std::map<std::string, HostTensor>;
+
+void merge_pending(Pending& pending, double scale, std::vector<HfTensor>& tensors, HfExportPass pass) {
+  std::vector<HfTensor> out;
+  for (HfTensor& t : tensors) {
+    if (is_lora_adapter(t.name)) {
+      pending[t.name] = {t.shape, std::move(t.values)};
+    } else {
+      out.push_back(std::move(t));
+    }
+  }
+  const std::string suffix = ".weight";
+  for (HfTensor& t : out) {
+    if (!t.name.ends_with(suffix)) continue;
+    const std::string module = t.name.substr(0, t.name.size() - suffix.size());
+    const auto a = pending.find(module + ".lora_A.weight");
+    const auto b = pending.find(module + ".lora_B.weight");
+    if (a == pending.end() || b == pending.end()) continue;
+    if (pass == HfExportPass::kWrite) {
+      Pending group{{t.name, {t.shape, std::move(t.values)}}, *a, *b};
+      merge_lora(group, scale);
+      t.values = std::move(group.at(t.name).values);
+    }
+    pending.erase(a);
+    pending.erase(b);
+  }
+  tensors = std::move(out);
+}
+
+constexpr const char* kPeftPrefix = "base_model.model.";
+
+}  // namespace
+
+HfExportReport export_hf_lora_merged(Engine& engine, const std::string& dir, const HfExportOptions& options,
+                                     const LoraOptions& lora) {
+  ZEST_CHECK(!options.transform, "export_hf_lora_merged: HfExportOptions::transform is set; it sets its own");
+  HfExportOptions o = options;
+  auto pending = std::make_shared<Pending>();
+  o.transform = [pending, scale = lora.scale()](int, std::vector<HfTensor>& tensors, HfExportPass pass) {
+    merge_pending(*pending, scale, tensors, pass);
+  };
+  HfExportReport report = export_hf(engine, dir, o);
+  // Every rank planned the same units, so every rank knows what is left.
+  ZEST_CHECK(pending->empty(), "export_hf_lora_merged: {} adapter tensor(s) found no weight to merge into, the first "
+             "'{}'", pending->size(), pending->empty() ? "" : pending->begin()->first);
+  return report;
+}
+
+HfExportReport export_hf_lora_apart(Engine& engine, const std::string& dir, const HfExportOptions& options,
+                                    const LoraOptions& lora, const std::vector<std::string>& targets,
+                                    const std::string& base_model) {
+  ZEST_CHECK(!options.transform && !options.adapter,
+             "export_hf_lora_apart: HfExportOptions::transform or adapter is set; it sets its own");
+  HfExportOptions o = options;
+  // PEFT saves the adapters under the wrapped model's names.
+  o.transform = [](int, std::vector<HfTensor>& tensors, HfExportPass) {
+    for (HfTensor& t : tensors) {
+      if (is_lora_adapter(t.name)) t.name = kPeftPrefix + t.name;
+    }
+  };
+  o.adapter = [](const std::string& name) { return name.starts_with(kPeftPrefix); };
+  o.adapter_config_json = adapter_config_json(lora, targets, base_model);
+  return export_hf(engine, dir, o);
 }
 
 }  // namespace zest

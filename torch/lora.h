@@ -23,7 +23,9 @@
 // other parameter (requires_grad false) before the TorchModule is made, so
 // the engine registers the base frozen: sharded at stage 3 in the compute
 // dtype, with no gradient or optimizer state. merge_lora folds the adapters
-// into the base weights for an export with the base model's names only.
+// into the base weights for an export with the base model's names only;
+// export_hf_lora_merged and export_hf_lora_apart export a Hugging Face
+// directory as PEFT's merge_and_unload and save_pretrained would.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +36,10 @@
 #include <torch/torch.h>
 
 namespace zest {
+
+class Engine;
+struct HfExportOptions;
+struct HfExportReport;
 
 using LoraLinearOptions = torch::nn::LinearOptions;
 
@@ -131,5 +137,24 @@ int merge_lora(std::map<std::string, HostTensor>& tensors, double scale);
 // "CAUSAL_LM", peft_type "LORA", and base_model_name_or_path when given.
 std::string adapter_config_json(const LoraOptions& lora, const std::vector<std::string>& targets,
                                 const std::string& base_model = "");
+
+// export_hf (hf/hf_export.h) of a model with adapters, the adapters merged
+// into their weights (PEFT's merge_and_unload): the directory holds the base
+// model's names only. A unit's adapters are kept until the unit holding the
+// weights they adapt is written (adapters are trainable, so they often sit
+// in units of their own); an adapter whose weight never comes is an error
+// naming it. `options.transform` must be unset (this sets it). Collective.
+HfExportReport export_hf_lora_merged(Engine& engine, const std::string& dir, const HfExportOptions& options,
+                                     const LoraOptions& lora);
+
+// export_hf with the adapters apart, as PEFT's save_pretrained writes them
+// beside the base model: adapter_model.safetensors under PEFT's names
+// ("base_model.model." + the module's name + ".lora_A.weight") and
+// adapter_config.json (adapter_config_json of lora, targets, base_model);
+// the base model's tensors in the shards. import_hf reads such a directory
+// back. `options.transform` and `adapter` must be unset. Collective.
+HfExportReport export_hf_lora_apart(Engine& engine, const std::string& dir, const HfExportOptions& options,
+                                    const LoraOptions& lora, const std::vector<std::string>& targets,
+                                    const std::string& base_model = "");
 
 }  // namespace zest

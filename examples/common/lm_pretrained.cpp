@@ -1,7 +1,6 @@
 #include "common/lm_pretrained.h"
 
 #include <cctype>
-#include <map>
 #include <memory>
 #include <utility>
 
@@ -103,38 +102,6 @@ zest::DType export_dtype(const PretrainedOptions& o, const std::string& checkpoi
   return zest::DType::kBFloat16;
 }
 
-// The LoRA merge as an export transform. A block's adapters are its
-// trainable unit, registered (and so exported) before the frozen unit of
-// the weights they adapt: they wait in `pending` until those come.
-using Pending = std::map<std::string, zest::HostTensor>;
-
-void merge_adapters(Pending& pending, double scale, std::vector<zest::HfTensor>& tensors, zest::HfExportPass pass) {
-  std::vector<zest::HfTensor> out;
-  for (zest::HfTensor& t : tensors) {
-    if (zest::is_lora_adapter(t.name)) {
-      pending[t.name] = {t.shape, std::move(t.values)};
-    } else {
-      out.push_back(std::move(t));
-    }
-  }
-  const std::string suffix = ".weight";
-  for (zest::HfTensor& t : out) {
-    if (!t.name.ends_with(suffix)) continue;
-    const std::string module = t.name.substr(0, t.name.size() - suffix.size());
-    const auto a = pending.find(module + ".lora_A.weight");
-    const auto b = pending.find(module + ".lora_B.weight");
-    if (a == pending.end() || b == pending.end()) continue;
-    if (pass == zest::HfExportPass::kWrite) {
-      Pending group{{t.name, {t.shape, std::move(t.values)}}, *a, *b};
-      zest::merge_lora(group, scale);
-      t.values = std::move(group.at(t.name).values);
-    }
-    pending.erase(a);
-    pending.erase(b);
-  }
-  tensors = std::move(out);
-}
-
 }  // namespace
 
 void export_pretrained(zest::Engine& engine, const PretrainedOptions& o, const std::string& config_json,
@@ -155,26 +122,14 @@ void export_pretrained(zest::Engine& engine, const PretrainedOptions& o, const s
   } else {
     e.config_from = o.hf_dir;
   }
-  auto pending = std::make_shared<Pending>();
+  zest::HfExportReport r;
   if (o.lora_r > 0 && o.export_adapters) {
-    // PEFT saves the adapters under the wrapped model's names.
-    const std::string prefix = "base_model.model.";
-    e.transform = [prefix](int, std::vector<zest::HfTensor>& tensors, zest::HfExportPass) {
-      for (zest::HfTensor& t : tensors) {
-        if (zest::is_lora_adapter(t.name)) t.name = prefix + t.name;
-      }
-    };
-    e.adapter = [prefix](const std::string& name) { return name.starts_with(prefix); };
-    e.adapter_config_json = zest::adapter_config_json(o.lora(), lora_targets, o.hf_dir);
+    r = zest::export_hf_lora_apart(engine, o.export_hf_dir, e, o.lora(), lora_targets, o.hf_dir);
   } else if (o.lora_r > 0) {
-    e.transform = [pending, scale = o.lora().scale()](int, std::vector<zest::HfTensor>& tensors,
-                                                      zest::HfExportPass pass) {
-      merge_adapters(*pending, scale, tensors, pass);
-    };
+    r = zest::export_hf_lora_merged(engine, o.export_hf_dir, e, o.lora());
+  } else {
+    r = zest::export_hf(engine, o.export_hf_dir, e);
   }
-  const zest::HfExportReport r = zest::export_hf(engine, o.export_hf_dir, e);
-  ZEST_CHECK(pending->empty(), "--export-hf: {} adapter tensor(s) found no weight to merge into, the first '{}'",
-             pending->size(), pending->empty() ? "" : pending->begin()->first);
   // The writer's report (world rank 0's; on a mesh the other dp rank 0s
   // have none) names the files.
   if (!r.files.empty()) {

@@ -16,10 +16,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../checkpoint/temp_dir.h"
 #include "torch_harness.h"
 #include "torch_doctest.h"
 #include "zest/comm/inprocess_comm.h"
+#include "zest/core/file_io.h"
 #include "zest/estimate/memory_estimate.h"
+#include "zest/hf/hf_checkpoint.h"
+#include "zest/hf/hf_export.h"
+#include "zest/hf/hf_import.h"
 #include "zest/torch/lora.h"
 
 using namespace zest;
@@ -388,4 +393,93 @@ TEST_CASE("LoRA through TorchModule, stages 0-3 (units kept whole at stage 3): a
 
 TEST_CASE("LoRA through TorchModule, stage 3 with every unit sharded: as stage 0, bit for bit") {
   check_stages({0, 3}, /*persistence_threshold=*/0);
+}
+
+TEST_CASE("export_hf_lora_merged and _apart: PEFT's merge_and_unload and save_pretrained, read back by import_hf") {
+  // Adapters with nonzero B (as after training), so the merge changes the
+  // weights; 2 ranks at stage 3 with every unit sharded.
+  TempDir tmp;
+  auto adapted = make_lora_net();
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : adapted->named_parameters()) {
+      if (p.key().ends_with("lora_B.weight")) p.value().copy_(randn(p.value().sizes().vec(), 31));
+    }
+  }
+  const auto before = named_values(*adapted);
+  const double scale = lora_options().scale();
+  run_inprocess(2, [&](Communicator& comm) {
+    torch::set_num_threads(1);
+    CachingAllocator alloc(make_host_allocator());
+    EngineConfig config = zest_config(TrainSpec{}, 3);
+    config.zero.stage3_param_persistence_threshold = 0;
+    Engine engine(config, comm, alloc, Stream::default_for(Device::host()));
+    std::shared_ptr<LoraNet> net;
+    {
+      static std::mutex mutex;
+      const std::lock_guard<std::mutex> lock(mutex);
+      net = make_lora_net();
+      torch::NoGradGuard no_grad;
+      for (const auto& p : net->named_parameters()) p.value().copy_(adapted->named_parameters()[p.key()]);
+    }
+    TorchModuleOptions options;
+    options.units = {net->b0, net->b1};
+    TorchModule zt(engine, net, options);
+    HfExportOptions e;
+    e.config_json = "{}";
+    e.dtype = DType::kFloat32;
+    export_hf_lora_merged(engine, tmp / "merged", e, lora_options());
+    export_hf_lora_apart(engine, tmp / "apart", e, lora_options(), kTargets, "the-base");
+    e.transform = [](int, std::vector<HfTensor>&, HfExportPass) {};
+    CHECK_THROWS_WITH_AS(export_hf_lora_merged(engine, tmp / "x", e, lora_options()),
+                         doctest::Contains("transform is set"), Error);
+  });
+  // Merged: the base model's names only, each adapted weight W + scale B A.
+  const HfCheckpoint merged = HfCheckpoint::open(tmp / "merged");
+  for (const std::string& name : merged.names()) CHECK_FALSE(is_lora_adapter(name));
+  CHECK(merged.names().size() == 16);  // 2 blocks x (norm 2 + q 2 + up 2 + down 1), head 2
+  auto plain = std::make_shared<LoraNet>();  // adapters off: the base names
+  run_inprocess(1, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(zest_config(TrainSpec{}, 0), comm, alloc, Stream::default_for(Device::host()));
+    TorchModule zt(engine, plain);
+    zt.import_hf(tmp / "merged");
+  });
+  const auto tensor = [&](const std::string& name) {
+    const std::vector<float>& v = before.at(name);
+    return torch::from_blob(const_cast<float*>(v.data()), {static_cast<int64_t>(v.size())}).clone();
+  };
+  for (const char* block : {"b0", "b1"}) {
+    for (const std::string& target : kTargets) {
+      const std::string m = fmt::format("{}.{}", block, target);
+      CAPTURE(m);
+      const torch::Tensor W = plain->named_parameters()[m + ".weight"];
+      const torch::Tensor A = tensor(m + ".lora_A.weight").view({4, W.size(1)});
+      const torch::Tensor B = tensor(m + ".lora_B.weight").view({W.size(0), 4});
+      const torch::Tensor want = tensor(m + ".weight").view(W.sizes()) + scale * torch::matmul(B, A);
+      CHECK(max_abs_diff(W, want) <= kArithmetic);
+      CHECK(max_abs_diff(W, tensor(m + ".weight").view(W.sizes())) > 1e-3);  // the merge changed it
+    }
+  }
+  // Apart: the base weights unchanged in the shards, the adapters under
+  // PEFT's names beside them with adapter_config.json.
+  const HfCheckpoint apart = HfCheckpoint::open(tmp / "apart");
+  CHECK(apart.contains("b0.q_proj.weight"));
+  CHECK_FALSE(apart.contains("b0.q_proj.lora_A.weight"));
+  CHECK(std::filesystem::exists(tmp / "apart/adapter_model.safetensors"));
+  const nlohmann::json config = nlohmann::json::parse(read_text_file(tmp / "apart/adapter_config.json"));
+  CHECK(config["base_model_name_or_path"] == "the-base");
+  auto back = make_lora_net();
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : back->named_parameters()) p.value().zero_();
+  }
+  run_inprocess(1, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(zest_config(TrainSpec{}, 0), comm, alloc, Stream::default_for(Device::host()));
+    TorchModule zt(engine, back);
+    const HfImportReport r = zt.import_hf(tmp / "apart");
+    CHECK(r.adapters_loaded == 12);  // 2 blocks x 3 targets x (A, B)
+  });
+  CHECK(named_values(*back) == before);
 }
