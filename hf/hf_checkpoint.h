@@ -41,6 +41,9 @@ inline constexpr const char* kHfWeightsFileName = "model.safetensors";
 inline constexpr const char* kHfIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kHfAdapterWeightsFileName = "adapter_model.safetensors";
 inline constexpr const char* kHfAdapterConfigFileName = "adapter_config.json";
+// PEFT's prefix of the names in adapter_model.safetensors: the wrapped
+// model's (PeftModel.base_model.model).
+inline constexpr std::string_view kPeftNamePrefix = "base_model.model.";
 
 class HfCheckpoint {
  public:

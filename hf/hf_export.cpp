@@ -219,8 +219,8 @@ void write_text(const std::string& path, const std::string& text) {
 // lifts both refusals, and each error names it.
 bool written_by_export(const std::string& name) {
   static const std::regex shard(R"(model-[0-9]{5}-of-[0-9]{5}\.safetensors)");
-  return name == kHfConfigFileName || name == kHfIndexFileName || name == "model.safetensors" ||
-         name == kHfAdapterConfigFileName || name == "adapter_model.safetensors" || std::regex_match(name, shard);
+  return name == kHfConfigFileName || name == kHfIndexFileName || name == kHfWeightsFileName ||
+         name == kHfAdapterConfigFileName || name == kHfAdapterWeightsFileName || std::regex_match(name, shard);
 }
 
 void check_destination(const fs::path& target, const HfExportOptions& options) {

@@ -125,9 +125,6 @@ void extra_problems(const HfCheckpoint& ckpt, const HfImportOptions& options, co
   }
 }
 
-// PEFT's prefix of the names in adapter_model.safetensors.
-constexpr std::string_view kPeftPrefix = "base_model.model.";
-
 // Note [adapters beside the checkpoint]: engine name -> adapter tensor of
 // every tensor of `file`, added to `source`; mismatches go to `problems`.
 std::map<std::string, std::string> match_adapters(const ModelLayout& layout, const SafetensorsFile& file,
@@ -141,12 +138,12 @@ std::map<std::string, std::string> match_adapters(const ModelLayout& layout, con
     return adapters;
   }
   for (const SafetensorsTensor& t : file.tensors()) {
-    if (!t.name.starts_with(kPeftPrefix)) {
+    if (!t.name.starts_with(kPeftNamePrefix)) {
       problems.push_back(fmt::format("adapter tensor '{}' in '{}' lacks PEFT's prefix '{}'", t.name, file.path(),
-                                     kPeftPrefix));
+                                     kPeftNamePrefix));
       continue;
     }
-    const std::string e = options.names.engine_name(t.name.substr(kPeftPrefix.size()));
+    const std::string e = options.names.engine_name(t.name.substr(kPeftNamePrefix.size()));
     if (!layout.contains(e)) {
       problems.push_back(fmt::format("adapter tensor '{}' in '{}' is no parameter of the model (it has no '{}'): "
                                      "enable LoRA as the directory's adapter_config.json describes it, or set "

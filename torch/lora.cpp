@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zest/core/check.h"
+#include "zest/hf/hf_checkpoint.h"
 #include "zest/hf/hf_export.h"
 #include "zest/torch/tensor_parallel.h"
 
@@ -239,8 +240,6 @@ void merge_pending(Pending& pending, double scale, std::vector<HfTensor>& tensor
   tensors = std::move(out);
 }
 
-constexpr const char* kPeftPrefix = "base_model.model.";
-
 }  // namespace
 
 HfExportReport export_hf_lora_merged(Engine& engine, const std::string& dir, const HfExportOptions& options,
@@ -267,10 +266,10 @@ HfExportReport export_hf_lora_apart(Engine& engine, const std::string& dir, cons
   // PEFT saves the adapters under the wrapped model's names.
   o.transform = [](int, std::vector<HfTensor>& tensors, HfExportPass) {
     for (HfTensor& t : tensors) {
-      if (is_lora_adapter(t.name)) t.name = kPeftPrefix + t.name;
+      if (is_lora_adapter(t.name)) t.name = std::string(kPeftNamePrefix) + t.name;
     }
   };
-  o.adapter = [](const std::string& name) { return name.starts_with(kPeftPrefix); };
+  o.adapter = [](const std::string& name) { return name.starts_with(kPeftNamePrefix); };
   o.adapter_config_json = adapter_config_json(lora, targets, base_model);
   return export_hf(engine, dir, o);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -50,15 +51,21 @@ std::string text(const json& j, const char* key, const std::string& fallback, co
   return j[key].get<std::string>();
 }
 
-// The scaling from `s` (rope_scaling, or transformers 5's rope_parameters,
-// named `key`).
+// The families this model computes, and each one's transformers class.
+constexpr std::pair<const char*, const char*> kFamilies[] = {{"llama", "LlamaForCausalLM"},
+                                                             {"mistral", "MistralForCausalLM"},
+                                                             {"qwen2", "Qwen2ForCausalLM"},
+                                                             {"qwen3", "Qwen3ForCausalLM"}};
+
 std::string architecture_of(const std::string& family) {
-  if (family == "mistral") return "MistralForCausalLM";
-  if (family == "qwen2") return "Qwen2ForCausalLM";
-  if (family == "qwen3") return "Qwen3ForCausalLM";
+  for (const auto& [name, architecture] : kFamilies) {
+    if (family == name) return architecture;
+  }
   return "LlamaForCausalLM";
 }
 
+// The scaling from `s` (rope_scaling, or transformers 5's rope_parameters,
+// named `key`).
 RopeScaling read_rope_scaling(const json& j, const char* key, const std::string& where) {
   // transformers 5 moved original_max_position_embeddings into the rope
   // parameters; a config that still has it at the top is read as it reads it
@@ -140,12 +147,12 @@ std::string family_of(const json& j, const std::string& where) {
   if (family.empty() && j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
       j["architectures"][0].is_string()) {
     family = j["architectures"][0].get<std::string>();
-    for (const char* known : {"llama", "mistral", "qwen2", "qwen3"}) {
-      if (family == architecture_of(known)) family = known;
+    for (const auto& [name, architecture] : kFamilies) {
+      if (family == architecture) family = name;
     }
   }
   if (family.empty()) family = "llama";
-  if (family != "llama" && family != "mistral" && family != "qwen2" && family != "qwen3") {
+  if (std::ranges::none_of(kFamilies, [&](const auto& f) { return family == f.first; })) {
     fail(where, fmt::format("model_type \"{}\" is not supported (supported: llama, mistral, qwen2, qwen3): its "
                             "modules or parameter names differ from theirs",
                             family));

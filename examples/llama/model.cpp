@@ -360,6 +360,12 @@ torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, con
                                             config_.max_position_embeddings));
   }
   torch::Tensor x = placement_.first() ? run(embed_unit(), [&] { return embed(input); }) : input;
+  // dynamic scaling's length: transformers' max(position_ids) + 1.
+  const int64_t rope_len =
+      scaling.type != "dynamic"
+          ? 0
+          : rope_dynamic_length(config_, positions_.defined() ? positions_.max().item<int64_t>() + 1 : T,
+                                rope_cached_len_);
   Rotary rope;
   if (positions_.defined()) {
     if (positions_.size(0) != input.size(0) || positions_.size(1) != T) {
@@ -367,11 +373,9 @@ torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, con
                                               "another batch",
                                               c10::str(positions_.sizes()), input.size(0), T));
     }
-    const int64_t seq_len = positions_.max().item<int64_t>() + 1;  // transformers': max(position_ids) + 1
-    rope = rotary(config_, positions_.to(x.device()), documents_.to(x.device()), x.scalar_type(),
-                  rope_dynamic_length(config_, seq_len, rope_cached_len_));
+    rope = rotary(config_, positions_.to(x.device()), documents_.to(x.device()), x.scalar_type(), rope_len);
   } else {
-    rope = rotary(config_, T, x.scalar_type(), x.device(), rope_dynamic_length(config_, T, rope_cached_len_));
+    rope = rotary(config_, T, x.scalar_type(), x.device(), rope_len);
   }
   for (LlamaDecoderLayer layer : layers()) {
     x = run_layer ? run_layer(layer, x, rope) : run(*layer, [&] { return layer->forward(x, rope); });
