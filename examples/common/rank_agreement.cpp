@@ -13,9 +13,10 @@
 namespace examples {
 namespace {
 
-// FNV-1a over the name and the value: equal options, equal hashes.
+// FNV-1a (offset basis 0xcbf29ce484222325, as weights_digest.cpp) over the
+// name and the value: equal options, equal hashes.
 int64_t hash_of(const std::string& name, const std::string& value) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 0xcbf29ce484222325ull;
   for (const std::string* s : {&name, &value}) {
     for (const char c : *s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
     h = (h ^ 0xffu) * 1099511628211ull;  // the end of each string
