@@ -12,7 +12,7 @@ install(TARGETS ${_zest_install_targets} EXPORT zestTargets
 # Every header of a layer but those under its detail/ folders, which are
 # internal (included only by the library's own sources and other detail
 # headers; tests/layering checks that no installed header includes one).
-set(_zest_layers core data memory nvme comm launch mesh optim config engine checkpoint hf estimate pipeline)
+set(_zest_layers core data tokenizer memory nvme comm launch mesh optim config engine checkpoint hf estimate pipeline)
 if(ZEST_TORCH)
   list(APPEND _zest_layers torch)
 endif()

@@ -16,6 +16,10 @@ option(ZEST_WERROR "Treat compiler warnings as errors" OFF)
 # without it the tier's thread pool (pread/pwrite) serves alone.
 set(ZEST_IO_URING AUTO CACHE STRING "Build the NVMe tier's io_uring back end (liburing): AUTO, ON or OFF")
 set_property(CACHE ZEST_IO_URING PROPERTY STRINGS AUTO ON OFF)
+# SentencePiece (libsentencepiece-dev) for tokenizer/: AUTO uses it when
+# found; without it text JSONL is refused by name (pre-tokenized data works).
+set(ZEST_SENTENCEPIECE AUTO CACHE STRING "Build the SentencePiece tokenizer (tokenizer/): AUTO, ON or OFF")
+set_property(CACHE ZEST_SENTENCEPIECE PROPERTY STRINGS AUTO ON OFF)
 set(ZEST_SANITIZE "" CACHE STRING "Sanitizers for host code, e.g. address,undefined")
 
 function(_zest_resolve_switch name found)
@@ -134,10 +138,23 @@ endif()
 _zest_resolve_switch(ZEST_IO_URING ${_zest_uring_found})
 set(ZEST_WITH_IO_URING ${ZEST_IO_URING})
 
+# SentencePiece: as liburing, linked by its file.
+string(TOUPPER "${ZEST_SENTENCEPIECE}" _zest_spm_request)
+set(_zest_spm_found OFF)
+if(NOT _zest_spm_request STREQUAL "OFF")
+  find_path(ZEST_SENTENCEPIECE_INCLUDE sentencepiece_processor.h)
+  find_library(ZEST_SENTENCEPIECE_LIBRARY sentencepiece)
+  if(ZEST_SENTENCEPIECE_INCLUDE AND ZEST_SENTENCEPIECE_LIBRARY)
+    set(_zest_spm_found ON)
+  endif()
+endif()
+_zest_resolve_switch(ZEST_SENTENCEPIECE ${_zest_spm_found})
+set(ZEST_WITH_SENTENCEPIECE ${ZEST_SENTENCEPIECE})
+
 set(ZEST_WITH_CUDA ${ZEST_CUDA})
 set(ZEST_WITH_NCCL ${ZEST_CUDA})
 set(ZEST_WITH_MPI ${ZEST_MPI})
-message(STATUS "ZEST: CUDA backend ${ZEST_CUDA}, MPI backend ${ZEST_MPI}, libtorch layer ${ZEST_TORCH}, io_uring ${ZEST_IO_URING}, sanitizers '${ZEST_SANITIZE}'")
+message(STATUS "ZEST: CUDA backend ${ZEST_CUDA}, MPI backend ${ZEST_MPI}, libtorch layer ${ZEST_TORCH}, io_uring ${ZEST_IO_URING}, SentencePiece ${ZEST_SENTENCEPIECE}, sanitizers '${ZEST_SANITIZE}'")
 
 find_program(ZEST_CCACHE ccache)
 if(ZEST_CCACHE)

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <limits>
-#include <span>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "zest/core/check.h"
+#include "zest/data/jsonl_lines.h"
 
 namespace zest {
 
@@ -98,62 +98,20 @@ Record parse_record(std::string_view line, const std::string& where, int64_t voc
 }  // namespace
 
 TokenizedJsonl::TokenizedJsonl(const std::string& path, int64_t vocab_size)
-    : path_(path), vocab_size_(vocab_size), file_(path, {.follow_links = true}) {
-  // One pass in pieces: each line's offset and length, its record checked.
-  constexpr size_t kChunk = size_t{1} << 20;
-  std::vector<std::byte> chunk;
-  std::string line;
-  uint64_t line_start = 0;
-  int64_t line_number = 1;
-  const auto finish_line = [&](uint64_t end) {
-    const bool blank = std::all_of(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
-    if (!blank) {
-      const Record r = parse_record(line, fmt::format("{}:{}", path_, line_number), vocab_size_);
-      ZEST_CHECK(end - line_start <= std::numeric_limits<uint32_t>::max(), "{}:{}: a line of {} bytes", path_,
-                 line_number, end - line_start);
-      offsets_.push_back(line_start);
-      bytes_.push_back(static_cast<uint32_t>(end - line_start));
-      lengths_.push_back(static_cast<int64_t>(r.tokens.size()));
-      lines_.push_back(line_number);
-    }
-    line.clear();
-  };
-  for (uint64_t at = 0; at < file_.size(); at += kChunk) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, file_.size() - at));
-    chunk.resize(n);
-    file_.read_at(at, chunk);
-    for (size_t i = 0; i < n; ++i) {
-      const char c = static_cast<char>(chunk[i]);
-      if (c != '\n') {
-        line.push_back(c);
-        continue;
-      }
-      finish_line(at + i);
-      ++line_number;
-      line_start = at + i + 1;
-    }
-  }
-  finish_line(file_.size());
-  ZEST_CHECK(!offsets_.empty(), "{}: no records (an empty file, or blank lines only)", path_);
-}
-
-int64_t TokenizedJsonl::length(int64_t d) const {
-  ZEST_CHECK(d >= 0 && d < size(), "{}: record {} of {}", path_, d, size());
-  return lengths_[static_cast<size_t>(d)];
-}
-
-int64_t TokenizedJsonl::line_of(int64_t d) const {
-  ZEST_CHECK(d >= 0 && d < size(), "{}: record {} of {}", path_, d, size());
-  return lines_[static_cast<size_t>(d)];
+    : path_(path), vocab_size_(vocab_size), file_(path, {.follow_links = true}), index_(path) {
+  // One pass: each line's offset and length, its record checked.
+  for_each_jsonl_line(file_, path_, [&](const JsonlLine& line) {
+    const Record r = parse_record(line.text, fmt::format("{}:{}", path_, line.number), vocab_size_);
+    index_.add(line, static_cast<int64_t>(r.tokens.size()));
+  });
+  ZEST_CHECK(index_.size() > 0, "{}: no records (an empty file, or blank lines only)", path_);
 }
 
 TokenDocument TokenizedJsonl::document(int64_t d) const {
-  std::string line(bytes_[static_cast<size_t>(d)], '\0');
-  file_.read_at(offsets_[static_cast<size_t>(d)], std::as_writable_bytes(std::span(line.data(), line.size())));
-  Record r = parse_record(line, fmt::format("{}:{}", path_, line_of(d)), vocab_size_);
+  const std::string where = index_.where(d);
+  Record r = parse_record(index_.read(file_, d), where, vocab_size_);
   ZEST_CHECK(static_cast<int64_t>(r.tokens.size()) == length(d),
-             "{}:{}: the record changed since the file was opened ({} tokens, then {})", path_, line_of(d), length(d),
-             r.tokens.size());
+             "{}: the record changed since the file was opened ({} tokens, then {})", where, length(d), r.tokens.size());
   return {std::move(r.tokens), std::move(r.labels)};
 }
 

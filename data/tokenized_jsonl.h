@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "zest/core/file_io.h"
+#include "zest/data/jsonl_lines.h"
 #include "zest/data/token_dataset.h"
 
 namespace zest {
@@ -32,22 +33,19 @@ class TokenizedJsonl final : public TokenDataset {
  public:
   explicit TokenizedJsonl(const std::string& path, int64_t vocab_size = 0);
 
-  int64_t size() const override { return static_cast<int64_t>(offsets_.size()); }
-  int64_t length(int64_t d) const override;
+  int64_t size() const override { return index_.size(); }
+  int64_t length(int64_t d) const override { return index_.length(d); }
   TokenDocument document(int64_t d) const override;
   const std::string& path() const override { return path_; }
 
   // The 1-based line of record d, for messages.
-  int64_t line_of(int64_t d) const;
+  int64_t line_of(int64_t d) const { return index_.line_of(d); }
 
  private:
   std::string path_;
   int64_t vocab_size_;
   ReadOnlyFile file_;
-  std::vector<uint64_t> offsets_;  // of each record's line
-  std::vector<uint32_t> bytes_;    // its length, without the newline
-  std::vector<int64_t> lengths_;   // its tokens after padding is dropped
-  std::vector<int64_t> lines_;
+  JsonlIndex index_;  // lengths: tokens after padding is dropped
 };
 
 }  // namespace zest

@@ -32,6 +32,7 @@ packages=(
   iproute2        # ip and tc: the simulated hosts of scripts/sim_hosts.sh (tests/multihost)
   nftables        # their packet loss where the kernel has no netem
   liburing-dev    # the NVMe tier's io_uring back end (nvme/); without it the thread pool serves
+  libsentencepiece-dev  # tokenizer/: text JSONL with a checkpoint's tokenizer.model
 )
 if [ "$peer" -eq 1 ]; then
   packages+=(python3-torch)  # torch 1.13 for Debian's python3 (bench/peer); large, so opt-in

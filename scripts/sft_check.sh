@@ -11,7 +11,12 @@
 #      of 6 uninterrupted steps (the data position follows the step count),
 #      and a resume reading other rows (another --seed) is refused by name;
 #   3. --warmup with --lr-decay cosine gives transformers' rates;
-#   4. --epochs 2 runs the steps of two epochs.
+#   4. --epochs 2 runs the steps of two epochs;
+#   5. --format text: text JSONL tokenized with Mistral v0.3's tokenizer.model
+#      (tests/tokenizer/mistral_v03) trains to the bits of --format jsonl
+#      over the ids and labels hf_tokenizer_reference.py computed for the
+#      same records (tokenizers' BPE, TRL's prompt masking); without
+#      SentencePiece in the build, --format text is refused by name instead.
 # Exit 0 and "agree" when all hold.
 set -eu
 bin=$1
@@ -61,4 +66,26 @@ plan=$(sed -n 's/.*, \([0-9]*\) steps an epoch of.*/\1/p' "$work/out.txt")
 last=$(sed -n 's/.*training steps 0 to \([0-9]*\)$/\1/p' "$work/out.txt")
 echo "--epochs 2: steps 0 to $last, epoch 0 of $plan steps; epoch 1 reached: $(grep -c ' epoch 1 ' "$work/out.txt" || true) lines"
 [ -n "$last" ] && [ "$last" -ge $((plan + 1)) ] && grep -q ' epoch 1 ' "$work/out.txt" || { echo "MISMATCH: epochs"; exit 1; }
+
+fixture="$root/tests/tokenizer/mistral_v03"
+cat > "$work/config.json" <<'JSON'
+{"model_type": "mistral", "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "num_hidden_layers": 1, "vocab_size": 32768, "max_position_embeddings": 128,
+ "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false}
+JSON
+text() {
+  "$bin" --config "$work/config.json" --max-seq-len 32 --packing --batch 2 --eval-every 100 --ranks 2 --stage 3 \
+    --steps 3 "$@" > "$work/out.txt" 2>&1 || { cat "$work/out.txt" >&2; echo "MISMATCH: $* failed" >&2; exit 1; }
+  final < "$work/out.txt"
+}
+if text --format text --tokenizer "$fixture" --data "$fixture/records.jsonl" --val-data "$fixture/records.jsonl" \
+     > "$work/text.txt" 2> /dev/null; then
+  from_text=$(cat "$work/text.txt")
+  from_ids=$(text --format jsonl --data "$fixture/expected_first.jsonl" --val-data "$fixture/expected_first.jsonl")
+  echo "--format text: $from_text; --format jsonl of the reference's ids: $from_ids"
+  [ -n "$from_text" ] && [ "$from_text" = "$from_ids" ] || { echo "MISMATCH: text"; exit 1; }
+else
+  grep -q "libsentencepiece-dev" "$work/out.txt" || { cat "$work/out.txt"; echo "MISMATCH: text refusal"; exit 1; }
+  echo "--format text: refused, this build has no SentencePiece"
+fi
 echo agree

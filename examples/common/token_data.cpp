@@ -5,26 +5,45 @@
 #include <cmath>
 
 #include "zest/core/check.h"
+#include "zest/tokenizer/hf_tokenizer.h"
+#include "zest/tokenizer/text_jsonl.h"
 
 namespace examples {
 
 void add_token_data_flags(cli::App& app, TokenDataFlags& flags) {
-  app.add_option("--format", flags.format)->check(cli::IsMember({"fortunes", "megatron", "jsonl"}));
+  app.add_option("--format", flags.format)->check(cli::IsMember({"fortunes", "megatron", "jsonl", "text"}));
+  app.add_option("--tokenizer", flags.tokenizer);
   app.add_option("--val-data", flags.val_data);
   app.add_option("--max-seq-len", flags.max_seq_len)->check(cli::Range(int64_t{2}, int64_t{1} << 24));
   app.add_flag("--packing", flags.packing);
   app.add_option("--epochs", flags.epochs)->check(cli::Range(int64_t{1}, int64_t{1} << 20));
 }
 
-void check_token_data_flags(const TokenDataFlags& flags) {
+void check_token_data_flags(TokenDataFlags& flags, const std::string& hf_dir) {
+  if (flags.format == "text" && flags.tokenizer.empty()) {
+    if (hf_dir.empty()) {
+      cli::usage_error("--format text needs a tokenizer: --tokenizer PATH (a checkpoint directory or its "
+                       "tokenizer.model), or --hf DIR whose tokenizer.model is used");
+    }
+    flags.tokenizer = hf_dir;
+  } else if (flags.format != "text" && !flags.tokenizer.empty()) {
+    cli::usage_error("--tokenizer is for --format text (text JSONL tokenized as it is read); --format {} is {}",
+                     flags.format, flags.tokenized() ? "already tokenized" : "the byte-level fortune corpus");
+  }
   if (flags.tokenized()) return;
   const auto refuse = [](const char* flag) {
-    cli::usage_error("{} needs a tokenized dataset: --format megatron or jsonl with --data", flag);
+    cli::usage_error("{} needs a dataset: --format megatron, jsonl or text with --data", flag);
   };
   if (!flags.val_data.empty()) refuse("--val-data");
   if (flags.max_seq_len > 0) refuse("--max-seq-len");
   if (flags.packing) refuse("--packing");
   if (flags.epochs > 0) refuse("--epochs");
+}
+
+std::unique_ptr<zest::TokenDataset> open_dataset(const TokenDataFlags& flags, const std::string& path, int64_t vocab) {
+  if (flags.format != "text") return zest::open_token_dataset(flags.format, path, vocab);
+  auto tokenizer = std::make_shared<const zest::HfTokenizer>(flags.tokenizer);
+  return std::make_unique<zest::TextJsonl>(path, std::move(tokenizer), vocab);
 }
 
 Batch to_batch(const zest::TokenDataset& data, const std::vector<std::vector<zest::RowPiece>>& rows, int64_t pad_to,
@@ -49,7 +68,7 @@ Batch to_batch(const zest::TokenDataset& data, const std::vector<std::vector<zes
 
 TokenData::TokenData(const TokenDataFlags& flags, const std::string& path, int64_t vocab, int64_t max_seq_len,
                      int64_t global_batch, uint64_t seed)
-    : data_(zest::open_token_dataset(flags.format, path, vocab)),
+    : data_(open_dataset(flags, path, vocab)),
       max_seq_len_(max_seq_len),
       packing_(flags.packing),
       batches_(*data_, {.max_seq_len = max_seq_len, .packing = flags.packing, .shuffle = true, .seed = seed},

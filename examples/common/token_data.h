@@ -4,6 +4,9 @@
 // the loss of held-out data.
 //
 //   --format megatron|jsonl --data PATH     the training set (PATH.bin/.idx, or a .jsonl)
+//   --format text --data PATH                text JSONL (prompt/completion or text), tokenized
+//                                            with the checkpoint's tokenizer.model
+//   --tokenizer PATH                         its directory or file (default: --hf's)
 //   --val-data PATH                          held-out data of the same format
 //   --max-seq-len N                          tokens a row (default --context)
 //   --packing                                several documents a row, attention within each
@@ -29,6 +32,7 @@ namespace examples {
 
 struct TokenDataFlags {
   std::string format = "fortunes";
+  std::string tokenizer;  // --format text: a checkpoint directory or tokenizer.model
   std::string val_data;
   int64_t max_seq_len = 0;  // 0: the example's --context
   bool packing = false;
@@ -37,10 +41,16 @@ struct TokenDataFlags {
   bool tokenized() const { return format != "fortunes"; }
 };
 
-// --format, --val-data, --max-seq-len, --packing, --epochs.
+// --format, --tokenizer, --val-data, --max-seq-len, --packing, --epochs.
 void add_token_data_flags(cli::App& app, TokenDataFlags& flags);
-// After parsing: throws cli::UsageError for a flag that needs --format.
-void check_token_data_flags(const TokenDataFlags& flags);
+// After parsing: throws cli::UsageError for a flag that needs --format, and
+// for --format text without a tokenizer (--tokenizer, else `hf_dir`, which
+// becomes flags.tokenizer).
+void check_token_data_flags(TokenDataFlags& flags, const std::string& hf_dir = "");
+
+// `path` in flags.format (text: tokenized with flags.tokenizer), tokens
+// checked against `vocab`.
+std::unique_ptr<zest::TokenDataset> open_dataset(const TokenDataFlags& flags, const std::string& path, int64_t vocab);
 
 // Rows of `data` as a Batch [rows, pad_to]: tokens, targets, and for packed
 // rows positions and document ids.

@@ -151,7 +151,7 @@ void train_tokenized(const llama::Options& opt, const zest::EngineConfig& config
   const int64_t accum = opt.accum, rows = opt.batch / world, rows_per_micro = rows / accum;
   examples::TokenData data(opt, opt.data, opt.model.vocab_size, opt.max_seq_len, opt.batch, opt.seed);
   std::unique_ptr<zest::TokenDataset> held_out;
-  if (!opt.val_data.empty()) held_out = zest::open_token_dataset(opt.format, opt.val_data, opt.model.vocab_size);
+  if (!opt.val_data.empty()) held_out = examples::open_dataset(opt, opt.val_data, opt.model.vocab_size);
   const zest::RowPlanOptions row_options{.max_seq_len = opt.max_seq_len, .packing = opt.packing};
   const std::string identity = data_identity(opt, data);
   if (!opt.load_dir.empty()) {

@@ -13,8 +13,8 @@ std::string usage() {
          "             [--config config.json] [--steps N] [--batch ROWS] [--context N] [--lr X] [--seed N]\n"
          "             [--threads N] [--tied] [--lora R] [--lora-alpha A]\n"
          "             [--data FORTUNE_FILE_OR_DIR] [--eval-every N] [--val-windows N] [--print-every N]\n"
-         "             [--format megatron|jsonl --data PATH [--val-data PATH] [--max-seq-len N] [--packing]\n"
-         "              [--epochs N]]\n"
+         "             [--format megatron|jsonl|text --data PATH [--tokenizer DIR] [--val-data PATH] [--max-seq-len N]\n"
+         "              [--packing] [--epochs N]]\n"
          "             [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
          "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16]\n"
          "             [--export-adapters] [--export-replace] [--recompute] [--timeout SECONDS] [--accum N]\n"
@@ -52,7 +52,7 @@ Options parse_options(int argc, char** argv) {
   examples::add_mesh_flags(app, o, schedule);
   examples::add_token_data_flags(app, o);
   cli::parse(app, argc, argv);
-  examples::check_token_data_flags(o);
+  examples::check_token_data_flags(o, o.hf_dir);
   if (o.loss_chunk > 0 && o.tp > 1) cli::usage_error("--loss-chunk needs --tp 1: a tp head is split by vocabulary");
   if (o.save_every > 0 && o.save_dir.empty()) cli::usage_error("--save-every needs --save: the checkpoint root");
   // Tokenized rows are the context: --max-seq-len, or --context's length.

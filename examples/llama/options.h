@@ -20,8 +20,9 @@ using UsageError = cli::UsageError;
 // examples::LmRunOptions'; --steps 0 loads, reports and exports without
 // training. --tp, --pp and --pipeline-schedule (examples::MeshFlags) train
 // over a device mesh, the batch's --accum micro-batches through the stages.
-// --format megatron|jsonl with --data trains on a tokenized dataset
-// (examples::TokenDataFlags: --val-data, --max-seq-len, --packing,
+// --format megatron|jsonl|text with --data trains on a tokenized dataset or
+// on text JSONL tokenized with the checkpoint's tokenizer.model
+// (examples::TokenDataFlags: --tokenizer, --val-data, --max-seq-len, --packing,
 // --epochs), rows of --max-seq-len tokens (which sets --context); without,
 // the byte-level fortune corpus.
 struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::MeshFlags, examples::TokenDataFlags {
