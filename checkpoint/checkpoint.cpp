@@ -1,6 +1,7 @@
 #include "zest/checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <bit>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -85,6 +86,43 @@ std::vector<std::vector<float>> read_weights_by_name(CheckpointReader& reader, c
   return masters;
 }
 
+// Note [the fingerprint of a frozen unit]
+// A checkpoint saved without its frozen units' values names the base they
+// held by a fingerprint: the sum, modulo 2^64, of a 64-bit mix of each
+// element's index in the unit and its value's bits. A sum does not care in
+// which order or in which shards the elements are visited, so every rank
+// adds its own shard's real elements (not the padding), and the ranks'
+// sums added are the unit's at any world size, stage or MiCS group (only
+// the ranks of the first group, which own the partitions, add theirs). Any
+// changed element changes it but with odds of 2^-64; it is an identity
+// check against loading onto another base, not a defence against forgery.
+uint64_t element_mix(uint64_t index, float value) {
+  uint64_t x = index * 0x9E3779B97F4A7C15ull + std::bit_cast<uint32_t>(value);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64's finalizer
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Every unit's fingerprint (0 for a trainable one). Collective.
+std::vector<uint64_t> frozen_fingerprints(Engine& engine) {
+  const ModelLayout& layout = engine.layout();
+  const bool owner = engine.comm().rank() < layout.partitions();
+  std::vector<int64_t> mine(static_cast<size_t>(layout.num_units()), 0);
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const UnitLayout& U = layout.unit(u);
+    if (!U.frozen || !owner) continue;
+    const std::vector<float> values = engine.read_shard(u, 0);
+    const size_t first = U.shard * static_cast<size_t>(engine.partition());
+    uint64_t sum = 0;
+    for (size_t i = 0; i < values.size() && first + i < U.numel; ++i) sum += element_mix(first + i, values[i]);
+    mine[static_cast<size_t>(u)] = static_cast<int64_t>(sum);
+  }
+  const std::vector<int64_t> all = engine.all_gather_scalars(mine);
+  std::vector<uint64_t> out(mine.size(), 0);
+  for (size_t i = 0; i < all.size(); ++i) out[i % mine.size()] += static_cast<uint64_t>(all[i]);
+  return out;
+}
+
 // Note [a diverged run is not saved]
 // A load refuses a NaN or Inf (checkpoint_value_ok) as corruption, so saving
 // a run whose master weights or optimizer state diverged would publish a
@@ -166,6 +204,14 @@ std::string save_part(Engine& engine, const std::string& root, const CheckpointO
   const fs::path partial =
       partial_checkpoint_dir(root, tag, static_cast<uint64_t>(engine.all_gather_scalars(nonce)[0]));
 
+  // What the files hold: the frozen units' values, or their fingerprints.
+  CheckpointManifest stored;
+  stored.shard_buffers = engine.shard_buffers();
+  if (options.exclude_frozen_parameters) {
+    stored.frozen_excluded = true;
+    stored.frozen_fingerprints = frozen_fingerprints(engine);
+  }
+
   // Every rank that owns a shard writes it: the master weights of every unit
   // in order, then each optimizer state buffer the same way. With MiCS the
   // first group's ranks, 0 to partitions - 1, whose partition is their rank;
@@ -189,10 +235,10 @@ std::string save_part(Engine& engine, const std::string& root, const CheckpointO
     }
     if (!writes) return;
     AtomicFile file((partial / shard_file_name(rank)).string());
-    // A frozen unit has its values in buffer 0 and nothing after.
+    // A frozen unit has its values in buffer 0 (unless excluded) and nothing after.
     for (int b = 0; b < engine.shard_buffers(); ++b) {
       for (int u = 0; u < layout.num_units(); ++u) {
-        if (b > 0 && layout.unit(u).frozen) continue;
+        if (!stored.stores(layout.unit(u), b)) continue;
         const std::vector<float> values = engine.read_shard(u, b);
         check_savable(layout.unit(u), b, engine.partition(), values, root, tag);
         file.write(std::as_bytes(std::span(values)));
@@ -232,13 +278,15 @@ std::string save_part(Engine& engine, const std::string& root, const CheckpointO
   on_every_rank(engine, "publishing the checkpoint", [&] {
     if (!rank0) return;
     CheckpointManifest m;
-    m.format_version = kCheckpointFormatVersion;
+    m.format_version = stored.frozen_excluded ? kCheckpointFormatVersion : 2;
     m.world_size = world;
     m.stage = engine.stage();
     m.partitions = layout.partitions();
     m.compute_dtype = std::string(dtype_name(engine.compute_dtype()));
     m.optimizer = std::string(optimizer_name(engine.config().optimizer.kind));
     m.shard_buffers = engine.shard_buffers();
+    m.frozen_excluded = stored.frozen_excluded;
+    m.frozen_fingerprints = stored.frozen_fingerprints;
     m.progress = progress;
     m.groups = layout.groups();
     for (const UnitLayout& u : layout.units()) {
@@ -289,6 +337,8 @@ std::string load_part(Engine& engine, const std::string& root, const CheckpointO
   Engine::Progress progress;
   UserState user;
   std::string note;
+  bool excluded = false;  // the frozen units' values are not in the checkpoint
+  std::vector<uint64_t> saved_fingerprints;
   on_every_rank(engine, "loading the checkpoint", [&] {
     if (dir.empty()) dir = latest_checkpoint_dir(root);
     CheckpointReader reader(dir);
@@ -309,9 +359,12 @@ std::string load_part(Engine& engine, const std::string& root, const CheckpointO
                dir, first_difference(theirs, mine));
     const ShardBufferMap map = map_shard_buffers(m, engine.config().optimizer, dir);
     note = map.note;
+    excluded = m.frozen_excluded;
+    saved_fingerprints = m.frozen_fingerprints;
     for (int u = 0; u < layout.num_units(); ++u) {
       const UnitLayout& U = layout.unit(u);
-      for (int b = 0; b < (U.frozen ? 1 : buffers); ++b) {
+      for (int b = 0; b < buffers; ++b) {
+        if (!m.stores(U, b)) continue;
         std::vector<float> values(U.shard);
         reader.read(map.from[static_cast<size_t>(b)], u, U.shard * static_cast<size_t>(part), values);
         shards[static_cast<size_t>(u)].push_back(std::move(values));
@@ -330,6 +383,20 @@ std::string load_part(Engine& engine, const std::string& root, const CheckpointO
                "rank read '{}'): `latest` moved while they read it. Is another job saving to this root? Load again when "
                "it has finished, or name the checkpoint with a tag",
                root, all[1], r, all[2 * r + 1], dir);
+  }
+  if (excluded) {
+    // The base must be the one the checkpoint was trained on (Note [the
+    // fingerprint of a frozen unit]); every rank computes the same sums.
+    const std::vector<uint64_t> here = frozen_fingerprints(engine);
+    for (int u = 0; u < layout.num_units(); ++u) {
+      const size_t i = static_cast<size_t>(u);
+      ZEST_CHECK(!layout.unit(u).frozen || here[i] == saved_fingerprints[i],
+                 "checkpoint '{}' was saved without the values of its frozen units (exclude_frozen_parameters), to "
+                 "be loaded onto the base it was trained on; frozen unit '{}' here holds other values (fingerprint "
+                 "{:016x}, the checkpoint's {:016x}). Load that base first (the same Hugging Face checkpoint and "
+                 "dtype, as the run that saved it did), then the checkpoint",
+                 dir, layout.unit(u).name, here[i], saved_fingerprints[i]);
+    }
   }
   if (before_apply) before_apply(tag, progress.applied_steps);
   if (options.user_state != nullptr) *options.user_state = std::move(user);

@@ -51,8 +51,11 @@
 
 namespace zest {
 
-// 2: the manifest holds its own checksum (1 is still read).
-inline constexpr int kCheckpointFormatVersion = 2;
+// 2: the manifest holds its own checksum; 3: the frozen units' values are
+// left out (CheckpointOptions::exclude_frozen_parameters). A save writes 3
+// only then, 2 otherwise, so that a reader of 2 reads what it can; 1 is
+// still read.
+inline constexpr int kCheckpointFormatVersion = 3;
 
 struct CheckpointOptions {
   // The checkpoint's directory name under the root; empty: step_<applied
@@ -81,6 +84,15 @@ struct CheckpointOptions {
   UserState* user_state = nullptr;
   // load_checkpoint: per-rank user state saved at another world size.
   PerRankUserState per_rank_user_state = PerRankUserState::kFail;
+  // save_checkpoint: leave the frozen units' values out (DeepSpeed's
+  // save_checkpoint(exclude_frozen_parameters=True)); a LoRA run then saves
+  // what it trains, the adapters and their optimizer state, not a copy of
+  // the base. The manifest keeps each frozen unit's fingerprint instead (a
+  // 64-bit hash of its values, the same at every world size and stage), and
+  // load_checkpoint checks the engine's frozen values against it: load the
+  // base first (import_hf, as the run that saved did), then the checkpoint.
+  // A load that would need the values (weights_only) is refused by name.
+  bool exclude_frozen_parameters = false;
 };
 
 // Collective. Returns the checkpoint's directory.

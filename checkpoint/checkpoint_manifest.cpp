@@ -95,6 +95,17 @@ std::string manifest_to_json(const CheckpointManifest& m) {
     }
     units.push_back({{"name", u.name}, {"params", params}});
   }
+  // Format 3: the frozen units' values are not in the files, their
+  // fingerprints are here.
+  json frozen = json::object();
+  if (m.frozen_excluded) {
+    const ModelLayout layout = m.layout();
+    for (int u = 0; u < layout.num_units(); ++u) {
+      if (layout.unit(u).frozen) {
+        frozen[layout.unit(u).name] = fmt::format("{:016x}", m.frozen_fingerprints.at(static_cast<size_t>(u)));
+      }
+    }
+  }
   json groups = json::array();
   for (const ParamGroupSpec& g : m.groups) groups.push_back({{"name", g.name}, {"weight_decay", g.weight_decay}});
   json files = json::array();
@@ -122,6 +133,7 @@ std::string manifest_to_json(const CheckpointManifest& m) {
       {"units", units},
       {"files", files},
   };
+  if (m.frozen_excluded) doc["frozen_parameters"] = {{"excluded", true}, {"fingerprints", frozen}};
   if (m.user_global) {
     const auto entry = [](const UserStateFile& f) {
       return json{{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}, {"blobs", f.blobs}};
@@ -240,6 +252,34 @@ CheckpointManifest parse_manifest(const std::string& json_text, const std::strin
     for (size_t i = 0; i < per_rank.size(); ++i) {
       m.user_per_rank.push_back(entry(per_rank[i], fmt::format("user_state.per_rank[{}]", i)));
     }
+  }
+  // Absent: the frozen units' values are in the shard files (formats 1-2,
+  // and 3 saved without exclude_frozen_parameters).
+  if (doc.contains("frozen_parameters")) {
+    const json& fp = r.field(doc, "frozen_parameters", "manifest");
+    ZEST_CHECK(fp.contains("excluded") && fp["excluded"] == true,
+               "checkpoint manifest '{}': frozen_parameters.excluded must be true", path);
+    const json& prints = r.field(fp, "fingerprints", "frozen_parameters");
+    ZEST_CHECK(prints.is_object(), "checkpoint manifest '{}': frozen_parameters.fingerprints must be an object", path);
+    m.frozen_excluded = true;
+    m.frozen_fingerprints.assign(m.units.size(), 0);
+    size_t frozen = 0;
+    for (size_t u = 0; u < m.units.size(); ++u) {
+      const UnitSpec& spec = m.units[u];
+      if (spec.params.empty() || spec.params.front().trainable) continue;
+      ++frozen;
+      const std::string where = fmt::format("frozen_parameters.fingerprints[\"{}\"]", escape_for_message(spec.name));
+      ZEST_CHECK(prints.contains(spec.name) && prints[spec.name].is_string(),
+                 "checkpoint manifest '{}': no {} (a hexadecimal string) for frozen unit '{}'", path, where,
+                 escape_for_message(spec.name));
+      const std::string hex = prints[spec.name].get<std::string>();
+      ZEST_CHECK(hex.size() == 16 && hex.find_first_not_of("0123456789abcdef") == std::string::npos,
+                 "checkpoint manifest '{}': {} is \"{}\", not 16 hexadecimal digits", path, where,
+                 escape_for_message(hex));
+      m.frozen_fingerprints[u] = std::stoull(hex, nullptr, 16);
+    }
+    ZEST_CHECK(prints.size() == frozen, "checkpoint manifest '{}': {} fingerprints for {} frozen units", path,
+               prints.size(), frozen);
   }
   // Last, so that the fields' own checks (which name the field) come first;
   // this one catches what they cannot: entries swapped, a value changed

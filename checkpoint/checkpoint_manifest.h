@@ -45,6 +45,31 @@ struct CheckpointManifest {
   // world_size, or none (zest-ckpt reshard drops them).
   std::optional<UserStateFile> user_global;
   std::vector<UserStateFile> user_per_rank;
+  // Saved with CheckpointOptions::exclude_frozen_parameters: the frozen
+  // units' values are not in the shard files (which then hold the trainable
+  // units' buffers only); each frozen unit has instead the fingerprint of its
+  // values (frozen_fingerprint in checkpoint.h), by unit, 0 for trainable
+  // units. Format 3.
+  bool frozen_excluded = false;
+  std::vector<uint64_t> frozen_fingerprints;
+
+  // Whether the shard files hold `buffer` of `unit`: the trainable units'
+  // every buffer, the frozen units' values (buffer 0) unless excluded.
+  bool stores(const UnitLayout& unit, int buffer) const {
+    return !unit.frozen || (buffer == 0 && !frozen_excluded);
+  }
+  // The floats of one partition's shard file.
+  uint64_t shard_floats(const ModelLayout& layout) const {
+    const uint64_t trainable = layout.trainable_owned();
+    const uint64_t values = frozen_excluded ? trainable : layout.owned();
+    return values + static_cast<uint64_t>(shard_buffers - 1) * trainable;
+  }
+  // Where `buffer` of `unit` starts in a partition's shard file, in floats.
+  uint64_t shard_offset(const ModelLayout& layout, int buffer, int unit) const {
+    if (buffer == 0 && !frozen_excluded) return layout.owned_offset(unit);
+    const uint64_t first = frozen_excluded ? 0 : layout.owned() - layout.trainable_owned();
+    return first + static_cast<uint64_t>(buffer) * layout.trainable_owned() + layout.trainable_offset(unit);
+  }
 
   // The model's layout as it was split when saved.
   ModelLayout layout() const { return ModelLayout(groups, units, partitions); }

@@ -34,10 +34,9 @@ const ReadOnlyFile& CheckpointReader::file(int partition) {
   auto& f = open_[partition];
   if (!f) {
     const ShardFile& sf = manifest_.files.at(static_cast<size_t>(partition));
-    // Every unit's values, and the optimizer state of the trainable ones.
-    const uint64_t expected =
-        (layout_.owned() + static_cast<uint64_t>(manifest_.shard_buffers - 1) * layout_.trainable_owned()) *
-        sizeof(float);
+    // Every unit's values (the frozen ones' unless excluded), and the
+    // optimizer state of the trainable ones.
+    const uint64_t expected = manifest_.shard_floats(layout_) * sizeof(float);
     // Capped by what the manifest says, so a huge file is refused unread.
     f = std::make_unique<ReadOnlyFile>((fs::path(dir_) / sf.name).string(),
                                        ReadLimits{.max_bytes = std::max(sf.bytes, expected)});
@@ -62,11 +61,12 @@ void CheckpointReader::read(int buffer, int unit, size_t begin, std::span<float>
   const UnitLayout& U = layout_.unit(unit);
   ZEST_CHECK(buffer == 0 || !U.frozen, "checkpoint '{}': unit '{}' is frozen, so it has no {}", dir_, U.name,
              shard_buffer_name(buffer));
-  // Buffer 0 covers every unit; the optimizer state buffers after it, the
-  // trainable units only.
-  const uint64_t base = buffer == 0 ? layout_.owned_offset(unit)
-                                    : layout_.owned() + static_cast<uint64_t>(buffer - 1) * layout_.trainable_owned() +
-                                          layout_.trainable_offset(unit);
+  ZEST_CHECK(manifest_.stores(U, buffer),
+             "checkpoint '{}' holds no values of frozen unit '{}': it was saved with exclude_frozen_parameters (a "
+             "LoRA run's adapters and their state, without the base), so it loads whole onto the base it was "
+             "trained on, and what needs the base's values (a weights-only load, an export) needs that base",
+             dir_, U.name);
+  const uint64_t base = manifest_.shard_offset(layout_, buffer, unit);
   std::fill(out.begin(), out.end(), 0.0f);
   const size_t end = std::min(begin + out.size(), U.padded);
   for (size_t i = begin; i < end;) {

@@ -93,7 +93,9 @@ int inspect(const std::string& path) {
     if (u.frozen) frozen.push_back(fmt::format("{} ({} parameters)", u.name, u.numel));
   }
   if (!frozen.empty()) {
-    fmt::print("frozen      {} of {} units, values only: {}\n", frozen.size(), L.num_units(), fmt::join(frozen, ", "));
+    fmt::print("frozen      {} of {} units, {}: {}\n", frozen.size(), L.num_units(),
+               m.frozen_excluded ? "values excluded (fingerprints only: loads onto its base)" : "values only",
+               fmt::join(frozen, ", "));
   }
   int missing = 0, files = 0;
   for (const ShardFile& f : m.files) missing += !print_file(r.dir(), f.name, f.bytes, f.crc32, "");
@@ -123,7 +125,7 @@ int verify(const std::string& path) {
   std::vector<float> piece;
   for (int b = 0; b < r.manifest().shard_buffers; ++b) {
     for (int u = 0; u < r.layout().num_units(); ++u) {
-      if (b > 0 && r.layout().unit(u).frozen) continue;  // values only
+      if (!r.manifest().stores(r.layout().unit(u), b)) continue;  // frozen: values only, or none
       for_each_piece(0, r.layout().unit(u).padded, [&](size_t i, size_t n) {
         piece.resize(n);
         r.read(b, u, i, piece);
@@ -214,7 +216,7 @@ int reshard(const std::string& path, const std::string& out_root, int world, int
     AtomicFile file((fs::path(publisher.partial_dir()) / name).string());
     for (int b = 0; b < m.shard_buffers; ++b) {
       for (int u = 0; u < L.num_units(); ++u) {
-        if (b > 0 && L.unit(u).frozen) continue;  // values only
+        if (!m.stores(L.unit(u), b)) continue;  // frozen: values only, or none
         const size_t begin = L.unit(u).shard * static_cast<size_t>(q);
         for_each_piece(begin, begin + L.unit(u).shard, [&](size_t i, size_t n) {
           piece.resize(n);

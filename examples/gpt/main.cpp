@@ -59,6 +59,7 @@
 #include "options.h"
 #include "sample.h"
 #include "trainer.h"
+#include "zest/checkpoint/checkpoint.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/process_memory.h"
 #include "zest/launch/bootstrap.h"
@@ -178,7 +179,9 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
                                                         opt.launch ? "rank 0 process" : "process"));
   }
   if (!opt.save_dir.empty()) {
-    const std::string dir = zt->save(opt.save_dir);
+    zest::CheckpointOptions co;
+    co.exclude_frozen_parameters = opt.lora_r > 0;  // the adapters and their state, not the base
+    const std::string dir = zt->save(opt.save_dir, co);
     if (printer) fmt::print("saved {}\n", dir);
   }
   if (opt.digest) {

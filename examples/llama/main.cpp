@@ -222,6 +222,7 @@ void train_tokenized(const llama::Options& opt, const zest::EngineConfig& config
       zest::UserState state = data_state(identity, step + 1);
       zest::CheckpointOptions co;
       co.user_state = &state;
+      co.exclude_frozen_parameters = opt.lora_r > 0;  // the adapters and their state, not the base
       const std::string dir = zt.save(opt.save_dir, co);
       if (printer) fmt::print("saved {}\n", dir);
     }
@@ -324,7 +325,9 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
     }
     if ((step + 1 - first) % opt.eval_every == 0 || last) validate(step + 1);
     if (opt.save_every > 0 && (step + 1) % opt.save_every == 0 && !last) {
-      const std::string dir = zt->save(opt.save_dir);
+      zest::CheckpointOptions co;
+      co.exclude_frozen_parameters = opt.lora_r > 0;  // the adapters and their state, not the base
+      const std::string dir = zt->save(opt.save_dir, co);
       if (printer) fmt::print("saved {}\n", dir);
     }
   }
@@ -350,6 +353,7 @@ void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::E
   if (!opt.save_dir.empty()) {
     zest::CheckpointOptions co;
     co.user_state = saved;
+    co.exclude_frozen_parameters = opt.lora_r > 0;  // the adapters and their state, not the base
     const std::string dir = zt.save(opt.save_dir, co);
     if (printer) fmt::print("saved {}\n", dir);
   }

@@ -196,3 +196,149 @@ TEST_CASE("a full load into another optimizer carries the shared state with a no
              [&](Engine& e, Communicator&) { load_checkpoint(e, momentum.str(), weights); });
   }
 }
+
+namespace {
+
+// A LoRA-like model: a frozen base unit larger than the trainable ones.
+void adapter_model(Engine& engine) {
+  engine.add_unit("base", {{"base.w", {37, 29}, "default", false}, {"base.b", {37}, "default", false}});
+  engine.add_param_group("no_decay", 0.0f);
+  engine.add_unit("a", {{"a.w", {7, 13}}, {"a.b", {7}, "no_decay"}});
+  engine.add_unit("b", {{"b.w", {5, 7}}});
+}
+
+// Steps [first, last) with gradients for the trainable units only, whole
+// numbers the same on every rank: the update is exact at any world size.
+void adapter_steps(Engine& engine, Communicator& comm, int64_t first, int64_t last) {
+  Backward bw;
+  bw.same_on_every_rank = true;
+  bw.integer_valued = true;
+  for (int64_t s = first; s < last; ++s) {
+    for (int u = 0; u < engine.layout().num_units(); ++u) UnitHandle h = engine.gather(u);
+    for (int u = engine.layout().num_units() - 1; u >= 0; --u) {
+      if (!engine.layout().unit(u).frozen) write_grads<float>(engine, u, comm.rank(), s, 0, bw);
+    }
+    (void)engine.step();
+  }
+}
+
+// On `world` ranks at `stage`: a finalized adapter_model (the base's values
+// scaled by `base_scale`), then body; rank 0's master values after it.
+Params on_adapter_ranks(int world, int stage, float base_scale, const std::function<void(Engine&, Communicator&)>& body) {
+  std::vector<Params> out(static_cast<size_t>(world));
+  run_inprocess(world, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(stage), comm, alloc, Stream::default_for(Device::host()));
+    adapter_model(engine);
+    engine.finalize([&](const ParamLayout& p, std::span<float> v) {
+      init_values(p, v);
+      if (p.name.starts_with("base.")) {
+        for (float& x : v) x *= base_scale;
+      }
+    });
+    body(engine, comm);
+    out[static_cast<size_t>(comm.rank())] = master_params(engine);
+  });
+  return out[0];
+}
+
+}  // namespace
+
+TEST_CASE("exclude_frozen_parameters: a checkpoint of what is trained, loaded onto its base at any world size") {
+  TempDir whole, adapters, straight_dir;
+  CheckpointOptions exclude;
+  exclude.exclude_frozen_parameters = true;
+  // 3 steps, saved both ways, at 2 ranks stage 3.
+  uint64_t trainable_padded = 0, frozen_padded = 0;
+  on_adapter_ranks(2, 3, 1.0f, [&](Engine& e, Communicator& c) {
+    if (c.rank() == 0) {
+      for (const UnitLayout& u : e.layout().units()) (u.frozen ? frozen_padded : trainable_padded) += u.padded;
+    }
+    adapter_steps(e, c, 0, 3);
+    save_checkpoint(e, whole.str());
+    save_checkpoint(e, adapters.str(), exclude);
+  });
+  const Params straight = on_adapter_ranks(2, 3, 1.0f, [&](Engine& e, Communicator& c) { adapter_steps(e, c, 0, 5); });
+
+  // The files hold the trainable units' master weights and Adam's two
+  // moments (3 x their padded floats over the 2 files), and no value of the
+  // base, which the other checkpoint holds once.
+  const auto file_bytes = [](const fs::path& dir) {
+    uint64_t n = 0;
+    for (const char* f : {"rank_00000.bin", "rank_00001.bin"}) n += fs::file_size(dir / "step_000003" / f);
+    return n;
+  };
+  CHECK(file_bytes(adapters.path) == 3 * trainable_padded * sizeof(float));
+  CHECK(file_bytes(whole.path) == file_bytes(adapters.path) + frozen_padded * sizeof(float));
+  CHECK(frozen_padded >= 37 * 29 + 37);
+  const nlohmann::json m = read_manifest_json(adapters.path / "step_000003");
+  CHECK(m["format_version"] == 3);
+  CHECK(m["frozen_parameters"]["excluded"] == true);
+  CHECK(m["frozen_parameters"]["fingerprints"].size() == 1);
+  CHECK(m["frozen_parameters"]["fingerprints"]["base"].get<std::string>().size() == 16);
+
+  // Loaded onto the same base at another world size and stage, 2 more steps
+  // give the bits of 5 straight (the base's fingerprint is the same at any
+  // split: Note [the fingerprint of a frozen unit]).
+  for (auto [world, stage] : {std::pair{2, 3}, std::pair{3, 2}, std::pair{1, 0}}) {
+    CAPTURE(world);
+    const Params resumed = on_adapter_ranks(world, stage, 1.0f, [&](Engine& e, Communicator& c) {
+      load_checkpoint(e, adapters.str());
+      CHECK(e.progress().applied_steps == 3);
+      adapter_steps(e, c, 3, 5);
+    });
+    CHECK(resumed == straight);
+  }
+  // Onto another base: refused by name, on every rank.
+  const std::string other = error_text([&] {
+    on_adapter_ranks(2, 3, 2.0f, [&](Engine& e, Communicator&) { load_checkpoint(e, adapters.str()); });
+  });
+  CHECK_MESSAGE(other.find("frozen unit 'base' here holds other values") != std::string::npos, other);
+  CHECK_MESSAGE(other.find("Load that base first") != std::string::npos, other);
+  // A change of one element of the base is seen.
+  const std::string one = error_text([&] {
+    on_adapter_ranks(3, 2, 1.0f, [&](Engine& e, Communicator&) {
+      std::vector<float> v = e.read_shard(0, 0);
+      if (e.partition() == 1) v[5] = std::nextafter(v[5], 1.0f);
+      e.write_shard(0, 0, v);
+      load_checkpoint(e, adapters.str());
+    });
+  });
+  CHECK_MESSAGE(one.find("frozen unit 'base' here holds other values") != std::string::npos, one);
+  // A weights-only load needs the base's values: refused naming why.
+  CheckpointOptions weights;
+  weights.weights_only = true;
+  const std::string w = error_text([&] {
+    on_adapter_ranks(1, 1, 1.0f, [&](Engine& e, Communicator&) { load_checkpoint(e, adapters.str(), weights); });
+  });
+  CHECK_MESSAGE(w.find("holds no values of frozen unit 'base'") != std::string::npos, w);
+  // The whole checkpoint still loads onto any base (it carries the values).
+  const Params from_whole = on_adapter_ranks(3, 2, 2.0f, [&](Engine& e, Communicator& c) {
+    load_checkpoint(e, whole.str());
+    adapter_steps(e, c, 3, 5);
+  });
+  CHECK(from_whole == straight);
+#ifdef ZEST_CKPT_TOOL
+  // zest-ckpt verifies it, and reshards it to 1 rank at stage 1 keeping the
+  // fingerprints; the result loads onto the base as the original does.
+  TempDir resharded, logs;
+  const auto zest_ckpt = [&](const std::string& args) {
+    const std::string command = fmt::format("'{}' {} > '{}/out.txt' 2>&1", ZEST_CKPT_TOOL, args, logs.str());
+    return std::system(command.c_str());
+  };
+  const std::string step3 = (adapters.path / "step_000003").string();
+  CHECK(zest_ckpt(fmt::format("verify '{}'", step3)) == 0);
+  CHECK(zest_ckpt(fmt::format("inspect '{}'", step3)) == 0);
+  CHECK(slurp(logs.path / "out.txt").find("values excluded (fingerprints only") != std::string::npos);
+  REQUIRE(zest_ckpt(fmt::format("reshard '{}' '{}' --world 1 --stage 1", step3, resharded.str())) == 0);
+  CHECK(read_manifest_json(resharded.path / "step_000003")["frozen_parameters"] == m["frozen_parameters"]);
+  const Params from_resharded = on_adapter_ranks(1, 1, 1.0f, [&](Engine& e, Communicator& c) {
+    load_checkpoint(e, resharded.str());
+    adapter_steps(e, c, 3, 5);
+  });
+  CHECK(from_resharded == straight);
+  // An export needs the base's values: refused naming why.
+  CHECK(zest_ckpt(fmt::format("export '{}' '{}/w.safetensors'", step3, logs.str())) != 0);
+  CHECK(slurp(logs.path / "out.txt").find("holds no values of frozen unit 'base'") != std::string::npos);
+#endif
+}
