@@ -93,6 +93,13 @@ void read_refused(Section& top) {
                 "an optimizer update at every step() (managed_gradient_accumulation false); ZEST steps at the "
                 "accumulation boundary", "true, as in ZEST");
   top.refuse_if("weight_quantization", [](const json& v) { return !v.is_null(); }, "weight quantization", "");
+  // deepspeed/runtime/config.py's get_sequence_parallel_size (default 1),
+  // the Ulysses group of ALST.
+  top.refuse_if("sequence_parallel_size",
+                [](const json& v) { return !v.is_null() && !(v.is_number_integer() && v.get<int64_t>() == 1); },
+                "Ulysses sequence parallelism (sequence_parallel_size above 1); for long sequences ZEST computes "
+                "attention, the MLP and the loss in tiles on each rank (docs/FINE_TUNING.md, Long sequences)",
+                "1: no sequence parallelism, as in ZEST");
 }
 
 }  // namespace

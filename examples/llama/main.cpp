@@ -250,6 +250,8 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
                                {"--recompute", fmt::format("{}", opt.recompute)},
                                {"--save-every", fmt::format("{}", opt.save_every)},
                                {"--loss-chunk", fmt::format("{}", opt.loss_chunk)},
+                               {"--attention-tile", fmt::format("{}", opt.attention_tile)},
+                               {"--mlp-tile", fmt::format("{}", opt.mlp_tile)},
                                {"--warmup", fmt::format("{}", opt.warmup)},
                                {"--lr-decay", opt.lr_decay},
                                {"--format", opt.format},
@@ -279,6 +281,7 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
   }
   if (opt.recompute) model->set_layer_runner(llama::checkpointing(*zt));
   model->set_loss_chunk(opt.loss_chunk);
+  model->set_tiles(opt.attention_tile, opt.mlp_tile);
 
   int64_t first = 0;
   zest::UserState loaded;

@@ -4,6 +4,8 @@
 #include "common/vocab_head.h"
 
 #include "zest/torch/chunked_loss.h"
+#include "zest/torch/tiled_attention.h"
+#include "zest/torch/tiled_forward.h"
 #include "zest/torch/module_construction.h"
 
 #include <cmath>
@@ -122,7 +124,8 @@ std::pair<torch::Tensor, torch::Tensor> cos_sin(const Config& c, const torch::Te
 
 }  // namespace
 
-Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device, int64_t rope_len) {
+Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device, int64_t rope_len,
+              bool masks) {
   const std::vector<float> inv = rope_inv_freq(c, rope_len);
   const torch::Tensor inv_freq = torch::tensor(inv, torch::kFloat).to(device);
   const torch::Tensor positions = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(device));
@@ -130,11 +133,11 @@ Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device
   const torch::Tensor freqs = torch::matmul(inv_freq.unsqueeze(1), positions.unsqueeze(0)).transpose(0, 1);
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   auto [cos, sin] = cos_sin(c, emb, dtype);
-  return {cos, sin, c.sliding_window > 0 ? blocked_keys(c, T, device) : torch::Tensor()};
+  return {cos, sin, c.sliding_window > 0 && masks ? blocked_keys(c, T, device) : torch::Tensor()};
 }
 
 Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tensor& documents,
-              torch::ScalarType dtype, int64_t rope_len) {
+              torch::ScalarType dtype, int64_t rope_len, bool masks) {
   const std::vector<float> inv = rope_inv_freq(c, rope_len);
   const torch::Tensor inv_freq = torch::tensor(inv, torch::kFloat).to(positions.device());
   // inv_freq[None, :, None] @ position_ids[:, None, :], transposed: [B, T, d/2].
@@ -142,8 +145,9 @@ Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tens
       torch::matmul(inv_freq.view({1, -1, 1}), positions.to(torch::kFloat).unsqueeze(1)).transpose(1, 2);
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);  // [B, 1, T, d]
   const int64_t T = positions.size(1);
-  const torch::Tensor other_document = documents.unsqueeze(2) != documents.unsqueeze(1);  // [B, T, T]
   auto [cos, sin] = cos_sin(c, emb, dtype);
+  if (!masks) return {cos, sin, torch::Tensor()};
+  const torch::Tensor other_document = documents.unsqueeze(2) != documents.unsqueeze(1);  // [B, T, T]
   return {cos, sin, (other_document | blocked_keys(c, T, positions.device())).unsqueeze(1)};
 }
 
@@ -183,7 +187,14 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Rotary& 
   k = k * rope.cos + rotate_half(k) * rope.sin;
   const int64_t n_rep = heads_ / kv_heads_;
   const torch::Tensor keys = repeat_kv(k, n_rep), values = repeat_kv(v, n_rep);
-  torch::Tensor scores = torch::matmul(q, keys.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  if (rope.attention_tile > 0) {
+    const zest::AttentionMask mask{.causal = true, .sliding_window = rope.sliding_window, .documents = rope.documents};
+    const torch::Tensor out = zest::tiled_attention(q, keys, values, mask, scale, rope.attention_tile);
+    const torch::Tensor o = out.transpose(1, 2).contiguous().reshape({B, T, -1});
+    return o_proj ? o_proj->forward(o) : o_proj_tp->forward(o);
+  }
+  torch::Tensor scores = torch::matmul(q, keys.transpose(2, 3)) * scale;
   // HF adds the dtype's lowest value above the diagonal; exp of it underflows
   // to 0 as exp(-inf) does, so the probabilities are the same.
   const torch::Tensor blocked =
@@ -223,7 +234,11 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const Config& c, zest::Communicator
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const Rotary& rope) {
   const torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), rope);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  const torch::Tensor normed = post_attention_layernorm->forward(h);
+  if (rope.mlp_tile > 0) {
+    return h + zest::tiled_forward(*mlp, normed, rope.mlp_tile, [this](const torch::Tensor& t) { return mlp->forward(t); });
+  }
+  return h + mlp->forward(normed);
 }
 
 LlamaDecoderLayer make_block(const Config& c, int64_t i, uint64_t seed, zest::Communicator* tp) {
@@ -373,10 +388,15 @@ torch::Tensor LlamaForCausalLMImpl::forward_part(const torch::Tensor& input, con
                                               "another batch",
                                               c10::str(positions_.sizes()), input.size(0), T));
     }
-    rope = rotary(config_, positions_.to(x.device()), documents_.to(x.device()), x.scalar_type(), rope_len);
+    rope = rotary(config_, positions_.to(x.device()), documents_.to(x.device()), x.scalar_type(), rope_len,
+                  attention_tile_ == 0);
+    if (attention_tile_ > 0) rope.documents = documents_.to(x.device());
   } else {
-    rope = rotary(config_, T, x.scalar_type(), x.device(), rope_len);
+    rope = rotary(config_, T, x.scalar_type(), x.device(), rope_len, attention_tile_ == 0);
   }
+  rope.attention_tile = attention_tile_;
+  rope.mlp_tile = mlp_tile_;
+  rope.sliding_window = config_.sliding_window;
   for (LlamaDecoderLayer layer : layers()) {
     x = run_layer ? run_layer(layer, x, rope) : run(*layer, [&] { return layer->forward(x, rope); });
   }
@@ -398,6 +418,14 @@ void LlamaForCausalLMImpl::set_packing(torch::Tensor positions, torch::Tensor do
   }
   positions_ = std::move(positions);
   documents_ = std::move(documents);
+}
+
+void LlamaForCausalLMImpl::set_tiles(int64_t attention, int64_t mlp) {
+  if (attention < 0 || mlp < 0) {
+    throw std::invalid_argument(fmt::format("tiles of {} (attention) and {} (MLP) tokens", attention, mlp));
+  }
+  attention_tile_ = attention;
+  mlp_tile_ = mlp;
 }
 
 void LlamaForCausalLMImpl::set_loss_chunk(int64_t tokens) {

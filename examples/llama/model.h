@@ -93,17 +93,28 @@ TORCH_MODULE(RMSNorm);
 // packed rows `blocked` [B, 1, T, T], true where a query may not see a key
 // (a later token, or another document: block-diagonal causal attention).
 // Undefined `blocked`: the causal mask.
+//
+// With tiles (set_tiles) the masks are never built whole: attention takes
+// the document ids and the window and computes each tile's mask
+// (torch/tiled_attention.h), and the MLP runs `mlp_tile` tokens at a time
+// (torch/tiled_forward.h).
 struct Rotary {
   torch::Tensor cos, sin;
   torch::Tensor blocked;
+  int64_t attention_tile = 0;  // > 0: tiled attention
+  int64_t mlp_tile = 0;        // > 0: the MLP in tiles of the sequence
+  torch::Tensor documents = {};  // tiled attention of packed rows: [B, T]
+  int64_t sliding_window = 0;  // tiled attention: mistral's window
 };
 // rope_len: dynamic scaling's length (rope_dynamic_length); 0 otherwise.
-Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device, int64_t rope_len = 0);
+// masks false: no [T, T] mask is built (tiled attention computes its own).
+Rotary rotary(const Config& c, int64_t T, torch::ScalarType dtype, torch::Device device, int64_t rope_len = 0,
+              bool masks = true);
 // Packed rows (data/packed_rows.h): positions and document ids [B, T] int64,
 // on the model's device. As transformers computes the rotary tables of
 // position_ids (in fp32: inv_freq times each position).
 Rotary rotary(const Config& c, const torch::Tensor& positions, const torch::Tensor& documents,
-              torch::ScalarType dtype, int64_t rope_len = 0);
+              torch::ScalarType dtype, int64_t rope_len = 0, bool masks = true);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
@@ -210,6 +221,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public examples::StagedLm
   // Not under tensor parallelism (its head is split by vocabulary). 0: the
   // whole logits.
   void set_loss_chunk(int64_t tokens);
+  // Attention in tiles of `attention` queries and keys, the MLP in tiles of
+  // `mlp` tokens (0: whole), so that neither holds [T, T] scores nor a
+  // [T, intermediate] activation (ALST's tiled attention and TiledMLP).
+  void set_tiles(int64_t attention, int64_t mlp);
   // In fp32, as HF's loss upcasts the logits.
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) override;
   torch::Tensor loss_sum(const torch::Tensor& logits, const torch::Tensor& targets) override;
@@ -253,6 +268,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public examples::StagedLm
   torch::Tensor positions_, documents_;  // set_packing's; undefined: unpacked rows
   int64_t rope_cached_len_;              // dynamic scaling's (rope_dynamic_length)
   int64_t loss_chunk_ = 0;
+  int64_t attention_tile_ = 0, mlp_tile_ = 0;
   UnitRunner head_runner_;  // the last forward's, for a chunked loss
   std::function<torch::Tensor(const torch::Tensor&)> tie_;
   torch::Tensor head_weight_;

@@ -19,6 +19,7 @@ std::string usage() {
          "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16]\n"
          "             [--export-adapters] [--export-replace] [--recompute] [--timeout SECONDS] [--accum N]\n"
          "             [--save-every N] [--loss-chunk TOKENS] [--warmup STEPS] [--lr-decay none|linear|cosine]\n"
+         "             [--attention-tile TOKENS] [--mlp-tile TOKENS]\n"
          "             [--tp N] [--pp N] [--pipeline-schedule 1f1b|gpipe]\n"
          "Without --config or --hf: 4 layers, hidden 128, 4 heads (2 kv), intermediate 352, vocab 256.\n"
          "config.json's model_type: llama, mistral, qwen2 or qwen3 (docs/FINE_TUNING.md).\n"
@@ -44,6 +45,8 @@ Options parse_options(int argc, char** argv) {
   app.add_option("--accum", o.accum)->check(cli::Range(1, 1 << 20));
   app.add_option("--save-every", o.save_every)->check(cli::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--loss-chunk", o.loss_chunk)->check(cli::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--attention-tile", o.attention_tile)->check(cli::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--mlp-tile", o.mlp_tile)->check(cli::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--warmup", o.warmup)->check(cli::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--lr-decay", o.lr_decay)->check(cli::IsMember({"none", "linear", "cosine"}));
   cli::Option* hf = examples::add_pretrained_flags(app, o, shard_size);

@@ -39,6 +39,8 @@ struct Options : examples::LmRunOptions, examples::PretrainedOptions, examples::
   bool recompute = false;
   int64_t save_every = 0;  // --save-every N: a checkpoint to --save every N steps as well
   int64_t loss_chunk = 0;  // --loss-chunk N: the head and loss N tokens at a time (model.h)
+  int64_t attention_tile = 0;  // --attention-tile N: attention in tiles of N queries and keys
+  int64_t mlp_tile = 0;        // --mlp-tile N: the MLP N tokens at a time, recomputed in backward
   // --warmup N and --lr-decay none|linear|cosine: Hugging Face's (and
   // torchtune's) schedules over the run's steps: linear warmup from 0, then
   // constant, linear or cosine decay to 0 (get_*_schedule_with_warmup).

@@ -113,6 +113,8 @@ TEST_CASE("keys DeepSpeed acts on that ask for what ZEST lacks are refused by na
   CHECK(error(R"({"gradient_allreduce_op": "SUM"})").find("gradient_allreduce_op is \"sum\": that asks for summed "
                                                           "gradients") != std::string::npos);
   CHECK(error(R"({"gradient_allreduce_op": "mean"})") == "no error");
+  CHECK(error(R"({"sequence_parallel_size": 4})").find("Ulysses sequence parallelism") != std::string::npos);
+  CHECK(error(R"({"sequence_parallel_size": 1})") == "no error");
   CHECK(error(R"({"gradient_allreduce_op": "max"})").find("allowed: mean, sum") != std::string::npos);
   // bf16 master weights and optimizer state are honoured (the Engine
   // checks DeepSpeed's rules for them: tests/engine/test_engine_bf16_master.cpp).
