@@ -16,6 +16,7 @@
 #include "zest/checkpoint/checkpoint_paths.h"
 #include "zest/checkpoint/checkpoint_publish.h"
 #include "zest/checkpoint/checkpoint_reader.h"
+#include "zest/checkpoint/checkpoint_retention.h"
 #include "zest/checkpoint/model_parallel_parts.h"
 #include "zest/checkpoint/detail/on_every_rank.h"
 #include "zest/checkpoint/optimizer_state_map.h"
@@ -164,6 +165,8 @@ std::string save_part(Engine& engine, const std::string& root, const CheckpointO
   const Engine::Progress progress = engine.progress();
   const std::string tag = options.tag.empty() ? fmt::format("step_{:06d}", progress.applied_steps) : options.tag;
   check_tag(tag);
+  ZEST_CHECK(options.keep_last >= 0, "save_checkpoint('{}'): keep_last {}: 0 keeps every checkpoint, N > 0 the last N",
+             root, options.keep_last);
   const ModelLayout& layout = engine.layout();
   const int rank = engine.comm().rank();
   const int world = engine.comm().size();
@@ -309,6 +312,17 @@ std::string save_part(Engine& engine, const std::string& root, const CheckpointO
     }
     write_manifest(partial.string(), m);
     publisher->publish();
+    // Still under the root's lock. Published: a failure here is a warning.
+    if (options.keep_last > 0) {
+      try {
+        for (const std::string& old : prune_checkpoints(root, options.keep_last, tag)) {
+          ZEST_LOG_INFO("checkpoint {} removed from '{}' (keeping the last {})", old, root, options.keep_last);
+        }
+      } catch (const std::exception& e) {
+        ZEST_LOG_WARN("checkpoint {} saved; removing older ones (keep_last {}) failed: {}", dir.string(),
+                      options.keep_last, e.what());
+      }
+    }
     // Published: a failing progress callback must not turn it into an error.
     try {
       say(fmt::format("checkpoint {} saved: {} shard files, {} bytes", dir.string(), m.partitions,

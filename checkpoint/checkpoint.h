@@ -93,6 +93,11 @@ struct CheckpointOptions {
   // base first (import_hf, as the run that saved did), then the checkpoint.
   // A load that would need the values (weights_only) is refused by name.
   bool exclude_frozen_parameters = false;
+  // save_checkpoint: > 0 keeps the last `keep_last` checkpoints of the root
+  // once this one is published, removing older ones (Hugging Face's
+  // save_total_limit; checkpoint_retention.h): never this one, nor the one
+  // `latest` names. 0 keeps every checkpoint.
+  int keep_last = 0;
 };
 
 // Collective. Returns the checkpoint's directory.

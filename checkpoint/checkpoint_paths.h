@@ -8,6 +8,7 @@
 //   root/.zest-lock              the lock a save holds (checkpoint_publish.h)
 //   root/.step_000100.partial.*  a save in progress, or killed
 //   root/.step_000100.old        a re-saved tag moved aside (fallback path)
+//   root/.step_000100.deleting.* an old checkpoint being removed (checkpoint_retention.h)
 //
 // Names starting with '.' belong to ZEST, so no tag or file name may.
 #pragma once

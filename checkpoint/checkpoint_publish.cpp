@@ -141,7 +141,8 @@ void CheckpointPublisher::clear_leftovers() {
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(root_, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.starts_with("latest.tmp") || (name[0] == '.' && name.find(".partial") != std::string::npos)) {
+    if (name.starts_with("latest.tmp") ||
+        (name[0] == '.' && (name.find(".partial") != std::string::npos || name.find(".deleting.") != std::string::npos))) {
       remove_tree_or_warn(e.path(), "the leftover");
     } else if (name[0] == '.' && name.size() > 5 && name.ends_with(".old")) {
       const std::string tag = name.substr(1, name.size() - 5);

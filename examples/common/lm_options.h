@@ -30,12 +30,13 @@ struct LmRunOptions {
   int64_t print_every = 10;
   std::string save_dir;  // a checkpoint after the last step
   std::string load_dir;  // resume from this checkpoint root first
+  int save_total_limit = 0;  // --save-total-limit N: keep the last N checkpoints of --save (0: all)
   zest::CommOptions comm;  // --timeout SECONDS (else ZEST_COMM_TIMEOUT, else 10 min)
 };
 
 // --ranks, --launch, --offload, --steps, --batch, --lr, --seed, --threads,
-// --data, --eval-every, --val-windows, --print-every, --save, --load and
-// --timeout, each with its range.
+// --data, --eval-every, --val-windows, --print-every, --save, --load,
+// --save-total-limit and --timeout, each with its range.
 inline void add_lm_run_flags(cli::App& app, LmRunOptions& o) {
   app.add_flag("--launch", o.launch);
   app.add_flag("--offload", o.offload);
@@ -51,6 +52,7 @@ inline void add_lm_run_flags(cli::App& app, LmRunOptions& o) {
   app.add_option("--print-every", o.print_every)->check(cli::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--save", o.save_dir);
   app.add_option("--load", o.load_dir);
+  app.add_option("--save-total-limit", o.save_total_limit)->check(cli::Range(1, 1 << 20));
   cli::add_timeout(app, o.comm);
 }
 

@@ -54,6 +54,7 @@ NamedOptions shared_run_options(const LmRunOptions& run, const PretrainedOptions
           {"--eval-every", fmt::format("{}", run.eval_every)},
           {"--val-windows", fmt::format("{}", run.val_windows)},
           {"--save", run.save_dir},
+          {"--save-total-limit", fmt::format("{}", run.save_total_limit)},
           {"--load", run.load_dir},
           {"--lora", fmt::format("{}", pretrained.lora_r)},
           {"--lora-alpha", fmt::format("{}", pretrained.lora_alpha)},

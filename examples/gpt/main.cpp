@@ -181,6 +181,7 @@ RunResult train(const gpt::Options& opt, const examples::Corpus& corpus, const z
   if (!opt.save_dir.empty()) {
     zest::CheckpointOptions co;
     co.exclude_frozen_parameters = opt.lora_r > 0;  // the adapters and their state, not the base
+    co.keep_last = opt.save_total_limit;
     const std::string dir = zt->save(opt.save_dir, co);
     if (printer) fmt::print("saved {}\n", dir);
   }

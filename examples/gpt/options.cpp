@@ -15,7 +15,7 @@ std::string usage() {
          "           [--warmup N] [--schedule-steps N] [--seed N] [--threads N]\n"
          "           [--layers N] [--heads N] [--d-model N] [--context N] [--vocab N] [--untied]\n"
          "           [--data FORTUNE_FILE_OR_DIR] [--eval-every N] [--val-windows N] [--print-every N]\n"
-         "           [--save CKPT_ROOT] [--load CKPT_ROOT] [--export MODEL.safetensors]\n"
+         "           [--save CKPT_ROOT [--save-total-limit N]] [--load CKPT_ROOT] [--export MODEL.safetensors]\n"
          "           [--sample-bytes N] [--temperature T] [--sample-seed N] [--prompt TEXT]\n"
          "           [--timeout SECONDS] [--lora R] [--lora-alpha A] [--hf DIR] [--export-hf DIR]\n"
          "           [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16] [--export-adapters]\n"
@@ -65,6 +65,9 @@ Options parse_options(int argc, char** argv) {
   std::string schedule;
   examples::add_mesh_flags(app, o, schedule);
   cli::parse(app, argc, argv);
+  if (o.save_total_limit > 0 && o.save_dir.empty()) {
+    cli::usage_error("--save-total-limit needs --save: the checkpoint root whose last N checkpoints to keep");
+  }
   examples::finish_mesh_flags(o, schedule);
   if (!device_name.empty()) o.device = cli::device_flag("--device", device_name);
   // In-process ranks cannot share a GPU through libtorch (its backward for a

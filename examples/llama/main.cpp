@@ -223,6 +223,7 @@ void train_tokenized(const llama::Options& opt, const zest::EngineConfig& config
       zest::CheckpointOptions co;
       co.user_state = &state;
       co.exclude_frozen_parameters = opt.lora_r > 0;  // the adapters and their state, not the base
+      co.keep_last = opt.save_total_limit;
       const std::string dir = zt.save(opt.save_dir, co);
       if (printer) fmt::print("saved {}\n", dir);
     }
@@ -330,6 +331,7 @@ void train(const llama::Options& opt, const examples::Corpus* corpus_or_null, co
     if (opt.save_every > 0 && (step + 1) % opt.save_every == 0 && !last) {
       zest::CheckpointOptions co;
       co.exclude_frozen_parameters = opt.lora_r > 0;  // the adapters and their state, not the base
+      co.keep_last = opt.save_total_limit;
       const std::string dir = zt->save(opt.save_dir, co);
       if (printer) fmt::print("saved {}\n", dir);
     }
@@ -357,6 +359,7 @@ void finish(const llama::Options& opt, const zest::EngineConfig& config, zest::E
     zest::CheckpointOptions co;
     co.user_state = saved;
     co.exclude_frozen_parameters = opt.lora_r > 0;  // the adapters and their state, not the base
+    co.keep_last = opt.save_total_limit;
     const std::string dir = zt.save(opt.save_dir, co);
     if (printer) fmt::print("saved {}\n", dir);
   }

@@ -15,7 +15,7 @@ std::string usage() {
          "             [--data FORTUNE_FILE_OR_DIR] [--eval-every N] [--val-windows N] [--print-every N]\n"
          "             [--format megatron|jsonl|text --data PATH [--tokenizer DIR] [--val-data PATH] [--max-seq-len N]\n"
          "              [--packing] [--epochs N]]\n"
-         "             [--save CKPT_ROOT] [--load CKPT_ROOT]\n"
+         "             [--save CKPT_ROOT [--save-total-limit N]] [--load CKPT_ROOT]\n"
          "             [--hf HF_DIR] [--export-hf DIR] [--max-shard-size BYTES] [--export-dtype fp32|bf16|fp16]\n"
          "             [--export-adapters] [--export-replace] [--recompute] [--timeout SECONDS] [--accum N]\n"
          "             [--save-every N] [--loss-chunk TOKENS] [--warmup STEPS] [--lr-decay none|linear|cosine]\n"
@@ -58,6 +58,9 @@ Options parse_options(int argc, char** argv) {
   examples::check_token_data_flags(o, o.hf_dir);
   if (o.loss_chunk > 0 && o.tp > 1) cli::usage_error("--loss-chunk needs --tp 1: a tp head is split by vocabulary");
   if (o.save_every > 0 && o.save_dir.empty()) cli::usage_error("--save-every needs --save: the checkpoint root");
+  if (o.save_total_limit > 0 && o.save_dir.empty()) {
+    cli::usage_error("--save-total-limit needs --save: the checkpoint root whose last N checkpoints to keep");
+  }
   // Tokenized rows are the context: --max-seq-len, or --context's length.
   if (o.tokenized()) {
     if (o.max_seq_len > 0) o.context = o.max_seq_len;

@@ -330,3 +330,48 @@ TEST_CASE("finding 7: write_shard refuses NaN and Inf, naming the unit, the para
     CHECK(same_bits(engine.read_shard(1, 0), before));
   });
 }
+
+TEST_CASE("keep_last: the last N checkpoints by their steps stay, the one just saved always, and nothing else goes") {
+  TempDir root;
+  fs::create_directories(root.path / "notes");
+  spit(root.path / "notes" / "manifest.json", "not a manifest");  // not a ZEST checkpoint: left alone
+  spit(root.path / "README", "the user's");
+  const auto tags = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(root.path)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  with_engine(0, [&](Engine& e, Communicator& c) {
+    CheckpointOptions keep;
+    keep.keep_last = 2;
+    RankResult r;
+    for (int64_t s = 0; s < 4; ++s) {
+      run_steps(e, c, runs(1, 0), s, s + 1, r);
+      save_checkpoint(e, root.str(), keep);
+    }
+    CHECK(tags() == std::vector<std::string>{".zest-lock", "README", "latest", "notes", "step_000003", "step_000004"});
+    // Another tag counts by its steps, as the others.
+    run_steps(e, c, runs(1, 0), 4, 5, r);
+    save_checkpoint(e, root.str(), with_tag("extra"));  // keep_last 0: nothing removed
+    CHECK(tags().size() == 7);
+    run_steps(e, c, runs(1, 0), 5, 6, r);
+    save_checkpoint(e, root.str(), keep);
+    CHECK(tags() == std::vector<std::string>{".zest-lock", "README", "extra", "latest", "notes", "step_000006"});
+    // A removal killed midway leaves a .deleting directory: the next save clears it.
+    fs::create_directories(root.path / ".step_000001.deleting.0123456789abcdef" / "x");
+    run_steps(e, c, runs(1, 0), 6, 7, r);
+    save_checkpoint(e, root.str(), keep);
+    CHECK(tags() == std::vector<std::string>{".zest-lock", "README", "latest", "notes", "step_000006", "step_000007"});
+    // keep_last 1 after a re-save of the newest tag keeps it alone.
+    save_checkpoint(e, root.str(), [] {
+      CheckpointOptions o;
+      o.keep_last = 1;
+      return o;
+    }());
+    CHECK(tags() == std::vector<std::string>{".zest-lock", "README", "latest", "notes", "step_000007"});
+    keep.keep_last = -1;
+    CHECK_THROWS_WITH_AS(save_checkpoint(e, root.str(), keep), doctest::Contains("keep_last -1"), Error);
+  });
+  CHECK(load_small(root.str()) == 7);
+}
