@@ -352,11 +352,14 @@ std::string load_part(Engine& engine, const std::string& root, const CheckpointO
   UserState user;
   std::string note;
   bool excluded = false;  // the frozen units' values are not in the checkpoint
+  uint32_t manifest_crc = 0;
   std::vector<uint64_t> saved_fingerprints;
   on_every_rank(engine, "loading the checkpoint", [&] {
     if (dir.empty()) dir = latest_checkpoint_dir(root);
     CheckpointReader reader(dir);
     const CheckpointManifest& m = reader.manifest();
+    const std::string canonical = manifest_to_json(m);
+    manifest_crc = crc32(canonical.data(), canonical.size());
     progress = m.progress;
     if (options.user_state != nullptr) {
       user = read_user_state(dir, m, engine.comm().rank(), engine.comm().size(), options.per_rank_user_state);
@@ -389,14 +392,22 @@ std::string load_part(Engine& engine, const std::string& root, const CheckpointO
   // job on the same root) would have ranks load different checkpoints.
   // The tag, not the path: nodes may mount the root at different paths.
   const std::string tag = fs::path(dir).filename().string();
-  const int64_t resolved[2] = {static_cast<int64_t>(crc32(tag.data(), tag.size())), progress.applied_steps};
+  const int64_t resolved[3] = {static_cast<int64_t>(crc32(tag.data(), tag.size())), progress.applied_steps,
+                               static_cast<int64_t>(manifest_crc)};
   const std::vector<int64_t> all = engine.all_gather_scalars(resolved);
-  for (size_t r = 1; 2 * r < all.size(); ++r) {
-    ZEST_CHECK(all[2 * r] == all[0] && all[2 * r + 1] == all[1],
+  for (size_t r = 1; 3 * r < all.size(); ++r) {
+    ZEST_CHECK(all[3 * r] == all[0] && all[3 * r + 1] == all[1],
                "ranks loaded different checkpoints from '{}' (rank 0 one at step {}, rank {} one at step {}; this "
                "rank read '{}'): `latest` moved while they read it. Is another job saving to this root? Load again when "
                "it has finished, or name the checkpoint with a tag",
-               root, all[1], r, all[2 * r + 1], dir);
+               root, all[1], r, all[3 * r + 1], dir);
+    // The same tag and step, other contents: node-local copies that differ
+    // (Note [ranks read one checkpoint], hf_import.cpp).
+    ZEST_CHECK(all[3 * r + 2] == all[2],
+               "ranks read different copies of checkpoint '{}': rank {}'s manifest (CRC-32 {:08x}) differs from rank "
+               "0's ({:08x}) under the same tag and step: node-local copies that are not the same, or one replaced "
+               "while the job started. Give every rank the same checkpoint",
+               dir, r, static_cast<uint32_t>(all[3 * r + 2]), static_cast<uint32_t>(all[2]));
   }
   if (excluded) {
     // The base must be the one the checkpoint was trained on (Note [the

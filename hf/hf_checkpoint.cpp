@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <set>
 
@@ -11,6 +12,7 @@
 #include "zest/checkpoint/checkpoint_paths.h"
 #include "zest/config/detail/json_parse.h"
 #include "zest/core/check.h"
+#include "zest/core/crc32.h"
 #include "zest/core/file_io.h"
 
 namespace zest {
@@ -200,6 +202,42 @@ const SafetensorsTensor& HfCheckpoint::tensor(const std::string& name) const {
 const SafetensorsFile& HfCheckpoint::file_of(const std::string& name) const {
   tensor(name);  // the error for a missing name
   return *files_[tensors_.at(name).file];
+}
+
+uint32_t HfCheckpoint::fingerprint() const {
+  uint32_t crc = 0;
+  const auto add = [&](const void* p, size_t n) { crc = crc32(p, n, crc); };
+  const auto add_text = [&](const std::string& s) {
+    const uint64_t n = s.size();
+    add(&n, sizeof n);
+    add(s.data(), s.size());
+  };
+  for (size_t f = 0; f < files_.size(); ++f) {
+    add_text(file_names_[f]);
+    if (!files_[f]) continue;
+    const SafetensorsFile& file = *files_[f];
+    const uint64_t header = file.header_bytes();
+    add(&header, sizeof header);
+    for (const auto& [key, value] : file.metadata()) {
+      add_text(key);
+      add_text(value);
+    }
+    std::array<std::byte, 16> sample{};
+    for (const SafetensorsTensor& t : file.tensors()) {
+      add_text(t.name);
+      add_text(t.dtype);
+      add(t.shape.data(), t.shape.size() * sizeof(int64_t));
+      add(&t.begin, sizeof t.begin);
+      add(&t.end, sizeof t.end);
+      const uint64_t n = std::min<uint64_t>(sample.size(), t.size_bytes());
+      for (const uint64_t at : {uint64_t{0}, (t.size_bytes() - n) / 2}) {
+        if (n == 0) break;
+        file.read_range(t.name, at, std::span(sample).first(n));
+        add(sample.data(), n);
+      }
+    }
+  }
+  return crc;
 }
 
 uint64_t HfCheckpoint::tensor_bytes() const {

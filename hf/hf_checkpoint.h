@@ -71,6 +71,13 @@ class HfCheckpoint {
   uint64_t bytes_read() const { return bytes_read_->load(std::memory_order_relaxed); }
   // The tensors' bytes, all files together.
   uint64_t tensor_bytes() const;
+  // What identifies these files cheaply, for ranks to agree that they read
+  // the same checkpoint (import_hf): each file's name and header (its
+  // tensors' names, dtypes, shapes and offsets, its metadata) and 16 bytes
+  // at the start and the middle of every tensor. Copies that differ in
+  // their shapes or in any sampled bytes (another fine-tune, a copy being
+  // replaced) differ here; reads 32 bytes a tensor.
+  uint32_t fingerprint() const;
 
  private:
   HfCheckpoint() = default;

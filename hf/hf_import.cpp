@@ -170,6 +170,31 @@ std::map<std::string, std::string> match_adapters(const ModelLayout& layout, con
 
 }  // namespace
 
+// Note [ranks read one checkpoint]
+// Ranks on several hosts read a directory each host sees under the same
+// path, which may be node-local copies: copies that differ (another
+// fine-tune, one being replaced while the job starts) would give each rank
+// its shards of a different model, a mix of both that trains without a
+// word. So once every rank has opened the files, the ranks compare their
+// fingerprints (HfCheckpoint::fingerprint: the headers and sampled bytes)
+// over the data-parallel group and the model-parallel group, and a
+// difference stops every rank alike, naming the ranks that differ.
+void agree_on_files(Engine& engine, uint32_t fingerprint, const std::string& dir) {
+  const int64_t mine[1] = {static_cast<int64_t>(fingerprint)};
+  const auto check = [&](const std::vector<int64_t>& all, const char* group) {
+    for (size_t r = 1; r < all.size(); ++r) {
+      ZEST_CHECK(all[r] == all[0],
+                 "ranks read different copies of Hugging Face checkpoint '{}': rank {} of the {} group sees files "
+                 "of fingerprint {:08x}, rank 0 of it {:08x} (their headers or bytes differ: node-local copies "
+                 "that are not the same, or a copy replaced while the job started). Give every rank the same files",
+                 dir, r, group, static_cast<uint32_t>(all[r]), static_cast<uint32_t>(all[0]));
+    }
+  };
+  check(engine.all_gather_scalars(mine), "data-parallel");
+  const ModelParallel& mp = engine.model_parallel();
+  if (mp.size() > 1) check(gather_over(*mp.group, mine), "model-parallel");
+}
+
 HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportOptions& options) {
   const ModelLayout& layout = engine.layout();
   const ModelParallel& mp = engine.model_parallel();
@@ -191,6 +216,7 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
   effective.allow_missing = [&](const std::string& name) {
     return adapters.count(name) != 0 || (options.allow_missing && options.allow_missing(name));
   };
+  uint32_t fingerprint = 0;
   const auto open = [&] {
     std::vector<std::string> problems;
     if (!options.ignore_adapters && std::filesystem::exists(adapter_path)) {
@@ -198,6 +224,7 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
       adapters = match_adapters(layout, *adapter_file, options, mp, problems);
     }
     ckpt.emplace(HfCheckpoint::open(dir));
+    fingerprint = ckpt->fingerprint();
     source = match(layout, *ckpt, effective, mp, problems, registered);
     // One rank decides alone what is extra, listed with the rest; a mesh
     // decides once every rank's match is agreed (below).
@@ -221,6 +248,9 @@ HfImportReport import_hf(Engine& engine, const std::string& dir, const HfImportO
       if (!problems.empty()) detail::fail_with_problems(misfit, problems, fixes);
     }
   }
+  // Every rank opened the files: they must be the same files (Note [ranks
+  // read one checkpoint]).
+  agree_on_files(engine, fingerprint, dir);
   // Each unit's shard becomes master weights as soon as it is read, so the
   // rank holds two units' shards besides the engine's own memory; the
   // parameters follow once every rank is done.

@@ -342,3 +342,33 @@ TEST_CASE("exclude_frozen_parameters: a checkpoint of what is trained, loaded on
   CHECK(slurp(logs.path / "out.txt").find("holds no values of frozen unit 'base'") != std::string::npos);
 #endif
 }
+
+TEST_CASE("ranks that read different copies of one checkpoint (the same tag and step) are refused, naming them") {
+  TempDir a, b;
+  on_ranks(base_config(2), 2, register_model, [&](Engine& e, Communicator& c) {
+    steps(e, c, 0, 2);
+    save_checkpoint(e, a.str());
+  });
+  fs::copy(a.path, b.path, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  // b's copy: another learning rate set at the same step (a copy from another run).
+  nlohmann::json m = read_manifest_json(b.path / "step_000002");
+  m["progress"]["lr_override"] = 0.5;
+  write_manifest_resealed(b.path / "step_000002", m);
+  std::mutex mu;
+  std::vector<std::string> errors;
+  run_inprocess(2, [&](Communicator& comm) {
+    CachingAllocator alloc(make_host_allocator());
+    Engine engine(base_config(2), comm, alloc, Stream::default_for(Device::host()));
+    register_model(engine);
+    engine.finalize(init_values);
+    const std::string e = error_text([&] { load_checkpoint(engine, comm.rank() == 0 ? a.str() : b.str()); });
+    const std::lock_guard<std::mutex> lock(mu);
+    errors.push_back(e);
+  });
+  REQUIRE(errors.size() == 2);
+  for (const std::string& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find("ranks read different copies of checkpoint") != std::string::npos);
+    CHECK(e.find("rank 1's manifest") != std::string::npos);
+  }
+}

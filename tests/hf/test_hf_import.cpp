@@ -55,10 +55,16 @@ ImportRun import_run(int world, int stage, const std::string& dir, const HfImpor
 
 // Sum over the checkpoint's files of 8 + the header's length: what every
 // rank reads besides tensor data.
+// What every rank reads to open the checkpoint: each file's header, and the
+// 16 bytes at the start and the middle of each tensor that its fingerprint
+// samples (HfCheckpoint::fingerprint).
 uint64_t header_bytes(const std::string& dir) {
   uint64_t total = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".safetensors") total += SafetensorsFile::open(e.path().string()).data_begin();
+    if (e.path().extension() != ".safetensors") continue;
+    const SafetensorsFile f = SafetensorsFile::open(e.path().string());
+    total += f.data_begin();
+    for (const SafetensorsTensor& t : f.tensors()) total += 2 * std::min<uint64_t>(16, t.size_bytes());
   }
   return total;
 }
@@ -488,4 +494,49 @@ TEST_CASE("a NaN in a bf16 checkpoint read in place: a trained unit keeps its we
     CHECK(head_bits[i] == float_to_bf16_bits(before.at("lm_head.weight")[i]));
   }
   for (size_t i = 0; i < 700; ++i) CHECK(head_bits[i] == float_to_bf16_bits(head_file[i]));
+}
+
+TEST_CASE("ranks that read different copies of a checkpoint are refused on every rank, naming the ranks") {
+  TempDir a, b, c;
+  write_llama_checkpoint(a.str(), "bf16", kShard);
+  write_llama_checkpoint(c.str(), "fp32", kShard);  // other headers
+  fs::copy(a.path, b.path, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  // b: the same headers, one tensor's first byte changed (another fine-tune).
+  std::vector<fs::path> shards;
+  for (const fs::directory_entry& e : fs::directory_iterator(b.path)) {
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path());
+  }
+  std::sort(shards.begin(), shards.end());
+  REQUIRE(shards.size() > 1);
+  const SafetensorsFile first = SafetensorsFile::open(shards.back().string());
+  const SafetensorsTensor& t = first.tensors().front();
+  {
+    std::fstream f(shards.back(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(first.data_begin() + t.begin));
+    const char x = 0x5a;
+    f.write(&x, 1);
+  }
+  for (const std::string& other : {b.str(), c.str()}) {
+    std::mutex mu;
+    std::vector<std::string> errors;
+    run_inprocess(2, [&](Communicator& comm) {
+      RankEngine engine(comm, 3, [](Engine& e) { register_llama(e); });
+      const std::string e = error_of([&] { import_hf(*engine, comm.rank() == 0 ? a.str() : other); });
+      const std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e);
+    });
+    REQUIRE(errors.size() == 2);
+    for (const std::string& e : errors) {
+      CAPTURE(e);
+      CHECK(e.find("ranks read different copies of Hugging Face checkpoint") != std::string::npos);
+      CHECK(e.find("rank 1 of the data-parallel group") != std::string::npos);
+    }
+  }
+  // The same files under two paths agree.
+  const fs::path same = c.path / "same";
+  fs::copy(a.path, same, fs::copy_options::recursive);
+  run_inprocess(2, [&](Communicator& comm) {
+    RankEngine engine(comm, 3, [](Engine& e) { register_llama(e); });
+    CHECK(error_of([&] { import_hf(*engine, comm.rank() == 0 ? a.str() : same.string()); }) == "(no error)");
+  });
 }
