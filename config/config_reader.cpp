@@ -369,10 +369,16 @@ void Section::finish() {
     if (unknown_ == Unknown::kRefuse) {
       file_->problem(fmt::format("unknown key '{}' in {}{}; DeepSpeed accepts here: {}", path, name,
                                  near ? fmt::format(" (did you mean '{}'?)", *near) : "", join(sorted)));
-    } else if (near && !key.starts_with("_")) {
-      file_->problem(fmt::format("unknown key '{}' in {} (did you mean '{}'?): DeepSpeed would skip it silently; "
-                                 "correct it, or remove it",
+    } else if (near && !key.starts_with("_") && lax_) {
+      // fp16 and bf16 are pydantic models in DeepSpeed now: a typo is refused.
+      file_->problem(fmt::format("unknown key '{}' in {} (did you mean '{}'?): DeepSpeed's model of the section "
+                                 "refuses it; correct it, or remove it",
                                  path, name, *near));
+    } else if (near && !key.starts_with("_")) {
+      // DeepSpeed runs such a file, skipping the key: so does ZEST, saying so.
+      file_->warn(path, fmt::format("an unknown key in {} (did you mean '{}'?): skipped, as DeepSpeed skips it "
+                                    "silently; correct it, or remove it",
+                                    name, *near));
     } else if (deepspeed_reads(path_, key)) {
       // Every key of the schema has a reading here (test_ds_schema): one
       // without is refused rather than called unread.

@@ -77,8 +77,8 @@ enum class Unknown {
   // of a constructor): an unknown key is refused, as DeepSpeed refuses it.
   kRefuse,
   // DeepSpeed reads the section with dict lookups and never sees other
-  // keys: they are ignored (and noted), except a near miss of a known key,
-  // which is far more likely a typo than a key of another tool.
+  // keys: they are ignored (and noted); a near miss of a known key, far
+  // more likely a typo than a key of another tool, is skipped with a warning.
   kIgnoreUnlessTypo,
 };
 

@@ -128,10 +128,14 @@ TEST_CASE("a key DeepSpeed refuses is refused with the names allowed and the nea
             .starts_with("config: unknown key 'tensorboard.enabeld' in tensorboard (did you mean 'enabled'?); "
                          "DeepSpeed accepts here: enabled, job_name, output_path"));
   // The top level is read with dict lookups: DeepSpeed skips a typo there
-  // silently; ZEST names it.
-  CHECK(error_of(R"({"train_batch_szie": 8})") ==
-        "config: unknown key 'train_batch_szie' in the top level (did you mean 'train_batch_size'?): DeepSpeed "
-        "would skip it silently; correct it, or remove it");
+  // silently; ZEST skips it too, with a warning naming it.
+  const EngineConfig typo = test::parse(R"({"train_batch_szie": 8, "gradient_accumulation_steps": 2})");
+  REQUIRE(typo.warnings.size() == 1);
+  CHECK(typo.warnings[0].key == "train_batch_szie");
+  CHECK(typo.warnings[0].text ==
+        "an unknown key in the top level (did you mean 'train_batch_size'?): skipped, as DeepSpeed skips it silently; "
+        "correct it, or remove it");
+  CHECK(typo.gradient_accumulation_steps == 2);
   CHECK(error_of(R"({"optimizer": {"type": "AdamX"}})") ==
         "config: optimizer.type is \"AdamX\", which is no optimizer DeepSpeed knows (did you mean \"AdamW\"?); ZEST "
         "has AdamW, Adam, SGD, Lamb");
