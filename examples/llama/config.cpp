@@ -2,14 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "zest/core/check.h"
 #include "zest/core/file_io.h"
+#include "zest/hf/hf_checkpoint.h"
 
 namespace llama {
 namespace {
@@ -395,6 +398,44 @@ std::string Config::str() const {
   return fmt::format("{} layers, hidden {}, {} heads ({} kv, head_dim {}), intermediate {}, vocab {}, {} head",
                      num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, resolved_head_dim(),
                      intermediate_size, vocab_size, tie_word_embeddings ? "tied" : "untied");
+}
+
+void Config::check_shapes(const zest::HfCheckpoint& checkpoint, const std::string& dir) const {
+  const auto shape_of = [&](const std::string& name) -> std::optional<std::vector<int64_t>> {
+    if (!checkpoint.contains(name)) return std::nullopt;
+    return checkpoint.tensor(name).shape;
+  };
+  const auto show = [](const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); };
+  const auto expect = [&](const std::string& name, const std::vector<int64_t>& want, const char* keys) {
+    const auto got = shape_of(name);
+    if (!got || *got == want) return;  // a missing tensor is import_hf's to report, with the others
+    throw std::invalid_argument(fmt::format(
+        "{}: config.json's {} give {} the shape {}, but the checkpoint's is {}: the config is not this checkpoint's",
+        dir, keys, name, show(want), show(*got)));
+  };
+  expect("model.embed_tokens.weight", {vocab_size, hidden_size}, "vocab_size and hidden_size");
+  // The layers the checkpoint holds: one past the largest index named.
+  int64_t layers = 0;
+  for (const std::string& name : checkpoint.names()) {
+    static const std::string kPrefix = "model.layers.";
+    if (!name.starts_with(kPrefix)) continue;
+    const size_t end = name.find('.', kPrefix.size());
+    const std::string index = name.substr(kPrefix.size(), end - kPrefix.size());
+    if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos) continue;
+    layers = std::max<int64_t>(layers, std::stoll(index) + 1);
+  }
+  if (layers > 0 && layers != num_hidden_layers) {
+    throw std::invalid_argument(fmt::format("{}: config.json's num_hidden_layers is {}, but the checkpoint holds {} "
+                                            "layers (model.layers.0 to {}): the config is not this checkpoint's",
+                                            dir, num_hidden_layers, layers, layers - 1));
+  }
+  const int64_t d = resolved_head_dim();
+  const std::string l0 = "model.layers.0.";
+  expect(l0 + "self_attn.q_proj.weight", {num_attention_heads * d, hidden_size},
+         "num_attention_heads, head_dim and hidden_size");
+  expect(l0 + "self_attn.k_proj.weight", {num_key_value_heads * d, hidden_size},
+         "num_key_value_heads, head_dim and hidden_size");
+  expect(l0 + "mlp.gate_proj.weight", {intermediate_size, hidden_size}, "intermediate_size and hidden_size");
 }
 
 }  // namespace llama

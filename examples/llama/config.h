@@ -35,6 +35,10 @@
 #include <string>
 #include <vector>
 
+namespace zest {
+class HfCheckpoint;
+}
+
 namespace llama {
 
 struct RopeScaling {
@@ -96,6 +100,12 @@ struct Config {
   void validate() const;
   // Every parameter, a tied head counted once.
   int64_t parameters() const;
+  // Before anything is built: the checkpoint's tensors (read from their
+  // headers) have the shapes these sizes give: the embeddings
+  // [vocab_size, hidden_size], as many layers as num_hidden_layers, layer
+  // 0's q/k/v projections (heads x head_dim), its MLP (intermediate_size).
+  // Throws std::invalid_argument naming config.json's key and the tensor.
+  void check_shapes(const zest::HfCheckpoint& checkpoint, const std::string& dir) const;
   // "4 layers, hidden 128, 4 heads (2 kv, head_dim 32), intermediate 352, vocab 256, untied head"
   std::string str() const;
 };

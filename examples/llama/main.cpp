@@ -46,6 +46,7 @@
 #include "trainer.h"
 #include "zest/comm/mpi_comm.h"
 #include "zest/core/check.h"
+#include "zest/hf/hf_checkpoint.h"
 #include "zest/launch/bootstrap.h"
 #include "zest/memory/raw_allocator.h"
 #include "zest/torch/host_tensor_allocator.h"
@@ -69,6 +70,9 @@ using Clock = std::chrono::steady_clock;
 std::unique_ptr<zest::TorchModule> load_hf(const llama::Options& opt, zest::Engine& engine,
                                            llama::LlamaForCausalLM& model, const examples::Placement& placement) {
   const zest::LoraOptions lora = opt.lora();
+  // The sizes against the checkpoint's shapes before a layer is built (a
+  // config.json of another model would build it at that model's sizes).
+  opt.model.check_shapes(zest::HfCheckpoint::open(opt.hf_dir), opt.hf_dir);
   model = llama::LlamaForCausalLM(
       opt.model, opt.seed,
       [&](int64_t i) {

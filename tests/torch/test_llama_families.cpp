@@ -14,6 +14,7 @@
 // absolute positions (RoPE's scores depend on the difference only up to
 // rounding): a few fp32 ulps of logits ~1, 1e-5 absolute.
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -23,11 +24,13 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/temp_dir.h"
 #include "config.h"
 #include "llama_test_config.h"
 #include "model.h"
 #include "rope_reference.h"
 #include "torch_doctest.h"
+#include "zest/hf/hf_checkpoint.h"
 
 namespace {
 
@@ -382,4 +385,27 @@ TEST_CASE("llama config.json: a FIFO or a device is refused at once, and sizes o
   refused("hidden_size", "1099511627776", "hidden_size is 1099511627776; at most 131072");
   refused("intermediate_size", "18446744073709551615", "\"intermediate_size\" is 18446744073709551615, out of range");
   refused("hidden_size", "null", "\"hidden_size\" is null");
+}
+
+TEST_CASE("llama: config.json's sizes are checked against the checkpoint's shapes before anything is built") {
+  zest::test::TempDir dir;
+  const std::string command =
+      fmt::format("python3 {}/tests/tools/hf_llama_writer.py write --dtype bf16 --layers 3 --hidden 16 --intermediate 24 "
+                  "--vocab 256 {} > /dev/null",
+                  ZEST_SOURCE_DIR, dir.str());
+  REQUIRE(std::system(command.c_str()) == 0);
+  const zest::HfCheckpoint ckpt = zest::HfCheckpoint::open(dir.str());
+  const llama::Config good = llama::Config::from_json_file(dir / "config.json");
+  CHECK_NOTHROW(good.check_shapes(ckpt, dir.str()));
+  const auto refused = [&](auto change, const std::string& message) {
+    llama::Config c = good;
+    change(c);
+    CHECK_THROWS_WITH_AS(c.check_shapes(ckpt, dir.str()), doctest::Contains(message.c_str()), std::invalid_argument);
+  };
+  refused([](llama::Config& c) { c.num_hidden_layers = 1000; },
+          "num_hidden_layers is 1000, but the checkpoint holds 3 layers");
+  refused([](llama::Config& c) { c.vocab_size = 300; }, "vocab_size and hidden_size give model.embed_tokens.weight");
+  refused([](llama::Config& c) { c.intermediate_size = 32; }, "intermediate_size and hidden_size give");
+  refused([](llama::Config& c) { c.num_key_value_heads = 2; }, "num_key_value_heads, head_dim and hidden_size");
+  refused([](llama::Config& c) { c.head_dim = 8; }, "num_attention_heads, head_dim and hidden_size");
 }
