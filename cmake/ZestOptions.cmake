@@ -119,36 +119,32 @@ if(ZEST_TORCH)
   endif()
 endif()
 
-# liburing: its header and library, where pkg-config (when present) says
-# they are or on the default paths. Linked by its file, so that the exported
-# static zest names it without a target of its own.
-string(TOUPPER "${ZEST_IO_URING}" _zest_uring_request)
-set(_zest_uring_found OFF)
-if(NOT _zest_uring_request STREQUAL "OFF")
-  find_package(PkgConfig QUIET)
-  if(PKG_CONFIG_FOUND)
-    pkg_check_modules(ZEST_PC_LIBURING QUIET liburing)
+# An optional library linked by its file, so that the exported static zest
+# names it without a target of its own: its header and library where
+# pkg-config (when present) says they are, or on the default paths. Sets
+# ZEST_<NAME>_INCLUDE and ZEST_<NAME>_LIBRARY and resolves `switch`.
+function(_zest_find_linked_by_file switch name pc_module header library)
+  string(TOUPPER "${${switch}}" request)
+  set(found OFF)
+  if(NOT request STREQUAL "OFF")
+    find_package(PkgConfig QUIET)
+    if(PKG_CONFIG_FOUND)
+      pkg_check_modules(ZEST_PC_${name} QUIET ${pc_module})
+    endif()
+    find_path(ZEST_${name}_INCLUDE ${header} HINTS ${ZEST_PC_${name}_INCLUDE_DIRS})
+    find_library(ZEST_${name}_LIBRARY ${library} HINTS ${ZEST_PC_${name}_LIBRARY_DIRS})
+    if(ZEST_${name}_INCLUDE AND ZEST_${name}_LIBRARY)
+      set(found ON)
+    endif()
   endif()
-  find_path(ZEST_LIBURING_INCLUDE liburing.h HINTS ${ZEST_PC_LIBURING_INCLUDE_DIRS})
-  find_library(ZEST_LIBURING_LIBRARY uring HINTS ${ZEST_PC_LIBURING_LIBRARY_DIRS})
-  if(ZEST_LIBURING_INCLUDE AND ZEST_LIBURING_LIBRARY)
-    set(_zest_uring_found ON)
-  endif()
-endif()
-_zest_resolve_switch(ZEST_IO_URING ${_zest_uring_found})
-set(ZEST_WITH_IO_URING ${ZEST_IO_URING})
+  _zest_resolve_switch(${switch} ${found})
+  set(${switch} ${${switch}} PARENT_SCOPE)
+endfunction()
 
-# SentencePiece: as liburing, linked by its file.
-string(TOUPPER "${ZEST_SENTENCEPIECE}" _zest_spm_request)
-set(_zest_spm_found OFF)
-if(NOT _zest_spm_request STREQUAL "OFF")
-  find_path(ZEST_SENTENCEPIECE_INCLUDE sentencepiece_processor.h)
-  find_library(ZEST_SENTENCEPIECE_LIBRARY sentencepiece)
-  if(ZEST_SENTENCEPIECE_INCLUDE AND ZEST_SENTENCEPIECE_LIBRARY)
-    set(_zest_spm_found ON)
-  endif()
-endif()
-_zest_resolve_switch(ZEST_SENTENCEPIECE ${_zest_spm_found})
+# liburing for the NVMe tier; SentencePiece for tokenizer/.
+_zest_find_linked_by_file(ZEST_IO_URING LIBURING liburing liburing.h uring)
+set(ZEST_WITH_IO_URING ${ZEST_IO_URING})
+_zest_find_linked_by_file(ZEST_SENTENCEPIECE SENTENCEPIECE sentencepiece sentencepiece_processor.h sentencepiece)
 set(ZEST_WITH_SENTENCEPIECE ${ZEST_SENTENCEPIECE})
 
 set(ZEST_WITH_CUDA ${ZEST_CUDA})
